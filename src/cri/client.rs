@@ -1,0 +1,381 @@
+//! The CRI v1 gRPC client over a unix socket.
+//!
+//! Every call carries a deadline (`runtime.timeout`) and every error names
+//! the RPC and the endpoint. Responses may be large (a node with tens of
+//! thousands of images answers `ListImages` with tens of MiB), so the
+//! decoding limit is raised far above gRPC's 4 MiB default.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+
+use super::proto::{self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient};
+use super::{
+    Container, ContainerEvent, ContainerState, EventStream, Image, ImageFsUsage, Runtime, RuntimeError, RuntimeStatus,
+    RuntimeVersion,
+};
+
+/// Endpoints tried in order when none is configured: containerd, CRI-O, cri-dockerd.
+pub const DEFAULT_ENDPOINTS: [&str; 3] = [
+    "unix:///run/containerd/containerd.sock",
+    "unix:///run/crio/crio.sock",
+    "unix:///var/run/cri-dockerd.sock",
+];
+
+/// Largest gRPC message accepted from the runtime: 256 MiB, room for
+/// ~500,000 images in one `ListImages` answer.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// How long discovery waits for one candidate endpoint's `Version` answer.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A CRI runtime reached over a unix socket.
+#[derive(Clone)]
+pub struct CriClient {
+    endpoint: String,
+    timeout: Duration,
+    runtime: RuntimeServiceClient<Channel>,
+    image: ImageServiceClient<Channel>,
+}
+
+/// Parses `unix:///path` (or a bare absolute path) into the socket path.
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, RuntimeError> {
+    let bad = |reason: &str| RuntimeError::BadEndpoint {
+        endpoint: endpoint.to_string(),
+        reason: reason.to_string(),
+    };
+    let path = if let Some(rest) = endpoint.strip_prefix("unix://") {
+        rest
+    } else if endpoint.starts_with('/') {
+        endpoint
+    } else {
+        return Err(bad(
+            "only unix:// endpoints are supported (for example unix:///run/containerd/containerd.sock)",
+        ));
+    };
+    if !path.starts_with('/') {
+        return Err(bad("the socket path must be absolute (unix:///path)"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Creates a client for `endpoint`. The connection is made lazily, on the
+/// first call, and re-made after the runtime restarts.
+pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeError> {
+    let path = socket_path(endpoint)?;
+    // The URI is a placeholder: the connector below always dials the socket.
+    let channel = Endpoint::from_static("http://[::1]:50051")
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        }));
+    Ok(CriClient {
+        endpoint: endpoint.to_string(),
+        timeout,
+        runtime: RuntimeServiceClient::new(channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        image: ImageServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    })
+}
+
+/// Returns a client for the configured endpoint, or for the first of
+/// [`DEFAULT_ENDPOINTS`] that answers `Version`.
+pub async fn discover(configured: Option<&str>, timeout: Duration) -> Result<CriClient, RuntimeError> {
+    if let Some(endpoint) = configured {
+        return connect(endpoint, timeout);
+    }
+    for endpoint in DEFAULT_ENDPOINTS {
+        let client = connect(endpoint, DISCOVERY_TIMEOUT.min(timeout))?;
+        if client.version().await.is_ok() {
+            tracing::debug!(endpoint, "discovered container runtime");
+            return connect(endpoint, timeout);
+        }
+    }
+    Err(RuntimeError::NoneAnswered {
+        tried: DEFAULT_ENDPOINTS.iter().map(|s| s.to_string()).collect(),
+    })
+}
+
+impl CriClient {
+    /// The per-call deadline.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The generated runtime-service client, for calls imagegc itself does not
+    /// make (tests start pods and containers through it).
+    pub fn runtime_service(&self) -> RuntimeServiceClient<Channel> {
+        self.runtime.clone()
+    }
+
+    /// The generated image-service client.
+    pub fn image_service(&self) -> ImageServiceClient<Channel> {
+        self.image.clone()
+    }
+
+    /// Runs one RPC with the deadline, mapping errors to [`RuntimeError`].
+    async fn call<T, F>(&self, rpc: &'static str, fut: F) -> Result<T, RuntimeError>
+    where
+        F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(self.rpc_error(rpc, status)),
+            Err(_) => Err(RuntimeError::Timeout {
+                rpc,
+                endpoint: self.endpoint.clone(),
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    fn rpc_error(&self, rpc: &'static str, status: tonic::Status) -> RuntimeError {
+        if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::Unknown && is_transport(&status) {
+            return RuntimeError::Connect {
+                endpoint: self.endpoint.clone(),
+                message: format!("{rpc}: {}", transport_message(&status)),
+            };
+        }
+        RuntimeError::Rpc {
+            rpc,
+            endpoint: self.endpoint.clone(),
+            status: Box::new(status),
+        }
+    }
+}
+
+fn is_transport(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
+/// The innermost cause of a transport failure ("No such file or directory",
+/// "Connection refused") is what a person needs.
+fn transport_message(status: &tonic::Status) -> String {
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(status);
+    let mut last = None;
+    while let Some(err) = cause {
+        last = Some(err.to_string());
+        cause = err.source();
+    }
+    last.unwrap_or_else(|| status.message().to_string())
+}
+
+fn image_from_proto(image: proto::Image) -> Image {
+    Image {
+        id: image.id,
+        repo_tags: image.repo_tags,
+        repo_digests: image.repo_digests,
+        size: image.size,
+        pinned: image.pinned,
+    }
+}
+
+fn container_from_proto(c: proto::Container) -> Container {
+    Container {
+        id: c.id,
+        pod_sandbox_id: c.pod_sandbox_id,
+        name: c.metadata.map(|m| m.name).unwrap_or_default(),
+        image: c.image.map(|i| i.image).unwrap_or_default(),
+        image_ref: c.image_ref,
+        image_id: c.image_id,
+        state: Some(ContainerState::from_cri(c.state)),
+    }
+}
+
+/// Reads the sandbox image from the verbose `Status` info. containerd puts
+/// its CRI plugin config (JSON) under `config` with `sandboxImage`; CRI-O
+/// reports `pause_image` in some versions. Unknown shapes yield `None`.
+pub fn sandbox_image_from_info(info: &std::collections::HashMap<String, String>) -> Option<String> {
+    for value in info.values() {
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(value) else {
+            continue;
+        };
+        for key in ["sandboxImage", "sandbox_image", "pause_image", "pauseImage"] {
+            if let Some(image) = find_key(&json, key) {
+                return Some(image);
+            }
+        }
+    }
+    None
+}
+
+fn find_key(value: &serde_json::Value, key: &str) -> Option<String> {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::String(s)) = map.get(key)
+                && !s.is_empty()
+            {
+                return Some(s.clone());
+            }
+            map.values().find_map(|v| find_key(v, key))
+        }
+        _ => None,
+    }
+}
+
+impl Runtime for CriClient {
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        let mut client = self.runtime.clone();
+        let request = proto::VersionRequest {
+            version: "v1".to_string(),
+        };
+        let v = self.call("Version", client.version(request)).await?;
+        Ok(RuntimeVersion {
+            runtime_name: v.runtime_name,
+            runtime_version: v.runtime_version,
+            runtime_api_version: v.runtime_api_version,
+        })
+    }
+
+    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+        let mut client = self.runtime.clone();
+        let status = self
+            .call("Status", client.status(proto::StatusRequest { verbose: true }))
+            .await?;
+        Ok(RuntimeStatus {
+            sandbox_image: sandbox_image_from_info(&status.info),
+        })
+    }
+
+    async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
+        let mut client = self.image.clone();
+        let response = self
+            .call(
+                "ListImages",
+                client.list_images(proto::ListImagesRequest { filter: None }),
+            )
+            .await?;
+        Ok(response.images.into_iter().map(image_from_proto).collect())
+    }
+
+    async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
+        let mut client = self.runtime.clone();
+        let response = self
+            .call(
+                "ListContainers",
+                client.list_containers(proto::ListContainersRequest { filter: None }),
+            )
+            .await?;
+        Ok(response.containers.into_iter().map(container_from_proto).collect())
+    }
+
+    async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
+        let mut client = self.image.clone();
+        let response = self
+            .call("ImageFsInfo", client.image_fs_info(proto::ImageFsInfoRequest {}))
+            .await?;
+        Ok(response
+            .image_filesystems
+            .into_iter()
+            .map(|fs| ImageFsUsage {
+                mount_point: fs.fs_id.map(|id| id.mountpoint).unwrap_or_default(),
+                used_bytes: fs.used_bytes.map(|v| v.value),
+                inodes_used: fs.inodes_used.map(|v| v.value),
+            })
+            .collect())
+    }
+
+    async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+        let mut client = self.image.clone();
+        let request = proto::RemoveImageRequest {
+            image: Some(proto::ImageSpec {
+                image: id.to_string(),
+                ..Default::default()
+            }),
+        };
+        match self.call("RemoveImage", client.remove_image(request)).await {
+            Ok(_) => Ok(()),
+            // Already gone: the goal of the call is met.
+            Err(err) if err.is_not_found() => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+        let mut client = self.runtime.clone();
+        // The stream lives for as long as the runtime keeps it open, so only
+        // opening it is bounded by the deadline.
+        let request = tonic::Request::new(proto::GetEventsRequest {});
+        let stream = self
+            .call("GetContainerEvents", client.get_container_events(request))
+            .await?;
+        let endpoint = self.endpoint.clone();
+        let mapped = tokio_stream::StreamExt::map(stream, move |item| match item {
+            Ok(event) => Ok(ContainerEvent {
+                container_id: event.container_id,
+                images: event
+                    .containers_statuses
+                    .into_iter()
+                    .flat_map(|s| [s.image.map(|i| i.image).unwrap_or_default(), s.image_ref, s.image_id])
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            }),
+            Err(status) => Err(RuntimeError::Rpc {
+                rpc: "GetContainerEvents",
+                endpoint: endpoint.clone(),
+                status: Box::new(status),
+            }),
+        });
+        Ok(Box::pin(mapped))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_must_be_unix_and_absolute() {
+        assert_eq!(
+            socket_path("unix:///run/containerd/containerd.sock").unwrap(),
+            PathBuf::from("/run/containerd/containerd.sock")
+        );
+        assert_eq!(
+            socket_path("/run/crio/crio.sock").unwrap(),
+            PathBuf::from("/run/crio/crio.sock")
+        );
+        for bad in ["tcp://127.0.0.1:1234", "unix://relative.sock", "npipe:////./pipe/x", ""] {
+            let err = socket_path(bad).unwrap_err().to_string();
+            assert!(err.contains(bad), "{err}");
+        }
+    }
+
+    #[test]
+    fn sandbox_image_is_read_from_containerd_config_info() {
+        let mut info = std::collections::HashMap::new();
+        info.insert("cniconfig".to_string(), "{\"x\":1}".to_string());
+        info.insert(
+            "config".to_string(),
+            r#"{"containerd":{"snapshotter":"overlayfs"},"sandboxImage":"registry.k8s.io/pause:3.6"}"#.to_string(),
+        );
+        assert_eq!(
+            sandbox_image_from_info(&info).as_deref(),
+            Some("registry.k8s.io/pause:3.6")
+        );
+        info.clear();
+        info.insert(
+            "info".to_string(),
+            r#"{"pause_image":"registry.k8s.io/pause:3.9"}"#.to_string(),
+        );
+        assert_eq!(
+            sandbox_image_from_info(&info).as_deref(),
+            Some("registry.k8s.io/pause:3.9")
+        );
+        info.clear();
+        info.insert("config".to_string(), "not json".to_string());
+        assert_eq!(sandbox_image_from_info(&info), None);
+    }
+}

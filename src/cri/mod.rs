@@ -1,0 +1,170 @@
+//! The runtime boundary: the domain types imagegc reasons about, the
+//! [`Runtime`] trait every cycle goes through, and its CRI v1 gRPC client.
+//!
+//! Nothing outside this module sees generated protobuf types: the client
+//! converts them into [`Image`], [`Container`] and friends, so the planner and
+//! the collector can be tested against a hand-written fake.
+
+pub mod client;
+pub mod fake;
+pub mod proto;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use client::{CriClient, DEFAULT_ENDPOINTS, connect, discover};
+
+/// An image as the runtime lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Image {
+    /// The runtime's image id (for containerd, the config digest `sha256:...`).
+    pub id: String,
+    /// Tags such as `docker.io/library/nginx:1.27`.
+    pub repo_tags: Vec<String>,
+    /// Repository digests such as `docker.io/library/nginx@sha256:...`.
+    pub repo_digests: Vec<String>,
+    /// Size the runtime reports, in bytes. Shared layers are counted in every
+    /// image that has them, so sizes do not add up to disk usage.
+    pub size: u64,
+    /// The runtime asks that this image is never removed.
+    pub pinned: bool,
+}
+
+/// The state of a container as the runtime reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+impl ContainerState {
+    pub fn from_cri(value: i32) -> Self {
+        match proto::ContainerState::try_from(value) {
+            Ok(proto::ContainerState::ContainerCreated) => Self::Created,
+            Ok(proto::ContainerState::ContainerRunning) => Self::Running,
+            Ok(proto::ContainerState::ContainerExited) => Self::Exited,
+            _ => Self::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::Running => "running",
+            Self::Exited => "exited",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// A container in any state. Every listed container keeps its image in use.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Container {
+    pub id: String,
+    pub pod_sandbox_id: String,
+    pub name: String,
+    /// The image as requested in the container spec (often a tag).
+    pub image: String,
+    /// The runtime's reference to the image: an id, or (CRI-O) a digest.
+    pub image_ref: String,
+    /// The image id, where the runtime sets it (CRI 1.31+).
+    pub image_id: String,
+    pub state: Option<ContainerState>,
+}
+
+/// The runtime's name and version, from the CRI `Version` call.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct RuntimeVersion {
+    pub runtime_name: String,
+    pub runtime_version: String,
+    pub runtime_api_version: String,
+}
+
+/// What imagegc reads from the verbose CRI `Status` call.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuntimeStatus {
+    /// The sandbox (pause) image the runtime uses, when it reports it
+    /// (containerd: `sandboxImage` in the `config` info; CRI-O: `pause_image`).
+    pub sandbox_image: Option<String>,
+}
+
+/// One entry of the CRI `ImageFsInfo` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ImageFsUsage {
+    pub mount_point: String,
+    pub used_bytes: Option<u64>,
+    pub inodes_used: Option<u64>,
+}
+
+/// What a container event tells: something about this container changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerEvent {
+    pub container_id: String,
+    /// Images named by the event's container statuses (spec image, ref, id).
+    pub images: Vec<String>,
+}
+
+/// Errors from the runtime, each naming the RPC and the endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("cannot connect to the container runtime at {endpoint}: {message}")]
+    Connect { endpoint: String, message: String },
+    #[error("CRI {rpc} on {endpoint} failed: {status}")]
+    Rpc {
+        rpc: &'static str,
+        endpoint: String,
+        status: Box<tonic::Status>,
+    },
+    #[error("CRI {rpc} on {endpoint} timed out after {}", humantime::format_duration(*timeout))]
+    Timeout {
+        rpc: &'static str,
+        endpoint: String,
+        timeout: Duration,
+    },
+    #[error("no container runtime answered; tried {}", tried.join(", "))]
+    NoneAnswered { tried: Vec<String> },
+    #[error("invalid runtime endpoint {endpoint:?}: {reason}")]
+    BadEndpoint { endpoint: String, reason: String },
+}
+
+impl RuntimeError {
+    /// The gRPC code, when the runtime answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Self::Rpc { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+
+    /// True when the runtime answered that the RPC is not implemented.
+    pub fn is_unimplemented(&self) -> bool {
+        self.code() == Some(tonic::Code::Unimplemented)
+    }
+
+    /// True when the runtime answered that the object does not exist.
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(tonic::Code::NotFound)
+    }
+}
+
+/// A stream of container events; `None` when the stream ends.
+pub type EventStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = Result<ContainerEvent, RuntimeError>> + Send>>;
+
+/// The calls imagegc makes to a container runtime. The CRI client implements
+/// it; tests use [`fake::FakeRuntime`] behind a real gRPC server, or their own.
+pub trait Runtime: Send + Sync {
+    /// The endpoint this runtime is reached at, for messages.
+    fn endpoint(&self) -> &str;
+    fn version(&self) -> impl Future<Output = Result<RuntimeVersion, RuntimeError>> + Send;
+    fn status(&self) -> impl Future<Output = Result<RuntimeStatus, RuntimeError>> + Send;
+    fn list_images(&self) -> impl Future<Output = Result<Vec<Image>, RuntimeError>> + Send;
+    fn list_containers(&self) -> impl Future<Output = Result<Vec<Container>, RuntimeError>> + Send;
+    fn image_fs_info(&self) -> impl Future<Output = Result<Vec<ImageFsUsage>, RuntimeError>> + Send;
+    /// Removes an image by id. Removing an image that is already gone succeeds.
+    fn remove_image(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    /// Opens the container event stream (CRI `GetContainerEvents`).
+    fn container_events(&self) -> impl Future<Output = Result<EventStream, RuntimeError>> + Send;
+}

@@ -1,0 +1,3 @@
+//! imagegc: a node-level container image garbage collector for CRI runtimes.
+pub mod config;
+pub mod cri;
