@@ -1,3 +1,9 @@
 //! imagegc: a node-level container image garbage collector for CRI runtimes.
 pub mod config;
 pub mod cri;
+pub mod fs;
+pub mod policy;
+pub mod records;
+pub mod reference;
+pub mod state;
+pub mod time;

@@ -1,0 +1,579 @@
+//! The planner: which images a cycle may remove, in which order, and why
+//! every other image is kept. Pure: no IO and no clock reads, so every rule
+//! is tested table-driven with a fake clock.
+//!
+//! Never candidates: images in use (any container, any state), pinned
+//! images, the runtime's sandbox image, images matched by `protect.images`,
+//! the newest `protect.keep_recent_per_repository` images of each repository.
+//! Space candidates must also be at least `gc.min_age` old (first seen).
+//! Candidates come in the kubelet's order: last used ascending, then first
+//! seen ascending (then id, so plans are deterministic).
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use crate::config::Config;
+use crate::cri::{Container, Image};
+use crate::records::{InUse, Records, ReferenceIndex};
+use crate::reference::{self, Glob};
+
+/// What the runtime reported in one listing.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub images: Vec<Image>,
+    pub containers: Vec<Container>,
+    /// The sandbox (pause) image the runtime reported, if any.
+    pub sandbox_image: Option<String>,
+}
+
+/// Why an image is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Unused for longer than `gc.max_age`.
+    Age,
+    /// Usage reached the high threshold.
+    Space,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Age => "age",
+            Reason::Space => "space",
+        }
+    }
+}
+
+/// Why an image is kept.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum KeepReason {
+    /// Referenced by these containers (any state).
+    InUse { containers: Vec<String> },
+    /// The runtime marks it pinned.
+    Pinned,
+    /// The runtime's sandbox (pause) image.
+    Sandbox,
+    /// Matched by a `protect.images` pattern.
+    Protected { pattern: String },
+    /// Among the newest `keep_recent_per_repository` of its repository.
+    KeepRecent { repository: String, rank: u32 },
+    /// First seen less than `gc.min_age` ago: not yet removable for space.
+    TooYoung { removable_after: Duration },
+}
+
+impl KeepReason {
+    /// A short label, for tables and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            KeepReason::InUse { .. } => "in-use",
+            KeepReason::Pinned => "pinned",
+            KeepReason::Sandbox => "sandbox",
+            KeepReason::Protected { .. } => "protected",
+            KeepReason::KeepRecent { .. } => "keep-recent",
+            KeepReason::TooYoung { .. } => "too-young",
+        }
+    }
+
+    /// True for the reasons that hold whatever the usage (everything but age).
+    pub fn is_protection(&self) -> bool {
+        !matches!(self, KeepReason::InUse { .. } | KeepReason::TooYoung { .. })
+    }
+}
+
+/// An image the cycle may remove.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Candidate {
+    pub id: String,
+    pub tags: Vec<String>,
+    pub digests: Vec<String>,
+    pub size: u64,
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub first_seen: SystemTime,
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub last_used: SystemTime,
+    pub reason: Reason,
+}
+
+/// An image the cycle keeps, with why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Kept {
+    pub id: String,
+    pub tags: Vec<String>,
+    pub size: u64,
+    #[serde(flatten)]
+    pub why: KeepReason,
+}
+
+/// The outcome of planning: removals by age, then space candidates in order,
+/// and every kept image with its reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Removed whatever the usage, oldest use first.
+    pub age: Vec<Candidate>,
+    /// Removed in this order while usage is above the low threshold.
+    pub space: Vec<Candidate>,
+    /// Everything else.
+    pub kept: Vec<Kept>,
+    /// Images with no history that would be age candidates, held back until
+    /// the collector has run longer than `gc.max_age` (the kubelet's guard).
+    pub age_guarded: usize,
+}
+
+impl Plan {
+    pub fn in_use_count(&self) -> usize {
+        self.kept
+            .iter()
+            .filter(|k| matches!(k.why, KeepReason::InUse { .. }))
+            .count()
+    }
+
+    pub fn protected_count(&self) -> usize {
+        self.kept.iter().filter(|k| k.why.is_protection()).count()
+    }
+}
+
+/// Computes the plan. `running_since` is when this process started observing
+/// (the kubelet's guard: images it has no history for are not removed by age
+/// before the collector has run longer than max age).
+pub fn plan(
+    snapshot: &Snapshot,
+    records: &Records,
+    config: &Config,
+    now: SystemTime,
+    running_since: SystemTime,
+) -> Plan {
+    let in_use = InUse::new(&snapshot.images, &snapshot.containers);
+    let sandbox_ids = sandbox_image_ids(snapshot);
+    let keep_recent = keep_recent(snapshot, records, config.protect.keep_recent_per_repository);
+    let globs: Vec<Glob> = config.protect.images.iter().map(|p| Glob::new(p)).collect();
+    let max_age = config.gc.max_age;
+    let min_age = config.gc.min_age;
+    let guard_open = max_age.is_zero() || elapsed(running_since, now) > max_age;
+
+    let mut plan = Plan::default();
+    let mut seen: HashMap<&str, ()> = HashMap::with_capacity(snapshot.images.len());
+    for image in &snapshot.images {
+        // Duplicate listings of one id are planned once.
+        if seen.insert(image.id.as_str(), ()).is_some() {
+            continue;
+        }
+        let keep = |why| Kept {
+            id: image.id.clone(),
+            tags: image.repo_tags.clone(),
+            size: image.size,
+            why,
+        };
+        let containers = in_use.containers(&image.id);
+        if !containers.is_empty() {
+            plan.kept.push(keep(KeepReason::InUse {
+                containers: containers.to_vec(),
+            }));
+            continue;
+        }
+        if image.pinned {
+            plan.kept.push(keep(KeepReason::Pinned));
+            continue;
+        }
+        if sandbox_ids.contains(&image.id.as_str()) {
+            plan.kept.push(keep(KeepReason::Sandbox));
+            continue;
+        }
+        if let Some(glob) = globs
+            .iter()
+            .find(|g| g.matches_image(&image.id, &image.repo_tags, &image.repo_digests))
+        {
+            plan.kept.push(keep(KeepReason::Protected {
+                pattern: glob.as_str().to_string(),
+            }));
+            continue;
+        }
+        if let Some((repository, rank)) = keep_recent.get(image.id.as_str()) {
+            plan.kept.push(keep(KeepReason::KeepRecent {
+                repository: repository.to_string(),
+                rank: *rank,
+            }));
+            continue;
+        }
+        // An image without a record (listed after the records were updated)
+        // is treated as first seen now: the safe reading.
+        let (first_seen, last_used, from_history) = records
+            .get(&image.id)
+            .map_or((now, now, false), |r| (r.first_seen, r.last_used, r.from_history));
+        let candidate = |reason| Candidate {
+            id: image.id.clone(),
+            tags: image.repo_tags.clone(),
+            digests: image.repo_digests.clone(),
+            size: image.size,
+            first_seen,
+            last_used,
+            reason,
+        };
+        let unused_for = elapsed(last_used, now);
+        if !max_age.is_zero() && unused_for > max_age {
+            if from_history || guard_open {
+                plan.age.push(candidate(Reason::Age));
+                continue;
+            }
+            plan.age_guarded += 1;
+        }
+        let age = elapsed(first_seen, now);
+        if age < min_age {
+            plan.kept.push(keep(KeepReason::TooYoung {
+                removable_after: min_age - age,
+            }));
+            continue;
+        }
+        if last_used >= now {
+            // Used at this very instant (the kubelet skips these too).
+            plan.kept.push(keep(KeepReason::InUse { containers: Vec::new() }));
+            continue;
+        }
+        plan.space.push(candidate(Reason::Space));
+    }
+    let order =
+        |a: &Candidate, b: &Candidate| (a.last_used, a.first_seen, &a.id).cmp(&(b.last_used, b.first_seen, &b.id));
+    plan.age.sort_by(order);
+    plan.space.sort_by(order);
+    plan
+}
+
+/// Time from `earlier` to `later`; zero when the clock says `earlier` is in
+/// the future.
+fn elapsed(earlier: SystemTime, later: SystemTime) -> Duration {
+    later.duration_since(earlier).unwrap_or(Duration::ZERO)
+}
+
+/// The ids of the images the runtime's sandbox image reference names.
+fn sandbox_image_ids(snapshot: &Snapshot) -> Vec<&str> {
+    let mut ids = Vec::new();
+    if let Some(sandbox) = &snapshot.sandbox_image {
+        ReferenceIndex::new(&snapshot.images).lookup(sandbox, &mut ids);
+    }
+    ids
+}
+
+/// For each repository, the newest `keep` images (by first seen, then id)
+/// that carry a tag of it: image id → (repository, rank from 1).
+fn keep_recent<'a>(snapshot: &'a Snapshot, records: &Records, keep: u32) -> HashMap<&'a str, (&'a str, u32)> {
+    let mut kept = HashMap::new();
+    if keep == 0 {
+        return kept;
+    }
+    let mut by_repo: HashMap<&'a str, Vec<(SystemTime, &'a str)>> = HashMap::new();
+    for image in &snapshot.images {
+        let first_seen = records.get(&image.id).map_or(SystemTime::UNIX_EPOCH, |r| r.first_seen);
+        let mut repos: Vec<&str> = image.repo_tags.iter().map(|t| reference::repository(t)).collect();
+        repos.sort_unstable();
+        repos.dedup();
+        for repo in repos {
+            by_repo.entry(repo).or_default().push((first_seen, image.id.as_str()));
+        }
+    }
+    for (repo, mut images) in by_repo {
+        images.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.cmp(a.1)));
+        images.dedup_by(|a, b| a.1 == b.1);
+        for (rank, (_, id)) in images.into_iter().take(keep as usize).enumerate() {
+            kept.entry(id).or_insert((repo, rank as u32 + 1));
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::tests::{container, image};
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    fn config() -> Config {
+        let mut c = Config::default();
+        c.gc.high_threshold_percent = 90;
+        c.gc.low_threshold_percent = 80;
+        c.gc.min_age = Duration::ZERO;
+        c
+    }
+
+    struct World {
+        snapshot: Snapshot,
+        records: Records,
+        config: Config,
+        start: SystemTime,
+    }
+
+    impl World {
+        fn new(images: Vec<Image>) -> Self {
+            World {
+                snapshot: Snapshot {
+                    images,
+                    ..Default::default()
+                },
+                records: Records::new(),
+                config: config(),
+                start: t(0),
+            }
+        }
+        fn containers(mut self, containers: Vec<Container>) -> Self {
+            self.snapshot.containers = containers;
+            self
+        }
+        fn observe(&mut self, at: SystemTime) -> &mut Self {
+            self.records
+                .observe(&self.snapshot.images, &self.snapshot.containers, at);
+            self
+        }
+        fn plan(&self, at: SystemTime) -> Plan {
+            plan(&self.snapshot, &self.records, &self.config, at, self.start)
+        }
+    }
+
+    fn ids(c: &[Candidate]) -> Vec<&str> {
+        c.iter().map(|c| c.id.as_str()).collect()
+    }
+
+    fn kept<'a>(p: &'a Plan, id: &str) -> &'a KeepReason {
+        &p.kept
+            .iter()
+            .find(|k| k.id == id)
+            .unwrap_or_else(|| panic!("{id} not kept"))
+            .why
+    }
+
+    // Scenario 5: one image in use.
+    #[test]
+    fn image_in_use_is_never_a_candidate() {
+        let mut w = World::new(vec![image("0", 1024), image("1", 2048)]).containers(vec![container("c", "1")]);
+        w.observe(t(0));
+        let p = w.plan(t(10));
+        assert_eq!(ids(&p.space), ["0"]);
+        assert_eq!(kept(&p, "1").label(), "in-use");
+    }
+
+    // Scenario 6: least recently used goes first.
+    #[test]
+    fn least_recently_used_goes_first() {
+        let mut w = World::new(vec![image("0", 1024), image("1", 1024)])
+            .containers(vec![container("a", "0"), container("b", "1")]);
+        w.observe(t(0));
+        w.snapshot.containers = vec![container("b", "1")];
+        w.observe(t(10));
+        w.snapshot.containers.clear();
+        let p = w.plan(t(20));
+        assert_eq!(ids(&p.space), ["0", "1"]);
+    }
+
+    // Scenario 7: ties broken by first seen; a never-used newer image goes
+    // before an older image that was used.
+    #[test]
+    fn never_used_newer_image_goes_before_used_older_one() {
+        let mut w = World::new(vec![image("0", 1024)]).containers(vec![container("c", "0")]);
+        w.observe(t(0));
+        w.snapshot.images.push(image("1", 2048));
+        w.observe(t(5));
+        w.snapshot.containers.clear();
+        // Image 0 last used at 5 (seen in use at both passes), image 1 first
+        // seen at 5 and never used: last used 5 too; first seen breaks the tie.
+        let p = w.plan(t(10));
+        assert_eq!(ids(&p.space), ["0", "1"]);
+        // Same last use, older first seen first.
+        let mut w = World::new(vec![image("a", 1), image("b", 1)]);
+        w.observe(t(0));
+        let p = w.plan(t(1));
+        assert_eq!(ids(&p.space), ["a", "b"]);
+    }
+
+    // Scenario 8: pinned images stay; all pinned frees nothing.
+    #[test]
+    fn pinned_images_are_kept() {
+        let mut pinned = image("1", 1024);
+        pinned.pinned = true;
+        let mut w = World::new(vec![pinned.clone(), image("2", 1024)]);
+        w.observe(t(0));
+        let p = w.plan(t(1));
+        assert_eq!(ids(&p.space), ["2"]);
+        assert_eq!(*kept(&p, "1"), KeepReason::Pinned);
+        let mut w = World::new(vec![pinned]);
+        w.observe(t(0));
+        let p = w.plan(t(1));
+        assert!(p.space.is_empty() && p.age.is_empty());
+    }
+
+    // Scenario 12: min age.
+    #[test]
+    fn min_age_keeps_young_images_for_space() {
+        let mut w = World::new(vec![image("0", 1)]);
+        w.config.gc.min_age = MIN;
+        w.observe(t(0));
+        let p = w.plan(t(0));
+        assert_eq!(*kept(&p, "0"), KeepReason::TooYoung { removable_after: MIN });
+        // Age == min age: removable.
+        let p = w.plan(t(60));
+        assert_eq!(ids(&p.space), ["0"]);
+    }
+
+    // Scenario 13: max age, strictly greater.
+    #[test]
+    fn max_age_removes_images_unused_for_longer() {
+        let mut w = World::new(vec![image("0", 1)]).containers(vec![container("c", "0")]);
+        w.config.gc.max_age = MIN;
+        w.observe(t(0));
+        w.snapshot.containers.clear();
+        let at = t(60);
+        assert!(w.plan(at).age.is_empty());
+        let p = w.plan(at + Duration::from_nanos(1));
+        assert_eq!(ids(&p.age), ["0"]);
+        assert_eq!(p.age[0].reason, Reason::Age);
+        // Age candidates are not repeated as space candidates.
+        assert!(p.space.is_empty());
+        // Max age 0 never removes by age.
+        w.config.gc.max_age = Duration::ZERO;
+        assert!(w.plan(t(100_000)).age.is_empty());
+    }
+
+    #[test]
+    fn max_age_keeps_an_image_in_use() {
+        let mut w = World::new(vec![image("0", 1)]).containers(vec![container("c", "0")]);
+        w.config.gc.max_age = MIN;
+        w.observe(t(0));
+        let p = w.plan(t(1000));
+        assert!(p.age.is_empty());
+        assert_eq!(kept(&p, "0").label(), "in-use");
+    }
+
+    #[test]
+    fn age_guard_holds_images_without_history_until_running_longer_than_max_age() {
+        let mut w = World::new(vec![image("0", 1)]);
+        w.config.gc.max_age = MIN;
+        w.start = t(0);
+        // A record that claims an old last use but has no history (for
+        // example invented by a corrupt state file) is guarded...
+        let mut map = HashMap::new();
+        map.insert(
+            "0".to_string(),
+            crate::records::Record {
+                first_seen: t(0) - 10 * MIN,
+                last_used: t(0) - 10 * MIN,
+                size: 1,
+                pinned: false,
+                tags: vec![],
+                digests: vec![],
+                from_history: false,
+            },
+        );
+        w.records = Records::from_map(map.clone());
+        let p = w.plan(t(30));
+        assert!(p.age.is_empty());
+        assert_eq!(p.age_guarded, 1);
+        // ...but is still a space candidate,
+        assert_eq!(ids(&p.space), ["0"]);
+        // and once the collector has run longer than max age, it goes.
+        assert_eq!(ids(&w.plan(t(61)).age), ["0"]);
+        // With history, it goes at once.
+        map.get_mut("0").unwrap().from_history = true;
+        w.records = Records::from_map(map);
+        assert_eq!(ids(&w.plan(t(30)).age), ["0"]);
+    }
+
+    // Scenario 15: removing everything unused still keeps in-use, pinned and
+    // too-young images.
+    #[test]
+    fn everything_unused_still_keeps_protected_kinds() {
+        let mut pinned = image("pinned", 1);
+        pinned.pinned = true;
+        let mut w =
+            World::new(vec![image("used", 1), pinned, image("old", 1)]).containers(vec![container("c", "used")]);
+        w.config.gc.min_age = MIN;
+        w.observe(t(0));
+        w.snapshot.images.push(image("young", 1));
+        w.observe(t(100));
+        let p = w.plan(t(120));
+        assert_eq!(ids(&p.space), ["old"]);
+        assert_eq!(kept(&p, "used").label(), "in-use");
+        assert_eq!(kept(&p, "pinned").label(), "pinned");
+        assert_eq!(kept(&p, "young").label(), "too-young");
+    }
+
+    #[test]
+    fn sandbox_image_is_kept_by_familiar_or_full_name() {
+        let mut pause = image("pause", 1);
+        pause.repo_tags = vec!["registry.k8s.io/pause:3.9".to_string()];
+        let mut w = World::new(vec![pause, image("other", 1)]);
+        w.snapshot.sandbox_image = Some("registry.k8s.io/pause:3.9".to_string());
+        w.observe(t(0));
+        let p = w.plan(t(1));
+        assert_eq!(*kept(&p, "pause"), KeepReason::Sandbox);
+        assert_eq!(ids(&p.space), ["other"]);
+    }
+
+    #[test]
+    fn protect_patterns_are_never_removed() {
+        let mut w = World::new(vec![image("nginx", 1), image("redis", 1)]);
+        w.config.protect.images = vec!["nginx:*".to_string()];
+        w.config.gc.max_age = MIN;
+        w.observe(t(0));
+        let p = w.plan(t(100_000));
+        assert_eq!(
+            *kept(&p, "nginx"),
+            KeepReason::Protected {
+                pattern: "nginx:*".to_string()
+            }
+        );
+        assert_eq!(ids(&p.age), ["redis"]);
+    }
+
+    #[test]
+    fn keep_recent_per_repository_keeps_the_newest_by_first_seen() {
+        let tagged = |id: &str, tag: &str| Image {
+            id: id.to_string(),
+            repo_tags: vec![tag.to_string()],
+            repo_digests: vec![],
+            size: 1,
+            pinned: false,
+        };
+        let mut w = World::new(vec![tagged("v1", "ghcr.io/o/app:1")]);
+        w.config.protect.keep_recent_per_repository = 2;
+        w.observe(t(0));
+        w.snapshot.images.push(tagged("v2", "ghcr.io/o/app:2"));
+        w.observe(t(10));
+        w.snapshot.images.push(tagged("v3", "ghcr.io/o/app:3"));
+        w.snapshot.images.push(tagged("other", "ghcr.io/o/other:1"));
+        w.observe(t(20));
+        let p = w.plan(t(30));
+        assert_eq!(ids(&p.space), ["v1"]);
+        assert_eq!(
+            *kept(&p, "v3"),
+            KeepReason::KeepRecent {
+                repository: "ghcr.io/o/app".to_string(),
+                rank: 1
+            }
+        );
+        assert_eq!(kept(&p, "v2").label(), "keep-recent");
+        assert_eq!(kept(&p, "other").label(), "keep-recent");
+    }
+
+    #[test]
+    fn duplicate_image_ids_are_planned_once() {
+        let mut w = World::new(vec![image("0", 1), image("0", 1)]);
+        w.observe(t(0));
+        let p = w.plan(t(1));
+        assert_eq!(ids(&p.space), ["0"]);
+    }
+
+    #[test]
+    fn clock_behind_the_records_counts_as_no_time_passed() {
+        let mut w = World::new(vec![image("0", 1)]);
+        w.config.gc.max_age = MIN;
+        w.config.gc.min_age = MIN;
+        w.observe(t(1000));
+        // The clock went backwards: nothing is old, nothing is removable.
+        let p = w.plan(t(0));
+        assert!(p.age.is_empty() && p.space.is_empty());
+        assert_eq!(kept(&p, "0").label(), "too-young");
+    }
+}

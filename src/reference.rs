@@ -1,0 +1,207 @@
+//! Image references: how a container's image string, a tag, a digest and an
+//! id are matched to one another, and the glob patterns of `protect.images`.
+//!
+//! Runtimes differ in what they put where (containerd reports the image id in
+//! `image_ref`, CRI-O has reported a repo digest; users write `nginx:1.27`
+//! where the runtime lists `docker.io/library/nginx:1.27`). Matching errs on
+//! the side of "same image": a false match keeps an image, a missed one could
+//! remove an image in use.
+
+/// The docker.io defaults applied to familiar names.
+const DEFAULT_REGISTRY: &str = "docker.io";
+const OFFICIAL_NAMESPACE: &str = "library";
+
+/// Normalizes a reference to its fully qualified form:
+/// `nginx` → `docker.io/library/nginx:latest`,
+/// `user/app:1` → `docker.io/user/app:1`,
+/// `ghcr.io/o/app@sha256:…` unchanged. Ids (`sha256:…`) are returned as is.
+pub fn normalize(reference: &str) -> String {
+    let reference = reference.trim();
+    if reference.is_empty() || is_id(reference) {
+        return reference.to_string();
+    }
+    let (name, suffix) = split_name(reference);
+    let qualified = match name.split_once('/') {
+        None => format!("{DEFAULT_REGISTRY}/{OFFICIAL_NAMESPACE}/{name}"),
+        Some((first, _)) if !(first.contains('.') || first.contains(':') || first == "localhost") => {
+            format!("{DEFAULT_REGISTRY}/{name}")
+        }
+        Some(_) => name.to_string(),
+    };
+    let qualified = if qualified.starts_with("docker.io/") && qualified.matches('/').count() == 1 {
+        // `docker.io/nginx` is also an official image.
+        qualified.replacen("docker.io/", "docker.io/library/", 1)
+    } else {
+        qualified
+    };
+    match suffix {
+        Some(suffix) => format!("{qualified}{suffix}"),
+        None => format!("{qualified}:latest"),
+    }
+}
+
+/// The familiar short form of a fully qualified reference, as people write it:
+/// `docker.io/library/nginx:1` → `nginx:1`, `docker.io/user/app:1` → `user/app:1`.
+pub fn familiar(reference: &str) -> &str {
+    if let Some(rest) = reference.strip_prefix("docker.io/library/") {
+        rest
+    } else if let Some(rest) = reference.strip_prefix("docker.io/") {
+        rest
+    } else {
+        reference
+    }
+}
+
+/// True for image ids: `sha256:<64 hex>` or a bare 64-hex id (CRI-O).
+pub fn is_id(reference: &str) -> bool {
+    let hex = reference.strip_prefix("sha256:").unwrap_or(reference);
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The id without its `sha256:` prefix, for comparing ids across runtimes.
+pub fn bare_id(id: &str) -> &str {
+    id.strip_prefix("sha256:").unwrap_or(id)
+}
+
+/// Splits `name[:tag][@digest]` into the name and the `:tag`/`@digest` suffix.
+fn split_name(reference: &str) -> (&str, Option<&str>) {
+    if let Some(at) = reference.find('@') {
+        return (&reference[..at], Some(&reference[at..]));
+    }
+    let last_slash = reference.rfind('/').map_or(0, |i| i + 1);
+    match reference[last_slash..].rfind(':') {
+        Some(colon) => {
+            let at = last_slash + colon;
+            (&reference[..at], Some(&reference[at..]))
+        }
+        None => (reference, None),
+    }
+}
+
+/// The repository of a tag or digest reference: `docker.io/library/nginx:1`
+/// → `docker.io/library/nginx`; `localhost:5000/app:2` → `localhost:5000/app`.
+pub fn repository(reference: &str) -> &str {
+    split_name(reference).0
+}
+
+/// A compiled `protect.images` pattern: `*` matches any run of characters
+/// (slashes and colons included), `?` exactly one; everything else literally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glob {
+    pattern: String,
+}
+
+impl Glob {
+    pub fn new(pattern: &str) -> Self {
+        Glob {
+            pattern: pattern.to_string(),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.pattern
+    }
+
+    /// True when the pattern matches `text` whole.
+    pub fn matches(&self, text: &str) -> bool {
+        glob_match(self.pattern.as_bytes(), text.as_bytes())
+    }
+
+    /// True when the pattern matches the image's id (with or without the
+    /// `sha256:` prefix), any tag or digest, or their familiar forms.
+    pub fn matches_image(&self, id: &str, tags: &[String], digests: &[String]) -> bool {
+        self.matches(id)
+            || self.matches(bare_id(id))
+            || tags
+                .iter()
+                .chain(digests)
+                .any(|r| self.matches(r) || self.matches(familiar(r)))
+    }
+}
+
+/// Iterative wildcard matching with single-star backtracking: linear in
+/// practice, no recursion, no allocation.
+fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
+            p += 1;
+            t += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    while p < pattern.len() && pattern[p] == b'*' {
+        p += 1;
+    }
+    p == pattern.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalizes_familiar_names() {
+        assert_eq!(normalize("nginx"), "docker.io/library/nginx:latest");
+        assert_eq!(normalize("nginx:1.27"), "docker.io/library/nginx:1.27");
+        assert_eq!(normalize("user/app:1"), "docker.io/user/app:1");
+        assert_eq!(normalize("docker.io/nginx:1"), "docker.io/library/nginx:1");
+        assert_eq!(normalize("ghcr.io/o/app:2"), "ghcr.io/o/app:2");
+        assert_eq!(normalize("localhost:5000/app"), "localhost:5000/app:latest");
+        assert_eq!(normalize("localhost/app:3"), "localhost/app:3");
+        assert_eq!(
+            normalize("nginx@sha256:0123456789012345678901234567890123456789012345678901234567890123"),
+            "docker.io/library/nginx@sha256:0123456789012345678901234567890123456789012345678901234567890123"
+        );
+        let id = "sha256:0123456789012345678901234567890123456789012345678901234567890123";
+        assert_eq!(normalize(id), id);
+    }
+
+    #[test]
+    fn repositories() {
+        assert_eq!(repository("docker.io/library/nginx:1"), "docker.io/library/nginx");
+        assert_eq!(repository("localhost:5000/app:2"), "localhost:5000/app");
+        assert_eq!(repository("localhost:5000/app"), "localhost:5000/app");
+        assert_eq!(repository("ghcr.io/o/app@sha256:abc"), "ghcr.io/o/app");
+    }
+
+    #[test]
+    fn familiar_forms() {
+        assert_eq!(familiar("docker.io/library/nginx:1"), "nginx:1");
+        assert_eq!(familiar("docker.io/user/app:1"), "user/app:1");
+        assert_eq!(familiar("ghcr.io/o/app:1"), "ghcr.io/o/app:1");
+    }
+
+    #[test]
+    fn globs() {
+        let g = Glob::new("registry.k8s.io/*");
+        assert!(g.matches("registry.k8s.io/pause:3.9"));
+        assert!(!g.matches("docker.io/library/nginx:1"));
+        assert!(Glob::new("*:v?").matches("x/y:v1"));
+        assert!(!Glob::new("*:v?").matches("x/y:v10"));
+        assert!(Glob::new("*").matches(""));
+        assert!(Glob::new("a*b*c").matches("aXXbYYc"));
+        assert!(!Glob::new("a*b*c").matches("aXXbYY"));
+        assert!(Glob::new("exact").matches("exact"));
+        assert!(!Glob::new("exact").matches("exactly"));
+    }
+
+    #[test]
+    fn globs_match_images_by_familiar_name_and_bare_id() {
+        let tags = vec!["docker.io/library/nginx:1.27".to_string()];
+        let id = "sha256:0123456789012345678901234567890123456789012345678901234567890123";
+        assert!(Glob::new("nginx:*").matches_image(id, &tags, &[]));
+        assert!(Glob::new("docker.io/library/nginx:1.27").matches_image(id, &tags, &[]));
+        assert!(Glob::new("0123456789*").matches_image(id, &tags, &[]));
+        assert!(!Glob::new("redis:*").matches_image(id, &tags, &[]));
+    }
+}

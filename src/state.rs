@@ -1,0 +1,477 @@
+//! Persistence of the records, crash-safe.
+//!
+//! One file, `<state dir>/records.state`, in this format (version 1):
+//!
+//! ```text
+//! imagegc-state v1 crc32=<8 hex digits> len=<payload bytes>\n
+//! <payload: one JSON object>
+//! ```
+//!
+//! The payload is `{"saved_at": <unix ms>, "records": {"<image id>":
+//! {"first_seen": <unix ms>, "last_used": <unix ms>, "size": <bytes>,
+//! "pinned": <bool>, "tags": [...], "digests": [...]}, ...}}`. The CRC-32 of
+//! the payload and its length are in the header, so a torn or altered file is
+//! detected rather than believed.
+//!
+//! Writes go to a fresh temporary file (created with `O_EXCL|O_NOFOLLOW`,
+//! mode 0600), which is fsynced, renamed over the old file, and the directory
+//! fsynced: after a crash at any point the file is either the previous
+//! complete state or the new one. The directory is created 0700.
+//!
+//! A missing file is a fresh start. A file that cannot be read or does not
+//! verify is renamed aside to `records.state.corrupt-<unix seconds>` and the
+//! collector starts fresh: no history is invented from it, so age-based
+//! removal waits (see [`crate::policy`]) while space-based removal goes on.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::records::{Record, Records};
+use crate::time::{from_unix_millis, to_unix_millis};
+
+pub const FILE_NAME: &str = "records.state";
+const MAGIC: &str = "imagegc-state";
+const VERSION: u32 = 1;
+/// A state file larger than this is not a state file imagegc wrote
+/// (a million images take about 300 MiB).
+const MAX_FILE_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot create the state directory {path}: {source}")]
+    CreateDir { path: PathBuf, source: io::Error },
+    #[error("cannot write the state file {path}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+}
+
+/// Why a state file was not believed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Corruption {
+    #[error("cannot read it: {0}")]
+    Unreadable(String),
+    #[error("it is empty")]
+    Empty,
+    #[error("it has no valid header")]
+    BadHeader,
+    #[error("it is version {0}, this imagegc reads version {VERSION}")]
+    WrongVersion(String),
+    #[error("it is truncated or has extra bytes (header says {expected} payload bytes, found {found})")]
+    Length { expected: usize, found: usize },
+    #[error("its checksum does not match (header {expected:08x}, payload {found:08x})")]
+    Checksum { expected: u32, found: u32 },
+    #[error("its payload is not valid: {0}")]
+    Payload(String),
+}
+
+/// What loading found.
+#[derive(Debug)]
+pub enum Loaded {
+    /// No state file: a fresh start.
+    Fresh,
+    /// Records from the file, each marked `from_history`.
+    Records { records: Records, saved_at: SystemTime },
+    /// The file was corrupt; it was moved to `moved_to` (None when even the
+    /// rename failed) and the collector starts fresh.
+    Corrupt {
+        reason: Corruption,
+        moved_to: Option<PathBuf>,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Payload {
+    saved_at: u64,
+    records: BTreeMap<String, StoredRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredRecord {
+    first_seen: u64,
+    last_used: u64,
+    size: u64,
+    pinned: bool,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default)]
+    digests: Vec<String>,
+}
+
+/// The state directory and file.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl StateStore {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        let path = dir.join(FILE_NAME);
+        StateStore { dir, path }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Loads the records. `now` clamps times from the future (a clock that
+    /// went backwards since the save), and `unobserved_grace` bounds how much
+    /// of the time since the save counts as unused time: the collector did
+    /// not watch the runtime then, so beyond one expected gap between
+    /// observations, the last-used times move forward by the rest.
+    pub fn load(&self, now: SystemTime, unobserved_grace: Duration) -> Loaded {
+        let bytes = match read_limited(&self.path) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Loaded::Fresh,
+            Err(err) => return self.set_aside(Corruption::Unreadable(err.to_string())),
+        };
+        match decode(&bytes) {
+            Ok(payload) => {
+                let saved_at = from_unix_millis(payload.saved_at).min(now);
+                let shift = now
+                    .duration_since(saved_at)
+                    .unwrap_or_default()
+                    .saturating_sub(unobserved_grace);
+                let map: HashMap<String, Record> = payload
+                    .records
+                    .into_iter()
+                    .map(|(id, r)| {
+                        let first_seen = from_unix_millis(r.first_seen).min(now);
+                        let last_used = (from_unix_millis(r.last_used) + shift).min(now).max(first_seen);
+                        let record = Record {
+                            first_seen,
+                            last_used,
+                            size: r.size,
+                            pinned: r.pinned,
+                            tags: r.tags,
+                            digests: r.digests,
+                            from_history: true,
+                        };
+                        (id, record)
+                    })
+                    .collect();
+                Loaded::Records {
+                    records: Records::from_map(map),
+                    saved_at,
+                }
+            }
+            Err(reason) => self.set_aside(reason),
+        }
+    }
+
+    fn set_aside(&self, reason: Corruption) -> Loaded {
+        let secs = to_unix_millis(SystemTime::now()) / 1000;
+        let aside = self.dir.join(format!("{FILE_NAME}.corrupt-{secs}"));
+        let moved_to = fs::rename(&self.path, &aside).ok().map(|()| aside);
+        Loaded::Corrupt { reason, moved_to }
+    }
+
+    /// Saves the records atomically (see the module docs).
+    pub fn save(&self, records: &Records, now: SystemTime) -> Result<(), StateError> {
+        let bytes = encode(records, now);
+        self.write_atomic(&bytes)
+    }
+
+    fn ensure_dir(&self) -> Result<(), StateError> {
+        let err = |source| StateError::CreateDir {
+            path: self.dir.clone(),
+            source,
+        };
+        match fs::symlink_metadata(&self.dir) {
+            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(_) => Err(err(io::Error::other("exists and is not a directory"))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&self.dir)
+                    .map_err(err)?;
+                // The umask may have narrowed, never widened; make it exact.
+                fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700)).map_err(err)
+            }
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    fn write_atomic(&self, bytes: &[u8]) -> Result<(), StateError> {
+        self.ensure_dir()?;
+        let werr = |path: &Path, source| StateError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let tmp = self.dir.join(format!(".{FILE_NAME}.tmp-{}", std::process::id()));
+        // A leftover temporary file from a crashed writer with our pid (or a
+        // planted link) is removed, never followed.
+        let _ = fs::remove_file(&tmp);
+        let result = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            drop(file);
+            fs::rename(&tmp, &self.path)?;
+            File::open(&self.dir)?.sync_all()
+        })();
+        if let Err(source) = result {
+            let _ = fs::remove_file(&tmp);
+            return Err(werr(&self.path, source));
+        }
+        Ok(())
+    }
+}
+
+fn read_limited(path: &Path) -> io::Result<Vec<u8>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(io::Error::other("larger than 1 GiB"));
+    }
+    Ok(bytes)
+}
+
+/// The file's bytes for these records.
+pub fn encode(records: &Records, now: SystemTime) -> Vec<u8> {
+    let payload = Payload {
+        saved_at: to_unix_millis(now),
+        records: records
+            .iter()
+            .map(|(id, r)| {
+                (
+                    id.clone(),
+                    StoredRecord {
+                        first_seen: to_unix_millis(r.first_seen),
+                        last_used: to_unix_millis(r.last_used),
+                        size: r.size,
+                        pinned: r.pinned,
+                        tags: r.tags.clone(),
+                        digests: r.digests.clone(),
+                    },
+                )
+            })
+            .collect(),
+    };
+    let body = serde_json::to_vec(&payload).expect("records serialize to JSON");
+    let mut out = format!(
+        "{MAGIC} v{VERSION} crc32={:08x} len={}\n",
+        crc32fast::hash(&body),
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Verifies and parses a state file's bytes. Never panics, whatever the input.
+fn decode(bytes: &[u8]) -> Result<Payload, Corruption> {
+    if bytes.is_empty() {
+        return Err(Corruption::Empty);
+    }
+    let newline = bytes
+        .iter()
+        .take(128)
+        .position(|&b| b == b'\n')
+        .ok_or(Corruption::BadHeader)?;
+    let header = std::str::from_utf8(&bytes[..newline]).map_err(|_| Corruption::BadHeader)?;
+    let body = &bytes[newline + 1..];
+    let mut fields = header.split(' ');
+    if fields.next() != Some(MAGIC) {
+        return Err(Corruption::BadHeader);
+    }
+    let version = fields.next().ok_or(Corruption::BadHeader)?;
+    if version != format!("v{VERSION}") {
+        return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string()));
+    }
+    let crc = fields
+        .next()
+        .and_then(|f| f.strip_prefix("crc32="))
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .ok_or(Corruption::BadHeader)?;
+    let len = fields
+        .next()
+        .and_then(|f| f.strip_prefix("len="))
+        .and_then(|n| n.parse::<usize>().ok())
+        .ok_or(Corruption::BadHeader)?;
+    if fields.next().is_some() {
+        return Err(Corruption::BadHeader);
+    }
+    if body.len() != len {
+        return Err(Corruption::Length {
+            expected: len,
+            found: body.len(),
+        });
+    }
+    let found = crc32fast::hash(body);
+    if found != crc {
+        return Err(Corruption::Checksum { expected: crc, found });
+    }
+    serde_json::from_slice(body).map_err(|e| Corruption::Payload(e.to_string()))
+}
+
+/// Checks a state file's bytes the way [`StateStore::load`] does and returns
+/// the number of records, or why it would be set aside (fuzzing entry point).
+pub fn verify(bytes: &[u8]) -> Result<usize, Corruption> {
+    decode(bytes).map(|p| p.records.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::tests::image;
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    fn sample() -> Records {
+        let mut r = Records::new();
+        r.observe(&[image("a", 10), image("b", 20)], &[], t(0));
+        r
+    }
+
+    #[test]
+    fn save_and_load_round_trip_marks_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state"));
+        store.save(&sample(), t(5)).unwrap();
+        let Loaded::Records { records, saved_at } = store.load(t(6), Duration::from_secs(300)) else {
+            panic!("not loaded")
+        };
+        assert_eq!(saved_at, t(5));
+        assert_eq!(records.len(), 2);
+        let a = records.get("a").unwrap();
+        assert_eq!((a.first_seen, a.last_used, a.size), (t(0), t(0), 10));
+        assert!(a.from_history);
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(store.dir()), 0o700);
+        assert_eq!(mode(store.path()), 0o600);
+    }
+
+    #[test]
+    fn missing_file_is_a_fresh_start() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            StateStore::new(dir.path()).load(t(0), Duration::ZERO),
+            Loaded::Fresh
+        ));
+    }
+
+    #[test]
+    fn corrupt_files_are_set_aside() {
+        let good = encode(&sample(), t(1));
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let mut wrong_version = good.clone();
+        wrong_version[15] = b'9';
+        type Case = (&'static str, Vec<u8>, fn(&Corruption) -> bool);
+        let cases: Vec<Case> = vec![
+            ("empty", vec![], |c| *c == Corruption::Empty),
+            ("garbage", b"\x00\xffhello".to_vec(), |c| *c == Corruption::BadHeader),
+            ("truncated", good[..good.len() - 7].to_vec(), |c| {
+                matches!(c, Corruption::Length { .. })
+            }),
+            ("checksum", flipped, |c| matches!(c, Corruption::Checksum { .. })),
+            ("version", wrong_version, |c| matches!(c, Corruption::WrongVersion(_))),
+            (
+                "header only",
+                b"imagegc-state v1 crc32=00000000 len=0\n".to_vec(),
+                |c| matches!(c, Corruption::Payload(_)),
+            ),
+        ];
+        for (name, bytes, expected) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let store = StateStore::new(dir.path());
+            fs::write(store.path(), &bytes).unwrap();
+            match store.load(t(2), Duration::ZERO) {
+                Loaded::Corrupt { reason, moved_to } => {
+                    assert!(expected(&reason), "{name}: {reason:?}");
+                    let moved = moved_to.expect("moved aside");
+                    assert!(moved.to_string_lossy().contains("records.state.corrupt-"));
+                    assert_eq!(fs::read(&moved).unwrap(), bytes, "{name}: content kept for inspection");
+                    assert!(!store.path().exists());
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn times_from_the_future_are_clamped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        store.save(&sample(), t(1000)).unwrap();
+        // The clock went back 1000 s: nothing may look used in the future.
+        let Loaded::Records { records, saved_at } = store.load(t(0) - Duration::from_secs(500), Duration::ZERO) else {
+            panic!()
+        };
+        let now = t(0) - Duration::from_secs(500);
+        assert_eq!(saved_at, now);
+        assert!(records.iter().all(|(_, r)| r.last_used <= now && r.first_seen <= now));
+    }
+
+    #[test]
+    fn unobserved_time_beyond_the_grace_does_not_count_as_unused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        store.save(&sample(), t(100)).unwrap();
+        // Down for 1000 s with a 300 s grace: last used moves 700 s forward.
+        let Loaded::Records { records, .. } = store.load(t(1100), Duration::from_secs(300)) else {
+            panic!()
+        };
+        assert_eq!(records.get("a").unwrap().last_used, t(700));
+        assert_eq!(records.get("a").unwrap().first_seen, t(0));
+        // A short gap changes nothing.
+        let Loaded::Records { records, .. } = store.load(t(200), Duration::from_secs(300)) else {
+            panic!()
+        };
+        assert_eq!(records.get("a").unwrap().last_used, t(0));
+    }
+
+    #[test]
+    fn save_replaces_a_planted_symlink_instead_of_following_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let state_dir = dir.path().join("state");
+        fs::create_dir(&state_dir).unwrap();
+        let store = StateStore::new(&state_dir);
+        std::os::unix::fs::symlink(&victim, store.path()).unwrap();
+        std::os::unix::fs::symlink(
+            &victim,
+            state_dir.join(format!(".{FILE_NAME}.tmp-{}", std::process::id())),
+        )
+        .unwrap();
+        store.save(&sample(), t(1)).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert!(!fs::symlink_metadata(store.path()).unwrap().file_type().is_symlink());
+        assert!(matches!(store.load(t(2), Duration::ZERO), Loaded::Records { .. }));
+    }
+
+    #[test]
+    fn save_into_an_unwritable_place_is_an_error_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        fs::write(&file, b"").unwrap();
+        // The state dir path is a regular file.
+        let err = StateStore::new(&file).save(&sample(), t(0)).unwrap_err();
+        assert!(err.to_string().contains(&file.display().to_string()), "{err}");
+    }
+}
