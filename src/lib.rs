@@ -1,7 +1,10 @@
 //! imagegc: a node-level container image garbage collector for CRI runtimes.
+pub mod collector;
 pub mod config;
 pub mod cri;
 pub mod fs;
+pub mod journal;
+pub mod metrics;
 pub mod policy;
 pub mod records;
 pub mod reference;
