@@ -1,0 +1,628 @@
+//! Every metric imagegc exports, registered once in one [`Metrics`] value.
+//!
+//! The collector and the daemon report what happened through the methods here
+//! (`removed`, `cycle_timer`, `set_usage_ratio`, ...); they never touch the
+//! registry or a metric family directly, so names, units, help texts and label
+//! values live in this one file. Label values come only from small closed enums
+//! defined here ([`Reason`] and two private ones), never from image names or any
+//! other data a user or the runtime controls, so the number of series is fixed.
+//!
+//! This module does no IO and serves nothing; `http` encodes it on scrape.
+
+use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+/// Upper bounds, in seconds, of the cycle duration histogram. A cycle that finds
+/// nothing to do takes tens of milliseconds; one that removes many large images on
+/// a slow disk can take minutes, and ten minutes is longer than any sane interval.
+const CYCLE_DURATION_BUCKETS_SECONDS: [f64; 15] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Why an image was removed.
+///
+/// `Age`: unused for longer than the configured maximum age. `Space`: the image
+/// filesystem was above the high threshold and this image was among the least
+/// recently used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Age,
+    Space,
+}
+
+impl Reason {
+    /// The label value, also used in logs and the audit journal.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Age => "age",
+            Reason::Space => "space",
+        }
+    }
+}
+
+impl EncodeLabelValue for Reason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum CycleResult {
+    Success,
+    Failure,
+}
+
+impl EncodeLabelValue for CycleResult {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(match self {
+            CycleResult::Success => "success",
+            CycleResult::Failure => "failure",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ImageState {
+    InUse,
+    Unused,
+    Protected,
+}
+
+impl EncodeLabelValue for ImageState {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(match self {
+            ImageState::InUse => "in_use",
+            ImageState::Unused => "unused",
+            ImageState::Protected => "protected",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: Reason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    result: CycleResult,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    state: ImageState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+type GaugeF64 = Gauge<f64, AtomicU64>;
+
+/// The metric families imagegc exports. Create one with [`Metrics::new`] and share
+/// it as `Arc<Metrics>`; every method takes `&self`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    removed: Family<ReasonLabels, Counter>,
+    freed_bytes: Family<ReasonLabels, Counter>,
+    removal_failures: Counter,
+    cycles: CycleFamilies,
+    usage_ratio: GaugeF64,
+    capacity_bytes: Gauge,
+    available_bytes: Gauge,
+    high_threshold_ratio: GaugeF64,
+    low_threshold_ratio: GaugeF64,
+    images: Family<StateLabels, Gauge>,
+    runtime_up: Gauge,
+    dry_run: Gauge,
+    repulled: Counter,
+    candidates: Gauge,
+}
+
+/// The families a finished cycle updates, kept together so a [`CycleTimer`] can
+/// own clones of them (they are shared handles) and outlive any borrow.
+#[derive(Debug, Clone)]
+struct CycleFamilies {
+    total: Family<ResultLabels, Counter>,
+    duration: Histogram,
+    last_success: GaugeF64,
+}
+
+impl CycleFamilies {
+    fn record(&self, success: bool, duration: Duration) {
+        let result = if success {
+            CycleResult::Success
+        } else {
+            CycleResult::Failure
+        };
+        self.total.get_or_create(&ResultLabels { result }).inc();
+        self.duration.observe(duration.as_secs_f64());
+        if success {
+            self.last_success.set(unix_now_seconds());
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every family. Labelled series that are known in advance are
+    /// created at zero, so `rate()` and absence alerts work before the first event.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+
+        let removed = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "image_garbage_collected",
+            "Images removed by garbage collection, by reason (same name as the kubelet's metric)",
+            removed.clone(),
+        );
+        let freed_bytes = Family::<ReasonLabels, Counter>::default();
+        registry.register_with_unit(
+            "imagegc_freed",
+            "Image filesystem space freed by removals, measured before and after each removal, by reason",
+            Unit::Bytes,
+            freed_bytes.clone(),
+        );
+        for reason in [Reason::Age, Reason::Space] {
+            removed.get_or_create(&ReasonLabels { reason }).inc_by(0);
+            freed_bytes.get_or_create(&ReasonLabels { reason }).inc_by(0);
+        }
+
+        let removal_failures = Counter::default();
+        registry.register(
+            "imagegc_removal_failures",
+            "Image removals the runtime refused or that failed",
+            removal_failures.clone(),
+        );
+
+        let cycles = CycleFamilies {
+            total: Family::default(),
+            duration: Histogram::new(CYCLE_DURATION_BUCKETS_SECONDS),
+            last_success: GaugeF64::default(),
+        };
+        registry.register(
+            "imagegc_cycles",
+            "Garbage collection cycles finished, by result",
+            cycles.total.clone(),
+        );
+        for result in [CycleResult::Success, CycleResult::Failure] {
+            cycles.total.get_or_create(&ResultLabels { result }).inc_by(0);
+        }
+        registry.register_with_unit(
+            "imagegc_cycle_duration",
+            "Wall time of one garbage collection cycle, successful or not",
+            Unit::Seconds,
+            cycles.duration.clone(),
+        );
+        registry.register_with_unit(
+            "imagegc_last_success_timestamp",
+            "Unix time at which the last successful cycle finished (0 before the first)",
+            Unit::Seconds,
+            cycles.last_success.clone(),
+        );
+
+        let usage_ratio = GaugeF64::default();
+        registry.register_with_unit(
+            "imagegc_image_filesystem_usage",
+            "Used fraction of the image filesystem (0 to 1) at the last measurement",
+            Unit::Other("ratio".to_owned()),
+            usage_ratio.clone(),
+        );
+        let capacity_bytes = Gauge::default();
+        registry.register_with_unit(
+            "imagegc_image_filesystem_capacity",
+            "Size of the image filesystem at the last measurement",
+            Unit::Bytes,
+            capacity_bytes.clone(),
+        );
+        let available_bytes = Gauge::default();
+        registry.register_with_unit(
+            "imagegc_image_filesystem_available",
+            "Space available to unprivileged users on the image filesystem at the last measurement",
+            Unit::Bytes,
+            available_bytes.clone(),
+        );
+        let high_threshold_ratio = GaugeF64::default();
+        registry.register_with_unit(
+            "imagegc_high_threshold",
+            "Usage above which space-based removal starts, as a fraction (0 to 1)",
+            Unit::Other("ratio".to_owned()),
+            high_threshold_ratio.clone(),
+        );
+        let low_threshold_ratio = GaugeF64::default();
+        registry.register_with_unit(
+            "imagegc_low_threshold",
+            "Usage down to which space-based removal frees, as a fraction (0 to 1)",
+            Unit::Other("ratio".to_owned()),
+            low_threshold_ratio.clone(),
+        );
+
+        let images = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "imagegc_images",
+            "Images on the node at the last cycle, by state",
+            images.clone(),
+        );
+        for state in [ImageState::InUse, ImageState::Unused, ImageState::Protected] {
+            images.get_or_create(&StateLabels { state }).set(0);
+        }
+
+        let runtime_up = Gauge::default();
+        registry.register(
+            "imagegc_runtime_up",
+            "1 if the last call to the container runtime succeeded, 0 otherwise",
+            runtime_up.clone(),
+        );
+        let dry_run = Gauge::default();
+        registry.register(
+            "imagegc_dry_run",
+            "1 if imagegc only reports what it would remove, 0 if it removes",
+            dry_run.clone(),
+        );
+        let repulled = Counter::default();
+        registry.register(
+            "imagegc_repulled_after_removal",
+            "Images pulled again soon after imagegc removed them (a sign of thrashing)",
+            repulled.clone(),
+        );
+        let candidates = Gauge::default();
+        registry.register(
+            "imagegc_removal_candidates",
+            "Images the last plan selected for removal",
+            candidates.clone(),
+        );
+
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "imagegc_build_info",
+            "Always 1; the version label says which imagegc is running",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+
+        Metrics {
+            registry,
+            removed,
+            freed_bytes,
+            removal_failures,
+            cycles,
+            usage_ratio,
+            capacity_bytes,
+            available_bytes,
+            high_threshold_ratio,
+            low_threshold_ratio,
+            images,
+            runtime_up,
+            dry_run,
+            repulled,
+            candidates,
+        }
+    }
+
+    /// An image was removed for `reason`, freeing `freed_bytes` as measured on the
+    /// image filesystem.
+    pub fn removed(&self, reason: Reason, freed_bytes: u64) {
+        let labels = ReasonLabels { reason };
+        self.removed.get_or_create(&labels).inc();
+        self.freed_bytes.get_or_create(&labels).inc_by(freed_bytes);
+    }
+
+    /// The runtime failed to remove an image.
+    pub fn removal_failed(&self) {
+        self.removal_failures.inc();
+    }
+
+    /// A cycle ended. Prefer [`Metrics::cycle_timer`], which cannot forget to call this.
+    pub fn cycle_finished(&self, success: bool, duration: Duration) {
+        self.cycles.record(success, duration);
+    }
+
+    /// Starts timing a cycle. Call [`CycleTimer::finish`] at the end; a timer
+    /// dropped without it (the cycle returned early with an error, or unwound)
+    /// records a failed cycle.
+    pub fn cycle_timer(&self) -> CycleTimer {
+        CycleTimer {
+            started: Instant::now(),
+            cycles: Some(self.cycles.clone()),
+        }
+    }
+
+    /// Used fraction of the image filesystem, 0 to 1.
+    pub fn set_usage_ratio(&self, ratio: f64) {
+        self.usage_ratio.set(ratio);
+    }
+
+    /// Capacity and available bytes of the image filesystem.
+    pub fn set_filesystem(&self, capacity_bytes: u64, available_bytes: u64) {
+        self.capacity_bytes.set(saturating_i64(capacity_bytes));
+        self.available_bytes.set(saturating_i64(available_bytes));
+    }
+
+    /// The configured thresholds, in percent as in the configuration; exported as
+    /// ratios so they share an axis with the usage ratio.
+    pub fn set_thresholds(&self, high_percent: u8, low_percent: u8) {
+        self.high_threshold_ratio.set(f64::from(high_percent) / 100.0);
+        self.low_threshold_ratio.set(f64::from(low_percent) / 100.0);
+    }
+
+    /// How many images the last snapshot had in each state.
+    pub fn set_images(&self, in_use: usize, unused: usize, protected: usize) {
+        for (state, count) in [
+            (ImageState::InUse, in_use),
+            (ImageState::Unused, unused),
+            (ImageState::Protected, protected),
+        ] {
+            self.images
+                .get_or_create(&StateLabels { state })
+                .set(saturating_i64(count as u64));
+        }
+    }
+
+    /// Whether the last call to the runtime succeeded.
+    pub fn set_runtime_up(&self, up: bool) {
+        self.runtime_up.set(i64::from(up));
+    }
+
+    /// Whether imagegc runs in dry-run mode.
+    pub fn set_dry_run(&self, dry_run: bool) {
+        self.dry_run.set(i64::from(dry_run));
+    }
+
+    /// An image imagegc removed was pulled again.
+    pub fn repulled(&self) {
+        self.repulled.inc();
+    }
+
+    /// How many images the last plan selected for removal.
+    pub fn set_candidates(&self, candidates: usize) {
+        self.candidates.set(saturating_i64(candidates as u64));
+    }
+
+    /// The whole exposition in the OpenMetrics text format, `# EOF` included. Serve
+    /// it with [`OPENMETRICS_CONTENT_TYPE`].
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail and every label value is a fixed
+        // string, so an error here would be a bug in the encoder, not a state to
+        // serve around.
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(%error, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Measures one cycle from [`Metrics::cycle_timer`] until [`CycleTimer::finish`],
+/// or until it is dropped, which counts as a failure.
+#[derive(Debug)]
+#[must_use = "a timer dropped at once records a failed cycle of zero length"]
+pub struct CycleTimer {
+    started: Instant,
+    cycles: Option<CycleFamilies>,
+}
+
+impl CycleTimer {
+    /// Records the cycle as finished with the given result.
+    pub fn finish(mut self, success: bool) {
+        self.record(success);
+    }
+
+    fn record(&mut self, success: bool) {
+        if let Some(cycles) = self.cycles.take() {
+            cycles.record(success, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for CycleTimer {
+    fn drop(&mut self) {
+        self.record(false);
+    }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Seconds since the Unix epoch, by the wall clock (this is what dashboards
+/// compare with `time()`); 0 if the clock is before 1970.
+fn unix_now_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_lines(metrics: &Metrics) -> Vec<String> {
+        metrics
+            .encode()
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn assert_has(metrics: &Metrics, line: &str) {
+        let lines = sample_lines(metrics);
+        assert!(
+            lines.iter().any(|l| l == line),
+            "missing sample line {line:?} in:\n{}",
+            lines.join("\n")
+        );
+    }
+
+    #[test]
+    fn fresh_metrics_show_every_known_series_at_zero() {
+        let metrics = Metrics::new();
+        for line in [
+            r#"image_garbage_collected_total{reason="age"} 0"#,
+            r#"image_garbage_collected_total{reason="space"} 0"#,
+            r#"imagegc_freed_bytes_total{reason="age"} 0"#,
+            r#"imagegc_freed_bytes_total{reason="space"} 0"#,
+            "imagegc_removal_failures_total 0",
+            r#"imagegc_cycles_total{result="success"} 0"#,
+            r#"imagegc_cycles_total{result="failure"} 0"#,
+            "imagegc_cycle_duration_seconds_count 0",
+            "imagegc_last_success_timestamp_seconds 0.0",
+            r#"imagegc_images{state="in_use"} 0"#,
+            r#"imagegc_images{state="unused"} 0"#,
+            r#"imagegc_images{state="protected"} 0"#,
+            "imagegc_runtime_up 0",
+            "imagegc_dry_run 0",
+            "imagegc_repulled_after_removal_total 0",
+            "imagegc_removal_candidates 0",
+            concat!(r#"imagegc_build_info{version=""#, env!("CARGO_PKG_VERSION"), r#""} 1"#),
+        ] {
+            assert_has(&metrics, line);
+        }
+        assert!(metrics.encode().ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn removals_count_by_reason_and_add_up_freed_bytes() {
+        let metrics = Metrics::new();
+        metrics.removed(Reason::Space, 1000);
+        metrics.removed(Reason::Space, 500);
+        metrics.removed(Reason::Age, 7);
+        metrics.removal_failed();
+
+        assert_has(&metrics, r#"image_garbage_collected_total{reason="space"} 2"#);
+        assert_has(&metrics, r#"image_garbage_collected_total{reason="age"} 1"#);
+        assert_has(&metrics, r#"imagegc_freed_bytes_total{reason="space"} 1500"#);
+        assert_has(&metrics, r#"imagegc_freed_bytes_total{reason="age"} 7"#);
+        assert_has(&metrics, "imagegc_removal_failures_total 1");
+    }
+
+    #[test]
+    fn finished_cycles_are_counted_timed_and_stamped() {
+        let metrics = Metrics::new();
+        metrics.cycle_finished(true, Duration::from_millis(20));
+        metrics.cycle_finished(false, Duration::from_secs(700));
+
+        assert_has(&metrics, r#"imagegc_cycles_total{result="success"} 1"#);
+        assert_has(&metrics, r#"imagegc_cycles_total{result="failure"} 1"#);
+        assert_has(&metrics, "imagegc_cycle_duration_seconds_count 2");
+        assert_has(&metrics, r#"imagegc_cycle_duration_seconds_bucket{le="0.025"} 1"#);
+        assert_has(&metrics, r#"imagegc_cycle_duration_seconds_bucket{le="600.0"} 1"#);
+        assert_has(&metrics, r#"imagegc_cycle_duration_seconds_bucket{le="+Inf"} 2"#);
+
+        let stamp = sample_lines(&metrics)
+            .into_iter()
+            .find_map(|l| {
+                l.strip_prefix("imagegc_last_success_timestamp_seconds ")
+                    .map(str::to_owned)
+            })
+            .expect("timestamp sample");
+        let stamp: f64 = stamp.parse().expect("a number");
+        assert!(stamp > 1_600_000_000.0, "not a Unix time: {stamp}");
+    }
+
+    #[test]
+    fn a_failed_cycle_does_not_move_the_last_success_timestamp() {
+        let metrics = Metrics::new();
+        metrics.cycle_finished(false, Duration::from_secs(1));
+        assert_has(&metrics, "imagegc_last_success_timestamp_seconds 0.0");
+    }
+
+    #[test]
+    fn a_finished_timer_records_its_result_once() {
+        let metrics = Metrics::new();
+        metrics.cycle_timer().finish(true);
+
+        assert_has(&metrics, r#"imagegc_cycles_total{result="success"} 1"#);
+        assert_has(&metrics, r#"imagegc_cycles_total{result="failure"} 0"#);
+        assert_has(&metrics, "imagegc_cycle_duration_seconds_count 1");
+    }
+
+    #[test]
+    fn a_timer_dropped_without_finish_records_a_failure() {
+        fn cycle(metrics: &Metrics) -> Result<(), &'static str> {
+            let _timer = metrics.cycle_timer();
+            Err("runtime unreachable")
+        }
+        let metrics = Metrics::new();
+        assert!(cycle(&metrics).is_err());
+
+        assert_has(&metrics, r#"imagegc_cycles_total{result="failure"} 1"#);
+        assert_has(&metrics, r#"imagegc_cycles_total{result="success"} 0"#);
+        assert_has(&metrics, "imagegc_cycle_duration_seconds_count 1");
+    }
+
+    #[test]
+    fn filesystem_and_thresholds_share_the_ratio_axis() {
+        let metrics = Metrics::new();
+        metrics.set_usage_ratio(0.875);
+        metrics.set_filesystem(100 << 30, 12_345);
+        metrics.set_thresholds(85, 80);
+
+        assert_has(&metrics, "imagegc_image_filesystem_usage_ratio 0.875");
+        assert_has(&metrics, "imagegc_image_filesystem_capacity_bytes 107374182400");
+        assert_has(&metrics, "imagegc_image_filesystem_available_bytes 12345");
+        assert_has(&metrics, "imagegc_high_threshold_ratio 0.85");
+        assert_has(&metrics, "imagegc_low_threshold_ratio 0.8");
+    }
+
+    #[test]
+    fn node_state_gauges_report_the_last_values_set() {
+        let metrics = Metrics::new();
+        metrics.set_images(3, 10, 2);
+        metrics.set_runtime_up(true);
+        metrics.set_dry_run(true);
+        metrics.set_candidates(4);
+        metrics.repulled();
+        metrics.set_images(4, 9, 2);
+        metrics.set_runtime_up(false);
+
+        assert_has(&metrics, r#"imagegc_images{state="in_use"} 4"#);
+        assert_has(&metrics, r#"imagegc_images{state="unused"} 9"#);
+        assert_has(&metrics, r#"imagegc_images{state="protected"} 2"#);
+        assert_has(&metrics, "imagegc_runtime_up 0");
+        assert_has(&metrics, "imagegc_dry_run 1");
+        assert_has(&metrics, "imagegc_removal_candidates 4");
+        assert_has(&metrics, "imagegc_repulled_after_removal_total 1");
+    }
+
+    #[test]
+    fn units_are_declared_for_openmetrics() {
+        let text = Metrics::new().encode();
+        for line in [
+            "# TYPE image_garbage_collected counter",
+            "# UNIT imagegc_cycle_duration_seconds seconds",
+            "# UNIT imagegc_freed_bytes bytes",
+            "# UNIT imagegc_image_filesystem_usage_ratio ratio",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn reason_label_values_are_lowercase() {
+        assert_eq!(Reason::Age.as_str(), "age");
+        assert_eq!(Reason::Space.as_str(), "space");
+    }
+}
