@@ -3,6 +3,7 @@ pub mod collector;
 pub mod config;
 pub mod cri;
 pub mod fs;
+pub mod http;
 pub mod journal;
 pub mod metrics;
 pub mod policy;

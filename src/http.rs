@@ -1,0 +1,300 @@
+//! The read-only HTTP endpoint: `/metrics`, `/healthz` and `/readyz`.
+//!
+//! It owns [`Health`], the two facts the probes report: whether the daemon loop
+//! is still turning (liveness) and whether the last contact with the runtime
+//! succeeded (readiness). It changes nothing on the node and accepts no input
+//! beyond a method and a path, so requests with a body are refused unread and
+//! every limit (header size, header count, header read time, connections) is
+//! small and fixed: the endpoint must never be the thing that makes a node agent
+//! use memory or sockets it should not.
+//!
+//! The caller binds the listener (port 0 in tests, the configured address in the
+//! daemon) and owns the shutdown token; [`serve`] stops accepting when the token
+//! is cancelled and gives in-flight requests [`SHUTDOWN_GRACE`] to finish.
+
+use std::convert::Infallible;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::{Body as _, Bytes, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
+
+/// Largest request head (request line and headers) accepted, in bytes. A scrape
+/// or a probe sends a few hundred; larger heads get 431.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Most header fields accepted in one request; more get 431.
+pub const MAX_HEADERS: usize = 32;
+
+/// Time a client has to send a complete request head, also the longest an idle
+/// keep-alive connection is held open waiting for the next request.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections served at once. One Prometheus, a kubelet prober and a person
+/// with curl need a handful; connections beyond this are closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long in-flight requests may run after shutdown is requested.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Pause after an accept error that is not about one connection (such as
+/// running out of file descriptors), so the loop does not spin.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+const ALLOWED_METHODS: &str = "GET, HEAD";
+const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+
+/// Liveness and readiness, shared as `Arc<Health>` between the daemon loop,
+/// which reports, and the HTTP endpoint, which answers probes.
+#[derive(Debug)]
+pub struct Health {
+    ready: AtomicBool,
+    last_heartbeat: Mutex<Instant>,
+    liveness_window: Duration,
+}
+
+impl Health {
+    /// Starts not ready and alive: construction counts as the first heartbeat,
+    /// so the daemon has one `liveness_window` to reach its first iteration.
+    pub fn new(liveness_window: Duration) -> Health {
+        Health {
+            ready: AtomicBool::new(false),
+            last_heartbeat: Mutex::new(Instant::now()),
+            liveness_window,
+        }
+    }
+
+    /// Set to true only when the last contact with the runtime succeeded.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The daemon loop calls this on every iteration.
+    pub fn heartbeat(&self) {
+        *self.lock_heartbeat() = Instant::now();
+    }
+
+    /// True while the last heartbeat is less than the liveness window old. Uses
+    /// the monotonic clock, so wall clock jumps neither kill nor revive the daemon.
+    pub fn is_alive(&self) -> bool {
+        self.is_alive_at(Instant::now())
+    }
+
+    fn is_alive_at(&self, now: Instant) -> bool {
+        now.saturating_duration_since(*self.lock_heartbeat()) < self.liveness_window
+    }
+
+    fn lock_heartbeat(&self) -> std::sync::MutexGuard<'_, Instant> {
+        // The guarded value is a plain Instant, valid even if a holder panicked.
+        self.last_heartbeat.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` is
+/// cancelled, then waits up to [`SHUTDOWN_GRACE`] for open requests and returns.
+///
+/// Each connection runs in its own task on the current runtime. Accept errors
+/// are logged and retried rather than returned: a full file descriptor table
+/// is a reason to answer later, not to stop exporting metrics.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .max_headers(MAX_HEADERS)
+        .keep_alive(true);
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) if is_connection_error(&error) => {
+                    debug!(%error, "accepting an HTTP connection failed");
+                    continue;
+                }
+                Err(error) => {
+                    warn!(%error, "accepting HTTP connections failed; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(ACCEPT_RETRY_DELAY) => continue,
+                    }
+                }
+            },
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            debug!(%peer, limit = MAX_CONNECTIONS, "too many HTTP connections; closing");
+            continue;
+        };
+
+        let service = {
+            let metrics = Arc::clone(&metrics);
+            let health = Arc::clone(&health);
+            service_fn(move |request| {
+                let response = respond(&request, &metrics, &health);
+                std::future::ready(Ok::<_, Infallible>(response))
+            })
+        };
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                () = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut())
+                        .await
+                        .unwrap_or(Ok(()))
+                }
+            };
+            if let Err(error) = result {
+                debug!(%peer, %error, "HTTP connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+
+    drop(listener);
+    // Every connection task holds a permit until it ends, so holding all of
+    // them means every connection is closed.
+    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
+    if tokio::time::timeout(SHUTDOWN_GRACE, connections.acquire_many(all))
+        .await
+        .is_err()
+    {
+        debug!("HTTP connections still open after the shutdown grace period");
+    }
+    Ok(())
+}
+
+/// Errors that concern one connection that never got going, not the listener.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+    )
+}
+
+fn respond(request: &Request<Incoming>, metrics: &Metrics, health: &Health) -> Response<Full<Bytes>> {
+    let has_body = !request.body().is_end_stream();
+    let mut response = route(request, has_body, metrics, health);
+    if has_body {
+        // The body is never read, and it sits where the next request on this
+        // connection would start: close instead of reading it.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    debug!(
+        method = %request.method(),
+        path = request.uri().path(),
+        status = response.status().as_u16(),
+        "HTTP request"
+    );
+    response
+}
+
+fn route(request: &Request<Incoming>, has_body: bool, metrics: &Metrics, health: &Health) -> Response<Full<Bytes>> {
+    let path = request.uri().path();
+    if !matches!(path, "/metrics" | "/healthz" | "/readyz") {
+        return text(StatusCode::NOT_FOUND, "not found\n");
+    }
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+        return response;
+    }
+    if has_body {
+        // Nothing here takes input, so any body is too large.
+        return text(StatusCode::PAYLOAD_TOO_LARGE, "request body not accepted\n");
+    }
+    match path {
+        "/metrics" => {
+            let mut response = Response::new(Full::new(Bytes::from(metrics.encode())));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE));
+            response
+        }
+        "/healthz" if health.is_alive() => text(StatusCode::OK, "ok\n"),
+        "/healthz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "daemon loop has not run within the liveness window\n",
+        ),
+        _ if health.is_ready() => text(StatusCode::OK, "ready\n"),
+        _ => text(StatusCode::SERVICE_UNAVAILABLE, "runtime not reachable\n"),
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alive_from_construction_until_the_window_passes() {
+        let health = Health::new(Duration::from_secs(60));
+        let start = *health.lock_heartbeat();
+        assert!(health.is_alive_at(start + Duration::from_secs(59)));
+        assert!(!health.is_alive_at(start + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn a_heartbeat_restarts_the_window() {
+        let health = Health::new(Duration::from_secs(60));
+        health.heartbeat();
+        let beat = *health.lock_heartbeat();
+        assert!(health.is_alive_at(beat + Duration::from_secs(59)));
+        assert!(!health.is_alive_at(beat + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn a_zero_window_is_never_alive() {
+        assert!(!Health::new(Duration::ZERO).is_alive());
+    }
+
+    #[test]
+    fn not_ready_until_told() {
+        let health = Health::new(Duration::from_secs(60));
+        assert!(!health.is_ready());
+        health.set_ready(true);
+        assert!(health.is_ready());
+        health.set_ready(false);
+        assert!(!health.is_ready());
+    }
+}

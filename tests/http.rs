@@ -1,0 +1,438 @@
+//! The HTTP endpoint over real TCP on 127.0.0.1, spoken to with raw requests
+//! the way Prometheus, a kubelet probe or curl would.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use imagegc::http::{Health, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
+use imagegc::metrics::{Metrics, Reason};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How long a test waits on a socket before calling the server stuck.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Server {
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+async fn start() -> Server {
+    start_with(Health::new(Duration::from_secs(600))).await
+}
+
+async fn start_with(health: Health) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(health);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(serve(
+        listener,
+        Arc::clone(&metrics),
+        Arc::clone(&health),
+        shutdown.clone(),
+    ));
+    Server {
+        addr,
+        metrics,
+        health,
+        shutdown,
+        task,
+    }
+}
+
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    stream.set_write_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    stream
+}
+
+/// Reads one response; `head_only` for answers to HEAD, which carry a
+/// Content-Length but no body.
+fn read_response(reader: &mut impl BufRead, head_only: bool) -> Response {
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).expect("status line");
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP status line: {status_line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("header line");
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').expect("header");
+        headers.push((name.to_owned(), value.trim().to_owned()));
+    }
+    let mut response = Response {
+        status,
+        headers,
+        body: String::new(),
+    };
+    if !head_only {
+        let length: usize = response
+            .header("content-length")
+            .expect("content-length")
+            .parse()
+            .expect("a length");
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).expect("body");
+        response.body = String::from_utf8(body).expect("utf-8 body");
+    }
+    response
+}
+
+/// Sends raw bytes on a fresh connection and reads one response, off the
+/// runtime thread so the server keeps running.
+async fn exchange(addr: SocketAddr, raw: impl Into<Vec<u8>>) -> Response {
+    let raw = raw.into();
+    let head_only = raw.starts_with(b"HEAD ");
+    tokio::task::spawn_blocking(move || {
+        let mut stream = connect(addr);
+        stream.write_all(&raw).expect("write request");
+        read_response(&mut BufReader::new(stream), head_only)
+    })
+    .await
+    .expect("client thread")
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Response {
+    exchange(addr, format!("GET {path} HTTP/1.1\r\nHost: node\r\n\r\n")).await
+}
+
+/// True once the server has closed the connection: EOF, or a reset because it
+/// closed with bytes of ours unread.
+fn closed_by_server(stream: &mut TcpStream) -> bool {
+    let mut buf = [0; 1];
+    match stream.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+#[tokio::test]
+async fn metrics_are_served_in_the_openmetrics_format() {
+    let server = start().await;
+    server.metrics.removed(Reason::Space, 4096);
+    server.metrics.removed(Reason::Space, 4096);
+
+    let response = get(server.addr, "/metrics").await;
+
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    for line in [
+        r#"image_garbage_collected_total{reason="space"} 2"#,
+        r#"imagegc_freed_bytes_total{reason="space"} 8192"#,
+        "imagegc_runtime_up 0",
+    ] {
+        assert!(
+            response.body.lines().any(|l| l == line),
+            "missing {line:?} in:\n{}",
+            response.body
+        );
+    }
+    assert!(response.body.ends_with("# EOF\n"));
+}
+
+#[tokio::test]
+async fn head_answers_like_get_without_a_body() {
+    let server = start().await;
+    let get = get(server.addr, "/metrics").await;
+
+    let head = exchange(server.addr, "HEAD /metrics HTTP/1.1\r\nHost: node\r\n\r\n").await;
+
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-type"), get.header("content-type"));
+    assert_eq!(head.header("content-length"), get.header("content-length"));
+}
+
+#[tokio::test]
+async fn healthz_is_ok_while_the_loop_beats() {
+    let server = start().await;
+    server.health.heartbeat();
+
+    let response = get(server.addr, "/healthz").await;
+
+    assert_eq!(response.status, 200);
+    assert_eq!(response.body, "ok\n");
+}
+
+#[tokio::test]
+async fn healthz_fails_once_the_liveness_window_has_passed() {
+    let server = start_with(Health::new(Duration::ZERO)).await;
+
+    let response = get(server.addr, "/healthz").await;
+
+    assert_eq!(response.status, 503);
+}
+
+#[tokio::test]
+async fn readyz_follows_the_last_contact_with_the_runtime() {
+    let server = start().await;
+
+    let before = get(server.addr, "/readyz").await;
+    server.health.set_ready(true);
+    let after = get(server.addr, "/readyz").await;
+    server.health.set_ready(false);
+    let lost = get(server.addr, "/readyz").await;
+
+    assert_eq!(before.status, 503);
+    assert_eq!(before.body, "runtime not reachable\n");
+    assert_eq!(after.status, 200);
+    assert_eq!(after.body, "ready\n");
+    assert_eq!(lost.status, 503);
+}
+
+#[tokio::test]
+async fn a_query_string_does_not_change_the_route() {
+    let server = start().await;
+    assert_eq!(get(server.addr, "/healthz?verbose=1").await.status, 200);
+}
+
+#[tokio::test]
+async fn other_methods_on_known_paths_are_not_allowed() {
+    let server = start().await;
+
+    let post = exchange(
+        server.addr,
+        "POST /metrics HTTP/1.1\r\nHost: node\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await;
+    let put = exchange(
+        server.addr,
+        "PUT /healthz HTTP/1.1\r\nHost: node\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await;
+    let delete = exchange(server.addr, "DELETE /readyz HTTP/1.1\r\nHost: node\r\n\r\n").await;
+
+    for response in [post, put, delete] {
+        assert_eq!(response.status, 405, "{response:?}");
+        assert_eq!(response.header("allow"), Some("GET, HEAD"));
+    }
+}
+
+#[tokio::test]
+async fn unknown_paths_are_not_found() {
+    let server = start().await;
+    assert_eq!(get(server.addr, "/nope").await.status, 404);
+    assert_eq!(get(server.addr, "/").await.status, 404);
+    assert_eq!(get(server.addr, "/metrics/").await.status, 404);
+}
+
+#[tokio::test]
+async fn a_request_with_a_body_is_refused_and_the_connection_closed() {
+    let server = start().await;
+    let addr = server.addr;
+
+    let (sized, sized_closed, chunked) = tokio::task::spawn_blocking(move || {
+        let mut stream = connect(addr);
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\nContent-Length: 5\r\n\r\nhello")
+            .expect("write");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        let sized = read_response(&mut reader, false);
+        let sized_closed = closed_by_server(&mut stream);
+
+        let mut stream = connect(addr);
+        stream
+            .write_all(
+                b"GET /healthz HTTP/1.1\r\nHost: node\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            )
+            .expect("write");
+        let chunked = read_response(&mut BufReader::new(stream), false);
+        (sized, sized_closed, chunked)
+    })
+    .await
+    .expect("client thread");
+
+    assert_eq!(sized.status, 413);
+    assert_eq!(sized.header("connection"), Some("close"));
+    assert!(sized_closed, "connection left open after an unread body");
+    assert_eq!(chunked.status, 413);
+}
+
+#[tokio::test]
+async fn a_request_head_at_the_size_limit_gets_431() {
+    let server = start().await;
+    let mut raw = b"GET /metrics HTTP/1.1\r\nHost: node\r\nX-Filler: ".to_vec();
+    raw.resize(MAX_HEADER_BYTES, b'a');
+
+    let response = exchange(server.addr, raw).await;
+
+    assert_eq!(response.status, 431);
+}
+
+#[tokio::test]
+async fn a_request_head_far_over_the_limit_is_cut_off() {
+    let server = start().await;
+    let addr = server.addr;
+
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut stream = connect(addr);
+        let mut raw = b"GET /metrics HTTP/1.1\r\nHost: node\r\nX-Filler: ".to_vec();
+        raw.resize(4 * MAX_HEADER_BYTES, b'a');
+        raw.extend_from_slice(b"\r\n\r\n");
+        // The server may close while we are still writing.
+        let _ = stream.write_all(&raw);
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        answer
+    })
+    .await
+    .expect("client thread");
+
+    // Either the 431 arrives before the close, or the close resets the
+    // connection first because the rest of the head was never read. Never 200.
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431 "),
+        "unexpected answer: {answer:?}"
+    );
+}
+
+#[tokio::test]
+async fn too_many_header_fields_get_431() {
+    let server = start().await;
+    let mut raw = String::from("GET /metrics HTTP/1.1\r\nHost: node\r\n");
+    for i in 0..100 {
+        raw.push_str(&format!("X-Field-{i}: x\r\n"));
+    }
+    raw.push_str("\r\n");
+
+    assert_eq!(exchange(server.addr, raw).await.status, 431);
+}
+
+#[tokio::test]
+async fn keep_alive_serves_several_requests_on_one_connection() {
+    let server = start().await;
+    let addr = server.addr;
+
+    let statuses = tokio::task::spawn_blocking(move || {
+        let mut stream = connect(addr);
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
+            .expect("write");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        let first = read_response(&mut reader, false).status;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
+            .expect("write");
+        let second = read_response(&mut reader, false).status;
+        [first, second]
+    })
+    .await
+    .expect("client thread");
+
+    assert_eq!(statuses, [200, 200]);
+}
+
+#[tokio::test]
+async fn connections_over_the_limit_are_closed() {
+    let server = start().await;
+    let addr = server.addr;
+
+    let (over_limit_closed, after_one_left) = tokio::task::spawn_blocking(move || {
+        // Fill every slot with a keep-alive connection the server has accepted
+        // (it answered on it).
+        let mut open: Vec<_> = (0..MAX_CONNECTIONS)
+            .map(|_| {
+                let mut stream = connect(addr);
+                stream
+                    .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
+                    .expect("write");
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                assert_eq!(read_response(&mut reader, false).status, 200);
+                stream
+            })
+            .collect();
+
+        let mut extra = connect(addr);
+        let over_limit_closed = closed_by_server(&mut extra);
+
+        // Closing one frees its slot once the server notices.
+        drop(open.pop());
+        let after_one_left = (0..50).find_map(|_| {
+            let mut stream = connect(addr);
+            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n");
+            let mut answer = String::new();
+            match BufReader::new(stream).read_line(&mut answer) {
+                Ok(n) if n > 0 => Some(answer),
+                _ => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    None
+                }
+            }
+        });
+        (over_limit_closed, after_one_left)
+    })
+    .await
+    .expect("client thread");
+
+    assert!(over_limit_closed, "a connection over the limit was kept");
+    assert_eq!(after_one_left.as_deref(), Some("HTTP/1.1 200 OK\r\n"));
+}
+
+#[tokio::test]
+async fn cancelling_stops_the_server_and_closes_idle_connections() {
+    let server = start().await;
+    let addr = server.addr;
+    let idle = tokio::task::spawn_blocking(move || {
+        let mut stream = connect(addr);
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
+            .expect("write");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        assert_eq!(read_response(&mut reader, false).status, 200);
+        stream
+    })
+    .await
+    .expect("client thread");
+
+    server.shutdown.cancel();
+    let result = tokio::time::timeout(IO_TIMEOUT, server.task)
+        .await
+        .expect("serve returned within the timeout")
+        .expect("serve task did not panic");
+
+    assert!(result.is_ok(), "{result:?}");
+    let idle_closed = tokio::task::spawn_blocking(move || {
+        let mut idle = idle;
+        closed_by_server(&mut idle)
+    })
+    .await
+    .expect("client thread");
+    assert!(idle_closed, "idle keep-alive connection left open");
+    assert!(TcpStream::connect(addr).is_err(), "still accepting after shutdown");
+}
