@@ -168,3 +168,15 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
     config.gc.dry_run |= overrides.dry_run;
     Ok(config)
 }
+
+/// Parses a duration such as `90s`, `5m`, `1h30m` or `2m0s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+impl Config {
+    /// The effective configuration in imagegc's TOML schema.
+    pub fn to_toml_string(&self) -> String {
+        format!("{self:#?}\n")
+    }
+}

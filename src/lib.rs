@@ -1,7 +1,9 @@
 //! imagegc: a node-level container image garbage collector for CRI runtimes.
+pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod cri;
+pub mod daemon;
 pub mod fs;
 pub mod http;
 pub mod journal;

@@ -1,1 +1,73 @@
-fn main() {}
+//! The `imagegc` binary: parse the command line, set up logging, run the
+//! command on a current-thread runtime, and turn the result into an exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use imagegc::cli::{Cli, CliError, Command, LogFormat};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            // clap exits 2 for usage errors, 0 for --help and --version.
+            return ExitCode::from(err.exit_code() as u8);
+        }
+    };
+    if let Err(err) = init_logging(&cli) {
+        eprintln!("imagegc: --log-level: {err}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("imagegc: cannot start the async runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        let config = imagegc::cli::load_config(&cli)?;
+        match cli.command {
+            Command::Run { .. } => imagegc::cli::run_daemon(&cli, config).await,
+            _ => imagegc::cli::execute(&cli, config).await,
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            report(&err);
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+fn report(err: &CliError) {
+    match err {
+        // One line per problem, each already naming the file and the key.
+        CliError::Config(config) => {
+            for problem in &config.problems {
+                eprintln!("imagegc: {problem}");
+            }
+        }
+        other => eprintln!("imagegc: {other}"),
+    }
+}
+
+fn init_logging(cli: &Cli) -> Result<(), String> {
+    use tracing_subscriber::EnvFilter;
+    let level = cli
+        .log_level
+        .clone()
+        .unwrap_or_else(|| cli.command.default_log_level().to_string());
+    let filter = EnvFilter::try_new(&level).map_err(|e| format!("{level:?}: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match cli.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+    Ok(())
+}

@@ -27,26 +27,7 @@ const CYCLE_DURATION_BUCKETS_SECONDS: [f64; 15] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
-/// Why an image was removed.
-///
-/// `Age`: unused for longer than the configured maximum age. `Space`: the image
-/// filesystem was above the high threshold and this image was among the least
-/// recently used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    Age,
-    Space,
-}
-
-impl Reason {
-    /// The label value, also used in logs and the audit journal.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Age => "age",
-            Reason::Space => "space",
-        }
-    }
-}
+pub use crate::policy::Reason;
 
 impl EncodeLabelValue for Reason {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {

@@ -93,6 +93,11 @@ impl Records {
         self.map.retain(|id, _| listed.contains_key(id.as_str()));
     }
 
+    /// Forgets an image (after it was removed).
+    pub fn remove(&mut self, id: &str) {
+        self.map.remove(id);
+    }
+
     /// Marks images used now, from a container listing or events between
     /// cycles; images without a record are left for the next full listing.
     pub fn mark_used<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: SystemTime) {

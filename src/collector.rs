@@ -1,0 +1,585 @@
+//! One collection cycle, executed.
+//!
+//! 1. List images, containers (all states) and the sandbox image; update the
+//!    records; plan.
+//! 2. Age pass: remove every age candidate (reason `age`).
+//! 3. Measure the image filesystem. When usage is at or above the high
+//!    threshold, remove space candidates in order (reason `space`),
+//!    **re-measuring after each removal and stopping as soon as usage is at
+//!    or below the low threshold**: one cycle reaches the target even when
+//!    images share layers, and no image is removed beyond the one that
+//!    crossed it.
+//!
+//! Right before each removal the containers are listed again and an image
+//! that became in use is skipped. A failed removal is logged and the walk
+//! goes on. Cancellation is honoured between removals, never inside one.
+//! In dry run everything happens except the removals; the space pass then
+//! estimates progress from the images' reported sizes.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::cri::{Image, Runtime, RuntimeError};
+use crate::fs::{FsError, FsProbe, FsStats};
+use crate::http::Health;
+use crate::journal::{Journal, JournalEntry};
+use crate::metrics::Metrics;
+use crate::policy::{self, Candidate, Plan, Reason, Snapshot};
+use crate::records::{InUse, Records};
+use crate::state::{Loaded, StateStore};
+use crate::time::{Clock, rfc3339};
+
+/// One removal (or, in dry run, one removal that would have happened).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Removal {
+    pub id: String,
+    pub tags: Vec<String>,
+    pub digests: Vec<String>,
+    pub reason: Reason,
+    /// Size the runtime reported.
+    pub size: u64,
+    /// Bytes the filesystem gained back, measured around the removal (None
+    /// when the filesystem could not be measured, and in dry run).
+    pub freed_bytes: Option<u64>,
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub first_seen: SystemTime,
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub last_used: SystemTime,
+    pub dry_run: bool,
+}
+
+/// How a cycle ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Usage is at or below the low threshold, or was below the high one.
+    Success,
+    /// The space pass ran out of candidates above the low threshold.
+    LowNotReached { freed_bytes: u64, remaining_bytes: u64 },
+    /// The cycle could not run to its end (runtime or filesystem error).
+    Failed(String),
+    /// Shutdown was requested between removals.
+    Interrupted,
+}
+
+/// What one cycle did.
+#[derive(Debug, Clone)]
+pub struct CycleReport {
+    pub outcome: Outcome,
+    pub removed: Vec<Removal>,
+    pub failed: Vec<(String, String)>,
+    /// Images skipped because they came into use right before removal.
+    pub became_in_use: Vec<String>,
+    pub before: Option<FsStats>,
+    pub after: Option<FsStats>,
+    /// True when usage reached the high threshold and the space pass ran.
+    pub space_pass: bool,
+    /// True when the runtime answered the cycle's listing.
+    pub runtime_reached: bool,
+    pub duration: Duration,
+    pub dry_run: bool,
+}
+
+impl CycleReport {
+    fn new(dry_run: bool) -> Self {
+        CycleReport {
+            outcome: Outcome::Success,
+            removed: Vec::new(),
+            failed: Vec::new(),
+            became_in_use: Vec::new(),
+            before: None,
+            after: None,
+            space_pass: false,
+            runtime_reached: false,
+            duration: Duration::ZERO,
+            dry_run,
+        }
+    }
+
+    pub fn succeeded(&self) -> bool {
+        matches!(self.outcome, Outcome::Success)
+    }
+
+    pub fn freed_bytes(&self) -> u64 {
+        self.removed.iter().filter_map(|r| r.freed_bytes).sum()
+    }
+}
+
+/// A view of the filesystem for one cycle: where it is and how to measure it.
+struct Disk {
+    probe: Arc<dyn FsProbe>,
+    path: Option<PathBuf>,
+}
+
+impl Disk {
+    fn measure(&self) -> Result<FsStats, FsError> {
+        match &self.path {
+            Some(path) => self.probe.stats(path),
+            None => Err(FsError::Io {
+                path: "(unknown)".to_string(),
+                source: std::io::Error::other("the runtime reported no image filesystem"),
+            }),
+        }
+    }
+}
+
+/// The collector: the runtime, the records and everything a cycle touches.
+pub struct Collector<R> {
+    runtime: R,
+    config: Arc<Config>,
+    records: Records,
+    store: StateStore,
+    probe: Arc<dyn FsProbe>,
+    metrics: Arc<Metrics>,
+    journal: Journal,
+    clock: Clock,
+    health: Option<Arc<Health>>,
+    /// Images of the last listing, to resolve container references between cycles.
+    last_images: Vec<Image>,
+    sandbox_image: Option<String>,
+}
+
+impl<R: Runtime> Collector<R> {
+    /// Creates a collector and loads the records from the state directory.
+    pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
+        let store = StateStore::new(&config.state.dir);
+        let journal = Journal::new(&config.state.dir);
+        let records = match store.load(clock.now(), config.gc.interval) {
+            Loaded::Fresh => {
+                info!(path = %store.path().display(), "no state file: starting with no history");
+                Records::new()
+            }
+            Loaded::Records { records, saved_at } => {
+                info!(
+                    path = %store.path().display(),
+                    records = records.len(),
+                    saved_at = %rfc3339(saved_at),
+                    "loaded image history"
+                );
+                records
+            }
+            Loaded::Corrupt { reason, moved_to } => {
+                warn!(
+                    path = %store.path().display(),
+                    %reason,
+                    moved_to = %moved_to.as_ref().map_or("(could not be moved)".to_string(), |p| p.display().to_string()),
+                    "state file is corrupt: set aside, starting with no history (no age-based removal until max age has passed)"
+                );
+                Records::new()
+            }
+        };
+        metrics.set_dry_run(config.gc.dry_run);
+        metrics.set_thresholds(config.gc.high_threshold_percent, config.gc.low_threshold_percent);
+        Collector {
+            runtime,
+            config,
+            records,
+            store,
+            probe,
+            metrics,
+            journal,
+            clock,
+            health: None,
+            last_images: Vec::new(),
+            sandbox_image: None,
+        }
+    }
+
+    /// Reports progress (liveness) and runtime reachability (readiness) to
+    /// the health endpoint while cycles run.
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    fn heartbeat(&self) {
+        if let Some(health) = &self.health {
+            health.heartbeat();
+        }
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// Applies a reloaded configuration from the next cycle on.
+    pub fn set_config(&mut self, config: Arc<Config>) {
+        self.metrics.set_dry_run(config.gc.dry_run);
+        self.metrics
+            .set_thresholds(config.gc.high_threshold_percent, config.gc.low_threshold_percent);
+        self.config = config;
+    }
+
+    pub fn records(&self) -> &Records {
+        &self.records
+    }
+
+    pub fn runtime(&self) -> &R {
+        &self.runtime
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Lists images, containers and the sandbox image, and updates the records.
+    pub async fn observe(&mut self) -> Result<Snapshot, RuntimeError> {
+        let images = self.runtime.list_images().await;
+        let containers = self.runtime.list_containers().await;
+        let (images, containers) = match (images, containers) {
+            (Ok(i), Ok(c)) => (i, c),
+            (Err(e), _) | (_, Err(e)) => {
+                self.metrics.set_runtime_up(false);
+                return Err(e);
+            }
+        };
+        self.metrics.set_runtime_up(true);
+        match self.runtime.status().await {
+            Ok(status) => {
+                if status.sandbox_image.is_some() {
+                    self.sandbox_image = status.sandbox_image;
+                }
+            }
+            Err(err) => debug!(error = %err, "runtime status unavailable; keeping the last known sandbox image"),
+        }
+        self.records.observe(&images, &containers, self.clock.now());
+        self.last_images.clone_from(&images);
+        Ok(Snapshot {
+            images,
+            containers,
+            sandbox_image: self.sandbox_image.clone(),
+        })
+    }
+
+    /// Plans a cycle now, without removing anything (`imagegc plan`).
+    pub async fn plan(&mut self) -> Result<(Snapshot, Plan), RuntimeError> {
+        let snapshot = self.observe().await?;
+        let plan = policy::plan(
+            &snapshot,
+            &self.records,
+            &self.config,
+            self.clock.now(),
+            self.clock.started(),
+        );
+        Ok((snapshot, plan))
+    }
+
+    /// Where the image filesystem is: the configured path, else the
+    /// runtime's ImageFsInfo mount point.
+    pub async fn image_fs_path(&self) -> Result<PathBuf, RuntimeError> {
+        if let Some(path) = &self.config.gc.image_fs_path {
+            return Ok(path.clone());
+        }
+        let filesystems = self.runtime.image_fs_info().await?;
+        Ok(filesystems
+            .into_iter()
+            .map(|fs| fs.mount_point)
+            .find(|m| !m.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_default())
+    }
+
+    /// Lists containers and marks their images used now (between cycles).
+    pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
+        let containers = self.runtime.list_containers().await?;
+        let in_use = InUse::new(&self.last_images, &containers);
+        self.records.mark_used(in_use.image_ids(), self.clock.now());
+        Ok(in_use.len())
+    }
+
+    /// Saves the records; a failure is logged, never fatal: the collector
+    /// goes on and tries again at the next save.
+    pub async fn save(&self) {
+        let store = self.store.clone();
+        let records = self.records.clone();
+        let now = self.clock.now();
+        let result = tokio::task::spawn_blocking(move || store.save(&records, now)).await;
+        match result {
+            Ok(Ok(())) => debug!(records = self.records.len(), "state saved"),
+            Ok(Err(err)) => warn!(error = %err, "could not save state; will retry at the next save"),
+            Err(err) => warn!(error = %err, "state save task failed"),
+        }
+    }
+
+    /// Runs one cycle. Never panics on runtime or filesystem errors: they end
+    /// the cycle with [`Outcome::Failed`].
+    pub async fn cycle(&mut self, cancel: &CancellationToken) -> CycleReport {
+        let timer = self.metrics.cycle_timer();
+        let started = std::time::Instant::now();
+        let config = Arc::clone(&self.config);
+        let mut report = CycleReport::new(config.gc.dry_run);
+        let span = tracing::info_span!("cycle", dry_run = config.gc.dry_run);
+        let _enter = span.enter();
+        if let Err(err) = self.run_cycle(&config, cancel, &mut report).await {
+            report.outcome = Outcome::Failed(err);
+        }
+        self.save().await;
+        report.duration = started.elapsed();
+        timer.finish(report.succeeded());
+        self.log_summary(&report);
+        report
+    }
+
+    async fn run_cycle(
+        &mut self,
+        config: &Config,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<(), String> {
+        let snapshot = self.observe().await.map_err(|e| e.to_string())?;
+        report.runtime_reached = true;
+        self.heartbeat();
+        let now = self.clock.now();
+        let plan = policy::plan(&snapshot, &self.records, config, now, self.clock.started());
+        self.metrics.set_images(
+            plan.in_use_count(),
+            snapshot.images.len() - plan.in_use_count() - plan.protected_count(),
+            plan.protected_count(),
+        );
+        self.metrics.set_candidates(plan.age.len() + plan.space.len());
+        if plan.age_guarded > 0 {
+            info!(
+                images = plan.age_guarded,
+                max_age = %crate::time::short(config.gc.max_age),
+                "images without history are not removed by age until imagegc has run longer than max age"
+            );
+        }
+        let fs_path = match self.image_fs_path().await {
+            Ok(path) => Some(path).filter(|p| !p.as_os_str().is_empty()),
+            Err(err) => {
+                warn!(error = %err, "cannot find the image filesystem");
+                None
+            }
+        };
+        let disk = Disk {
+            probe: Arc::clone(&self.probe),
+            path: fs_path,
+        };
+
+        // Age pass.
+        for candidate in &plan.age {
+            if cancel.is_cancelled() {
+                report.outcome = Outcome::Interrupted;
+                return Ok(());
+            }
+            self.remove(candidate, &snapshot, &disk, report).await?;
+        }
+        if !plan.age.is_empty() {
+            self.save().await;
+        }
+
+        // Space pass.
+        let mut stats = match disk.measure() {
+            Ok(stats) => stats,
+            Err(err) => {
+                self.metrics.set_usage_ratio(0.0);
+                return Err(format!("{err}; space-based collection skipped this cycle"));
+            }
+        };
+        report.before = Some(stats);
+        report.after = Some(stats);
+        self.publish_usage(&stats);
+        let high = config.gc.high_threshold_percent;
+        let low = config.gc.low_threshold_percent;
+        let inodes = config.gc.high_inodes_percent.zip(config.gc.low_inodes_percent);
+        let bytes_high = stats.usage_percent() >= u64::from(high);
+        let inodes_high = inodes.is_some_and(|(h, _)| stats.inode_usage_percent().is_some_and(|u| u >= u64::from(h)));
+        if !(bytes_high || inodes_high) {
+            debug!(
+                usage_percent = stats.usage_percent(),
+                high, "usage below the high threshold"
+            );
+            return Ok(());
+        }
+        report.space_pass = true;
+        let to_free = stats.bytes_to_free(low);
+        info!(
+            usage_percent = stats.usage_percent(),
+            high_threshold_percent = high,
+            low_threshold_percent = low,
+            bytes_to_free = to_free,
+            inode_usage_percent = stats.inode_usage_percent(),
+            "image filesystem usage is at or above the high threshold: freeing space down to the low threshold"
+        );
+        let low_reached =
+            |s: &FsStats| s.bytes_to_free(low) == 0 && inodes.is_none_or(|(_, l)| s.inodes_to_free(l) == 0);
+        // Bytes still to free by reported sizes, once measuring is no longer
+        // possible (dry run, or statvfs failing mid-walk).
+        let mut estimate: Option<u64> = None;
+        if config.gc.dry_run {
+            estimate = Some(to_free);
+        }
+        for candidate in &plan.space {
+            let reached = match estimate {
+                Some(left) => left == 0,
+                None => low_reached(&stats),
+            };
+            if reached {
+                break;
+            }
+            if cancel.is_cancelled() {
+                report.outcome = Outcome::Interrupted;
+                return Ok(());
+            }
+            if !self.remove(candidate, &snapshot, &disk, report).await? {
+                continue;
+            }
+            if let Some(left) = estimate.as_mut() {
+                *left = left.saturating_sub(candidate.size);
+                continue;
+            }
+            match disk.measure() {
+                Ok(s) => stats = s,
+                Err(err) => {
+                    warn!(
+                        error = %err,
+                        "cannot re-measure the image filesystem: falling back to the runtime's image sizes (they overstate what shared layers free)"
+                    );
+                    estimate = Some(stats.bytes_to_free(low).saturating_sub(candidate.size));
+                }
+            }
+        }
+        report.after = Some(stats);
+        self.publish_usage(&stats);
+        let done = match estimate {
+            Some(left) => left == 0,
+            None => low_reached(&stats),
+        };
+        if !done {
+            let remaining = estimate.unwrap_or_else(|| stats.bytes_to_free(low));
+            let freed = report
+                .before
+                .map_or(0, |b| stats.available().saturating_sub(b.available()));
+            report.outcome = Outcome::LowNotReached {
+                freed_bytes: freed,
+                remaining_bytes: remaining,
+            };
+        }
+        Ok(())
+    }
+
+    fn publish_usage(&self, stats: &FsStats) {
+        self.metrics.set_usage_ratio(stats.usage_ratio());
+        self.metrics.set_filesystem(stats.capacity_bytes, stats.available());
+    }
+
+    /// Removes one candidate after re-checking that it is not in use.
+    /// Returns whether it was removed (or would have been, in dry run).
+    /// A runtime error while re-checking ends the cycle: when in doubt, keep.
+    async fn remove(
+        &mut self,
+        candidate: &Candidate,
+        snapshot: &Snapshot,
+        disk: &Disk,
+        report: &mut CycleReport,
+    ) -> Result<bool, String> {
+        let containers = self
+            .runtime
+            .list_containers()
+            .await
+            .map_err(|e| format!("cannot re-check containers before removing {}: {e}", candidate.id))?;
+        let in_use = InUse::new(&snapshot.images, &containers);
+        if in_use.is_used(&candidate.id) {
+            info!(image = %candidate.id, tags = ?candidate.tags, "image came into use; keeping it");
+            self.records.mark_used([candidate.id.as_str()], self.clock.now());
+            report.became_in_use.push(candidate.id.clone());
+            return Ok(false);
+        }
+        let dry_run = report.dry_run;
+        let mut freed = None;
+        if !dry_run {
+            let before = disk.measure().ok();
+            if let Err(err) = self.runtime.remove_image(&candidate.id).await {
+                warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
+                self.metrics.removal_failed();
+                report.failed.push((candidate.id.clone(), err.to_string()));
+                return Ok(false);
+            }
+            let after = disk.measure().ok();
+            freed = before
+                .zip(after)
+                .map(|(b, a)| a.available().saturating_sub(b.available()));
+            self.metrics.removed(candidate.reason, freed.unwrap_or(0));
+            self.records.remove(&candidate.id);
+        }
+        info!(
+            image = %candidate.id,
+            tags = ?candidate.tags,
+            reason = candidate.reason.as_str(),
+            size = candidate.size,
+            freed_bytes = freed,
+            last_used = %rfc3339(candidate.last_used),
+            dry_run,
+            "{}",
+            if dry_run { "would remove image (dry run)" } else { "removed image" }
+        );
+        let removal = Removal {
+            id: candidate.id.clone(),
+            tags: candidate.tags.clone(),
+            digests: candidate.digests.clone(),
+            reason: candidate.reason,
+            size: candidate.size,
+            freed_bytes: freed,
+            first_seen: candidate.first_seen,
+            last_used: candidate.last_used,
+            dry_run,
+        };
+        self.journal
+            .append(&JournalEntry::from_removal(&removal, self.clock.now()));
+        self.heartbeat();
+        report.removed.push(removal);
+        Ok(true)
+    }
+
+    fn log_summary(&self, report: &CycleReport) {
+        let by = |reason| report.removed.iter().filter(|r| r.reason == reason).count();
+        let fields = (
+            by(Reason::Age),
+            by(Reason::Space),
+            report.failed.len(),
+            report.freed_bytes(),
+            report.before.map(|s| s.usage_percent()),
+            report.after.map(|s| s.usage_percent()),
+        );
+        let (age, space, failed, freed, before, after) = fields;
+        let duration_ms = report.duration.as_millis() as u64;
+        match &report.outcome {
+            Outcome::Success => info!(
+                removed_age = age,
+                removed_space = space,
+                failed,
+                freed_bytes = freed,
+                usage_before = before,
+                usage_after = after,
+                duration_ms,
+                dry_run = report.dry_run,
+                "cycle finished"
+            ),
+            Outcome::LowNotReached {
+                freed_bytes,
+                remaining_bytes,
+            } => warn!(
+                removed_age = age,
+                removed_space = space,
+                failed,
+                freed_bytes,
+                remaining_bytes,
+                usage_after = after,
+                duration_ms,
+                "cycle could not reach the low threshold: no more removable images"
+            ),
+            // An unreachable runtime is reported by the daemon once per change.
+            Outcome::Failed(err) if !report.runtime_reached => debug!(error = %err, "cycle failed"),
+            Outcome::Failed(err) => warn!(error = %err, removed = age + space, duration_ms, "cycle failed"),
+            Outcome::Interrupted => info!(removed = age + space, "cycle interrupted by shutdown"),
+        }
+    }
+}
