@@ -583,3 +583,346 @@ impl<R: Runtime> Collector<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::{Container, ContainerEvent, EventStream, ImageFsUsage, RuntimeStatus, RuntimeVersion};
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    /// A runtime and a disk in one: removing an image gives back the bytes
+    /// the test says it occupies on disk (0 for an image whose layers are
+    /// all shared with another image still present).
+    #[derive(Default)]
+    struct Sim {
+        images: Vec<Image>,
+        containers: Vec<Container>,
+        on_disk: HashMap<String, u64>,
+        capacity: u64,
+        available: u64,
+        fail_remove: Vec<String>,
+        fail_stats: bool,
+        removed: Vec<String>,
+        /// Containers that appear right before the n-th ListContainers call.
+        appear_at_list: Option<(usize, Container)>,
+        lists: usize,
+    }
+
+    #[derive(Clone, Default)]
+    struct SimHandle(Arc<Mutex<Sim>>);
+
+    impl SimHandle {
+        fn with(&self, f: impl FnOnce(&mut Sim)) {
+            f(&mut self.0.lock().unwrap())
+        }
+        fn removed(&self) -> Vec<String> {
+            self.0.lock().unwrap().removed.clone()
+        }
+    }
+
+    impl Runtime for SimHandle {
+        fn endpoint(&self) -> &str {
+            "unix:///sim.sock"
+        }
+        async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+            Ok(RuntimeVersion::default())
+        }
+        async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+            Ok(RuntimeStatus::default())
+        }
+        async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
+            Ok(self.0.lock().unwrap().images.clone())
+        }
+        async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
+            let mut sim = self.0.lock().unwrap();
+            sim.lists += 1;
+            if let Some((n, c)) = sim.appear_at_list.clone()
+                && sim.lists == n
+            {
+                sim.containers.push(c);
+            }
+            Ok(sim.containers.clone())
+        }
+        async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
+            Ok(vec![ImageFsUsage {
+                mount_point: "/sim".to_string(),
+                ..Default::default()
+            }])
+        }
+        async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+            let mut sim = self.0.lock().unwrap();
+            if sim.fail_remove.iter().any(|f| f == id) {
+                return Err(RuntimeError::Rpc {
+                    rpc: "RemoveImage",
+                    endpoint: "unix:///sim.sock".to_string(),
+                    status: Box::new(tonic::Status::internal("injected failure")),
+                });
+            }
+            sim.images.retain(|i| i.id != id);
+            let freed = sim.on_disk.remove(id).unwrap_or(0);
+            sim.available = (sim.available + freed).min(sim.capacity);
+            sim.removed.push(id.to_string());
+            Ok(())
+        }
+        async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+            let _: Option<ContainerEvent> = None;
+            Err(RuntimeError::Rpc {
+                rpc: "GetContainerEvents",
+                endpoint: "unix:///sim.sock".to_string(),
+                status: Box::new(tonic::Status::unimplemented("no")),
+            })
+        }
+    }
+
+    impl FsProbe for SimHandle {
+        fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
+            let sim = self.0.lock().unwrap();
+            if sim.fail_stats {
+                return Err(FsError::Io {
+                    path: path.display().to_string(),
+                    source: std::io::Error::other("injected"),
+                });
+            }
+            Ok(FsStats {
+                capacity_bytes: sim.capacity,
+                available_bytes: sim.available,
+                ..Default::default()
+            })
+        }
+    }
+
+    fn image(id: &str, size: u64) -> Image {
+        crate::records::tests::image(id, size)
+    }
+
+    fn collector(sim: &SimHandle, configure: impl FnOnce(&mut Config)) -> (Collector<SimHandle>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.gc.high_threshold_percent = 90;
+        config.gc.low_threshold_percent = 80;
+        config.gc.min_age = Duration::ZERO;
+        config.state.dir = dir.path().to_path_buf();
+        configure(&mut config);
+        let c = Collector::new(
+            sim.clone(),
+            Arc::new(config),
+            Arc::new(sim.clone()),
+            Arc::new(Metrics::new()),
+            Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)),
+        );
+        (c, dir)
+    }
+
+    async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
+        c.cycle(&CancellationToken::new()).await
+    }
+
+    // KUBELET.md scenario 9: below the low threshold nothing is removed.
+    #[tokio::test]
+    async fn below_threshold_removes_nothing() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 100)];
+            s.on_disk.insert("a".into(), 100);
+            (s.capacity, s.available) = (1000, 600);
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert_eq!(report.outcome, Outcome::Success);
+        assert!(!report.space_pass);
+        assert!(sim.removed().is_empty());
+    }
+
+    // Scenario 10: over the high threshold; one image frees enough, or not.
+    #[tokio::test]
+    async fn over_high_frees_enough_or_reports_failure() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 450)];
+            s.on_disk.insert("a".into(), 450);
+            (s.capacity, s.available) = (1000, 50);
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert_eq!(report.outcome, Outcome::Success);
+        assert_eq!(sim.removed(), ["a"]);
+        assert_eq!(report.removed[0].freed_bytes, Some(450));
+
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 50)];
+            s.on_disk.insert("a".into(), 50);
+            (s.capacity, s.available) = (1000, 50);
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert_eq!(
+            report.outcome,
+            Outcome::LowNotReached {
+                freed_bytes: 50,
+                remaining_bytes: 100
+            }
+        );
+    }
+
+    // Scenario 11: filesystem stats fail: failure, nothing removed.
+    #[tokio::test]
+    async fn unmeasurable_filesystem_fails_the_cycle_and_removes_nothing() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 450)];
+            s.fail_stats = true;
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert!(
+            matches!(report.outcome, Outcome::Failed(ref e) if e.contains("/sim")),
+            "{:?}",
+            report.outcome
+        );
+        assert!(sim.removed().is_empty());
+    }
+
+    /// The heart of it: images whose layers are shared free less than their
+    /// size. Adding sizes (the kubelet) stops early; measuring goes on to
+    /// exactly the image that crosses the low threshold, and no further.
+    #[tokio::test]
+    async fn shared_layers_reach_low_in_one_cycle_and_no_further() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            for (id, disk) in [("a", 50), ("b", 50), ("c", 150), ("d", 300), ("e", 300)] {
+                s.images.push(image(id, 200));
+                s.on_disk.insert(id.into(), disk);
+            }
+            (s.capacity, s.available) = (1000, 50);
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        // Give a strict LRU order a..e.
+        let report = cycle(&mut c).await;
+        // To free 150: a (50) + b (50) + c (150) reach it; d stays.
+        assert_eq!(report.outcome, Outcome::Success);
+        assert_eq!(sim.removed(), ["a", "b", "c"]);
+        assert!(report.after.unwrap().usage_percent() <= 80);
+    }
+
+    #[tokio::test]
+    async fn an_image_that_comes_into_use_before_removal_is_kept() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 100), image("b", 100)];
+            s.on_disk.insert("a".into(), 100);
+            s.on_disk.insert("b".into(), 100);
+            (s.capacity, s.available) = (1000, 0);
+            // Cycle lists once, then re-checks before each removal: the
+            // container appears right before "a" would go.
+            s.appear_at_list = Some((2, crate::records::tests::container("late", "a")));
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert_eq!(report.became_in_use, ["a"]);
+        assert_eq!(sim.removed(), ["b"]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_removal_is_counted_and_the_walk_goes_on() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 100), image("b", 300)];
+            s.on_disk.insert("a".into(), 100);
+            s.on_disk.insert("b".into(), 300);
+            (s.capacity, s.available) = (1000, 0);
+            s.fail_remove = vec!["a".into()];
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert_eq!(report.failed.len(), 1);
+        assert!(report.failed[0].1.contains("RemoveImage"));
+        assert_eq!(sim.removed(), ["b"]);
+        assert!(
+            c.records().get("a").is_some(),
+            "the record of the image not removed stays"
+        );
+        assert!(c.metrics().encode().contains("imagegc_removal_failures_total 1"));
+    }
+
+    #[tokio::test]
+    async fn dry_run_removes_nothing_and_estimates_by_size() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            for id in ["a", "b", "c"] {
+                s.images.push(image(id, 100));
+                s.on_disk.insert(id.into(), 100);
+            }
+            (s.capacity, s.available) = (1000, 50);
+        });
+        let (mut c, dir) = collector(&sim, |c| c.gc.dry_run = true);
+        let report = cycle(&mut c).await;
+        assert!(sim.removed().is_empty());
+        // 150 to free at 100 bytes each: two would go.
+        assert_eq!(report.removed.len(), 2);
+        assert!(report.removed.iter().all(|r| r.dry_run && r.freed_bytes.is_none()));
+        let journal = Journal::new(dir.path()).read(None).unwrap();
+        assert_eq!(journal.len(), 2);
+        assert!(journal.iter().all(|e| e.dry_run));
+        assert!(
+            c.metrics()
+                .encode()
+                .contains("image_garbage_collected_total{reason=\"space\"} 0")
+        );
+    }
+
+    #[tokio::test]
+    async fn cancellation_stops_between_removals_and_saves_state() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 100)];
+            (s.capacity, s.available) = (1000, 0);
+        });
+        let (mut c, dir) = collector(&sim, |_| {});
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let report = c.cycle(&cancel).await;
+        assert_eq!(report.outcome, Outcome::Interrupted);
+        assert!(sim.removed().is_empty());
+        assert!(dir.path().join(crate::state::FILE_NAME).exists());
+    }
+
+    #[tokio::test]
+    async fn age_pass_runs_before_space_and_counts_by_reason() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("old", 100)];
+            s.on_disk.insert("old".into(), 100);
+            (s.capacity, s.available) = (1000, 900);
+        });
+        let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(60));
+        // First seen now: not old yet.
+        assert!(cycle(&mut c).await.removed.is_empty());
+        // Pretend an hour passed by loading a record with an old last use.
+        let mut map = HashMap::new();
+        let old = SystemTime::now() - Duration::from_secs(7200);
+        map.insert(
+            "old".to_string(),
+            crate::records::Record {
+                first_seen: old,
+                last_used: old,
+                size: 100,
+                pinned: false,
+                tags: vec![],
+                digests: vec![],
+                from_history: true,
+            },
+        );
+        c.records = Records::from_map(map);
+        let report = cycle(&mut c).await;
+        assert_eq!(sim.removed(), ["old"]);
+        assert_eq!(report.removed[0].reason, Reason::Age);
+        assert!(
+            c.metrics()
+                .encode()
+                .contains("image_garbage_collected_total{reason=\"age\"} 1")
+        );
+    }
+}
