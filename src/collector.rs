@@ -141,6 +141,9 @@ pub struct Collector<R> {
     /// Images of the last listing, to resolve container references between cycles.
     last_images: Vec<Image>,
     sandbox_image: Option<String>,
+    /// Names of images this collector removed, with when: an image that
+    /// comes back under one of them within `gc.thrash_window` was re-pulled.
+    recently_removed: Vec<(SystemTime, Vec<String>)>,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -186,6 +189,53 @@ impl<R: Runtime> Collector<R> {
             health: None,
             last_images: Vec::new(),
             sandbox_image: None,
+            recently_removed: Vec::new(),
+        }
+        .with_removals_from_journal()
+    }
+
+    /// Seeds thrash detection from the journal, so a re-pull right after a
+    /// restart is still noticed.
+    fn with_removals_from_journal(mut self) -> Self {
+        let since = self.clock.now().checked_sub(self.config.gc.thrash_window);
+        if let Ok(entries) = self.journal.read(since) {
+            self.recently_removed = entries
+                .into_iter()
+                .filter(|e| !e.dry_run)
+                .filter_map(|e| Some((e.timestamp()?, e.tags.into_iter().chain(e.digests).collect())))
+                .collect();
+        }
+        self
+    }
+
+    /// Counts and logs images that came back soon after imagegc removed them.
+    fn detect_repulls(&mut self, images: &[Image], new_ids: &[String]) {
+        let now = self.clock.now();
+        let window = self.config.gc.thrash_window;
+        self.recently_removed
+            .retain(|(at, _)| now.duration_since(*at).unwrap_or_default() <= window);
+        if new_ids.is_empty() || self.recently_removed.is_empty() {
+            return;
+        }
+        for image in images.iter().filter(|i| new_ids.contains(&i.id)) {
+            let names: Vec<&String> = image.repo_tags.iter().chain(&image.repo_digests).collect();
+            let Some(pos) = self
+                .recently_removed
+                .iter()
+                .position(|(_, removed)| removed.iter().any(|n| names.contains(&n)))
+            else {
+                continue;
+            };
+            let (removed_at, _) = self.recently_removed.swap_remove(pos);
+            self.metrics.repulled();
+            warn!(
+                image = %image.id,
+                tags = ?image.repo_tags,
+                removed_ago = %crate::time::short(now.duration_since(removed_at).unwrap_or_default()),
+                thrash_window = %crate::time::short(window),
+                "an image imagegc removed was pulled again within the thrash window: \
+                 the policy may be too aggressive for this node (raise the low threshold, max age or keep_recent_per_repository)"
+            );
         }
     }
 
@@ -250,7 +300,8 @@ impl<R: Runtime> Collector<R> {
             }
             Err(err) => debug!(error = %err, "runtime status unavailable; keeping the last known sandbox image"),
         }
-        self.records.observe(&images, &containers, self.clock.now());
+        let new_ids = self.records.observe(&images, &containers, self.clock.now());
+        self.detect_repulls(&images, &new_ids);
         self.last_images.clone_from(&images);
         Ok(Snapshot {
             images,
@@ -534,6 +585,10 @@ impl<R: Runtime> Collector<R> {
         };
         self.journal
             .append(&JournalEntry::from_removal(&removal, self.clock.now()));
+        if !dry_run {
+            let names = removal.tags.iter().chain(&removal.digests).cloned().collect();
+            self.recently_removed.push((self.clock.now(), names));
+        }
         self.heartbeat();
         report.removed.push(removal);
         Ok(true)
@@ -887,6 +942,40 @@ mod tests {
         assert_eq!(report.outcome, Outcome::Interrupted);
         assert!(sim.removed().is_empty());
         assert!(dir.path().join(crate::state::FILE_NAME).exists());
+    }
+
+    #[tokio::test]
+    async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 100), image("b", 100)];
+            s.on_disk.insert("a".into(), 200);
+            (s.capacity, s.available) = (1000, 50);
+        });
+        let (mut c, dir) = collector(&sim, |_| {});
+        cycle(&mut c).await;
+        assert_eq!(sim.removed(), ["a"]);
+        // Pulled again (a new id, the same tag).
+        let mut again = image("a", 100);
+        again.id = "a2".to_string();
+        sim.with(|s| {
+            s.images.push(again);
+            s.available = 900;
+        });
+        cycle(&mut c).await;
+        assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
+        // Counted once, and remembered across a restart through the journal.
+        cycle(&mut c).await;
+        assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
+        let restarted = Collector::new(
+            sim.clone(),
+            Arc::clone(c.config()),
+            Arc::new(sim.clone()),
+            Arc::new(Metrics::new()),
+            *c.clock(),
+        );
+        assert_eq!(restarted.recently_removed.len(), 1);
+        drop(dir);
     }
 
     #[tokio::test]

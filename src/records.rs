@@ -63,20 +63,25 @@ impl Records {
     }
 
     /// Updates the records from a full listing of images and containers.
-    pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) {
+    /// Returns the ids of images seen for the first time.
+    pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Vec<String> {
+        let mut new_ids = Vec::new();
         let in_use = InUse::new(images, containers);
         let mut listed: HashMap<&str, ()> = HashMap::with_capacity(images.len());
         for image in images {
             listed.insert(image.id.as_str(), ());
             let used = in_use.is_used(&image.id);
-            let record = self.map.entry(image.id.clone()).or_insert_with(|| Record {
-                first_seen: now,
-                last_used: now,
-                size: image.size,
-                pinned: image.pinned,
-                tags: Vec::new(),
-                digests: Vec::new(),
-                from_history: false,
+            let record = self.map.entry(image.id.clone()).or_insert_with(|| {
+                new_ids.push(image.id.clone());
+                Record {
+                    first_seen: now,
+                    last_used: now,
+                    size: image.size,
+                    pinned: image.pinned,
+                    tags: Vec::new(),
+                    digests: Vec::new(),
+                    from_history: false,
+                }
             });
             if used {
                 record.last_used = record.last_used.max(now);
@@ -91,6 +96,7 @@ impl Records {
             }
         }
         self.map.retain(|id, _| listed.contains_key(id.as_str()));
+        new_ids
     }
 
     /// Forgets an image (after it was removed).
