@@ -1,0 +1,55 @@
+//! `imagegc check-config` on malformed configuration files: each one exits
+//! with status 2, prints nothing on stdout, and reports on stderr a line
+//! naming the file and the key, without panicking.
+
+#[path = "config_errors/cases.rs"]
+mod cases;
+
+use std::process::Command;
+
+#[test]
+fn check_config_names_the_file_and_the_key_of_every_malformed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(cases::CASES.len() >= 30);
+    let mut failures = Vec::new();
+    for case in cases::CASES {
+        let path = case.create_in(dir.path());
+        let output = Command::new(env!("CARGO_BIN_EXE_imagegc"))
+            .arg("check-config")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let expected = case.expected_line_start(&path);
+
+        let mut wrong = Vec::new();
+        if output.status.code() != Some(2) {
+            wrong.push(format!("exit status {:?}, expected 2", output.status.code()));
+        }
+        if !stdout.is_empty() {
+            wrong.push("stdout is not empty".to_owned());
+        }
+        if !stderr.lines().any(|line| line.starts_with(&expected)) {
+            wrong.push(format!("no stderr line starts with {expected:?}"));
+        }
+        if stderr.contains("panicked") || stderr.contains("stack backtrace") {
+            wrong.push("it panicked".to_owned());
+        }
+        if !wrong.is_empty() {
+            failures.push(format!(
+                "{}: {}\n--- stdout\n{stdout}--- stderr\n{stderr}",
+                case.name,
+                wrong.join("; ")
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases::CASES.len(),
+        failures.join("\n")
+    );
+}
