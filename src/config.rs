@@ -2086,15 +2086,3 @@ staticPodPath: /etc/kubernetes/manifests
         );
     }
 }
-
-/// Parses a duration such as `90s`, `5m`, `1h30m` or `2m0s`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
-
-impl Config {
-    /// The effective configuration in imagegc's TOML schema.
-    pub fn to_toml_string(&self) -> String {
-        format!("{self:#?}\n")
-    }
-}

@@ -47,7 +47,7 @@ fn report(err: &CliError) {
         // One line per problem, each already naming the file and the key.
         CliError::Config(config) => {
             for problem in &config.problems {
-                eprintln!("imagegc: {problem}");
+                eprintln!("{problem}");
             }
         }
         other => eprintln!("imagegc: {other}"),
