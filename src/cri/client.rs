@@ -68,9 +68,10 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, RuntimeError> {
 pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeError> {
     let path = socket_path(endpoint)?;
     // The URI is a placeholder: the connector below always dials the socket.
+    // The call deadline is `CriClient::call`'s alone: a channel timeout of the
+    // same length would win the race and report a cancelled call instead.
     let channel = Endpoint::from_static("http://[::1]:50051")
         .connect_timeout(timeout)
-        .timeout(timeout)
         .connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
             let path = path.clone();
             async move { UnixStream::connect(path).await.map(TokioIo::new) }

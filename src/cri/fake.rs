@@ -1,1 +1,951 @@
-//! placeholder
+//! An in-process fake CRI runtime, served over a real unix socket, so tests
+//! exercise the real tonic client end to end.
+//!
+//! [`FakeRuntime`] holds what a runtime would know (images, containers in any
+//! state, the sandbox image, the image filesystem's mount point), records every
+//! call it receives, and lets a test inject faults: failed, delayed or
+//! unimplemented RPCs, a failing removal of one image, a hook run in the middle
+//! of `RemoveImage`. [`FakeRuntime::serve`] puts it behind a tonic server and
+//! returns a [`FakeServer`] handle that stops it.
+//!
+//! The fake behaves like containerd 1.6 where imagegc depends on it:
+//! `RemoveImage` takes an id, a tag or a digest and removes the whole image,
+//! and it removes an image even when a container uses it, because nothing but
+//! the collector protects in-use images. It answers `NotFound` for an unknown
+//! image (containerd answers OK; the client treats both as success).
+//! References match exactly: there is no `docker.io/library/` normalisation
+//! and no short-id matching. The RPCs imagegc never makes (`RunPodSandbox`
+//! and the rest) answer `Unimplemented`.
+//!
+//! It owns no disk: a test that needs removals to free space passes an
+//! effect to [`FakeRuntime::on_remove`].
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::net::UnixListener;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Request, Response, Status};
+
+use super::client::MAX_MESSAGE_BYTES;
+use super::proto::{
+    self,
+    image_service_server::{ImageService, ImageServiceServer},
+    runtime_service_server::{RuntimeService, RuntimeServiceServer},
+};
+use super::{Container, ContainerState, Image};
+
+/// The RPCs the fake serves, by their CRI method names. Fault injection and
+/// call counting take these names; any other name panics, to catch typos.
+pub const RPCS: [&str; 16] = [
+    "Version",
+    "RunPodSandbox",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+    "ListPodSandbox",
+    "CreateContainer",
+    "StartContainer",
+    "StopContainer",
+    "RemoveContainer",
+    "ListContainers",
+    "Status",
+    "GetContainerEvents",
+    "ListImages",
+    "ImageStatus",
+    "RemoveImage",
+    "ImageFsInfo",
+];
+
+/// containerd's default image filesystem: the overlayfs snapshotter's root.
+pub const DEFAULT_IMAGE_FS_MOUNT: &str = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs";
+
+/// Events buffered per open stream; a stream further behind loses the oldest.
+const EVENT_BUFFER: usize = 1024;
+
+/// Called inside `RemoveImage`, before the removal, with the requested reference.
+pub type RemoveHook = Box<dyn Fn(&str) + Send + Sync>;
+
+type SharedHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Called after `RemoveImage` removed an image, with that image.
+pub type RemoveEffect = Arc<dyn Fn(&Image) + Send + Sync>;
+
+/// A fake container runtime. Clones share one state, so a test keeps a clone
+/// to change the runtime and inspect its calls while it is being served.
+#[derive(Clone)]
+pub struct FakeRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    events: broadcast::Sender<proto::ContainerEventResponse>,
+}
+
+struct State {
+    /// In the order they were first added; `image_index` maps id to position,
+    /// so a test can add tens of thousands of images quickly.
+    images: Vec<Image>,
+    image_index: HashMap<String, usize>,
+    containers: Vec<Container>,
+    sandbox_image: Option<String>,
+    image_fs_mount: String,
+    events_unimplemented: bool,
+    fail_remove: HashMap<String, Code>,
+    fail_next: HashMap<&'static str, VecDeque<Status>>,
+    fail_always: HashMap<&'static str, Status>,
+    delays: HashMap<&'static str, Duration>,
+    before_remove: Option<SharedHook>,
+    on_remove: Option<RemoveEffect>,
+    calls: Vec<&'static str>,
+    removed: Vec<String>,
+}
+
+impl State {
+    /// The position of the image `reference` names: its id, a tag or a digest.
+    fn find_image(&self, reference: &str) -> Option<usize> {
+        self.image_index
+            .get(reference)
+            .copied()
+            .or_else(|| self.images.iter().position(|image| names(image, reference)))
+    }
+
+    fn insert_image(&mut self, image: Image) {
+        match self.image_index.get(&image.id) {
+            Some(&position) => self.images[position] = image,
+            None => {
+                self.image_index.insert(image.id.clone(), self.images.len());
+                self.images.push(image);
+            }
+        }
+    }
+
+    fn take_image(&mut self, position: usize) -> Image {
+        let image = self.images.remove(position);
+        self.image_index.remove(&image.id);
+        for (offset, moved) in self.images[position..].iter().enumerate() {
+            self.image_index.insert(moved.id.clone(), position + offset);
+        }
+        image
+    }
+}
+
+fn names(image: &Image, reference: &str) -> bool {
+    image.id == reference
+        || image
+            .repo_tags
+            .iter()
+            .chain(&image.repo_digests)
+            .any(|r| r == reference)
+}
+
+/// The `RPCS` entry for `rpc`.
+fn rpc_name(rpc: &str) -> &'static str {
+    RPCS.iter()
+        .find(|known| **known == rpc)
+        .unwrap_or_else(|| panic!("{rpc:?} is not a CRI RPC the fake serves; expected one of {RPCS:?}"))
+}
+
+impl std::fmt::Debug for FakeRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("FakeRuntime")
+            .field("images", &state.images.len())
+            .field("containers", &state.containers.len())
+            .field("calls", &state.calls.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for FakeRuntime {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeRuntime {
+    /// An empty runtime: no images, no containers, no sandbox image, the image
+    /// filesystem at [`DEFAULT_IMAGE_FS_MOUNT`], no faults, and container
+    /// events unimplemented (as in containerd 1.6).
+    pub fn new() -> Self {
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let state = State {
+            images: Vec::new(),
+            image_index: HashMap::new(),
+            containers: Vec::new(),
+            sandbox_image: None,
+            image_fs_mount: DEFAULT_IMAGE_FS_MOUNT.to_string(),
+            events_unimplemented: true,
+            fail_remove: HashMap::new(),
+            fail_next: HashMap::new(),
+            fail_always: HashMap::new(),
+            delays: HashMap::new(),
+            before_remove: None,
+            on_remove: None,
+            calls: Vec::new(),
+            removed: Vec::new(),
+        };
+        Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(state),
+                events,
+            }),
+        }
+    }
+
+    /// The state, even after a test panicked while holding it.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds an image, or replaces the image with the same id. Images are
+    /// listed in the order they were first added.
+    pub fn add_image(&self, image: Image) {
+        self.lock().insert_image(image);
+    }
+
+    /// Removes the image with this id, as if removed outside imagegc (by
+    /// `crictl rmi`, say). Not recorded in [`removed`](Self::removed).
+    pub fn remove_image_by_id(&self, id: &str) -> Option<Image> {
+        let mut state = self.lock();
+        let position = *state.image_index.get(id)?;
+        Some(state.take_image(position))
+    }
+
+    /// Adds a container, or replaces the container with the same id. A
+    /// container without a state is added as running.
+    pub fn add_container(&self, mut container: Container) {
+        container.state.get_or_insert(ContainerState::Running);
+        let mut state = self.lock();
+        match state.containers.iter_mut().find(|c| c.id == container.id) {
+            Some(existing) => *existing = container,
+            None => state.containers.push(container),
+        }
+    }
+
+    /// Changes a container's state; false when there is no such container.
+    pub fn set_container_state(&self, id: &str, new: ContainerState) -> bool {
+        let mut state = self.lock();
+        match state.containers.iter_mut().find(|c| c.id == id) {
+            Some(container) => {
+                container.state = Some(new);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes a container, returning it when it existed.
+    pub fn remove_container(&self, id: &str) -> Option<Container> {
+        let mut state = self.lock();
+        let index = state.containers.iter().position(|c| c.id == id)?;
+        Some(state.containers.remove(index))
+    }
+
+    /// Sets the sandbox (pause) image the verbose `Status` reports, the way
+    /// containerd does: `sandboxImage` inside the JSON under the `config` key.
+    /// `None` leaves `sandboxImage` out.
+    pub fn set_sandbox_image(&self, image: Option<String>) {
+        self.lock().sandbox_image = image;
+    }
+
+    /// Sets the mount point `ImageFsInfo` reports.
+    pub fn set_image_fs_mount(&self, path: impl AsRef<Path>) {
+        self.lock().image_fs_mount = path.as_ref().to_string_lossy().into_owned();
+    }
+
+    /// The images the runtime has now.
+    pub fn images(&self) -> Vec<Image> {
+        self.lock().images.clone()
+    }
+
+    /// The containers the runtime has now, each with its state.
+    pub fn containers(&self) -> Vec<Container> {
+        self.lock().containers.clone()
+    }
+
+    /// Makes every `RemoveImage` of this image (by id, tag or digest) fail
+    /// with `code`, until [`clear_fail_remove`](Self::clear_fail_remove).
+    pub fn fail_remove(&self, image_id: &str, code: Code) {
+        self.lock().fail_remove.insert(image_id.to_string(), code);
+    }
+
+    /// Lets `RemoveImage` of this image succeed again.
+    pub fn clear_fail_remove(&self, image_id: &str) {
+        self.lock().fail_remove.remove(image_id);
+    }
+
+    /// Makes the next call of `rpc` fail with `status`. Calling it again
+    /// queues more failures, answered one per call, before any
+    /// [`fail_always`](Self::fail_always) failure.
+    pub fn fail_next(&self, rpc: &str, status: Status) {
+        let rpc = rpc_name(rpc);
+        self.lock().fail_next.entry(rpc).or_default().push_back(status);
+    }
+
+    /// Makes every call of `rpc` fail with `status`; `None` clears it.
+    pub fn fail_always(&self, rpc: &str, status: Option<Status>) {
+        let rpc = rpc_name(rpc);
+        let mut state = self.lock();
+        match status {
+            Some(status) => state.fail_always.insert(rpc, status),
+            None => state.fail_always.remove(rpc),
+        };
+    }
+
+    /// Makes every call of `rpc` wait this long before it is answered, as a
+    /// hung runtime would; [`Duration::ZERO`] clears it. Stopping the server
+    /// ends the wait, so a stopped test does not hang.
+    pub fn delay(&self, rpc: &str, delay: Duration) {
+        let rpc = rpc_name(rpc);
+        let mut state = self.lock();
+        if delay.is_zero() {
+            state.delays.remove(rpc);
+        } else {
+            state.delays.insert(rpc, delay);
+        }
+    }
+
+    /// Whether `GetContainerEvents` answers `Unimplemented`, as containerd 1.6
+    /// does (the default). When false it opens a stream of the events passed
+    /// to [`emit_event`](Self::emit_event).
+    pub fn events_unimplemented(&self, unimplemented: bool) {
+        self.lock().events_unimplemented = unimplemented;
+    }
+
+    /// Sends an event to every open `GetContainerEvents` stream and returns
+    /// how many streams it was sent to. The event carries one container status
+    /// per entry of `images`, each naming that image in its spec.
+    pub fn emit_event(&self, container_id: &str, event_type: proto::ContainerEventType, images: &[&str]) -> usize {
+        let containers_statuses = images
+            .iter()
+            .map(|image| proto::ContainerStatus {
+                id: container_id.to_string(),
+                image: Some(proto::ImageSpec {
+                    image: image.to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect();
+        let event = proto::ContainerEventResponse {
+            container_id: container_id.to_string(),
+            container_event_type: event_type as i32,
+            created_at: unix_nanos(),
+            containers_statuses,
+        };
+        self.inner.events.send(event).unwrap_or(0)
+    }
+
+    /// Runs `hook` inside every `RemoveImage`, after the call's injected
+    /// delay and failures and before the image is looked up and removed, with
+    /// the reference the request named; it replaces any earlier hook. A test
+    /// uses it to change the runtime at the worst moment, such as starting a
+    /// container on the image.
+    pub fn hook_before_remove(&self, hook: RemoveHook) {
+        self.lock().before_remove = Some(Arc::from(hook));
+    }
+
+    /// Runs `effect` after each successful removal, with the removed image
+    /// (a test frees simulated disk space in it); `None` clears it.
+    pub fn on_remove(&self, effect: Option<RemoveEffect>) {
+        self.lock().on_remove = effect;
+    }
+
+    /// The RPCs received so far, in order, including failed ones.
+    pub fn calls(&self) -> Vec<String> {
+        self.lock().calls.iter().map(|c| c.to_string()).collect()
+    }
+
+    /// The ids of the images `RemoveImage` removed, in order.
+    pub fn removed(&self) -> Vec<String> {
+        self.lock().removed.clone()
+    }
+
+    /// How many times `rpc` was called.
+    pub fn count(&self, rpc: &str) -> usize {
+        let rpc = rpc_name(rpc);
+        self.lock().calls.iter().filter(|c| **c == rpc).count()
+    }
+
+    /// Serves this runtime over a unix socket at `socket` until the returned
+    /// handle is shut down or dropped. A stale socket file at that path (left
+    /// by a stopped server) is removed first. Keep a clone of the runtime to
+    /// change it while it is served.
+    pub async fn serve(self, socket: &Path) -> io::Result<FakeServer> {
+        let socket = std::path::absolute(socket)?;
+        remove_stale_socket(&socket)?;
+        let listener = UnixListener::bind(&socket)?;
+        let identity = file_identity(&socket)?;
+        let stop = CancellationToken::new();
+        let service = Service {
+            fake: self.clone(),
+            stop: stop.clone(),
+        };
+        let router = tonic::transport::Server::builder()
+            .add_service(
+                RuntimeServiceServer::new(service.clone())
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                ImageServiceServer::new(service)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            );
+        let task = tokio::spawn(
+            router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.clone().cancelled_owned()),
+        );
+        Ok(FakeServer {
+            endpoint: format!("unix://{}", socket.display()),
+            runtime: self,
+            socket,
+            identity,
+            stop,
+            task: Some(task),
+        })
+    }
+}
+
+fn unix_nanos() -> i64 {
+    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since_epoch.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// Device and inode, to tell our socket file from one bound later at the same path.
+fn file_identity(path: &Path) -> io::Result<(u64, u64)> {
+    let metadata = std::fs::symlink_metadata(path)?;
+    Ok((metadata.dev(), metadata.ino()))
+}
+
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// A running fake server. Dropping it stops it without waiting;
+/// [`shutdown`](Self::shutdown) stops it and waits.
+pub struct FakeServer {
+    runtime: FakeRuntime,
+    socket: PathBuf,
+    endpoint: String,
+    identity: (u64, u64),
+    stop: CancellationToken,
+    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl FakeServer {
+    /// The endpoint a client connects to: `unix:///path/to/socket`.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// The socket file's path.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The runtime being served.
+    pub fn runtime(&self) -> &FakeRuntime {
+        &self.runtime
+    }
+
+    /// Stops the server and waits until it has stopped: no new connections,
+    /// delayed calls answered `Unavailable`, event streams ended, every
+    /// connection closed. Removes the socket file, so clients then see a
+    /// runtime that is down; [`FakeRuntime::serve`] on the same path brings
+    /// it back.
+    ///
+    /// Panics if the server failed, which is a bug in the test setup.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => panic!("fake CRI server on {} failed: {err}", self.endpoint),
+                Err(err) => panic!("fake CRI server on {} did not finish: {err}", self.endpoint),
+            }
+        }
+        if file_identity(&self.socket).ok() == Some(self.identity) {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+    }
+
+    /// Stops the server and serves the same runtime on the same socket
+    /// again: the runtime going down and coming back.
+    pub async fn restart(self) -> io::Result<FakeServer> {
+        let runtime = self.runtime.clone();
+        let socket = self.socket.clone();
+        self.shutdown().await;
+        runtime.serve(&socket).await
+    }
+}
+
+impl std::fmt::Debug for FakeServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeServer")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stops the server without waiting for it and leaves the socket file,
+/// which the next [`FakeRuntime::serve`] on that path replaces.
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The gRPC services, answering from the shared state.
+#[derive(Clone)]
+struct Service {
+    fake: FakeRuntime,
+    stop: CancellationToken,
+}
+
+impl Service {
+    /// Records the call, then applies its injected delay and failure.
+    async fn enter(&self, rpc: &'static str) -> Result<(), Status> {
+        let (delay, failure) = {
+            let mut state = self.fake.lock();
+            state.calls.push(rpc);
+            let queued = state.fail_next.get_mut(rpc).and_then(VecDeque::pop_front);
+            let failure = queued.or_else(|| state.fail_always.get(rpc).cloned());
+            (state.delays.get(rpc).copied(), failure)
+        };
+        if let Some(delay) = delay {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.stop.cancelled() => return Err(Status::unavailable("fake runtime is shutting down")),
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    async fn unimplemented<T>(&self, rpc: &'static str) -> Result<Response<T>, Status> {
+        self.enter(rpc).await?;
+        Err(Status::unimplemented(format!(
+            "the fake runtime does not implement {rpc}"
+        )))
+    }
+}
+
+fn image_to_proto(image: &Image) -> proto::Image {
+    proto::Image {
+        id: image.id.clone(),
+        repo_tags: image.repo_tags.clone(),
+        repo_digests: image.repo_digests.clone(),
+        size: image.size,
+        pinned: image.pinned,
+        ..Default::default()
+    }
+}
+
+fn state_to_proto(state: Option<ContainerState>) -> proto::ContainerState {
+    match state {
+        Some(ContainerState::Created) => proto::ContainerState::ContainerCreated,
+        Some(ContainerState::Running) => proto::ContainerState::ContainerRunning,
+        Some(ContainerState::Exited) => proto::ContainerState::ContainerExited,
+        Some(ContainerState::Unknown) | None => proto::ContainerState::ContainerUnknown,
+    }
+}
+
+fn container_to_proto(container: &Container) -> proto::Container {
+    proto::Container {
+        id: container.id.clone(),
+        pod_sandbox_id: container.pod_sandbox_id.clone(),
+        metadata: Some(proto::ContainerMetadata {
+            name: container.name.clone(),
+            attempt: 0,
+        }),
+        image: Some(proto::ImageSpec {
+            image: container.image.clone(),
+            ..Default::default()
+        }),
+        image_ref: container.image_ref.clone(),
+        state: state_to_proto(container.state) as i32,
+        image_id: container.image_id.clone(),
+        ..Default::default()
+    }
+}
+
+/// Whether `container` passes a `ListContainers` filter. Fake containers
+/// have no labels, so a label selector matches none of them.
+fn container_matches(container: &Container, filter: &proto::ContainerFilter) -> bool {
+    (filter.id.is_empty() || filter.id == container.id)
+        && (filter.pod_sandbox_id.is_empty() || filter.pod_sandbox_id == container.pod_sandbox_id)
+        && filter
+            .state
+            .as_ref()
+            .is_none_or(|s| s.state == state_to_proto(container.state) as i32)
+        && filter.label_selector.is_empty()
+}
+
+#[tonic::async_trait]
+impl RuntimeService for Service {
+    async fn version(&self, _: Request<proto::VersionRequest>) -> Result<Response<proto::VersionResponse>, Status> {
+        self.enter("Version").await?;
+        Ok(Response::new(proto::VersionResponse {
+            version: "0.1.0".to_string(),
+            runtime_name: "fake".to_string(),
+            runtime_version: env!("CARGO_PKG_VERSION").to_string(),
+            runtime_api_version: "v1".to_string(),
+        }))
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        _: Request<proto::RunPodSandboxRequest>,
+    ) -> Result<Response<proto::RunPodSandboxResponse>, Status> {
+        self.unimplemented("RunPodSandbox").await
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        _: Request<proto::StopPodSandboxRequest>,
+    ) -> Result<Response<proto::StopPodSandboxResponse>, Status> {
+        self.unimplemented("StopPodSandbox").await
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        _: Request<proto::RemovePodSandboxRequest>,
+    ) -> Result<Response<proto::RemovePodSandboxResponse>, Status> {
+        self.unimplemented("RemovePodSandbox").await
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        _: Request<proto::ListPodSandboxRequest>,
+    ) -> Result<Response<proto::ListPodSandboxResponse>, Status> {
+        self.unimplemented("ListPodSandbox").await
+    }
+
+    async fn create_container(
+        &self,
+        _: Request<proto::CreateContainerRequest>,
+    ) -> Result<Response<proto::CreateContainerResponse>, Status> {
+        self.unimplemented("CreateContainer").await
+    }
+
+    async fn start_container(
+        &self,
+        _: Request<proto::StartContainerRequest>,
+    ) -> Result<Response<proto::StartContainerResponse>, Status> {
+        self.unimplemented("StartContainer").await
+    }
+
+    async fn stop_container(
+        &self,
+        _: Request<proto::StopContainerRequest>,
+    ) -> Result<Response<proto::StopContainerResponse>, Status> {
+        self.unimplemented("StopContainer").await
+    }
+
+    async fn remove_container(
+        &self,
+        _: Request<proto::RemoveContainerRequest>,
+    ) -> Result<Response<proto::RemoveContainerResponse>, Status> {
+        self.unimplemented("RemoveContainer").await
+    }
+
+    async fn list_containers(
+        &self,
+        request: Request<proto::ListContainersRequest>,
+    ) -> Result<Response<proto::ListContainersResponse>, Status> {
+        self.enter("ListContainers").await?;
+        let filter = request.into_inner().filter.unwrap_or_default();
+        let containers = self
+            .fake
+            .lock()
+            .containers
+            .iter()
+            .filter(|c| container_matches(c, &filter))
+            .map(container_to_proto)
+            .collect();
+        Ok(Response::new(proto::ListContainersResponse { containers }))
+    }
+
+    async fn status(&self, request: Request<proto::StatusRequest>) -> Result<Response<proto::StatusResponse>, Status> {
+        self.enter("Status").await?;
+        let ready = |kind: &str| proto::RuntimeCondition {
+            r#type: kind.to_string(),
+            status: true,
+            ..Default::default()
+        };
+        let mut info = HashMap::new();
+        if request.into_inner().verbose {
+            let mut config = serde_json::json!({ "containerd": { "snapshotter": "overlayfs" } });
+            if let Some(image) = &self.fake.lock().sandbox_image {
+                config["sandboxImage"] = serde_json::Value::String(image.clone());
+            }
+            info.insert("config".to_string(), config.to_string());
+        }
+        Ok(Response::new(proto::StatusResponse {
+            status: Some(proto::RuntimeStatus {
+                conditions: vec![ready("RuntimeReady"), ready("NetworkReady")],
+            }),
+            info,
+        }))
+    }
+
+    type GetContainerEventsStream = ReceiverStream<Result<proto::ContainerEventResponse, Status>>;
+
+    async fn get_container_events(
+        &self,
+        _: Request<proto::GetEventsRequest>,
+    ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
+        self.enter("GetContainerEvents").await?;
+        if self.fake.lock().events_unimplemented {
+            return Err(Status::unimplemented("unknown method GetContainerEvents"));
+        }
+        // Subscribed before answering, so every event emitted after the
+        // client has its stream reaches it.
+        let mut events = self.fake.inner.events.subscribe();
+        let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = sender.closed() => break,
+                    received = events.recv() => match received {
+                        Ok(event) => event,
+                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    },
+                };
+                if sender.send(Ok(event)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for Service {
+    async fn list_images(
+        &self,
+        request: Request<proto::ListImagesRequest>,
+    ) -> Result<Response<proto::ListImagesResponse>, Status> {
+        self.enter("ListImages").await?;
+        let wanted = request
+            .into_inner()
+            .filter
+            .and_then(|f| f.image)
+            .map(|spec| spec.image)
+            .unwrap_or_default();
+        let images = self
+            .fake
+            .lock()
+            .images
+            .iter()
+            .filter(|image| wanted.is_empty() || names(image, &wanted))
+            .map(image_to_proto)
+            .collect();
+        Ok(Response::new(proto::ListImagesResponse { images }))
+    }
+
+    /// Like containerd, an unknown image is answered OK with no image.
+    async fn image_status(
+        &self,
+        request: Request<proto::ImageStatusRequest>,
+    ) -> Result<Response<proto::ImageStatusResponse>, Status> {
+        self.enter("ImageStatus").await?;
+        let reference = request.into_inner().image.map(|spec| spec.image).unwrap_or_default();
+        let state = self.fake.lock();
+        let image = state.find_image(&reference).map(|i| image_to_proto(&state.images[i]));
+        Ok(Response::new(proto::ImageStatusResponse {
+            image,
+            info: HashMap::new(),
+        }))
+    }
+
+    async fn remove_image(
+        &self,
+        request: Request<proto::RemoveImageRequest>,
+    ) -> Result<Response<proto::RemoveImageResponse>, Status> {
+        self.enter("RemoveImage").await?;
+        let reference = request.into_inner().image.map(|spec| spec.image).unwrap_or_default();
+        if reference.is_empty() {
+            return Err(Status::invalid_argument("no image reference given"));
+        }
+        let hook = self.fake.lock().before_remove.clone();
+        if let Some(hook) = hook {
+            hook(&reference);
+        }
+        let (image, effect) = {
+            let mut state = self.fake.lock();
+            let index = state.find_image(&reference);
+            let id = index.map_or(reference.as_str(), |i| state.images[i].id.as_str());
+            if let Some(code) = state.fail_remove.get(id) {
+                return Err(Status::new(
+                    *code,
+                    format!("injected failure removing image {reference:?}"),
+                ));
+            }
+            let Some(index) = index else {
+                return Err(Status::not_found(format!("image {reference:?} not found")));
+            };
+            let image = state.take_image(index);
+            state.removed.push(image.id.clone());
+            (image, state.on_remove.clone())
+        };
+        if let Some(effect) = effect {
+            effect(&image);
+        }
+        Ok(Response::new(proto::RemoveImageResponse {}))
+    }
+
+    async fn image_fs_info(
+        &self,
+        _: Request<proto::ImageFsInfoRequest>,
+    ) -> Result<Response<proto::ImageFsInfoResponse>, Status> {
+        self.enter("ImageFsInfo").await?;
+        let state = self.fake.lock();
+        let used: u64 = state.images.iter().map(|i| i.size).sum();
+        Ok(Response::new(proto::ImageFsInfoResponse {
+            image_filesystems: vec![proto::FilesystemUsage {
+                timestamp: unix_nanos(),
+                fs_id: Some(proto::FilesystemIdentifier {
+                    mountpoint: state.image_fs_mount.clone(),
+                }),
+                used_bytes: Some(proto::UInt64Value { value: used }),
+                inodes_used: None,
+            }],
+            container_filesystems: Vec::new(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(id: &str, tag: &str, digest: &str) -> Image {
+        Image {
+            id: id.to_string(),
+            repo_tags: vec![tag.to_string()],
+            repo_digests: vec![digest.to_string()],
+            size: 10,
+            pinned: false,
+        }
+    }
+
+    #[test]
+    fn an_image_is_found_by_id_tag_or_digest_exactly() {
+        let fake = FakeRuntime::new();
+        fake.add_image(image(
+            "sha256:a",
+            "docker.io/library/nginx:1.27",
+            "docker.io/library/nginx@sha256:d",
+        ));
+        let state = fake.lock();
+        for reference in [
+            "sha256:a",
+            "docker.io/library/nginx:1.27",
+            "docker.io/library/nginx@sha256:d",
+        ] {
+            assert_eq!(state.find_image(reference), Some(0), "{reference}");
+        }
+        for reference in ["nginx:1.27", "sha256", "a", ""] {
+            assert_eq!(state.find_image(reference), None, "{reference}");
+        }
+    }
+
+    #[test]
+    fn adding_an_existing_id_replaces_it_in_place() {
+        let fake = FakeRuntime::new();
+        fake.add_image(image("sha256:a", "a:1", "a@sha256:1"));
+        fake.add_image(image("sha256:b", "b:1", "b@sha256:1"));
+        fake.add_image(image("sha256:a", "a:2", "a@sha256:1"));
+        let tags: Vec<_> = fake.images().into_iter().flat_map(|i| i.repo_tags).collect();
+        assert_eq!(tags, ["a:2", "b:1"]);
+    }
+
+    #[test]
+    fn images_stay_findable_after_one_before_them_is_removed() {
+        let fake = FakeRuntime::new();
+        for id in ["sha256:a", "sha256:b", "sha256:c"] {
+            fake.add_image(image(id, &format!("{id}-tag"), &format!("{id}-digest")));
+        }
+        assert_eq!(
+            fake.remove_image_by_id("sha256:a").map(|i| i.id).as_deref(),
+            Some("sha256:a")
+        );
+        assert_eq!(fake.remove_image_by_id("sha256:a"), None);
+        fake.add_image(image("sha256:c", "c:2", "c@sha256:2"));
+        fake.add_image(image("sha256:d", "d:1", "d@sha256:1"));
+        let state = fake.lock();
+        assert_eq!(state.find_image("sha256:b"), Some(0));
+        assert_eq!(state.find_image("sha256:c"), Some(1));
+        assert_eq!(state.find_image("sha256:d"), Some(2));
+        let tags: Vec<_> = state.images.iter().flat_map(|i| i.repo_tags.clone()).collect();
+        assert_eq!(tags, ["sha256:b-tag", "c:2", "d:1"]);
+    }
+
+    #[test]
+    fn containers_without_a_state_are_running() {
+        let fake = FakeRuntime::new();
+        fake.add_container(Container {
+            id: "c1".to_string(),
+            ..Default::default()
+        });
+        assert_eq!(fake.containers()[0].state, Some(ContainerState::Running));
+        assert!(fake.set_container_state("c1", ContainerState::Exited));
+        assert!(!fake.set_container_state("c2", ContainerState::Exited));
+        assert_eq!(fake.containers()[0].state, Some(ContainerState::Exited));
+        assert_eq!(fake.remove_container("c1").map(|c| c.id).as_deref(), Some("c1"));
+        assert!(fake.containers().is_empty());
+    }
+
+    #[test]
+    fn container_filters_match_like_the_cri_describes() {
+        let container = Container {
+            id: "c1".to_string(),
+            pod_sandbox_id: "p1".to_string(),
+            state: Some(ContainerState::Exited),
+            ..Default::default()
+        };
+        let exited = Some(proto::ContainerStateValue {
+            state: proto::ContainerState::ContainerExited as i32,
+        });
+        let running = Some(proto::ContainerStateValue {
+            state: proto::ContainerState::ContainerRunning as i32,
+        });
+        let filter = |id: &str, pod: &str, state| proto::ContainerFilter {
+            id: id.to_string(),
+            pod_sandbox_id: pod.to_string(),
+            state,
+            label_selector: HashMap::new(),
+        };
+        assert!(container_matches(&container, &filter("", "", None)));
+        assert!(container_matches(&container, &filter("c1", "p1", exited)));
+        assert!(!container_matches(&container, &filter("c2", "", None)));
+        assert!(!container_matches(&container, &filter("", "p2", None)));
+        assert!(!container_matches(&container, &filter("", "", running)));
+        let mut labelled = filter("", "", None);
+        labelled.label_selector.insert("app".to_string(), "x".to_string());
+        assert!(!container_matches(&container, &labelled));
+    }
+
+    #[test]
+    #[should_panic(expected = "not a CRI RPC")]
+    fn misspelt_rpc_names_are_caught() {
+        FakeRuntime::new().fail_next("RemoveImages", Status::internal("x"));
+    }
+}
