@@ -24,6 +24,7 @@ use imagegc::cri::proto::{
     self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use imagegc::cri::{Container, ContainerState, CriClient, Image, ImageFsUsage, Runtime};
+use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
 use crate::oci::{BuiltImage, ImageSpec};
@@ -44,6 +45,8 @@ const IMAGE_VISIBLE_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How long shims get to exit by themselves once containerd has stopped.
 const SHIM_EXIT_GRACE: Duration = Duration::from_secs(2);
+/// Where containerd 1.6 shims put their sockets, whatever containerd's state dir.
+const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
 /// Seconds `StopContainer` waits before containerd sends SIGKILL.
 const STOP_CONTAINER_TIMEOUT_SECS: i64 = 5;
 /// Tools the test bed runs, and what provides them.
@@ -747,6 +750,28 @@ fn kill_shims(socket: &Path, notes: &mut Vec<String>, problems: &mut Vec<String>
     if !survivors.is_empty() {
         problems.push(format!("processes {survivors:?} survived SIGKILL"));
     }
+    // A killed shim cannot remove its socket, which containerd 1.6 puts in a
+    // fixed directory shared by every containerd on the machine.
+    for shim in processes.iter().filter(|p| shims.contains(&p.pid)) {
+        if let Some(path) = shim_socket(socket, &shim.args)
+            && let Err(e) = fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            problems.push(format!("removing the shim socket {}: {e}", path.display()));
+        }
+    }
+}
+
+/// The socket a containerd 1.6 shim listens on:
+/// `/run/containerd/s/<sha256 of "ADDRESS/NAMESPACE/ID">`.
+fn shim_socket(address: &[u8], args: &[Vec<u8>]) -> Option<PathBuf> {
+    let flag = |name: &[u8]| args.windows(2).find(|w| w[0] == name).map(|w| w[1].as_slice());
+    let mut key = address.to_vec();
+    for part in [flag(b"-namespace")?, flag(b"-id")?] {
+        key.push(b'/');
+        key.extend_from_slice(part);
+    }
+    Some(PathBuf::from(SHIM_SOCKET_DIR).join(format!("{:x}", Sha256::digest(&key))))
 }
 
 /// Removes the test bed's cgroup in every hierarchy, killing (by PID) any
