@@ -1,0 +1,365 @@
+//! Inventory on a real containerd: which images exist, what they weigh on
+//! disk, and which are in use by containers in each state, as CRI reports
+//! it and as `imagegc images` prints it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::process::Command;
+
+use imagegc::cri::{ContainerState, Runtime};
+use serde_json::Value;
+
+use crate::oci::{BuiltImage, ImageSpec, Layer, new_layer_bytes};
+use crate::testbed::{ContainerId, FsUsage, PAUSE_IMAGE, TestBed, statvfs};
+
+const MIB: u64 = 1024 * 1024;
+/// Slack for filesystem comparisons taken moments apart: containerd's
+/// metadata database lives on the same filesystem and may grow a little.
+const FS_TOLERANCE_BYTES: u64 = 2 * MIB;
+const INODE_TOLERANCE: u64 = 64;
+
+#[tokio::test]
+async fn imported_images_are_listed_and_shared_layers_are_stored_once() {
+    let bed = TestBed::start(400).await;
+    let before = bed.usage();
+
+    let a = bed
+        .import(
+            &ImageSpec::new("docker.io/library/app-a:1")
+                .layer(Layer::shared_base(16 * MIB))
+                .layer(Layer::random(1, 4 * MIB)),
+        )
+        .await;
+    let b = bed
+        .import(
+            &ImageSpec::new("docker.io/library/app-b:2")
+                .layer(Layer::shared_base(16 * MIB))
+                .layer(Layer::random(2, 6 * MIB)),
+        )
+        .await;
+    let c = bed
+        .import(&ImageSpec::new("docker.io/library/app-c:3").layer(Layer::random(3, 10 * MIB)))
+        .await;
+    let after = bed.usage();
+    let pause = bed.pause_image();
+
+    let images = bed.list_images().await;
+    let listed: BTreeSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
+    let expected: BTreeSet<&str> = [&a, &b, &c, pause].iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(
+        listed, expected,
+        "CRI lists exactly the imported images and the pause image"
+    );
+    for built in [&a, &b, &c, pause] {
+        let image = images.iter().find(|i| i.id == built.id).unwrap();
+        assert_eq!(image.repo_tags, built.names, "tags of {}", built.name());
+        assert_eq!(image.repo_digests, built.repo_digests(), "digests of {}", built.name());
+        // CRI counts every layer of the image, shared or not, plus the
+        // manifest and config.
+        let packed = built.layer_bytes() + built.config.size + built.manifest.size;
+        assert_eq!(image.size, packed, "CRI size of {}", built.name());
+    }
+
+    // Each new layer is stored twice (content blob and unpacked snapshot),
+    // and the shared base only once for both images that have it.
+    let stored_once = 2 * new_layer_bytes(&[&a, &b, &c], &[pause]);
+    let stored_per_image = 2 * [&a, &b, &c]
+        .iter()
+        .map(|image| new_layer_bytes(&[image], &[pause]))
+        .sum::<u64>();
+    let grew = after.used_bytes - before.used_bytes;
+    eprintln!(
+        "imported {} MiB of new layers: the filesystem grew {:.1} MiB (expected about {:.1} MiB)",
+        stored_once / 2 / MIB,
+        grew as f64 / MIB as f64,
+        stored_once as f64 / MIB as f64
+    );
+    assert!(
+        grew >= stored_once * 95 / 100 && grew <= stored_once * 110 / 100 + 4 * MIB,
+        "the filesystem grew {grew} bytes for {stored_once} bytes of blobs and snapshots"
+    );
+    assert!(
+        grew + 16 * MIB < stored_per_image,
+        "the shared base layer was stored more than once: grew {grew}, storing every image's layers \
+         separately would take {stored_per_image}"
+    );
+
+    let filesystems = bed.image_fs_info().await;
+    assert_eq!(filesystems.len(), 1, "{filesystems:?}");
+    let mount_point = Path::new(&filesystems[0].mount_point);
+    assert!(
+        mount_point.starts_with(bed.image_fs_mount()),
+        "ImageFsInfo reports {} outside the test bed's filesystem {}",
+        mount_point.display(),
+        bed.image_fs_mount().display()
+    );
+    let image_fs = statvfs(mount_point);
+    assert_eq!(image_fs.capacity_bytes, before.capacity_bytes);
+    assert!(
+        image_fs.capacity_bytes > 350 * MIB && image_fs.capacity_bytes <= 400 * MIB,
+        "a 400 MiB filesystem has {} bytes of capacity",
+        image_fs.capacity_bytes
+    );
+}
+
+#[tokio::test]
+async fn removing_an_image_over_cri_frees_its_space_at_once() {
+    let bed = TestBed::start(300).await;
+    let image = bed
+        .import(&ImageSpec::new("docker.io/library/big:1").layer(Layer::random(40, 24 * MIB)))
+        .await;
+    let before = bed.usage();
+
+    bed.remove_image(&image.id).await;
+
+    let after = bed.usage();
+    let freed = after.available_bytes - before.available_bytes;
+    let stored = 2 * new_layer_bytes(&[&image], &[bed.pause_image()]);
+    assert!(
+        freed >= stored * 95 / 100,
+        "removing {} freed {freed} bytes, expected about {stored}",
+        image.name()
+    );
+    assert!(!bed.list_image_ids().await.contains(&image.id));
+}
+
+/// Four images: one with a running container, one with a created (never
+/// started) container, one with an exited container, one unused.
+struct InUseScenario {
+    running: BuiltImage,
+    created: BuiltImage,
+    exited: BuiltImage,
+    unused: BuiltImage,
+    running_container: ContainerId,
+    created_container: ContainerId,
+    exited_container: ContainerId,
+}
+
+impl InUseScenario {
+    /// Builds the scenario and checks it over CRI: the test bed must really
+    /// produce containers in those three states.
+    async fn start(bed: &TestBed) -> Self {
+        let image = |name: &str, seed: u64| {
+            ImageSpec::new(&format!("docker.io/library/{name}:1"))
+                .layer(Layer::shared_base(2 * MIB))
+                .layer(Layer::random(seed, MIB))
+        };
+        let running = bed.import(&image("running", 11)).await;
+        let created = bed.import(&image("created", 12)).await;
+        let exited = bed.import(&image("exited", 13)).await;
+        let unused = bed.import(&image("unused", 14)).await;
+
+        let web = bed.run_pod("web").await;
+        let running_container = bed.run_container(&web, running.name()).await;
+        let created_container = bed.create_container(&web, created.name()).await;
+        let batch = bed.run_pod("batch").await;
+        let exited_container = bed.run_container(&batch, exited.name()).await;
+        bed.stop_container(&exited_container).await;
+
+        let scenario = Self {
+            running,
+            created,
+            exited,
+            unused,
+            running_container,
+            created_container,
+            exited_container,
+        };
+        let containers = bed.list_containers().await;
+        assert_eq!(containers.len(), 3, "{containers:#?}");
+        for (container, image, state) in [
+            (&scenario.running_container, &scenario.running, ContainerState::Running),
+            (&scenario.created_container, &scenario.created, ContainerState::Created),
+            (&scenario.exited_container, &scenario.exited, ContainerState::Exited),
+        ] {
+            let listed = containers
+                .iter()
+                .find(|c| c.id == container.0)
+                .unwrap_or_else(|| panic!("container {} is not listed: {containers:#?}", container.0));
+            assert_eq!(listed.state, Some(state), "state of the container on {}", image.name());
+            assert_eq!(listed.image_ref, image.id, "image of the container on {}", image.name());
+        }
+        assert!(
+            containers.iter().all(|c| c.image_ref != scenario.unused.id),
+            "no container uses {}",
+            scenario.unused.name()
+        );
+        scenario
+    }
+
+    fn images(&self) -> [&BuiltImage; 4] {
+        [&self.running, &self.created, &self.exited, &self.unused]
+    }
+
+    /// The containers expected on each image id.
+    fn containers_by_image(&self) -> HashMap<&str, Vec<&str>> {
+        HashMap::from([
+            (self.running.id.as_str(), vec![self.running_container.as_str()]),
+            (self.created.id.as_str(), vec![self.created_container.as_str()]),
+            (self.exited.id.as_str(), vec![self.exited_container.as_str()]),
+            (self.unused.id.as_str(), vec![]),
+        ])
+    }
+}
+
+#[tokio::test]
+async fn containers_in_every_state_are_listed_over_cri() {
+    let bed = TestBed::start(300).await;
+    let scenario = InUseScenario::start(&bed).await;
+
+    // The running container's process is alive: stopping it makes it exit.
+    bed.stop_container(&scenario.running_container).await;
+    assert_eq!(
+        bed.container_state(&scenario.running_container).await,
+        Some(ContainerState::Exited)
+    );
+    // Removing a container or a pod takes its containers off the list.
+    bed.remove_container(&scenario.created_container).await;
+    assert_eq!(bed.container_state(&scenario.created_container).await, None);
+    let pods = bed.list_containers().await;
+    let batch = pods
+        .iter()
+        .find(|c| c.id == scenario.exited_container.0)
+        .map(|c| crate::testbed::PodId(c.pod_sandbox_id.clone()))
+        .unwrap();
+    bed.stop_pod(&batch).await;
+    bed.remove_pod(&batch).await;
+    assert_eq!(bed.container_state(&scenario.exited_container).await, None);
+}
+
+#[tokio::test]
+async fn images_command_marks_images_of_containers_in_every_state_in_use() {
+    let bed = TestBed::start(300).await;
+    let scenario = InUseScenario::start(&bed).await;
+    let cri_images = bed.list_images().await;
+    let version = bed.client().version().await.unwrap();
+    let mount_point = bed.image_fs_info().await[0].mount_point.clone();
+    let state_dir = tempfile::tempdir().unwrap();
+
+    let fs_before = bed.usage();
+    let output = Command::new(env!("CARGO_BIN_EXE_imagegc"))
+        .args([
+            "images",
+            "--runtime-endpoint",
+            bed.endpoint(),
+            "--output",
+            "json",
+            "--state-dir",
+        ])
+        .arg(state_dir.path())
+        .output()
+        .expect("running imagegc");
+    let fs_after = bed.usage();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "imagegc images failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("imagegc images --output json printed no JSON ({e}):\n{stdout}"));
+
+    assert_eq!(report["runtime"]["endpoint"], bed.endpoint());
+    assert_eq!(report["runtime"]["name"], "containerd");
+    assert_eq!(report["runtime"]["version"], version.runtime_version.as_str());
+    assert_eq!(report["sandbox_image"], PAUSE_IMAGE);
+
+    let fs = &report["image_filesystem"];
+    assert_eq!(fs["mount_point"], mount_point.as_str());
+    assert_eq!(number(&fs["capacity_bytes"]), fs_before.capacity_bytes);
+    assert_eq!(number(&fs["inodes_total"]), fs_before.inodes_total);
+    assert_between(
+        number(&fs["available_bytes"]),
+        fs_before,
+        fs_after,
+        |u| u.available_bytes,
+        FS_TOLERANCE_BYTES,
+    );
+    assert_between(
+        number(&fs["used_bytes"]),
+        fs_before,
+        fs_after,
+        |u| u.used_bytes,
+        FS_TOLERANCE_BYTES,
+    );
+    assert_between(
+        number(&fs["inodes_free"]),
+        fs_before,
+        fs_after,
+        |u| u.inodes_free,
+        INODE_TOLERANCE,
+    );
+    let percent = fs["usage_percent"].as_f64().expect("usage_percent is a number");
+    let expected_percent = 100.0 * fs_after.used_bytes as f64 / fs_after.capacity_bytes as f64;
+    assert!(
+        (percent - expected_percent).abs() < 1.0,
+        "usage_percent {percent}, statvfs says {expected_percent:.2}"
+    );
+
+    let listed = report["images"].as_array().expect("images is an array");
+    let by_id: HashMap<&str, &Value> = listed
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap_or_default(), i))
+        .collect();
+    assert_eq!(listed.len(), 5, "four images and the pause image: {listed:#?}");
+    assert!(
+        by_id.contains_key(bed.pause_image().id.as_str()),
+        "the pause image is listed"
+    );
+    let expected_containers = scenario.containers_by_image();
+    for built in scenario.images() {
+        let image = by_id
+            .get(built.id.as_str())
+            .unwrap_or_else(|| panic!("{} ({}) is not listed: {listed:#?}", built.name(), built.id));
+        let cri = cri_images.iter().find(|i| i.id == built.id).unwrap();
+        assert_eq!(strings(&image["tags"]), built.names, "tags of {}", built.name());
+        assert_eq!(
+            strings(&image["digests"]),
+            built.repo_digests(),
+            "digests of {}",
+            built.name()
+        );
+        assert_eq!(number(&image["size_bytes"]), cri.size, "size of {}", built.name());
+        assert_eq!(image["pinned"], false, "containerd 1.6 pins nothing: {}", built.name());
+        let containers = &expected_containers[built.id.as_str()];
+        assert_eq!(
+            image["in_use"],
+            !containers.is_empty(),
+            "in_use of {} (containers: {containers:?})",
+            built.name()
+        );
+        let mut listed_containers = strings(&image["containers"]);
+        listed_containers.sort();
+        assert_eq!(listed_containers, *containers, "containers of {}", built.name());
+    }
+}
+
+fn number(value: &Value) -> u64 {
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("expected a non-negative integer, got {value}"))
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array of strings, got {value}"))
+        .iter()
+        .map(|s| {
+            s.as_str()
+                .unwrap_or_else(|| panic!("expected a string, got {s}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// `actual` lies between the two readings of `field`, give or take `tolerance`.
+fn assert_between(actual: u64, before: FsUsage, after: FsUsage, field: fn(&FsUsage) -> u64, tolerance: u64) {
+    let (a, b) = (field(&before), field(&after));
+    let (low, high) = (a.min(b).saturating_sub(tolerance), a.max(b) + tolerance);
+    assert!(
+        (low..=high).contains(&actual),
+        "{actual} is outside statvfs's {a}..{b} (tolerance {tolerance})"
+    );
+}
