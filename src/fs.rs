@@ -15,6 +15,9 @@ pub struct FsStats {
     pub capacity_bytes: u64,
     /// Bytes available to unprivileged users (`f_bavail`), as the kubelet reads it.
     pub available_bytes: u64,
+    /// Free bytes including reserved blocks (`f_bfree`); `df` reports
+    /// capacity minus this as used.
+    pub free_bytes: u64,
     pub inodes_total: u64,
     pub inodes_free: u64,
 }
@@ -34,8 +37,10 @@ impl FsStats {
         self.available_bytes.min(self.capacity_bytes)
     }
 
+    /// Used bytes as `df` reports them: capacity minus free (reserved
+    /// blocks count as free here, while usage and thresholds use available).
     pub fn used_bytes(&self) -> u64 {
-        self.capacity_bytes - self.available()
+        self.capacity_bytes - self.free_bytes.clamp(self.available(), self.capacity_bytes)
     }
 
     /// Usage in percent as the kubelet computes it: `100 - available*100/capacity`
@@ -52,7 +57,7 @@ impl FsStats {
         if self.capacity_bytes == 0 {
             return 0.0;
         }
-        self.used_bytes() as f64 / self.capacity_bytes as f64
+        (self.capacity_bytes - self.available()) as f64 / self.capacity_bytes as f64
     }
 
     /// Bytes to free so that usage is at most `low` percent: the kubelet's
@@ -126,6 +131,7 @@ pub fn statvfs(path: &Path) -> io::Result<FsStats> {
     Ok(FsStats {
         capacity_bytes: (s.f_blocks as u64).saturating_mul(frsize),
         available_bytes: (s.f_bavail as u64).saturating_mul(frsize),
+        free_bytes: (s.f_bfree as u64).saturating_mul(frsize),
         inodes_total: s.f_files as u64,
         inodes_free: s.f_ffree as u64,
     })
