@@ -175,6 +175,7 @@ mod tests {
             available_bytes: 1,
             inodes_total: 1000,
             inodes_free: 100,
+            ..Default::default()
         };
         assert_eq!(s.inode_usage_percent(), Some(90));
         assert_eq!(s.inodes_to_free(80), 100);
