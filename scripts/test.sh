@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every check and test imagegc has: formatting, lints, unit and
+# integration tests, and the end-to-end tests against a real containerd
+# (started privately by the tests on loop-mounted filesystems, so this must
+# run as root). Installs what a fresh Debian 12 machine lacks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh: the end-to-end tests mount filesystems and run containerd: run as root" >&2
+    exit 1
+fi
+
+missing=()
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+command -v gcc >/dev/null || missing+=(gcc)
+dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)
+command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+command -v losetup >/dev/null || missing+=(mount)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "==> installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --locked --all-targets -- -D warnings
+echo "==> cargo test (unit, integration, end-to-end on a real containerd)"
+cargo test --locked --all-targets
+if [ -x scripts/check-deploy.sh ]; then
+    echo "==> deployment checks"
+    scripts/check-deploy.sh
+fi
+echo "==> all checks passed"
