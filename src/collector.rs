@@ -421,7 +421,7 @@ impl<R: Runtime> Collector<R> {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            self.remove(candidate, &snapshot, &disk, report).await?;
+            self.remove(candidate, &disk, report).await?;
         }
         if !plan.age.is_empty() {
             self.save().await;
@@ -480,7 +480,7 @@ impl<R: Runtime> Collector<R> {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            if !self.remove(candidate, &snapshot, &disk, report).await? {
+            if !self.remove(candidate, &disk, report).await? {
                 continue;
             }
             if let Some(left) = estimate.as_mut() {
@@ -525,20 +525,23 @@ impl<R: Runtime> Collector<R> {
     /// Removes one candidate after re-checking that it is not in use.
     /// Returns whether it was removed (or would have been, in dry run).
     /// A runtime error while re-checking ends the cycle: when in doubt, keep.
-    async fn remove(
-        &mut self,
-        candidate: &Candidate,
-        snapshot: &Snapshot,
-        disk: &Disk,
-        report: &mut CycleReport,
-    ) -> Result<bool, String> {
+    async fn remove(&mut self, candidate: &Candidate, disk: &Disk, report: &mut CycleReport) -> Result<bool, String> {
+        debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
             .runtime
             .list_containers()
             .await
             .map_err(|e| format!("cannot re-check containers before removing {}: {e}", candidate.id))?;
-        let in_use = InUse::new(&snapshot.images, &containers);
-        if in_use.is_used(&candidate.id) {
+        // Only this image's names matter: matching the containers against it
+        // alone costs O(containers), not O(images).
+        let this = [Image {
+            id: candidate.id.clone(),
+            repo_tags: candidate.tags.clone(),
+            repo_digests: candidate.digests.clone(),
+            size: candidate.size,
+            pinned: false,
+        }];
+        if InUse::new(&this, &containers).is_used(&candidate.id) {
             info!(image = %candidate.id, tags = ?candidate.tags, "image came into use; keeping it");
             self.records.mark_used([candidate.id.as_str()], self.clock.now());
             report.became_in_use.push(candidate.id.clone());
@@ -546,6 +549,7 @@ impl<R: Runtime> Collector<R> {
         }
         let dry_run = report.dry_run;
         let mut freed = None;
+        debug!(image = %candidate.id, reason = candidate.reason.as_str(), dry_run, "no container uses the image: removing it");
         if !dry_run {
             let before = disk.measure().ok();
             if let Err(err) = self.runtime.remove_image(&candidate.id).await {
