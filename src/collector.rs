@@ -144,6 +144,9 @@ pub struct Collector<R> {
     /// Names of images this collector removed, with when: an image that
     /// comes back under one of them within `gc.thrash_window` was re-pulled.
     recently_removed: Vec<(SystemTime, Vec<String>)>,
+    /// Whether the kubelet-eviction check against the measured capacity has
+    /// been made (once per process).
+    eviction_checked: bool,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -190,6 +193,7 @@ impl<R: Runtime> Collector<R> {
             last_images: Vec::new(),
             sandbox_image: None,
             recently_removed: Vec::new(),
+            eviction_checked: false,
         }
         .with_removals_from_journal()
     }
@@ -438,6 +442,7 @@ impl<R: Runtime> Collector<R> {
         report.before = Some(stats);
         report.after = Some(stats);
         self.publish_usage(&stats);
+        self.check_eviction_threshold(config, &stats);
         let high = config.gc.high_threshold_percent;
         let low = config.gc.low_threshold_percent;
         let inodes = config.gc.high_inodes_percent.zip(config.gc.low_inodes_percent);
@@ -515,6 +520,29 @@ impl<R: Runtime> Collector<R> {
             };
         }
         Ok(())
+    }
+
+    /// Warns once when the kubelet's `imagefs.available` eviction threshold
+    /// (a size, which only the measured capacity turns into a percentage)
+    /// would evict pods before usage reaches the high threshold.
+    fn check_eviction_threshold(&mut self, config: &Config, stats: &FsStats) {
+        let Some(threshold) = config.eviction_imagefs_available else {
+            return;
+        };
+        if std::mem::replace(&mut self.eviction_checked, true) {
+            return;
+        }
+        let evicts_below = threshold.min_available_bytes(stats.capacity_bytes);
+        let high = config.gc.high_threshold_percent;
+        let collects_below = stats.capacity_bytes as u128 * (100 - u128::from(high.min(100))) / 100;
+        if collects_below <= u128::from(evicts_below) {
+            warn!(
+                high_threshold_percent = high,
+                eviction_available_bytes = evicts_below,
+                capacity_bytes = stats.capacity_bytes,
+                "the kubelet evicts pods before usage reaches gc.high_threshold_percent: lower the high threshold"
+            );
+        }
     }
 
     fn publish_usage(&self, stats: &FsStats) {

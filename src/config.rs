@@ -58,6 +58,10 @@ pub struct Config {
     /// (`evictionHard["imagefs.available"]`), when read from a
     /// KubeletConfiguration.
     pub eviction_imagefs_available: Option<EvictionThreshold>,
+    /// The node's KubeletConfiguration (`kubelet.config`), read only to check
+    /// that the kubelet's own image GC is off and that its eviction threshold
+    /// leaves room for imagegc's high threshold.
+    pub kubelet_config: Option<PathBuf>,
     /// The file this configuration was read from, if any.
     pub source: Option<PathBuf>,
     /// Non-fatal findings (for example: the kubelet would evict before the
@@ -158,6 +162,7 @@ impl Default for Config {
                 listen: Some(SocketAddr::from(([127, 0, 0, 1], 9105))),
             },
             eviction_imagefs_available: None,
+            kubelet_config: None,
             source: None,
             warnings: Vec::new(),
         }
@@ -208,6 +213,9 @@ dir = {state_dir}
 
 [metrics]
 listen = {listen}
+
+[kubelet]
+config = {kubelet_config}
 "#,
             endpoint = toml_string(runtime.endpoint.as_deref().unwrap_or("")),
             timeout = format_duration(runtime.timeout),
@@ -226,6 +234,7 @@ listen = {listen}
             keep_recent = protect.keep_recent_per_repository,
             state_dir = path(Some(&self.state.dir)),
             listen = toml_string(&self.metrics.listen.map(|addr| addr.to_string()).unwrap_or_default()),
+            kubelet_config = path(self.kubelet_config.as_deref()),
         )
     }
 }
@@ -345,10 +354,67 @@ fn read_file(path: &Path, problems: &mut Problems) -> Config {
         read_kubelet(document, problems)
     } else {
         let raw = read_imagegc(document, problems);
-        build(raw, &IMAGEGC_KEYS, problems)
+        let mut config = build(raw, &IMAGEGC_KEYS, problems);
+        if let Some(kubelet_path) = config.kubelet_config.clone() {
+            cross_check_kubelet(&mut config, &kubelet_path, problems);
+        }
+        config
     };
     config.source = Some(path.to_path_buf());
     config
+}
+
+/// Reads the node's KubeletConfiguration named by `kubelet.config` and warns
+/// when the kubelet would collect images too, or would evict pods before
+/// imagegc's high threshold is reached. The kubelet file's own problems are
+/// reported against that file.
+fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, problems: &mut Problems) {
+    let mut found = Problems::new(kubelet_path.display().to_string());
+    let text = match std::fs::read_to_string(kubelet_path) {
+        Ok(text) => text,
+        Err(err) => {
+            problems.push(
+                "kubelet.config",
+                format!("cannot read {}: {err}", kubelet_path.display()),
+            );
+            return;
+        }
+    };
+    let Some(document) = parse(Format::Yaml, &text, &mut found) else {
+        problems.list.extend(found.list);
+        return;
+    };
+    if document.get("kind").and_then(Value::as_str) != Some(KUBELET_KIND) {
+        problems.push(
+            "kubelet.config",
+            format!("{} is not a {KUBELET_KIND}", kubelet_path.display()),
+        );
+        return;
+    }
+    let kubelet = read_kubelet(document, &mut found);
+    problems.list.extend(found.list);
+    let file = kubelet_path.display();
+    if !kubelet.collection_disabled() {
+        config.warnings.push(format!(
+            "{file}: the kubelet's own image GC is enabled (imageGCHighThresholdPercent {}, imageMaximumGCAge {}): \
+             both the kubelet and imagegc would remove images; set imageGCHighThresholdPercent: 100 and \
+             imageMaximumGCAge: 0s there",
+            kubelet.gc.high_threshold_percent,
+            format_duration(kubelet.gc.max_age),
+        ));
+    }
+    config.eviction_imagefs_available = kubelet.eviction_imagefs_available;
+    let high = config.gc.high_threshold_percent;
+    if let Some(EvictionThreshold::Percent(available)) = kubelet.eviction_imagefs_available {
+        let evicts_at = 100.0 - available;
+        if available > 0.0 && f64::from(high) >= evicts_at {
+            config.warnings.push(format!(
+                "gc.high_threshold_percent {high}: collection starts at {high}% usage, but the kubelet \
+                 (evictionHard imagefs.available {available}% in {file}) evicts pods above {evicts_at}% usage; \
+                 set it below {evicts_at}"
+            ));
+        }
+    }
 }
 
 fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Problems) {
@@ -467,10 +533,11 @@ struct RawConfig {
     protect: RawProtect,
     state: RawState,
     metrics: RawMetrics,
+    kubelet: RawKubeletRef,
 }
 
 /// The sections of imagegc's schema, in the order of the example file.
-const SECTIONS: [&str; 5] = ["runtime", "gc", "protect", "state", "metrics"];
+const SECTIONS: [&str; 6] = ["runtime", "gc", "protect", "state", "metrics", "kubelet"];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -512,6 +579,12 @@ struct RawState {
 #[serde(deny_unknown_fields)]
 struct RawMetrics {
     listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKubeletRef {
+    config: Option<String>,
 }
 
 /// The fields of a KubeletConfiguration that imagegc reads; every other
@@ -680,6 +753,7 @@ fn read_imagegc(document: Map<String, Value>, problems: &mut Problems) -> RawCon
             "gc" => raw.gc = read_keys(&name, table, problems),
             "protect" => raw.protect = read_keys(&name, table, problems),
             "state" => raw.state = read_keys(&name, table, problems),
+            "kubelet" => raw.kubelet = read_keys(&name, table, problems),
             _ => raw.metrics = read_keys(&name, table, problems),
         }
     }
@@ -956,6 +1030,14 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
         };
     }
 
+    // [kubelet]
+    if let Some(path) = raw.kubelet.config.filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        if check_absolute("kubelet.config", &path, problems) {
+            config.kubelet_config = Some(path);
+        }
+    }
+
     config
 }
 
@@ -1213,6 +1295,46 @@ mod tests {
             (_, Ok(config)) => panic!("expected {name} to be rejected, got {config:?}"),
             (_, Err(err)) => err.problems,
         }
+    }
+
+    /// `kubelet.config` points at the node's KubeletConfiguration: imagegc
+    /// warns while the kubelet still collects, and when it would evict first.
+    #[test]
+    fn kubelet_config_is_cross_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = dir.path().join("kubelet.yaml");
+        let imagegc = dir.path().join("imagegc.toml");
+        let write = |kubelet_text: &str, high: u8| {
+            std::fs::write(&kubelet, kubelet_text).unwrap();
+            std::fs::write(
+                &imagegc,
+                format!(
+                    "[gc]\nhigh_threshold_percent = {high}\nlow_threshold_percent = 50\n[kubelet]\nconfig = {:?}\n",
+                    kubelet.display().to_string()
+                ),
+            )
+            .unwrap();
+            load(Some(&imagegc), &Overrides::default())
+        };
+        let enabled = "kind: KubeletConfiguration\nevictionHard:\n  imagefs.available: 10%\n";
+        let config = write(enabled, 92).unwrap();
+        assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
+        assert!(config.warnings[0].contains("both the kubelet and imagegc would remove images"));
+        assert!(config.warnings[1].contains("evicts pods above 90% usage"));
+        assert_eq!(config.kubelet_config.as_deref(), Some(kubelet.as_path()));
+        let handed_over = "kind: KubeletConfiguration\nimageGCHighThresholdPercent: 100\nimageMaximumGCAge: 0s\n\
+                           evictionHard:\n  imagefs.available: 10%\n";
+        let config = write(handed_over, 85).unwrap();
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        // The kubelet file's own problems name that file and its field.
+        let err = write("kind: KubeletConfiguration\nimageGCHighThresholdPercent: 101\n", 85).unwrap_err();
+        assert_eq!(err.problems[0].file, kubelet.display().to_string());
+        assert_eq!(err.problems[0].key, "imageGCHighThresholdPercent");
+        let err = write("kind: Pod\n", 85).unwrap_err();
+        assert_eq!(err.problems[0].key, "kubelet.config");
+        std::fs::remove_file(&kubelet).unwrap();
+        let err = load(Some(&imagegc), &Overrides::default()).unwrap_err();
+        assert_eq!(err.problems[0].key, "kubelet.config");
     }
 
     /// The keys named by the problems of a file, in the order reported.
@@ -1824,7 +1946,7 @@ staticPodPath: /etc/kubernetes/manifests
         let problem = &rejected("a.toml", "[metric]\n")[0];
         assert_eq!(
             problem.message,
-            "unknown key; expected one of runtime, gc, protect, state, metrics"
+            "unknown key; expected one of runtime, gc, protect, state, metrics, kubelet"
         );
         let problem = &rejected("a.toml", "[runtime]\nsocket = \"x\"\n")[0];
         assert_eq!(problem.message, "unknown key; expected endpoint or timeout");
@@ -2040,7 +2162,7 @@ staticPodPath: /etc/kubernetes/manifests
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 17, "{keys:?}");
+        assert_eq!(keys.len(), 18, "{keys:?}");
         assert!(text.contains("endpoint = \"\"\n"));
         assert!(text.contains("max_age = \"0s\"\n"));
         assert!(text.contains("high_inodes_percent = 0\n"));
