@@ -76,7 +76,7 @@ apt_install() {
 
 install_tools() {
     mkdir -p "$CACHE/bin" || return 1
-    apt_install ca-certificates python3 python3-venv systemd shellcheck podman binutils curl || return 1
+    apt_install ca-certificates python3 python3-venv systemd shellcheck podman binutils || return 1
 
     # promtool: taken out of Debian's prometheus package, without installing
     # the server and its service.
@@ -97,7 +97,7 @@ install_tools() {
     fi
 }
 
-run "install tools (apt: systemd shellcheck podman; pip; promtool)" install_tools || {
+run "install tools (apt, pip, promtool)" install_tools || {
     echo "cannot continue without the tools"
     exit 1
 }
