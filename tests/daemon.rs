@@ -301,6 +301,33 @@ async fn the_event_stream_is_reopened_after_the_runtime_restarts() {
 // The runtime going away.
 
 #[tokio::test]
+async fn a_runtime_that_goes_away_between_cycles_is_noticed_and_found_again() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("app", 1000));
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    eventually(secs(5), "ready", || daemon.health.is_ready().then_some(())).await;
+
+    let server = daemon.server.take().unwrap();
+    let socket = server.socket_path().to_path_buf();
+    server.shutdown().await;
+    eventually(secs(5), "not ready while the runtime is down", || {
+        (!daemon.health.is_ready()).then_some(())
+    })
+    .await;
+    eventually(secs(5), "imagegc_runtime_up 0 while the runtime is down", || {
+        daemon.metrics.encode().contains("imagegc_runtime_up 0").then_some(())
+    })
+    .await;
+
+    daemon.server = Some(fake.clone().serve(&socket).await.unwrap());
+    eventually(secs(10), "ready again once the runtime is back", || {
+        daemon.health.is_ready().then_some(())
+    })
+    .await;
+    assert!(daemon.metrics.encode().contains("imagegc_runtime_up 1"));
+}
+
+#[tokio::test]
 async fn a_runtime_that_is_down_at_start_is_retried_and_readiness_follows() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("cri.sock");
