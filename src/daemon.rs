@@ -115,7 +115,8 @@ pub async fn run<R: Runtime>(
             }
             event = next_event(&mut usage) => {
                 match event {
-                    Some(Ok(_)) => {
+                    Some(Ok(event)) => {
+                        collector.mark_used_by_event(&event);
                         if !poll(&mut collector, &mut runtime_up, &health).await {
                             next_cycle = next_cycle.min(Instant::now() + retry);
                         }
