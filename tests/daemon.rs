@@ -259,6 +259,42 @@ async fn with_container_events_nothing_is_polled_and_an_event_triggers_a_relist(
 }
 
 #[tokio::test]
+async fn an_image_used_only_between_listings_is_marked_used_by_its_event() {
+    let fake = FakeRuntime::new();
+    fake.events_unimplemented(false);
+    let job = image("job", 1000);
+    fake.add_image(job.clone());
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    eventually(secs(5), "the event stream opened", || {
+        (fake.count("GetContainerEvents") >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // A short job: created, run and deleted before imagegc lists containers.
+    // Only its events tell that its image was used.
+    let used = SystemTime::now();
+    let before = fake.count("ListContainers");
+    emit_when_streaming(
+        &fake,
+        "c-job",
+        ContainerEventType::ContainerDeletedEvent,
+        &[&job.repo_tags[0]],
+    )
+    .await;
+    eventually(secs(5), "the event handled", || {
+        (fake.count("ListContainers") > before).then_some(())
+    })
+    .await;
+    daemon.stop().await;
+    let last_used = load_records(&daemon.state_dir()).get(&job.id).unwrap().last_used;
+    assert!(
+        last_used + Duration::from_millis(100) >= used,
+        "the job ran at {used:?}; the state says job was last used at {last_used:?}"
+    );
+}
+
+#[tokio::test]
 async fn the_event_stream_is_reopened_after_the_runtime_restarts() {
     let fake = FakeRuntime::new();
     fake.events_unimplemented(false);
