@@ -24,13 +24,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::cri::{Image, Runtime, RuntimeError};
+use crate::cri::{ContainerEvent, Image, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::http::Health;
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
 use crate::policy::{self, Candidate, Plan, Reason, Snapshot};
-use crate::records::{InUse, Records};
+use crate::records::{InUse, Records, ReferenceIndex};
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
@@ -348,6 +348,18 @@ impl<R: Runtime> Collector<R> {
         let in_use = InUse::new(&self.last_images, &containers);
         self.records.mark_used(in_use.image_ids(), self.clock.now());
         Ok(in_use.len())
+    }
+
+    /// Marks the images a container event names used now. A container that
+    /// is created and deleted between two listings is known only from its
+    /// events; images without a record are left for the next full listing.
+    pub fn mark_used_by_event(&mut self, event: &ContainerEvent) {
+        let index = ReferenceIndex::new(&self.last_images);
+        let mut ids = Vec::new();
+        for reference in &event.images {
+            index.lookup(reference, &mut ids);
+        }
+        self.records.mark_used(ids, self.clock.now());
     }
 
     /// Saves the records; a failure is logged, never fatal: the collector

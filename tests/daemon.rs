@@ -1,0 +1,683 @@
+//! The daemon as a user meets it: the loop (`imagegc::daemon::run`) driven
+//! in-process against the fake CRI runtime and a simulated disk, and the
+//! `imagegc` binary run as a child process against the same fake, checked
+//! through its state file, its journal, `/metrics`, `/readyz`, its exit
+//! status and its log.
+
+#[path = "daemon/support.rs"]
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant, SystemTime};
+
+use imagegc::cri::fake::FakeRuntime;
+use imagegc::cri::proto::ContainerEventType;
+use imagegc::records::{Record, Records};
+use imagegc::state::{Loaded, StateStore};
+use support::{
+    Daemon, InProcess, Settings, SimDisk, container, eventually, free_local_addr, image, imagegc_json, load_records,
+    metric,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A disk at 10% usage: below every high threshold the tests use.
+fn roomy_disk() -> SimDisk {
+    SimDisk::new(1_000_000, 900_000)
+}
+
+fn parse_time(value: &serde_json::Value) -> SystemTime {
+    humantime::parse_rfc3339(value.as_str().expect("a time string")).expect("an RFC 3339 time")
+}
+
+fn ids(list: &[String]) -> BTreeSet<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Restarts.
+
+#[tokio::test]
+async fn a_restart_keeps_the_time_each_image_was_last_used() {
+    let fake = FakeRuntime::new();
+    let web = image("web", 1000);
+    let idle = image("idle", 1000);
+    fake.add_image(web.clone());
+    fake.add_image(idle.clone());
+    fake.add_container(container("c-web", &web));
+    let started = SystemTime::now();
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+
+    // The first cycle and one poll see web in use; then its container goes.
+    eventually(secs(5), "the first cycle and a poll", || {
+        (fake.count("ListContainers") >= 2).then_some(())
+    })
+    .await;
+    fake.remove_container("c-web");
+    let polls = fake.count("ListContainers");
+    eventually(secs(5), "a poll without the container", || {
+        (fake.count("ListContainers") > polls).then_some(())
+    })
+    .await;
+    // The daemon handled the last listing with the container before it
+    // asked for this one.
+    let unused_since = SystemTime::now();
+    daemon.stop().await;
+
+    let records = load_records(&daemon.state_dir());
+    let saved = records.get(&web.id).expect("a record for web");
+    assert!(
+        saved.last_used >= started && saved.last_used <= unused_since,
+        "web was last used between {started:?} and {unused_since:?}, the state says {:?}",
+        saved.last_used
+    );
+
+    // Later, a new process reads the same state: `imagegc plan` shows web
+    // last used when its container went, not when the new process started.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let config = daemon.dir.path().join("imagegc.toml");
+    Settings {
+        interval: "1h",
+        ..Settings::new(daemon.dir.path()).remove_everything()
+    }
+    .write(&config);
+    let endpoint = daemon.server.as_ref().unwrap().endpoint();
+    let plan = imagegc_json(&config, &endpoint, &daemon.state_dir(), &["plan"], 0).await;
+    let removals = plan["removals"].as_array().expect("removals");
+    let planned = |id: &str| {
+        removals
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{id} is not planned for removal: {plan:#}"))
+    };
+    let last_used = parse_time(&planned(&web.id)["last_used"]);
+    // The plan prints whole seconds.
+    assert!(
+        last_used + SECOND >= started && last_used <= unused_since,
+        "plan says web was last used at {last_used:?}, expected between {started:?} and {unused_since:?}"
+    );
+    assert!(SystemTime::now().duration_since(last_used).unwrap() >= secs(2));
+    let idle_first_seen = parse_time(&planned(&idle.id)["first_seen"]);
+    assert!(
+        idle_first_seen + SECOND >= started && idle_first_seen <= unused_since,
+        "idle keeps the time it was first seen: {idle_first_seen:?}"
+    );
+    assert!(fake.removed().is_empty(), "plan removes nothing");
+}
+
+// ---------------------------------------------------------------------------
+// The age guard.
+
+#[tokio::test]
+async fn images_without_history_wait_for_max_age_while_old_history_goes_at_once() {
+    let fake = FakeRuntime::new();
+    let fresh = image("fresh", 1000);
+    let old = image("old", 1000);
+    fake.add_image(fresh.clone());
+    fake.add_image(old.clone());
+    let disk = roomy_disk();
+    disk.frees_on_remove(&fake);
+    let hour_ago = SystemTime::now() - secs(3600);
+    let history = Records::from_map(HashMap::from([(
+        old.id.clone(),
+        Record {
+            first_seen: hour_ago,
+            last_used: hour_ago,
+            size: old.size,
+            pinned: false,
+            tags: old.repo_tags.clone(),
+            digests: old.repo_digests.clone(),
+            from_history: false,
+        },
+    )]));
+
+    let started = Instant::now();
+    let daemon = InProcess::start(
+        fake.clone(),
+        disk,
+        |state_dir| StateStore::new(state_dir).save(&history, SystemTime::now()).unwrap(),
+        |c| c.gc.max_age = secs(3),
+    )
+    .await;
+
+    // Unused for an hour by its history: removed by the first cycle.
+    eventually(secs(3), "the image with old history removed", || {
+        (!fake.removed().is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(fake.removed(), [old.id.as_str()]);
+
+    // Never seen before: imagegc cannot know how long it was unused, so it
+    // waits until it has itself watched for longer than max age.
+    tokio::time::sleep_until((started + secs(2)).into()).await;
+    assert_eq!(fake.removed(), [old.id.as_str()], "fresh is kept for the first 3s");
+    let removed_after = eventually(secs(8), "fresh removed by age", || {
+        fake.removed().contains(&fresh.id).then(|| started.elapsed())
+    })
+    .await;
+    assert!(removed_after > secs(3), "fresh was removed after {removed_after:?}");
+    // Counted once the daemon has the runtime's answer.
+    eventually(secs(5), "both removals counted with reason age", || {
+        let metrics = daemon.metrics.encode();
+        metric(&metrics, "image_garbage_collected_total{reason=\"age\"}")
+            .is_some_and(|n| n == 2.0)
+            .then_some(())
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Usage between cycles: polling and container events.
+
+#[tokio::test]
+async fn without_container_events_containers_are_polled_between_cycles() {
+    let fake = FakeRuntime::new();
+    let app = image("app", 1000);
+    fake.add_image(app.clone());
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+
+    eventually(secs(5), "the event stream tried", || {
+        (fake.count("GetContainerEvents") >= 1).then_some(())
+    })
+    .await;
+    let before = fake.count("ListContainers");
+    let polling_since = Instant::now();
+    eventually(secs(5), "two polls", || {
+        (fake.count("ListContainers") >= before + 2).then_some(())
+    })
+    .await;
+    assert!(
+        polling_since.elapsed() >= Duration::from_millis(900),
+        "polled every second, not faster"
+    );
+    assert_eq!(fake.count("ListImages"), 1, "one cycle, then only polling");
+    assert_eq!(fake.count("GetContainerEvents"), 1, "Unimplemented is final");
+
+    // A container that runs between cycles is seen by the next poll.
+    fake.add_container(container("c-app", &app));
+    let added = SystemTime::now();
+    let polls = fake.count("ListContainers");
+    eventually(secs(5), "a poll that sees the container", || {
+        (fake.count("ListContainers") > polls).then_some(())
+    })
+    .await;
+    fake.remove_container("c-app");
+    daemon.stop().await;
+    let last_used = load_records(&daemon.state_dir()).get(&app.id).unwrap().last_used;
+    assert!(
+        last_used + Duration::from_millis(100) >= added,
+        "app was used at {added:?}; the state says {last_used:?}"
+    );
+}
+
+/// Emits one event once the daemon's event stream is subscribed: an event
+/// emitted before that reaches no one.
+async fn emit_when_streaming(fake: &FakeRuntime, container_id: &str, kind: ContainerEventType, images: &[&str]) {
+    eventually(secs(10), "an open container event stream", || {
+        (fake.emit_event(container_id, kind, images) > 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn with_container_events_nothing_is_polled_and_an_event_triggers_a_relist() {
+    let fake = FakeRuntime::new();
+    fake.events_unimplemented(false);
+    let app = image("app", 1000);
+    fake.add_image(app.clone());
+    let _daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+
+    eventually(secs(5), "the event stream opened", || {
+        (fake.count("GetContainerEvents") >= 1).then_some(())
+    })
+    .await;
+    let before = fake.count("ListContainers");
+    tokio::time::sleep(secs(3)).await;
+    assert_eq!(fake.count("ListContainers"), before, "no polling while events stream");
+
+    fake.add_container(container("c-app", &app));
+    emit_when_streaming(
+        &fake,
+        "c-app",
+        ContainerEventType::ContainerStartedEvent,
+        &[&app.repo_tags[0]],
+    )
+    .await;
+    eventually(secs(5), "a container listing after the event", || {
+        (fake.count("ListContainers") > before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        fake.count("ListImages"),
+        1,
+        "an event re-lists containers, it is not a cycle"
+    );
+}
+
+#[tokio::test]
+async fn an_image_used_only_between_listings_is_marked_used_by_its_event() {
+    let fake = FakeRuntime::new();
+    fake.events_unimplemented(false);
+    let job = image("job", 1000);
+    fake.add_image(job.clone());
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    eventually(secs(5), "the event stream opened", || {
+        (fake.count("GetContainerEvents") >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // A short job: created, run and deleted before imagegc lists containers.
+    // Only its events tell that its image was used.
+    let used = SystemTime::now();
+    let before = fake.count("ListContainers");
+    emit_when_streaming(
+        &fake,
+        "c-job",
+        ContainerEventType::ContainerDeletedEvent,
+        &[&job.repo_tags[0]],
+    )
+    .await;
+    eventually(secs(5), "the event handled", || {
+        (fake.count("ListContainers") > before).then_some(())
+    })
+    .await;
+    daemon.stop().await;
+    let last_used = load_records(&daemon.state_dir()).get(&job.id).unwrap().last_used;
+    assert!(
+        last_used + Duration::from_millis(100) >= used,
+        "the job ran at {used:?}; the state says job was last used at {last_used:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_event_stream_is_reopened_after_the_runtime_restarts() {
+    let fake = FakeRuntime::new();
+    fake.events_unimplemented(false);
+    let app = image("app", 1000);
+    fake.add_image(app.clone());
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    eventually(secs(5), "the event stream opened", || {
+        (fake.count("GetContainerEvents") >= 1).then_some(())
+    })
+    .await;
+
+    let server = daemon.server.take().unwrap();
+    daemon.server = Some(server.restart().await.unwrap());
+    eventually(secs(10), "the event stream reopened", || {
+        (fake.count("GetContainerEvents") >= 2).then_some(())
+    })
+    .await;
+    let before = fake.count("ListContainers");
+    tokio::time::sleep(secs(2)).await;
+    let settled = fake.count("ListContainers");
+    emit_when_streaming(
+        &fake,
+        "c-app",
+        ContainerEventType::ContainerCreatedEvent,
+        &[&app.repo_tags[0]],
+    )
+    .await;
+    eventually(secs(5), "a container listing after the event", || {
+        (fake.count("ListContainers") > settled).then_some(())
+    })
+    .await;
+    assert!(
+        settled <= before + 1,
+        "polling stops once the stream is back ({before} -> {settled})"
+    );
+    assert!(daemon.health.is_ready());
+}
+
+// ---------------------------------------------------------------------------
+// The runtime going away.
+
+#[tokio::test]
+async fn a_runtime_that_goes_away_between_cycles_is_noticed_and_found_again() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("app", 1000));
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    eventually(secs(5), "ready", || daemon.health.is_ready().then_some(())).await;
+
+    let server = daemon.server.take().unwrap();
+    let socket = server.socket_path().to_path_buf();
+    server.shutdown().await;
+    eventually(secs(5), "not ready while the runtime is down", || {
+        (!daemon.health.is_ready()).then_some(())
+    })
+    .await;
+    eventually(secs(5), "imagegc_runtime_up 0 while the runtime is down", || {
+        daemon.metrics.encode().contains("imagegc_runtime_up 0").then_some(())
+    })
+    .await;
+
+    daemon.server = Some(fake.clone().serve(&socket).await.unwrap());
+    eventually(secs(10), "ready again once the runtime is back", || {
+        daemon.health.is_ready().then_some(())
+    })
+    .await;
+    assert!(daemon.metrics.encode().contains("imagegc_runtime_up 1"));
+}
+
+#[tokio::test]
+async fn a_runtime_that_is_down_at_start_is_retried_and_readiness_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("cri.sock");
+    let endpoint = format!("unix://{}", socket.display());
+    let config = dir.path().join("imagegc.toml");
+    let addr = free_local_addr();
+    Settings {
+        interval: "1h",
+        listen: Some(addr),
+        ..Settings::new(dir.path())
+    }
+    .write(&config);
+    let mut daemon = Daemon::spawn(&config, &endpoint, &dir.path().join("state"), Some(addr));
+
+    assert_eq!(daemon.get("/readyz").await.0, 503);
+    assert_eq!(
+        daemon.get("/healthz").await.0,
+        200,
+        "alive while waiting for the runtime"
+    );
+    // Two failed attempts: the first cycle and a retry.
+    daemon.wait_logged("cycle failed", secs(5)).await;
+    let deadline = Instant::now() + secs(5);
+    while daemon.logged("cycle failed") < 2 {
+        assert!(Instant::now() < deadline, "no retry:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(daemon.get("/readyz").await.0, 503);
+    assert_eq!(daemon.metric("imagegc_runtime_up").await, Some(0.0));
+
+    let fake = FakeRuntime::new();
+    fake.add_image(image("app", 1000));
+    let _server = fake.clone().serve(&socket).await.unwrap();
+    let deadline = Instant::now() + secs(10);
+    while daemon.get("/readyz").await.0 != 200 {
+        assert!(Instant::now() < deadline, "not ready:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(fake.count("ListImages") > 0, "a cycle ran");
+    assert_eq!(daemon.metric("imagegc_runtime_up").await, Some(1.0));
+    assert_eq!(
+        daemon.logged("container runtime is not reachable"),
+        1,
+        "one warning per change, not per retry:\n{}",
+        daemon.stderr()
+    );
+    assert_eq!(daemon.logged("container runtime is reachable again"), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Dry run.
+
+#[tokio::test]
+async fn dry_run_in_the_configuration_removes_nothing_and_journals_what_it_would() {
+    let fake = FakeRuntime::new();
+    let (a, b) = (image("a", 1000), image("b", 1000));
+    fake.add_image(a.clone());
+    fake.add_image(b.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let state = dir.path().join("state");
+    let addr = free_local_addr();
+    Settings {
+        dry_run: true,
+        listen: Some(addr),
+        ..Settings::new(dir.path()).remove_everything()
+    }
+    .write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &state, Some(addr));
+
+    let deadline = Instant::now() + secs(10);
+    while daemon.metric("imagegc_cycles_total{result=\"failure\"}").await < Some(1.0) {
+        assert!(Instant::now() < deadline, "no cycle finished:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(daemon.metric("imagegc_dry_run").await, Some(1.0));
+    assert_eq!(
+        daemon.metric("image_garbage_collected_total{reason=\"space\"}").await,
+        Some(0.0)
+    );
+    assert_eq!(fake.count("RemoveImage"), 0);
+    assert!(fake.removed().is_empty());
+
+    let history = imagegc_json(&config, &server.endpoint(), &state, &["history"], 0).await;
+    let entries = history.as_array().expect("a list of removals");
+    let journaled: BTreeSet<&str> = entries.iter().filter_map(|e| e["image"].as_str()).collect();
+    assert_eq!(journaled, BTreeSet::from([a.id.as_str(), b.id.as_str()]));
+    assert!(entries.iter().all(|e| e["dry_run"] == true), "{history:#}");
+}
+
+#[tokio::test]
+async fn once_with_dry_run_removes_nothing_and_journals_what_it_would() {
+    let fake = FakeRuntime::new();
+    let (a, b) = (image("a", 1000), image("b", 1000));
+    fake.add_image(a.clone());
+    fake.add_image(b.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let state = dir.path().join("state");
+    Settings::new(dir.path()).remove_everything().write(&config);
+
+    // Low 0 cannot be reached: exit 3, after planning every candidate.
+    let report = imagegc_json(&config, &server.endpoint(), &state, &["once", "--dry-run"], 3).await;
+    assert_eq!(report["dry_run"], true);
+    let would: BTreeSet<&str> = report["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .collect();
+    assert_eq!(would, BTreeSet::from([a.id.as_str(), b.id.as_str()]));
+    assert_eq!(fake.count("RemoveImage"), 0);
+
+    let history = imagegc_json(&config, &server.endpoint(), &state, &["history"], 0).await;
+    let entries = history.as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{history:#}");
+    assert!(entries.iter().all(|e| e["dry_run"] == true), "{history:#}");
+}
+
+// ---------------------------------------------------------------------------
+// Metrics and probes.
+
+#[tokio::test]
+async fn metrics_after_a_cycle_that_removes_two_images_by_space() {
+    let fake = FakeRuntime::new();
+    let (a, b, web) = (image("a", 1000), image("b", 1000), image("web", 1000));
+    for i in [&a, &b, &web] {
+        fake.add_image(i.clone());
+    }
+    fake.add_container(container("c-web", &web));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let addr = free_local_addr();
+    Settings {
+        interval: "1h",
+        listen: Some(addr),
+        ..Settings::new(dir.path()).remove_everything()
+    }
+    .write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &dir.path().join("state"), Some(addr));
+
+    let deadline = Instant::now() + secs(10);
+    let body = loop {
+        let (status, body) = daemon.get("/metrics").await;
+        assert_eq!(status, 200);
+        if metric(&body, "imagegc_cycles_total{result=\"failure\"}") >= Some(1.0) {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no cycle finished:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let value = |series: &str| metric(&body, series).unwrap_or_else(|| panic!("no {series} in\n{body}"));
+    // Low 0 is never reached: every unused image goes and the cycle fails.
+    assert_eq!(value("image_garbage_collected_total{reason=\"space\"}"), 2.0);
+    assert_eq!(value("image_garbage_collected_total{reason=\"age\"}"), 0.0);
+    assert_eq!(value("imagegc_cycles_total{result=\"success\"}"), 0.0);
+    assert_eq!(value("imagegc_runtime_up"), 1.0);
+    assert_eq!(value("imagegc_images{state=\"in_use\"}"), 1.0);
+    assert_eq!(value("imagegc_dry_run"), 0.0);
+    assert_eq!(value("imagegc_high_threshold_ratio"), 0.01);
+    assert!(value("imagegc_image_filesystem_capacity_bytes") > 0.0);
+    assert_eq!(ids(&fake.removed()), BTreeSet::from([a.id.as_str(), b.id.as_str()]));
+    assert_eq!(daemon.get("/readyz").await.0, 200);
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+}
+
+// ---------------------------------------------------------------------------
+// Signals.
+
+/// A runtime with `n` unused images whose removal takes `removal` each.
+fn slow_runtime(n: usize, removal: Duration) -> FakeRuntime {
+    let fake = FakeRuntime::new();
+    for i in 0..n {
+        fake.add_image(image(&format!("img-{i:02}"), 1000));
+    }
+    fake.delay("RemoveImage", removal);
+    fake
+}
+
+#[tokio::test]
+async fn sigterm_in_the_middle_of_a_cycle_stops_after_the_current_removal_and_saves_state() {
+    let fake = slow_runtime(20, Duration::from_millis(1500));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let state = dir.path().join("state");
+    Settings {
+        interval: "1h",
+        ..Settings::new(dir.path()).remove_everything()
+    }
+    .write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &state, None);
+
+    eventually(secs(10), "the first removal", || {
+        (fake.count("RemoveImage") >= 1).then_some(())
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    let status = daemon
+        .exited_within(secs(10))
+        .await
+        .expect("exits within 10s of SIGTERM");
+    assert!(status.success(), "{status}:\n{}", daemon.stderr());
+    let removed = fake.removed();
+    assert!(
+        (1..=2).contains(&removed.len()),
+        "stops after the removal in progress, removed {removed:?}"
+    );
+    assert_eq!(
+        fake.count("RemoveImage"),
+        removed.len(),
+        "no removal was abandoned midway"
+    );
+
+    let records = load_records(&state);
+    for image in fake.images() {
+        assert!(records.get(&image.id).is_some(), "a record for {}", image.repo_tags[0]);
+    }
+    for id in &removed {
+        assert!(records.get(id).is_none(), "no record for the removed {id}");
+    }
+    assert_eq!(records.len(), 20 - removed.len());
+}
+
+#[tokio::test]
+async fn a_second_sigterm_exits_at_once() {
+    let fake = slow_runtime(20, secs(5));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let state = dir.path().join("state");
+    Settings {
+        interval: "1h",
+        ..Settings::new(dir.path()).remove_everything()
+    }
+    .write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &state, None);
+
+    eventually(secs(10), "the first removal", || {
+        (fake.count("RemoveImage") >= 1).then_some(())
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_logged("signal received", secs(5)).await;
+    assert!(daemon.running(), "the first SIGTERM waits for the removal in progress");
+    let second = Instant::now();
+    daemon.signal(libc::SIGTERM);
+    let status = daemon
+        .exited_within(secs(2))
+        .await
+        .expect("exits within 2s of the second SIGTERM");
+    assert!(second.elapsed() < secs(2));
+    assert!(!status.success(), "{status}");
+    assert!(fake.removed().is_empty(), "the removal in progress was still waiting");
+    assert!(
+        !matches!(
+            StateStore::new(&state).load(SystemTime::now(), secs(3600)),
+            Loaded::Corrupt { .. }
+        ),
+        "the state file is never left half written"
+    );
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_configuration_and_a_bad_one_is_refused() {
+    let fake = FakeRuntime::new();
+    let (a, b, c) = (image("a", 1000), image("b", 1000), image("c", 1000));
+    fake.add_image(a.clone());
+    fake.add_image(b.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    Settings::new(dir.path()).write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &dir.path().join("state"), None);
+
+    eventually(secs(10), "two cycles", || (fake.count("ListImages") >= 2).then_some(())).await;
+    assert!(fake.removed().is_empty(), "high 100 removes nothing");
+
+    Settings::new(dir.path()).remove_everything().write(&config);
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_logged("configuration reloaded", secs(5)).await;
+    eventually(secs(5), "removals under the new thresholds", || {
+        (fake.removed().len() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(ids(&fake.removed()), BTreeSet::from([a.id.as_str(), b.id.as_str()]));
+
+    // A file that would stop collection, were it not for the bad max_age.
+    std::fs::write(
+        &config,
+        "[gc]\ninterval = \"1s\"\nhigh_threshold_percent = 100\nmin_age = \"0s\"\nmax_age = \"soon\"\n",
+    )
+    .unwrap();
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_logged("configuration reload rejected", secs(5)).await;
+    let rejected = daemon
+        .stderr()
+        .lines()
+        .find(|l| l.contains("configuration reload rejected"))
+        .unwrap()
+        .to_string();
+    assert!(
+        rejected.contains("gc.max_age") && rejected.contains(&config.display().to_string()),
+        "the log names the file and the key: {rejected}"
+    );
+
+    // Still running, with the thresholds from before.
+    fake.add_image(c.clone());
+    eventually(secs(5), "the new image removed under the old thresholds", || {
+        fake.removed().contains(&c.id).then_some(())
+    })
+    .await;
+    assert!(daemon.running());
+}
