@@ -86,7 +86,7 @@ fn main() -> ExitCode {
         eprintln!(
             "this demo must be built with panic = \"unwind\", so that a failure still stops its containerd \
              and unmounts its filesystem; run scripts/demo.sh, or build it with \
-             CARGO_PROFILE_RELEASE_PANIC=unwind cargo build --release --bin imagegc --example demo"
+             cargo build --bin imagegc --example demo"
         );
         return ExitCode::FAILURE;
     }
@@ -129,7 +129,7 @@ fn imagegc_binary() -> Result<PathBuf, String> {
         .ok_or_else(|| format!("{} has no grandparent directory", exe.display()))?;
     if !binary.is_file() {
         return Err(format!(
-            "{} is missing: build it with `cargo build --release --bin imagegc --example demo` \
+            "{} is missing: build it with `cargo build --bin imagegc --example demo` \
              (scripts/demo.sh does)",
             binary.display()
         ));

@@ -29,6 +29,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y containerd runc gcc libc6-dev e2fsprogs
 fi
 
-# panic = "unwind": a failure in the demo must still run its cleanup.
-CARGO_PROFILE_RELEASE_PANIC=unwind cargo build --release --bin imagegc --example demo
-exec target/release/examples/demo
+# The dev profile: it builds several times faster than release, shares its
+# build with the tests, and unwinds on panic, so a failure in the demo still
+# runs its cleanup. Speed does not matter here: the runtime does the work.
+cargo build --bin imagegc --example demo
+exec target/debug/examples/demo
