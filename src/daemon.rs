@@ -108,12 +108,18 @@ pub async fn run<R: Runtime>(
                 debug!(reached, next_in_ms = (next_cycle - Instant::now()).as_millis() as u64, "next cycle scheduled");
             }
             () = sleep_until(next_poll), if polling && runtime_up == Some(true) => {
-                poll(&mut collector, &mut runtime_up, &health).await;
+                if !poll(&mut collector, &mut runtime_up, &health).await {
+                    next_cycle = next_cycle.min(Instant::now() + retry);
+                }
                 next_poll = Instant::now() + config.gc.usage_poll_interval;
             }
             event = next_event(&mut usage) => {
                 match event {
-                    Some(Ok(_)) => poll(&mut collector, &mut runtime_up, &health).await,
+                    Some(Ok(_)) => {
+                        if !poll(&mut collector, &mut runtime_up, &health).await {
+                            next_cycle = next_cycle.min(Instant::now() + retry);
+                        }
+                    }
                     Some(Err(err)) => {
                         debug!(error = %err, "container event stream broke; polling until it is back");
                         usage = UsageSource::Reconnect(Instant::now() + RETRY_FIRST, RETRY_FIRST);
@@ -171,15 +177,21 @@ fn note_runtime(state: &mut Option<bool>, up: bool, health: &Health, endpoint: &
     *state = Some(up);
 }
 
-async fn poll<R: Runtime>(collector: &mut Collector<R>, runtime_up: &mut Option<bool>, health: &Health) {
+/// Polls container use between cycles. Returns whether the runtime
+/// answered; when it did not, the caller brings the next cycle forward to
+/// the retry delay: polls pause while the runtime is down, and cycles are
+/// what notice it is back.
+async fn poll<R: Runtime>(collector: &mut Collector<R>, runtime_up: &mut Option<bool>, health: &Health) -> bool {
     match collector.poll_usage().await {
         Ok(images) => {
             debug!(images_in_use = images, "container usage polled");
             note_runtime(runtime_up, true, health, collector.runtime().endpoint());
+            true
         }
         Err(err) => {
             debug!(error = %err, "container poll failed");
             note_runtime(runtime_up, false, health, collector.runtime().endpoint());
+            false
         }
     }
 }
