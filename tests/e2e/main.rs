@@ -7,6 +7,7 @@
 //! `mkfs.ext4`, `losetup` and `gcc`; when any is missing they fail with the
 //! reason instead of skipping.
 
+mod chaos;
 mod inventory;
 // The support modules offer more than any one set of tests uses.
 #[allow(dead_code)]
