@@ -946,6 +946,11 @@ impl Daemon {
         self.dir().join("stderr.log")
     }
 
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Sends SIGTERM and waits for the exit; panics with the log's tail when
     /// the daemon does not exit within [`EXIT_TIMEOUT`].
     pub fn terminate(&mut self) -> ExitStatus {
@@ -1036,6 +1041,7 @@ impl Drop for Daemon {
 #[derive(Debug, Clone)]
 pub struct LogLine {
     pub time: Option<SystemTime>,
+    pub level: String,
     pub message: String,
     pub image: Option<String>,
     pub raw: String,
@@ -1054,6 +1060,7 @@ impl LogLine {
                 .get("timestamp")
                 .and_then(Value::as_str)
                 .and_then(|t| humantime::parse_rfc3339(t).ok()),
+            level: text(json.get("level")).unwrap_or_default(),
             message,
             image,
             raw: raw.to_string(),

@@ -9,6 +9,7 @@
 
 mod chaos;
 mod inventory;
+mod runtime_restart;
 // The support modules offer more than any one set of tests uses.
 #[allow(dead_code)]
 mod oci;
