@@ -343,8 +343,12 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// Lists containers and marks their images used now (between cycles).
+    /// Like a cycle's listing, it tells `imagegc_runtime_up` whether the
+    /// runtime answered: between cycles the poll is what notices an outage.
     pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
-        let containers = self.runtime.list_containers().await?;
+        let containers = self.runtime.list_containers().await;
+        self.metrics.set_runtime_up(containers.is_ok());
+        let containers = containers?;
         let in_use = InUse::new(&self.last_images, &containers);
         self.records.mark_used(in_use.image_ids(), self.clock.now());
         Ok(in_use.len())
@@ -703,6 +707,8 @@ mod tests {
         available: u64,
         fail_remove: Vec<String>,
         fail_stats: bool,
+        /// ListContainers fails while set: the runtime is down.
+        fail_lists: bool,
         removed: Vec<String>,
         /// Containers that appear right before the n-th ListContainers call.
         appear_at_list: Option<(usize, Container)>,
@@ -736,6 +742,13 @@ mod tests {
         }
         async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
             let mut sim = self.0.lock().unwrap();
+            if sim.fail_lists {
+                return Err(RuntimeError::Rpc {
+                    rpc: "ListContainers",
+                    endpoint: "unix:///sim.sock".to_string(),
+                    status: Box::new(tonic::Status::unavailable("injected outage")),
+                });
+            }
             sim.lists += 1;
             if let Some((n, c)) = sim.appear_at_list.clone()
                 && sim.lists == n
@@ -816,6 +829,26 @@ mod tests {
 
     async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
         c.cycle(&CancellationToken::new()).await
+    }
+
+    #[tokio::test]
+    async fn the_usage_poll_reports_runtime_reachability_in_the_metric() {
+        let sim = SimHandle::default();
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let runtime_up = |c: &Collector<SimHandle>| {
+            let text = c.metrics().encode();
+            text.lines()
+                .find(|l| l.starts_with("imagegc_runtime_up "))
+                .map(str::to_string)
+        };
+        assert!(c.poll_usage().await.is_ok());
+        assert_eq!(runtime_up(&c).as_deref(), Some("imagegc_runtime_up 1"));
+        sim.with(|s| s.fail_lists = true);
+        assert!(c.poll_usage().await.is_err());
+        assert_eq!(runtime_up(&c).as_deref(), Some("imagegc_runtime_up 0"));
+        sim.with(|s| s.fail_lists = false);
+        assert!(c.poll_usage().await.is_ok());
+        assert_eq!(runtime_up(&c).as_deref(), Some("imagegc_runtime_up 1"));
     }
 
     // KUBELET.md scenario 9: below the low threshold nothing is removed.

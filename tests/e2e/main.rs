@@ -7,8 +7,10 @@
 //! `mkfs.ext4`, `losetup` and `gcc`; when any is missing they fail with the
 //! reason instead of skipping.
 
+mod chaos;
 mod collector;
 mod inventory;
+mod runtime_restart;
 // The support modules offer more than any one set of tests uses.
 #[allow(dead_code)]
 mod oci;

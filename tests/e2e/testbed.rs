@@ -246,7 +246,12 @@ disabled_plugins = [
     }
 
     fn spawn_containerd(&mut self) {
-        let log = fs::File::create(self.log_path()).expect("creating the containerd log");
+        // Appending keeps the log of an earlier run when containerd is restarted.
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("opening the containerd log");
         let child = Command::new("containerd")
             .arg("--config")
             .arg(self.dir.join("config.toml"))
@@ -415,6 +420,15 @@ disabled_plugins = [
 
     /// Creates (does not start) a container running `image`'s entrypoint in `pod`.
     pub async fn create_container(&self, pod: &PodId, image: &str) -> ContainerId {
+        self.try_create_container(pod, image)
+            .await
+            .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, s))
+    }
+
+    /// [`TestBed::create_container`], returning the runtime's refusal instead
+    /// of failing the test: for tests in which the image may be removed
+    /// under the call.
+    pub async fn try_create_container(&self, pod: &PodId, image: &str) -> Result<ContainerId, tonic::Status> {
         let sandbox_config = self
             .pods
             .lock()
@@ -439,12 +453,8 @@ disabled_plugins = [
             }),
             sandbox_config: Some(sandbox_config),
         };
-        let response = self
-            .runtime_service()
-            .create_container(request)
-            .await
-            .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, s));
-        ContainerId(response.into_inner().container_id)
+        let response = self.runtime_service().create_container(request).await?;
+        Ok(ContainerId(response.into_inner().container_id))
     }
 
     pub async fn start_container(&self, container: &ContainerId) {
@@ -559,6 +569,26 @@ disabled_plugins = [
             .remove_image(request)
             .await
             .unwrap_or_else(|s| self.rpc_failed("RemoveImage", image, s));
+    }
+
+    /// Stops containerd (SIGTERM, SIGKILL after a grace period) and waits
+    /// for it to exit. Shims and containers keep running, as on a node whose
+    /// runtime restarts; [`TestBed::start_containerd`] brings it back.
+    pub fn stop_containerd(&mut self) {
+        let child = self.containerd.take().expect("containerd is running");
+        let mut notes = Vec::new();
+        stop_process(child, &mut notes);
+        for note in notes {
+            eprintln!("testbed {}: {note}", self.dir.display());
+        }
+    }
+
+    /// Starts containerd again on the same configuration, socket and
+    /// filesystem, and waits until it answers CRI.
+    pub async fn start_containerd(&mut self) {
+        assert!(self.containerd.is_none(), "containerd is already running");
+        self.spawn_containerd();
+        self.wait_until_ready().await;
     }
 
     /// The containerd log file.
