@@ -404,17 +404,12 @@ fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, problems: &mut 
         ));
     }
     config.eviction_imagefs_available = kubelet.eviction_imagefs_available;
-    let high = config.gc.high_threshold_percent;
-    if let Some(EvictionThreshold::Percent(available)) = kubelet.eviction_imagefs_available {
-        let evicts_at = 100.0 - available;
-        if available > 0.0 && f64::from(high) >= evicts_at {
-            config.warnings.push(format!(
-                "gc.high_threshold_percent {high}: collection starts at {high}% usage, but the kubelet \
-                 (evictionHard imagefs.available {available}% in {file}) evicts pods above {evicts_at}% usage; \
-                 set it below {evicts_at}"
-            ));
-        }
-    }
+    config.warnings.extend(eviction_warning(
+        "gc.high_threshold_percent",
+        config.gc.high_threshold_percent,
+        kubelet.eviction_imagefs_available,
+        &format!("evictionHard imagefs.available in {file}:"),
+    ));
 }
 
 fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Problems) {
@@ -810,18 +805,29 @@ fn kubelet_warnings(config: &Config, api_version: Option<&str>) -> Vec<String> {
          give imagegc its own configuration"
             .to_owned(),
     );
-    let high = config.gc.high_threshold_percent;
-    if let Some(EvictionThreshold::Percent(available)) = config.eviction_imagefs_available {
-        let evicts_at = 100.0 - available;
-        if available > 0.0 && f64::from(high) >= evicts_at {
-            warnings.push(format!(
-                "imageGCHighThresholdPercent {high}: space collection starts at {high}% usage, but evictionHard \
-                 imagefs.available {available}% makes the kubelet evict pods above {evicts_at}% usage; set it below \
-                 {evicts_at}"
-            ));
-        }
-    }
+    warnings.extend(eviction_warning(
+        "imageGCHighThresholdPercent",
+        config.gc.high_threshold_percent,
+        config.eviction_imagefs_available,
+        "evictionHard imagefs.available",
+    ));
     warnings
+}
+
+/// The warning due when collection would only start after the kubelet's
+/// percentage eviction threshold for the image filesystem (sizes need the
+/// measured capacity; the collector checks those).
+fn eviction_warning(key: &str, high: u8, eviction: Option<EvictionThreshold>, source: &str) -> Option<String> {
+    let Some(EvictionThreshold::Percent(available)) = eviction else {
+        return None;
+    };
+    let evicts_at = 100.0 - available;
+    (available > 0.0 && f64::from(high) >= evicts_at).then(|| {
+        format!(
+            "{key} {high}: space collection starts at {high}% usage, but {source} {available}% makes the kubelet \
+             evict pods above {evicts_at}% usage; set it below {evicts_at}"
+        )
+    })
 }
 
 /// A kubelet eviction threshold value: a percentage (`"15%"`) or a
@@ -1320,7 +1326,7 @@ mod tests {
         let config = write(enabled, 92).unwrap();
         assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
         assert!(config.warnings[0].contains("both the kubelet and imagegc would remove images"));
-        assert!(config.warnings[1].contains("evicts pods above 90% usage"));
+        assert!(config.warnings[1].contains("evict pods above 90% usage"));
         assert_eq!(config.kubelet_config.as_deref(), Some(kubelet.as_path()));
         let handed_over = "kind: KubeletConfiguration\nimageGCHighThresholdPercent: 100\nimageMaximumGCAge: 0s\n\
                            evictionHard:\n  imagefs.available: 10%\n";
