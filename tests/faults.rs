@@ -3,7 +3,12 @@
 //!
 //! - [`hung`]: a runtime that stops answering, call by call;
 //! - [`removals`]: removals the runtime refuses;
+//! - [`state_files`]: corrupt, unreadable, missing, full and read-only state
+//!   (the real binary, with a tmpfs image filesystem);
 //! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data.
+//!
+//! Some tests mount tmpfs filesystems and so need root, like the end-to-end
+//! tests; they fail with the reason rather than skip.
 
 #[path = "faults/hung.rs"]
 mod hung;
@@ -11,5 +16,7 @@ mod hung;
 mod odd_data;
 #[path = "faults/removals.rs"]
 mod removals;
+#[path = "faults/state_files.rs"]
+mod state_files;
 #[path = "faults/support.rs"]
 mod support;

@@ -1,8 +1,12 @@
 //! What the fault tests share: image and container builders, a simulated
-//! image filesystem, a collector wired to it, and the fake runtime served on
-//! its own thread (for tests that run the `imagegc` binary against it).
+//! image filesystem, a collector wired to it, the fake runtime served on its
+//! own thread (for tests that run the `imagegc` binary against it), and tmpfs
+//! mounts that unmount themselves.
 
 use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -309,4 +313,89 @@ pub fn describe(output: &Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+/// A tmpfs mounted for one test; unmounted (lazily, if still busy) when
+/// dropped, also when the test panics. Needs root, like the end-to-end tests.
+pub struct Tmpfs {
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(path: &Path, size_bytes: u64) -> Self {
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "mounting a tmpfs needs root: run the tests as root (scripts/test.sh does)"
+        );
+        fs::create_dir_all(path).unwrap();
+        let source = CString::new("tmpfs").unwrap();
+        let target = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let options = CString::new(format!("size={size_bytes},mode=0700")).unwrap();
+        let rc = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                source.as_ptr(),
+                0,
+                options.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mount -t tmpfs {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `mount -o remount,ro`.
+    pub fn remount_read_only(&self) {
+        let target = CString::new(self.path.as_os_str().as_bytes()).unwrap();
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | libc::MS_RDONLY,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "remount read-only: {}", std::io::Error::last_os_error());
+    }
+
+    /// Writes a file until the filesystem is full; returns its path.
+    pub fn fill(&self) -> PathBuf {
+        let path = self.path.join("filler");
+        let mut file = fs::File::create(&path).unwrap();
+        let chunk = vec![0xa5u8; 4096];
+        loop {
+            match std::io::Write::write(&mut file, &chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(err) => panic!("filling {}: {err}", self.path.display()),
+            }
+        }
+        // A few bytes may still fit in the last partial page: take them too.
+        while matches!(std::io::Write::write(&mut file, &[0u8]), Ok(1)) {}
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target = CString::new(self.path.as_os_str().as_bytes()).unwrap();
+        let rc = unsafe { libc::umount2(target.as_ptr(), 0) };
+        if rc != 0 {
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }
