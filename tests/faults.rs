@@ -5,11 +5,14 @@
 //! - [`removals`]: removals the runtime refuses;
 //! - [`state_files`]: corrupt, unreadable, missing, full and read-only state
 //!   (the real binary, with a tmpfs image filesystem);
+//! - [`clock`]: wall-clock jumps forward and back;
 //! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data.
 //!
 //! Some tests mount tmpfs filesystems and so need root, like the end-to-end
 //! tests; they fail with the reason rather than skip.
 
+#[path = "faults/clock.rs"]
+mod clock;
 #[path = "faults/hung.rs"]
 mod hung;
 #[path = "faults/odd_data.rs"]
