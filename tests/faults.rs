@@ -5,6 +5,7 @@
 //! - [`removals`]: removals the runtime refuses;
 //! - [`state_files`]: corrupt, unreadable, missing, full and read-only state
 //!   (the real binary, with a tmpfs image filesystem);
+//! - [`crash`]: SIGKILL in the middle of saves;
 //! - [`clock`]: wall-clock jumps forward and back;
 //! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data.
 //!
@@ -13,6 +14,8 @@
 
 #[path = "faults/clock.rs"]
 mod clock;
+#[path = "faults/crash.rs"]
+mod crash;
 #[path = "faults/hung.rs"]
 mod hung;
 #[path = "faults/odd_data.rs"]

@@ -1,7 +1,8 @@
 //! What the fault tests share: image and container builders, a simulated
 //! image filesystem, a collector wired to it, the fake runtime served on its
-//! own thread (for tests that run the `imagegc` binary against it), and tmpfs
-//! mounts that unmount themselves.
+//! own thread (for tests that run the `imagegc` binary against it), tmpfs
+//! mounts that unmount themselves, and re-running this test binary as a
+//! child process.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -397,5 +398,45 @@ impl Drop for Tmpfs {
         if rc != 0 {
             unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
         }
+    }
+}
+
+/// Runs one test of this binary in a child process with `env` set, and
+/// returns it running (stdout piped, stderr inherited). The test named must
+/// look at `env` and do its child's work only when it is set.
+pub fn spawn_self(test: &str, env: &[(&str, &str)]) -> std::process::Child {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = Command::new(exe);
+    command
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.spawn().expect("re-running the test binary")
+}
+
+/// A small xorshift generator: reproducible randomness without a crate.
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn new(seed: u64) -> Self {
+        XorShift(seed.max(1))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform enough in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
     }
 }
