@@ -7,6 +7,7 @@
 //!   (the real binary, with a tmpfs image filesystem);
 //! - [`crash`]: SIGKILL in the middle of saves;
 //! - [`clock`]: wall-clock jumps forward and back;
+//! - [`scale`]: 50,000 images and 20,000 containers;
 //! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data.
 //!
 //! Some tests mount tmpfs filesystems and so need root, like the end-to-end
@@ -22,6 +23,8 @@ mod hung;
 mod odd_data;
 #[path = "faults/removals.rs"]
 mod removals;
+#[path = "faults/scale.rs"]
+mod scale;
 #[path = "faults/state_files.rs"]
 mod state_files;
 #[path = "faults/support.rs"]

@@ -418,6 +418,16 @@ pub fn spawn_self(test: &str, env: &[(&str, &str)]) -> std::process::Child {
     command.spawn().expect("re-running the test binary")
 }
 
+/// The peak resident set size of this process so far (`VmHWM`), in KiB.
+pub fn peak_rss_kib() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// A small xorshift generator: reproducible randomness without a crate.
 pub struct XorShift(u64);
 
