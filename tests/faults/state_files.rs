@@ -32,12 +32,14 @@ const TEN_DAYS: Duration = Duration::from_secs(10 * 86_400);
 /// A node: the fake runtime served, its image filesystem, a state directory
 /// and a configuration file (max age 1m, high 50, low 35, min age 0).
 struct Node {
-    _dir: tempfile::TempDir,
     fake: FakeRuntime,
     served: ServedOnThread,
     _imagefs: Tmpfs,
     state_dir: PathBuf,
     config: PathBuf,
+    /// Last: fields drop in order, and the tmpfs must be unmounted before
+    /// the directory holding its mount point is removed.
+    _dir: tempfile::TempDir,
 }
 
 impl Node {
@@ -73,12 +75,12 @@ impl Node {
         )
         .unwrap();
         Node {
-            _dir: dir,
             fake,
             served,
             _imagefs: imagefs,
             state_dir,
             config,
+            _dir: dir,
         }
     }
 
