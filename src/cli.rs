@@ -560,7 +560,8 @@ impl PlanView {
         } else {
             0
         };
-        let age_freed: u64 = plan.age.iter().map(|c| c.size).sum();
+        // Sizes are the runtime's word: absurd ones must not overflow.
+        let age_freed = plan.age.iter().fold(0u64, |sum, c| sum.saturating_add(c.size));
         let mut left = bytes_to_free.saturating_sub(age_freed);
         let mut expected = 0;
         for c in &plan.space {
@@ -822,6 +823,30 @@ mod tests {
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(230 * 1024 * 1024), "230.0 MiB");
+    }
+
+    #[test]
+    fn plan_view_adds_absurd_sizes_without_overflow() {
+        let candidate = |id: &str| crate::policy::Candidate {
+            id: id.to_string(),
+            tags: Vec::new(),
+            digests: Vec::new(),
+            size: u64::MAX,
+            first_seen: SystemTime::UNIX_EPOCH,
+            last_used: SystemTime::UNIX_EPOCH,
+            reason: crate::policy::Reason::Age,
+        };
+        let plan = Plan {
+            age: vec![candidate("a"), candidate("b")],
+            ..Default::default()
+        };
+        let fs = FsStats {
+            capacity_bytes: 100,
+            ..Default::default()
+        };
+        let view = PlanView::new(&Snapshot::default(), &plan, Some(&fs), &Config::default());
+        assert!(view.space_pass);
+        assert_eq!(view.expected, 0);
     }
 
     #[test]

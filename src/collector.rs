@@ -1,7 +1,9 @@
 //! One collection cycle, executed.
 //!
 //! 1. List images, containers (all states) and the sandbox image; update the
-//!    records; plan.
+//!    records; plan. When `Status` fails before the sandbox image was ever
+//!    learnt, the cycle ends here: that image could not be told from an
+//!    unused one.
 //! 2. Age pass: remove every age candidate (reason `age`).
 //! 3. Measure the image filesystem. When usage is at or above the high
 //!    threshold, remove space candidates in order (reason `space`),
@@ -141,6 +143,9 @@ pub struct Collector<R> {
     /// Images of the last listing, to resolve container references between cycles.
     last_images: Vec<Image>,
     sandbox_image: Option<String>,
+    /// Why `Status` failed while no sandbox image was known yet: the sandbox
+    /// image cannot be told from an unused image then, so nothing is removed.
+    sandbox_unknown: Option<String>,
     /// Names of images this collector removed, with when: an image that
     /// comes back under one of them within `gc.thrash_window` was re-pulled.
     recently_removed: Vec<(SystemTime, Vec<String>)>,
@@ -192,6 +197,7 @@ impl<R: Runtime> Collector<R> {
             health: None,
             last_images: Vec::new(),
             sandbox_image: None,
+            sandbox_unknown: None,
             recently_removed: Vec::new(),
             eviction_checked: false,
         }
@@ -296,11 +302,15 @@ impl<R: Runtime> Collector<R> {
             }
         };
         self.metrics.set_runtime_up(true);
+        self.sandbox_unknown = None;
         match self.runtime.status().await {
             Ok(status) => {
                 if status.sandbox_image.is_some() {
                     self.sandbox_image = status.sandbox_image;
                 }
+            }
+            Err(err) if self.sandbox_image.is_none() && !err.is_unimplemented() => {
+                self.sandbox_unknown = Some(err.to_string());
             }
             Err(err) => debug!(error = %err, "runtime status unavailable; keeping the last known sandbox image"),
         }
@@ -408,6 +418,13 @@ impl<R: Runtime> Collector<R> {
         let snapshot = self.observe().await.map_err(|e| e.to_string())?;
         report.runtime_reached = true;
         self.heartbeat();
+        if let Some(err) = &self.sandbox_unknown {
+            // containerd 1.6 neither pins its pause image nor lists it under a
+            // container: without Status it would look unused.
+            return Err(format!(
+                "cannot learn the runtime's sandbox image ({err}); nothing is removed until Status answers"
+            ));
+        }
         let now = self.clock.now();
         let plan = policy::plan(&snapshot, &self.records, config, now, self.clock.started());
         self.metrics.set_images(
@@ -709,6 +726,7 @@ mod tests {
         fail_stats: bool,
         /// ListContainers fails while set: the runtime is down.
         fail_lists: bool,
+        fail_status: bool,
         removed: Vec<String>,
         /// Containers that appear right before the n-th ListContainers call.
         appear_at_list: Option<(usize, Container)>,
@@ -735,6 +753,13 @@ mod tests {
             Ok(RuntimeVersion::default())
         }
         async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+            if self.0.lock().unwrap().fail_status {
+                return Err(RuntimeError::Rpc {
+                    rpc: "Status",
+                    endpoint: "unix:///sim.sock".to_string(),
+                    status: Box::new(tonic::Status::internal("injected failure")),
+                });
+            }
             Ok(RuntimeStatus::default())
         }
         async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
@@ -955,6 +980,29 @@ mod tests {
         let report = cycle(&mut c).await;
         assert_eq!(report.became_in_use, ["a"]);
         assert_eq!(sim.removed(), ["b"]);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_removed_while_status_never_answered() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("pause", 100)];
+            s.on_disk.insert("pause".into(), 100);
+            (s.capacity, s.available) = (1000, 0);
+            s.fail_status = true;
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert!(
+            matches!(report.outcome, Outcome::Failed(ref e) if e.contains("sandbox image")),
+            "{:?}",
+            report.outcome
+        );
+        assert!(sim.removed().is_empty());
+        // Once Status answered (here: without a sandbox image), cycles run.
+        sim.with(|s| s.fail_status = false);
+        cycle(&mut c).await;
+        assert_eq!(sim.removed(), ["pause"]);
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, BufRead, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -90,7 +90,9 @@ impl Journal {
 
     fn try_append(&self, entry: &JournalEntry) -> io::Result<()> {
         if let Some(dir) = self.path.parent() {
-            fs::create_dir_all(dir)?;
+            // The state directory is private (see `crate::state`); the
+            // journal may be the first to create it.
+            fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
         }
         if fs::symlink_metadata(&self.path).is_ok_and(|m| m.len() >= ROTATE_BYTES) {
             fs::rename(&self.path, &self.rotated)?;
@@ -178,6 +180,15 @@ mod tests {
         assert!(dir.path().join("removals.jsonl.1").exists());
         assert!(fs::metadata(journal.path()).unwrap().len() < 1000);
         assert_eq!(journal.read(None).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_missing_state_directory_is_created_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        Journal::new(&state).append(&JournalEntry::from_removal(&removal("a"), SystemTime::now()));
+        assert_eq!(fs::metadata(&state).unwrap().permissions().mode() & 0o777, 0o700);
     }
 
     #[test]

@@ -16,7 +16,10 @@
 //! Writes go to a fresh temporary file (created with `O_EXCL|O_NOFOLLOW`,
 //! mode 0600), which is fsynced, renamed over the old file, and the directory
 //! fsynced: after a crash at any point the file is either the previous
-//! complete state or the new one. The directory is created 0700.
+//! complete state or the new one. The directory is created 0700. The
+//! temporary file's name carries the writer's pid; the next save removes
+//! those of writers that no longer run (killed mid-save), so they do not
+//! pile up across crashes.
 //!
 //! A missing file is a fresh start. A file that cannot be read or does not
 //! verify is renamed aside to `records.state.corrupt-<unix seconds>` and the
@@ -210,6 +213,7 @@ impl StateStore {
             path: path.to_path_buf(),
             source,
         };
+        self.remove_stale_temporaries();
         let tmp = self.dir.join(format!(".{FILE_NAME}.tmp-{}", std::process::id()));
         // A leftover temporary file from a crashed writer with our pid (or a
         // planted link) is removed, never followed.
@@ -233,6 +237,36 @@ impl StateStore {
         }
         Ok(())
     }
+
+    /// Removes the temporary files of writers that no longer run. One of a
+    /// live process (an `imagegc once` beside the daemon) is left alone; one
+    /// whose pid is not visible here (another pid namespace) may be removed,
+    /// which makes that writer's save fail, never the state file torn.
+    fn remove_stale_temporaries(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let prefix = format!(".{FILE_NAME}.tmp-");
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&prefix))
+                .and_then(|pid| pid.parse::<libc::pid_t>().ok());
+            if let Some(pid) = pid
+                && pid > 0
+                && !process_exists(pid)
+            {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 sends nothing; it only checks that the pid exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 fn read_limited(path: &Path) -> io::Result<Vec<u8>> {
@@ -463,6 +497,25 @@ mod tests {
         assert_eq!(fs::read(&victim).unwrap(), b"precious");
         assert!(!fs::symlink_metadata(store.path()).unwrap().file_type().is_symlink());
         assert!(matches!(store.load(t(2), Duration::ZERO), Loaded::Records { .. }));
+    }
+
+    #[test]
+    fn temporaries_of_writers_that_no_longer_run_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        // A child that has exited and been reaped: its pid runs no more.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let leftover = dir.path().join(format!(".{FILE_NAME}.tmp-{dead}"));
+        fs::write(&leftover, b"half a state").unwrap();
+        // pid 1 always runs: its file may belong to a live writer.
+        let live = dir.path().join(format!(".{FILE_NAME}.tmp-1"));
+        fs::write(&live, b"being written").unwrap();
+        store.save(&sample(), t(0)).unwrap();
+        assert!(!leftover.exists());
+        assert!(live.exists());
+        assert!(matches!(store.load(t(1), Duration::ZERO), Loaded::Records { .. }));
     }
 
     #[test]

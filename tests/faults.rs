@@ -1,0 +1,31 @@
+//! imagegc under faults and bad input. Each test injects one fault and checks
+//! what a user would check: nothing wrong removed, nothing lost.
+//!
+//! - [`hung`]: a runtime that stops answering, call by call;
+//! - [`removals`]: removals the runtime refuses;
+//! - [`state_files`]: corrupt, unreadable, missing, full and read-only state
+//!   (the real binary, with a tmpfs image filesystem);
+//! - [`crash`]: SIGKILL in the middle of saves;
+//! - [`clock`]: wall-clock jumps forward and back;
+//! - [`scale`]: 50,000 images and 20,000 containers;
+//! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data.
+//!
+//! Some tests mount tmpfs filesystems and so need root, like the end-to-end
+//! tests; they fail with the reason rather than skip.
+
+#[path = "faults/clock.rs"]
+mod clock;
+#[path = "faults/crash.rs"]
+mod crash;
+#[path = "faults/hung.rs"]
+mod hung;
+#[path = "faults/odd_data.rs"]
+mod odd_data;
+#[path = "faults/removals.rs"]
+mod removals;
+#[path = "faults/scale.rs"]
+mod scale;
+#[path = "faults/state_files.rs"]
+mod state_files;
+#[path = "faults/support.rs"]
+mod support;

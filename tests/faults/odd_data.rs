@@ -1,0 +1,410 @@
+//! Odd but possible runtime data: duplicate listings, dangling images, a tag
+//! that moves between images, containers naming images that do not exist,
+//! sizes of zero or of absurd magnitude, a filesystem reporting no capacity.
+//! The planner cases are table-driven; the rest run whole cycles over a
+//! scripted runtime that can list whatever a test says (the fake gRPC runtime
+//! keys images by id, so it cannot list one twice).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use imagegc::collector::Outcome;
+use imagegc::cri::fake::FakeRuntime;
+use imagegc::cri::{Container, EventStream, Image, ImageFsUsage, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use imagegc::policy::{self, KeepReason, Reason, Snapshot};
+use imagegc::records::Records;
+use imagegc::state::StateStore;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{self, ServedOnThread, SimDisk, container_using, describe, image, imagegc};
+
+/// A runtime answering from lists the test controls. A removal takes every
+/// listed image with that id and frees its bytes on the [`SimDisk`].
+#[derive(Clone)]
+struct Scripted(Arc<Mutex<Script>>);
+
+struct Script {
+    images: Vec<Image>,
+    containers: Vec<Container>,
+    removals: Vec<String>,
+    disk: SimDisk,
+}
+
+impl Scripted {
+    fn new(images: Vec<Image>, containers: Vec<Container>, disk: &SimDisk) -> Self {
+        Scripted(Arc::new(Mutex::new(Script {
+            images,
+            containers,
+            removals: Vec::new(),
+            disk: disk.clone(),
+        })))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Script) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn removals(&self) -> Vec<String> {
+        self.with(|s| s.removals.clone())
+    }
+}
+
+impl Runtime for Scripted {
+    fn endpoint(&self) -> &str {
+        "unix:///scripted.sock"
+    }
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        Ok(RuntimeVersion::default())
+    }
+    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+        Ok(RuntimeStatus::default())
+    }
+    async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
+        Ok(self.with(|s| s.images.clone()))
+    }
+    async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
+        Ok(self.with(|s| s.containers.clone()))
+    }
+    async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
+        Ok(Vec::new())
+    }
+    async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+        self.with(|s| {
+            s.removals.push(id.to_string());
+            s.images.retain(|i| i.id != id);
+            s.disk.release(id);
+        });
+        Ok(())
+    }
+    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+        Err(RuntimeError::Rpc {
+            rpc: "GetContainerEvents",
+            endpoint: self.endpoint().to_string(),
+            status: Box::new(tonic::Status::unimplemented("scripted")),
+        })
+    }
+}
+
+fn dangling(name: &str, size: u64) -> Image {
+    Image {
+        repo_tags: Vec::new(),
+        repo_digests: Vec::new(),
+        ..image(name, size)
+    }
+}
+
+fn with_tags(name: &str, tags: &[&str]) -> Image {
+    Image {
+        repo_tags: tags.iter().map(|t| t.to_string()).collect(),
+        ..image(name, 100)
+    }
+}
+
+fn ids(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| image(n, 0).id).collect()
+}
+
+#[test]
+fn the_planner_on_odd_listings() {
+    struct Case {
+        name: &'static str,
+        images: Vec<Image>,
+        containers: Vec<Container>,
+        space: &'static [&'static str],
+        in_use: &'static [&'static str],
+    }
+    let unknown = |id: &str, image: &str, image_ref: &str, image_id: &str| Container {
+        id: id.to_string(),
+        image: image.to_string(),
+        image_ref: image_ref.to_string(),
+        image_id: image_id.to_string(),
+        ..Default::default()
+    };
+    let cases = vec![
+        Case {
+            name: "an id listed twice is planned once",
+            images: vec![image("a", 100), with_tags("a", &["other:1"]), image("b", 100)],
+            containers: vec![],
+            space: &["a", "b"],
+            in_use: &[],
+        },
+        Case {
+            name: "a container naming the second listing's tag keeps the id",
+            images: vec![image("a", 100), with_tags("a", &["other:1"]), image("b", 100)],
+            containers: vec![unknown("c", "other:1", "", "")],
+            space: &["b"],
+            in_use: &["a"],
+        },
+        Case {
+            name: "a dangling image (no tag, no digest) is a candidate",
+            images: vec![dangling("d", 100), image("b", 100)],
+            containers: vec![],
+            space: &["b", "d"],
+            in_use: &[],
+        },
+        Case {
+            name: "containers naming unknown or empty references change nothing",
+            images: vec![image("a", 100)],
+            containers: vec![
+                unknown("c1", "nowhere:1", "sha256:ffff", "sha256:eeee"),
+                unknown("c2", "", "", ""),
+                unknown("c3", "@", ":", "sha256:"),
+                unknown("c4", "registry.example.com/team/a", "docker.io/library/a:1.0", "a"),
+                unknown("c5", &"x".repeat(100_000), "::::@@@@", "\u{0}\u{ffff}"),
+            ],
+            space: &["a"],
+            in_use: &[],
+        },
+        Case {
+            name: "a size of 0 is still a candidate",
+            images: vec![image("z", 0), image("b", 100)],
+            containers: vec![],
+            space: &["b", "z"],
+            in_use: &[],
+        },
+        Case {
+            name: "one tag on two images (mid-move): a container naming it keeps both",
+            images: vec![
+                with_tags("old", &["app:v1"]),
+                with_tags("new", &["app:v1"]),
+                image("b", 1),
+            ],
+            containers: vec![unknown("c", "app:v1", "", "")],
+            space: &["b"],
+            in_use: &["new", "old"],
+        },
+        Case {
+            name: "sizes of u64::MAX are planned without overflow",
+            images: vec![image("h1", u64::MAX), image("h2", u64::MAX)],
+            containers: vec![],
+            space: &["h1", "h2"],
+            in_use: &[],
+        },
+    ];
+    for case in cases {
+        let snapshot = Snapshot {
+            images: case.images,
+            containers: case.containers,
+            sandbox_image: None,
+        };
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut records = Records::new();
+        records.observe(&snapshot.images, &snapshot.containers, t0);
+        let config = support::config(std::path::Path::new("/nonexistent"));
+        let plan = policy::plan(&snapshot, &records, &config, t0 + Duration::from_secs(60), t0);
+        let mut space: Vec<String> = plan.space.iter().map(|c| c.id.clone()).collect();
+        space.sort();
+        let mut expected = ids(case.space);
+        expected.sort();
+        assert_eq!(space, expected, "{}: space candidates", case.name);
+        let mut in_use: Vec<String> = plan
+            .kept
+            .iter()
+            .filter(|k| matches!(k.why, KeepReason::InUse { .. }))
+            .map(|k| k.id.clone())
+            .collect();
+        in_use.sort();
+        let mut expected = ids(case.in_use);
+        expected.sort();
+        assert_eq!(in_use, expected, "{}: in use", case.name);
+        assert!(plan.age.is_empty(), "{}", case.name);
+    }
+}
+
+#[tokio::test]
+async fn an_image_listed_twice_is_removed_once() {
+    let disk = SimDisk::new(1000, 0);
+    for name in ["a", "b"] {
+        disk.occupy(&image(name, 0).id, 100);
+    }
+    let runtime = Scripted::new(
+        vec![image("a", 100), with_tags("a", &["other:1"]), image("b", 100)],
+        vec![],
+        &disk,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
+    let report = collector.cycle(&CancellationToken::new()).await;
+    // 200 bytes come back, 200 were needed.
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(runtime.removals(), ids(&["a", "b"]));
+    assert_eq!(report.removed.len(), 2);
+}
+
+#[tokio::test]
+async fn a_tag_moving_to_a_new_image_keeps_records_by_id_and_the_container_keeps_its_image() {
+    let disk = SimDisk::new(1000, 900);
+    let old = with_tags("old", &["registry.example.com/team/app:v1"]);
+    disk.occupy(&old.id, 400);
+    let runtime = Scripted::new(vec![old.clone()], vec![container_using("c1", &old)], &disk);
+    let dir = tempfile::tempdir().unwrap();
+    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
+    collector.cycle(&CancellationToken::new()).await;
+    let old_first_seen = collector.records().get(&old.id).unwrap().first_seen;
+
+    // `app:v1` is pulled again and now names a new image; the old one is
+    // dangling but its container (by image_ref, the id) still exists. The
+    // disk is full.
+    let new = with_tags("new", &["registry.example.com/team/app:v1"]);
+    disk.occupy(&new.id, 400);
+    runtime.with(|s| s.images = vec![dangling("old", 100), new.clone()]);
+    disk.set_available(0);
+    let report = collector.cycle(&CancellationToken::new()).await;
+    assert!(report.removed.is_empty(), "{:?}", report.removed);
+    assert!(
+        runtime.removals().is_empty(),
+        "the container's image (by id) and the tag's image both stay"
+    );
+    let old_record = collector.records().get(&old.id).unwrap();
+    assert_eq!(old_record.first_seen, old_first_seen, "the record stays keyed by id");
+    assert!(old_record.tags.is_empty(), "the record follows the tag move");
+    let new_record = collector.records().get(&new.id).unwrap();
+    assert!(new_record.first_seen > old_first_seen);
+    assert_eq!(new_record.tags, new.repo_tags);
+
+    // The pod goes: the older image goes first, and it is enough.
+    runtime.with(|s| s.containers.clear());
+    let report = collector.cycle(&CancellationToken::new()).await;
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(runtime.removals(), std::slice::from_ref(&old.id));
+}
+
+#[tokio::test]
+async fn containers_naming_unknown_images_do_not_disturb_a_cycle() {
+    let disk = SimDisk::new(1000, 0);
+    disk.occupy(&image("a", 0).id, 500);
+    let weird = |id: &str, r: &str| Container {
+        id: id.to_string(),
+        image: r.to_string(),
+        image_ref: r.to_string(),
+        image_id: r.to_string(),
+        ..Default::default()
+    };
+    let runtime = Scripted::new(
+        vec![image("a", 100), image("held", 100)],
+        vec![
+            weird("c1", "sha256:does-not-exist"),
+            weird("c2", ""),
+            weird("c3", "@@::"),
+            container_using("c4", &image("held", 0)),
+        ],
+        &disk,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
+    let report = collector.cycle(&CancellationToken::new()).await;
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(runtime.removals(), ids(&["a"]));
+}
+
+#[tokio::test]
+async fn a_size_of_zero_still_frees_what_the_disk_measures() {
+    // The runtime reports 0 bytes; the image really holds 300.
+    let disk = SimDisk::new(1000, 0);
+    disk.occupy(&image("z", 0).id, 300);
+    let runtime = Scripted::new(vec![image("z", 0)], vec![], &disk);
+    let dir = tempfile::tempdir().unwrap();
+    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
+    let report = collector.cycle(&CancellationToken::new()).await;
+    assert_eq!(
+        report.outcome,
+        Outcome::Success,
+        "the measured disk says low is reached"
+    );
+    assert_eq!(runtime.removals(), ids(&["z"]));
+    assert_eq!(report.removed[0].size, 0);
+    assert_eq!(report.removed[0].freed_bytes, Some(300));
+}
+
+#[tokio::test]
+async fn a_filesystem_of_zero_capacity_fails_the_cycle_and_nothing_goes_for_space() {
+    let disk = SimDisk::new(1000, 0);
+    disk.report_zero_capacity();
+    let old = image("old", 100);
+    let runtime = Scripted::new(vec![old.clone(), image("a", 100), image("b", 100)], vec![], &disk);
+    let dir = tempfile::tempdir().unwrap();
+    // One image unused for two hours by a history the collector trusts.
+    let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+    StateStore::new(dir.path())
+        .save(
+            &support::records([support::history(&old, two_hours_ago, two_hours_ago)]),
+            SystemTime::now(),
+        )
+        .unwrap();
+    let mut config = support::config(dir.path());
+    config.gc.max_age = Duration::from_secs(3600);
+    let mut collector = support::collector(runtime.clone(), &disk, config);
+    let report = collector.cycle(&CancellationToken::new()).await;
+    match &report.outcome {
+        Outcome::Failed(err) => assert!(err.contains("capacity of 0"), "{err}"),
+        other => panic!("expected a failed cycle, got {other:?}"),
+    }
+    // Age removal does not depend on the disk; space removal does.
+    assert_eq!(runtime.removals(), std::slice::from_ref(&old.id));
+    assert!(report.removed.iter().all(|r| r.reason == Reason::Age));
+    assert!(!report.space_pass);
+}
+
+/// A dangling image reads `<none>` in `imagegc images` and is a candidate
+/// in `imagegc plan`; sizes of u64::MAX do not overflow what `plan` adds up.
+#[test]
+fn dangling_images_show_as_none_and_absurd_sizes_do_not_overflow_plan() {
+    let fake = FakeRuntime::new();
+    fake.add_image(dangling("d", 5_000));
+    fake.add_image(image("h1", u64::MAX));
+    fake.add_image(image("h2", u64::MAX));
+    let served = ServedOnThread::start(fake);
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    // h1 and h2 are old by a trusted history: age candidates, summed by plan.
+    let long_ago = SystemTime::now() - Duration::from_secs(86_400);
+    StateStore::new(&state_dir)
+        .save(
+            &support::records(["h1", "h2"].map(|n| support::history(&image(n, u64::MAX), long_ago, long_ago))),
+            SystemTime::now(),
+        )
+        .unwrap();
+    let config = dir.path().join("imagegc.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gc]\nhigh_threshold_percent = 1\nlow_threshold_percent = 0\nmin_age = \"0s\"\nmax_age = \"1h\"\n\
+             image_fs_path = {:?}\n\n[metrics]\nlisten = \"\"\n",
+            dir.path().display().to_string()
+        ),
+    )
+    .unwrap();
+    let short = imagegc::cli::short_id(&image("d", 0).id);
+
+    let output = support::run(imagegc(&config, &served.endpoint, &state_dir).arg("images"));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.lines().any(|l| l.starts_with(&short) && l.contains("<none>")),
+        "{}",
+        describe(&output)
+    );
+
+    let output = support::run(imagegc(&config, &served.endpoint, &state_dir).args(["plan", "--output", "table"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let output = support::run(imagegc(&config, &served.endpoint, &state_dir).args(["plan", "--output", "json"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let reasons: Vec<(String, String)> = plan["removals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(plan["further_space_candidates"].as_array().unwrap())
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [("h1", "age"), ("h2", "age"), ("d", "space")]
+        .iter()
+        .map(|(n, r)| (image(n, 0).id, r.to_string()))
+        .collect();
+    assert_eq!(reasons, expected, "{}", describe(&output));
+}

@@ -1,0 +1,452 @@
+//! What the fault tests share: image and container builders, a simulated
+//! image filesystem, a collector wired to it, the fake runtime served on its
+//! own thread (for tests that run the `imagegc` binary against it), tmpfs
+//! mounts that unmount themselves, and re-running this test binary as a
+//! child process.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use imagegc::collector::Collector;
+use imagegc::config::Config;
+use imagegc::cri::fake::{FakeRuntime, RemoveEffect};
+use imagegc::cri::{Container, Image, Runtime};
+use imagegc::fs::{FsError, FsProbe, FsStats};
+use imagegc::metrics::Metrics;
+use imagegc::records::{Record, Records};
+use imagegc::time::Clock;
+
+/// Long enough for a slow CI machine, short enough to notice a hang.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// An image with one tag and one digest, named after `name`.
+pub fn image(name: &str, size: u64) -> Image {
+    let id = image_id(name);
+    Image {
+        repo_tags: vec![format!("registry.example.com/team/{name}:1.0")],
+        repo_digests: vec![format!("registry.example.com/team/{name}@{id}")],
+        id,
+        size,
+        pinned: false,
+    }
+}
+
+/// A stable `sha256:` id for a short name: its bytes in hex, padded with
+/// zeros (so ids sort like names and short ids differ).
+pub fn image_id(name: &str) -> String {
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex:0<64}")
+}
+
+/// A running container whose spec names `image`'s tag and whose
+/// `image_ref` is its id, as containerd reports them.
+pub fn container_using(id: &str, image: &Image) -> Container {
+    Container {
+        id: id.to_string(),
+        pod_sandbox_id: format!("pod-{id}"),
+        name: id.to_string(),
+        image: image.repo_tags.first().cloned().unwrap_or_default(),
+        image_ref: image.id.clone(),
+        image_id: String::new(),
+        state: None,
+    }
+}
+
+/// A record as a previous process would have saved it.
+pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> (String, Record) {
+    (
+        image.id.clone(),
+        Record {
+            first_seen,
+            last_used,
+            size: image.size,
+            pinned: image.pinned,
+            tags: image.repo_tags.clone(),
+            digests: image.repo_digests.clone(),
+            from_history: true,
+        },
+    )
+}
+
+pub fn records(entries: impl IntoIterator<Item = (String, Record)>) -> Records {
+    Records::from_map(entries.into_iter().collect())
+}
+
+/// A simulated image filesystem: capacity, available bytes, and how many
+/// bytes each image really occupies (given back when the runtime removes it).
+#[derive(Clone, Default)]
+pub struct SimDisk(Arc<Mutex<DiskState>>);
+
+#[derive(Default)]
+struct DiskState {
+    capacity: u64,
+    available: u64,
+    on_disk: HashMap<String, u64>,
+    zero_capacity: bool,
+    measurements: usize,
+}
+
+impl SimDisk {
+    pub fn new(capacity: u64, available: u64) -> Self {
+        let disk = SimDisk::default();
+        disk.set(capacity, available);
+        disk
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DiskState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn set(&self, capacity: u64, available: u64) {
+        let mut state = self.lock();
+        state.capacity = capacity;
+        state.available = available;
+    }
+
+    pub fn set_available(&self, available: u64) {
+        self.lock().available = available;
+    }
+
+    pub fn available(&self) -> u64 {
+        self.lock().available
+    }
+
+    /// The image really occupies `bytes` (whatever size the runtime reports).
+    pub fn occupy(&self, image_id: &str, bytes: u64) {
+        self.lock().on_disk.insert(image_id.to_string(), bytes);
+    }
+
+    /// statvfs answers a capacity of 0 (the real probe turns it into
+    /// [`FsError::ZeroCapacity`]).
+    pub fn report_zero_capacity(&self) {
+        self.lock().zero_capacity = true;
+    }
+
+    pub fn measurements(&self) -> usize {
+        self.lock().measurements
+    }
+
+    /// The effect to give [`FakeRuntime::on_remove`]: a removed image
+    /// frees what it occupied.
+    pub fn free_on_remove(&self) -> RemoveEffect {
+        let disk = self.clone();
+        Arc::new(move |image: &Image| disk.release(&image.id))
+    }
+
+    pub fn release(&self, image_id: &str) {
+        let mut state = self.lock();
+        let freed = state.on_disk.remove(image_id).unwrap_or(0);
+        state.available = (state.available + freed).min(state.capacity);
+    }
+}
+
+impl FsProbe for SimDisk {
+    fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
+        let mut state = self.lock();
+        state.measurements += 1;
+        if state.zero_capacity || state.capacity == 0 {
+            return Err(FsError::ZeroCapacity {
+                path: path.display().to_string(),
+            });
+        }
+        Ok(FsStats {
+            capacity_bytes: state.capacity,
+            available_bytes: state.available,
+            free_bytes: state.available,
+            ..Default::default()
+        })
+    }
+}
+
+/// The configuration the library-level tests start from: the kubelet's
+/// 90/80 thresholds, no minimum age, the state in `state_dir`, and the image
+/// filesystem at a fixed path the [`SimDisk`] answers for.
+pub fn config(state_dir: &Path) -> Config {
+    let mut config = Config::default();
+    config.gc.high_threshold_percent = 90;
+    config.gc.low_threshold_percent = 80;
+    config.gc.min_age = Duration::ZERO;
+    config.gc.image_fs_path = Some(PathBuf::from("/sim/imagefs"));
+    config.state.dir = state_dir.to_path_buf();
+    config.metrics.listen = None;
+    config
+}
+
+/// A collector over `runtime` and `disk`, with the clock started now.
+pub fn collector<R: Runtime>(runtime: R, disk: &SimDisk, config: Config) -> Collector<R> {
+    collector_with_clock(runtime, disk, config, Clock::start())
+}
+
+pub fn collector_with_clock<R: Runtime>(runtime: R, disk: &SimDisk, config: Config, clock: Clock) -> Collector<R> {
+    Collector::new(
+        runtime,
+        Arc::new(config),
+        Arc::new(disk.clone()),
+        Arc::new(Metrics::new()),
+        clock,
+    )
+}
+
+/// The value of one metric line (`name{labels}`) in the text exposition.
+pub fn metric(encoded: &str, series: &str) -> Option<f64> {
+    encoded.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
+/// The fake runtime served on a thread of its own, so that a test can run
+/// the `imagegc` binary (a blocking child process) against it. Stops the
+/// server when dropped.
+pub struct ServedOnThread {
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServedOnThread {
+    pub fn start(fake: FakeRuntime) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("cri.sock");
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a tokio runtime for the fake server");
+            runtime.block_on(async move {
+                let server = fake.serve(&socket).await.expect("serving the fake runtime");
+                ready_tx
+                    .send(server.endpoint())
+                    .expect("the test waits for the endpoint");
+                let _ = stop_rx.await;
+                server.shutdown().await;
+            });
+        });
+        let endpoint = ready_rx.recv_timeout(PATIENCE).expect("the fake runtime did not start");
+        ServedOnThread {
+            endpoint,
+            _dir: dir,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ServedOnThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The `imagegc` binary with the flags every process-level test passes.
+pub fn imagegc(config: &Path, endpoint: &str, state_dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_imagegc"));
+    command
+        .arg("--config")
+        .arg(config)
+        .arg("--runtime-endpoint")
+        .arg(endpoint)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs a command to its end, failing the test if it takes longer than
+/// [`PATIENCE`] (it is killed then).
+pub fn run(command: &mut Command) -> Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning imagegc");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    // Read both pipes on threads so a chatty child never blocks on a full pipe.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut buf).ok();
+        buf
+    });
+    let err = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut stderr, &mut buf).ok();
+        buf
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{command:?} did not finish within {PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// Everything a process-level failure message needs.
+pub fn describe(output: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// A tmpfs mounted for one test; unmounted (lazily, if still busy) when
+/// dropped, also when the test panics. Needs root, like the end-to-end tests.
+pub struct Tmpfs {
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(path: &Path, size_bytes: u64) -> Self {
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "mounting a tmpfs needs root: run the tests as root (scripts/test.sh does)"
+        );
+        fs::create_dir_all(path).unwrap();
+        let source = CString::new("tmpfs").unwrap();
+        let target = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let options = CString::new(format!("size={size_bytes},mode=0700")).unwrap();
+        let rc = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                source.as_ptr(),
+                0,
+                options.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mount -t tmpfs {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `mount -o remount,ro`.
+    pub fn remount_read_only(&self) {
+        let target = CString::new(self.path.as_os_str().as_bytes()).unwrap();
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | libc::MS_RDONLY,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "remount read-only: {}", std::io::Error::last_os_error());
+    }
+
+    /// Writes a file until the filesystem is full; returns its path.
+    pub fn fill(&self) -> PathBuf {
+        let path = self.path.join("filler");
+        let mut file = fs::File::create(&path).unwrap();
+        let chunk = vec![0xa5u8; 4096];
+        loop {
+            match std::io::Write::write(&mut file, &chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(err) => panic!("filling {}: {err}", self.path.display()),
+            }
+        }
+        // A few bytes may still fit in the last partial page: take them too.
+        while matches!(std::io::Write::write(&mut file, &[0u8]), Ok(1)) {}
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target = CString::new(self.path.as_os_str().as_bytes()).unwrap();
+        let rc = unsafe { libc::umount2(target.as_ptr(), 0) };
+        if rc != 0 {
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// Runs one test of this binary in a child process with `env` set, and
+/// returns it running (stdout piped, stderr inherited). The test named must
+/// look at `env` and do its child's work only when it is set.
+pub fn spawn_self(test: &str, env: &[(&str, &str)]) -> std::process::Child {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = Command::new(exe);
+    command
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.spawn().expect("re-running the test binary")
+}
+
+/// The peak resident set size of this process so far (`VmHWM`), in KiB.
+pub fn peak_rss_kib() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A small xorshift generator: reproducible randomness without a crate.
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn new(seed: u64) -> Self {
+        XorShift(seed.max(1))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform enough in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+}
