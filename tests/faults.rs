@@ -8,7 +8,8 @@
 //! - [`crash`]: SIGKILL in the middle of saves;
 //! - [`clock`]: wall-clock jumps forward and back;
 //! - [`scale`]: 50,000 images and 20,000 containers;
-//! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data.
+//! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data;
+//! - [`fuzz_seeds`]: the fuzz targets' checks on their seeds and mutations.
 //!
 //! Some tests mount tmpfs filesystems and so need root, like the end-to-end
 //! tests; they fail with the reason rather than skip.
@@ -17,6 +18,10 @@
 mod clock;
 #[path = "faults/crash.rs"]
 mod crash;
+#[path = "../fuzz/properties.rs"]
+mod fuzz_properties;
+#[path = "faults/fuzz_seeds.rs"]
+mod fuzz_seeds;
 #[path = "faults/hung.rs"]
 mod hung;
 #[path = "faults/odd_data.rs"]
