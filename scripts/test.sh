@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check and test imagegc has: formatting, lints, unit and
-# integration tests, and the end-to-end tests against a real containerd
+# integration tests, the end-to-end tests against a real containerd
 # (started privately by the tests on loop-mounted filesystems, so this must
-# run as root). Installs what a fresh Debian 12 machine lacks.
+# run as root), the deployment checks and a time-boxed fuzz pass
+# (IMAGEGC_SKIP_FUZZ=1 skips it). Installs what a fresh Debian 12 machine lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,5 +36,9 @@ if [ -x scripts/check-deploy.sh ]; then
     # An unoptimised static build is enough to check the image and the
     # manifests; the release build is what the Containerfile ships.
     CHECK_DEPLOY_PROFILE=dev scripts/check-deploy.sh
+fi
+if [ -z "${IMAGEGC_SKIP_FUZZ:-}" ]; then
+    echo "==> fuzzing the configuration loader and the state reader (60 s each)"
+    scripts/fuzz.sh 60
 fi
 echo "==> all checks passed"
