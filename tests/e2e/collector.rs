@@ -761,3 +761,45 @@ async fn dry_run_reports_removals_and_removes_nothing() {
     assert_eq!(history.len(), removed.len(), "{history:#?}");
     assert!(history.iter().all(|e| e["dry_run"] == true), "{history:#?}");
 }
+
+/// An image pulled again soon after imagegc removed it is reported as a
+/// re-pull (the policy is too aggressive for the node), and the removal is in
+/// the journal `imagegc history` reads, with its reason and measured bytes.
+#[tokio::test]
+async fn an_image_pulled_again_after_its_removal_is_reported_and_journaled() {
+    let bed = TestBed::start(256).await;
+    let spec = app("thrash", 4, 4242, 6);
+    let image = bed.import(&spec).await;
+    // high 1, low 0: every unused image goes; low 0 cannot be reached (exit 3).
+    let gc = Imagegc::new(&bed, &Settings::thresholds(1, 0));
+    let report = gc.run(&["once", "--output", "json"]).json(&[3]);
+    let removed = id_list(array(&report, "removed"));
+    assert!(removed.contains(&image.id), "{report:#}");
+    assert!(!bed.list_image_ids().await.contains(&image.id));
+
+    let history = gc.history();
+    let entry = history
+        .iter()
+        .find(|e| str_field(e, "image") == image.id)
+        .unwrap_or_else(|| panic!("no journal entry for {}: {history:#?}", image.id));
+    assert_eq!(entry["reason"], "space", "{entry:#}");
+    assert_eq!(entry["dry_run"], false, "{entry:#}");
+    assert!(u64_field(entry, "freed_bytes") > 0, "{entry:#}");
+    assert!(
+        array(entry, "tags").iter().any(|t| t.as_str() == Some(image.name())),
+        "{entry:#}"
+    );
+
+    // Pulled again: the same name comes back; a later cycle (a new process,
+    // which learns the recent removals from the journal) reports it.
+    bed.import(&spec).await;
+    gc.configure(&Settings::record_only());
+    let run = gc.run(&["once", "--output", "json"]);
+    run.json(&[0]);
+    assert!(
+        run.stderr.contains("pulled again within the thrash window"),
+        "no re-pull reported:\n{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains(image.name()), "{}", run.stderr);
+}
