@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::Config;
 use crate::cri::{Container, Image};
-use crate::records::{InUse, Records, ReferenceIndex};
+use crate::records::{InUse, Records};
 use crate::reference::{self, Glob};
 
 /// What the runtime reported in one listing.
@@ -144,8 +144,11 @@ pub fn plan(
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan {
-    let in_use = InUse::new(&snapshot.images, &snapshot.containers);
-    let sandbox_ids = sandbox_image_ids(snapshot);
+    let in_use = InUse::with_sandbox(
+        &snapshot.images,
+        &snapshot.containers,
+        snapshot.sandbox_image.as_deref(),
+    );
     let keep_recent = keep_recent(snapshot, records, config.protect.keep_recent_per_repository);
     let globs: Vec<Glob> = config.protect.images.iter().map(|p| Glob::new(p)).collect();
     let max_age = config.gc.max_age;
@@ -168,7 +171,7 @@ pub fn plan(
         let containers = in_use.containers(&image.id);
         if !containers.is_empty() {
             plan.kept.push(keep(KeepReason::InUse {
-                containers: containers.to_vec(),
+                containers: containers.iter().map(|c| c.to_string()).collect(),
             }));
             continue;
         }
@@ -176,7 +179,7 @@ pub fn plan(
             plan.kept.push(keep(KeepReason::Pinned));
             continue;
         }
-        if sandbox_ids.contains(&image.id.as_str()) {
+        if in_use.is_sandbox(&image.id) {
             plan.kept.push(keep(KeepReason::Sandbox));
             continue;
         }
@@ -243,15 +246,6 @@ pub fn plan(
 /// the future.
 fn elapsed(earlier: SystemTime, later: SystemTime) -> Duration {
     later.duration_since(earlier).unwrap_or(Duration::ZERO)
-}
-
-/// The ids of the images the runtime's sandbox image reference names.
-fn sandbox_image_ids(snapshot: &Snapshot) -> Vec<&str> {
-    let mut ids = Vec::new();
-    if let Some(sandbox) = &snapshot.sandbox_image {
-        ReferenceIndex::new(&snapshot.images).lookup(sandbox, &mut ids);
-    }
-    ids
 }
 
 /// For each repository, the newest `keep` images (by first seen, then id)

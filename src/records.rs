@@ -11,7 +11,9 @@
 //! marked `from_history` so the planner knows its times were observed, not
 //! invented at start-up.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::time::SystemTime;
 
 use crate::cri::{Container, Image};
@@ -122,43 +124,90 @@ impl Records {
 /// tags and digests, with and without normalization. Any match counts: when
 /// in doubt, an image is in use.
 #[derive(Debug, Default)]
-pub struct InUse {
+pub struct InUse<'a> {
     /// Image id → ids of the containers that use it.
-    by_image: HashMap<String, Vec<String>>,
+    by_image: HashMap<&'a str, Vec<&'a str>>,
+    /// Ids of the images the runtime's sandbox image reference names.
+    sandbox: Vec<&'a str>,
 }
 
-impl InUse {
-    pub fn new(images: &[Image], containers: &[Container]) -> Self {
-        let index = ReferenceIndex::new(images);
-        let mut by_image: HashMap<String, Vec<String>> = HashMap::new();
-        for container in containers {
-            let mut matched: Vec<&str> = Vec::new();
-            for reference in [&container.image_id, &container.image_ref, &container.image] {
-                index.lookup(reference, &mut matched);
+impl<'a> InUse<'a> {
+    pub fn new(images: &'a [Image], containers: &'a [Container]) -> Self {
+        Self::with_sandbox(images, containers, None)
+    }
+
+    /// The same, also noting which images the runtime's sandbox (pause)
+    /// image reference names.
+    pub fn with_sandbox(images: &'a [Image], containers: &'a [Container], sandbox: Option<&'a str>) -> Self {
+        // The sandbox reference is one more owner, after the containers.
+        let sandbox_owner = containers.len();
+        let references = ReferenceSet::new(
+            containers
+                .iter()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    [
+                        (i, c.image_id.as_str()),
+                        (i, c.image_ref.as_str()),
+                        (i, c.image.as_str()),
+                    ]
+                })
+                .chain(sandbox.map(|s| (sandbox_owner, s))),
+        );
+        let mut in_use = InUse::default();
+        let mut owners = Vec::new();
+        for image in images {
+            owners.clear();
+            references.owners(image, &mut owners);
+            if owners.is_empty() {
+                continue;
             }
-            matched.sort_unstable();
-            matched.dedup();
-            for image_id in matched {
-                by_image
-                    .entry(image_id.to_string())
-                    .or_default()
-                    .push(container.id.clone());
+            // In listing order, each container once.
+            owners.sort_unstable();
+            owners.dedup();
+            if owners.last() == Some(&sandbox_owner) {
+                owners.pop();
+                if !in_use.sandbox.contains(&image.id.as_str()) {
+                    in_use.sandbox.push(&image.id);
+                }
+            }
+            if owners.is_empty() {
+                continue;
+            }
+            let ids = owners.iter().map(|&i| containers[i].id.as_str());
+            match in_use.by_image.entry(&image.id) {
+                Entry::Vacant(entry) => {
+                    entry.insert(ids.collect());
+                }
+                // The same id listed twice: the union of both.
+                Entry::Occupied(mut entry) => {
+                    let known = entry.get_mut();
+                    known.extend(ids);
+                    known.sort_unstable();
+                    known.dedup();
+                }
             }
         }
-        InUse { by_image }
+        in_use
     }
 
     pub fn is_used(&self, image_id: &str) -> bool {
         self.by_image.contains_key(image_id)
     }
 
+    /// True when the sandbox reference given to [`InUse::with_sandbox`]
+    /// names this image.
+    pub fn is_sandbox(&self, image_id: &str) -> bool {
+        self.sandbox.contains(&image_id)
+    }
+
     /// The containers using an image (empty when unused).
-    pub fn containers(&self, image_id: &str) -> &[String] {
+    pub fn containers(&self, image_id: &str) -> &[&'a str] {
         self.by_image.get(image_id).map_or(&[], Vec::as_slice)
     }
 
-    pub fn image_ids(&self) -> impl Iterator<Item = &str> {
-        self.by_image.keys().map(String::as_str)
+    pub fn image_ids(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.by_image.keys().copied()
     }
 
     pub fn len(&self) -> usize {
@@ -170,46 +219,88 @@ impl InUse {
     }
 }
 
-/// Every way an image can be named, mapped to the image ids it names.
-pub struct ReferenceIndex<'a> {
-    names: HashMap<String, Vec<&'a str>>,
+/// References to images made by some owners (containers, numbered), in
+/// every form that can match: as written, without `sha256:`, normalized.
+/// An image is named by a reference when one of its own forms (its id
+/// without `sha256:`, each tag and digest as listed and normalized) is
+/// among them.
+///
+/// The set is built from the references, not from the images: a node runs
+/// far fewer containers than it holds images, so matching every image is a
+/// few lookups in a small table rather than inserting every image's names
+/// into a large one.
+struct ReferenceSet<'a> {
+    forms: HashMap<Cow<'a, str>, Owners>,
 }
 
-impl<'a> ReferenceIndex<'a> {
-    pub fn new(images: &'a [Image]) -> Self {
-        let mut names: HashMap<String, Vec<&'a str>> = HashMap::with_capacity(images.len() * 3);
-        for image in images {
-            let id = image.id.as_str();
-            let mut add = |name: String| {
-                let ids = names.entry(name).or_default();
-                if !ids.contains(&id) {
-                    ids.push(id);
+/// The owners of one form: nearly always one, kept without a `Vec`.
+#[derive(Debug)]
+struct Owners {
+    first: usize,
+    more: Vec<usize>,
+}
+
+impl<'a> ReferenceSet<'a> {
+    /// From `(owner, reference)` pairs, owners in ascending order; empty
+    /// references are skipped.
+    fn new(references: impl Iterator<Item = (usize, &'a str)>) -> Self {
+        let mut forms: HashMap<Cow<'a, str>, Owners> = HashMap::new();
+        for (owner, reference) in references {
+            if reference.is_empty() {
+                continue;
+            }
+            let mut add = |form: Cow<'a, str>| match forms.entry(form) {
+                Entry::Vacant(entry) => {
+                    entry.insert(Owners {
+                        first: owner,
+                        more: Vec::new(),
+                    });
+                }
+                Entry::Occupied(mut entry) => {
+                    let owners = entry.get_mut();
+                    if *owners.more.last().unwrap_or(&owners.first) != owner {
+                        owners.more.push(owner);
+                    }
                 }
             };
-            if !id.is_empty() {
-                add(id.to_string());
-                add(reference::bare_id(id).to_string());
+            let bare = reference::bare_id(reference);
+            let normalized = reference::normalized(reference);
+            // Images are matched by their id without the prefix, so an id
+            // needs only that form.
+            if bare == reference || !reference::is_id(reference) {
+                add(Cow::Borrowed(reference));
             }
-            for name in image.repo_tags.iter().chain(&image.repo_digests) {
-                add(name.clone());
-                add(reference::normalize(name));
+            if bare != reference {
+                add(Cow::Borrowed(bare));
+            }
+            if normalized != reference && normalized != bare {
+                add(normalized);
             }
         }
-        ReferenceIndex { names }
+        ReferenceSet { forms }
     }
 
-    /// Appends the ids of the images `reference` names.
-    pub fn lookup(&self, reference: &str, out: &mut Vec<&'a str>) {
-        if reference.is_empty() {
+    /// Appends the owners of the references that name `image` (possibly
+    /// more than once).
+    fn owners(&self, image: &Image, out: &mut Vec<usize>) {
+        if self.forms.is_empty() {
             return;
         }
-        for key in [reference, reference::bare_id(reference)] {
-            if let Some(ids) = self.names.get(key) {
-                out.extend(ids);
+        let mut check = |form: &str| {
+            if let Some(owners) = self.forms.get(form) {
+                out.push(owners.first);
+                out.extend(&owners.more);
             }
+        };
+        if !image.id.is_empty() {
+            check(reference::bare_id(&image.id));
         }
-        if let Some(ids) = self.names.get(&reference::normalize(reference)) {
-            out.extend(ids);
+        for name in image.repo_tags.iter().chain(&image.repo_digests) {
+            check(name);
+            let normalized = reference::normalized(name);
+            if normalized != name.as_str() {
+                check(&normalized);
+            }
         }
     }
 }
@@ -337,6 +428,43 @@ pub(crate) mod tests {
             image_ref: "sha256:3333333333333333333333333333333333333333333333333333333333333333".to_string(),
             ..Default::default()
         }));
+    }
+
+    #[test]
+    fn a_tag_moved_to_a_newer_image_keeps_both_in_use() {
+        let id = |n: u8| format!("sha256:{}", n.to_string().repeat(64));
+        let mut old = image("old", 1);
+        old.id = id(1);
+        old.repo_tags.clear();
+        let mut new = image("new", 1);
+        new.id = id(2);
+        new.repo_tags = vec!["docker.io/library/app:1".to_string()];
+        let images = [old, new, image("other", 1)];
+        // Created from `app:1` when it was the old image; the tag has moved since.
+        let containers = [Container {
+            id: "c".to_string(),
+            image: "app:1".to_string(),
+            image_ref: id(1),
+            ..Default::default()
+        }];
+        let in_use = InUse::new(&images, &containers);
+        assert_eq!(in_use.containers(&id(1)), ["c"]);
+        assert_eq!(in_use.containers(&id(2)), ["c"]);
+        assert!(!in_use.is_used("other"));
+        assert_eq!(in_use.len(), 2);
+    }
+
+    #[test]
+    fn the_sandbox_reference_is_noted_apart_from_containers() {
+        let images = [image("pause", 1), image("app", 1)];
+        let containers = [container("c", "app")];
+        let in_use = InUse::with_sandbox(&images, &containers, Some("pause"));
+        assert!(in_use.is_sandbox("pause") && !in_use.is_used("pause"));
+        assert!(in_use.is_used("app") && !in_use.is_sandbox("app"));
+        // The same image listed twice: containers from both listings, once each.
+        let images = [image("app", 1), image("app", 1)];
+        let containers = [container("c1", "app"), container("c2", "docker.io/library/app:latest")];
+        assert_eq!(InUse::new(&images, &containers).containers("app"), ["c1", "c2"]);
     }
 
     #[test]

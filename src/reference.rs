@@ -7,6 +7,8 @@
 //! the side of "same image": a false match keeps an image, a missed one could
 //! remove an image in use.
 
+use std::borrow::Cow;
+
 /// The docker.io defaults applied to familiar names.
 const DEFAULT_REGISTRY: &str = "docker.io";
 const OFFICIAL_NAMESPACE: &str = "library";
@@ -16,27 +18,43 @@ const OFFICIAL_NAMESPACE: &str = "library";
 /// `user/app:1` → `docker.io/user/app:1`,
 /// `ghcr.io/o/app@sha256:…` unchanged. Ids (`sha256:…`) are returned as is.
 pub fn normalize(reference: &str) -> String {
+    normalized(reference).into_owned()
+}
+
+/// [`normalize`], borrowing the reference when it is already fully
+/// qualified: runtimes list tags and digests that way, so indexing them
+/// allocates nothing.
+pub fn normalized(reference: &str) -> Cow<'_, str> {
     let reference = reference.trim();
     if reference.is_empty() || is_id(reference) {
-        return reference.to_string();
+        return Cow::Borrowed(reference);
     }
     let (name, suffix) = split_name(reference);
-    let qualified = match name.split_once('/') {
-        None => format!("{DEFAULT_REGISTRY}/{OFFICIAL_NAMESPACE}/{name}"),
-        Some((first, _)) if !(first.contains('.') || first.contains(':') || first == "localhost") => {
-            format!("{DEFAULT_REGISTRY}/{name}")
+    // Byte searches: the separators are ASCII, and this runs for every tag
+    // and digest of every image each cycle.
+    let qualified = match name.as_bytes().iter().position(|&b| b == b'/') {
+        None => Cow::Owned(format!("{DEFAULT_REGISTRY}/{OFFICIAL_NAMESPACE}/{name}")),
+        Some(slash) => {
+            let first = &name.as_bytes()[..slash];
+            if first.iter().any(|&b| b == b'.' || b == b':') || first == b"localhost" {
+                Cow::Borrowed(name)
+            } else {
+                Cow::Owned(format!("{DEFAULT_REGISTRY}/{name}"))
+            }
         }
-        Some(_) => name.to_string(),
     };
     let qualified = if qualified.starts_with("docker.io/") && qualified.matches('/').count() == 1 {
         // `docker.io/nginx` is also an official image.
-        qualified.replacen("docker.io/", "docker.io/library/", 1)
+        Cow::Owned(qualified.replacen("docker.io/", "docker.io/library/", 1))
     } else {
         qualified
     };
-    match suffix {
-        Some(suffix) => format!("{qualified}{suffix}"),
-        None => format!("{qualified}:latest"),
+    match (qualified, suffix) {
+        // The name needed nothing and the tag or digest is there: `name`
+        // and `suffix` are the two halves of `reference`.
+        (Cow::Borrowed(_), Some(_)) => Cow::Borrowed(reference),
+        (qualified, Some(suffix)) => Cow::Owned(format!("{qualified}{suffix}")),
+        (qualified, None) => Cow::Owned(format!("{qualified}:latest")),
     }
 }
 
@@ -65,11 +83,16 @@ pub fn bare_id(id: &str) -> &str {
 
 /// Splits `name[:tag][@digest]` into the name and the `:tag`/`@digest` suffix.
 fn split_name(reference: &str) -> (&str, Option<&str>) {
-    if let Some(at) = reference.find('@') {
+    // Byte searches: all three separators are ASCII. `contains` is a fast
+    // scan, and most references (tags) have no digest.
+    let bytes = reference.as_bytes();
+    if bytes.contains(&b'@')
+        && let Some(at) = bytes.iter().position(|&b| b == b'@')
+    {
         return (&reference[..at], Some(&reference[at..]));
     }
-    let last_slash = reference.rfind('/').map_or(0, |i| i + 1);
-    match reference[last_slash..].rfind(':') {
+    let last_slash = bytes.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    match bytes[last_slash..].iter().rposition(|&b| b == b':') {
         Some(colon) => {
             let at = last_slash + colon;
             (&reference[..at], Some(&reference[at..]))
@@ -164,6 +187,37 @@ mod tests {
         );
         let id = "sha256:0123456789012345678901234567890123456789012345678901234567890123";
         assert_eq!(normalize(id), id);
+    }
+
+    #[test]
+    fn fully_qualified_references_are_borrowed() {
+        for reference in [
+            "docker.io/library/nginx:1.27",
+            "ghcr.io/o/app:2",
+            "localhost:5000/app:1",
+            "registry.example.com/team-1/app-2@sha256:0123456789012345678901234567890123456789012345678901234567890123",
+            "sha256:0123456789012345678901234567890123456789012345678901234567890123",
+        ] {
+            assert!(
+                matches!(normalized(reference), Cow::Borrowed(r) if r == reference),
+                "{reference}"
+            );
+        }
+        for reference in [
+            "nginx",
+            "nginx:1",
+            "user/app:1",
+            "docker.io/nginx:1",
+            "ghcr.io/o/app",
+            " ghcr.io/o/app:2 ",
+        ] {
+            assert_eq!(normalized(reference), normalize(reference), "{reference}");
+        }
+        assert!(matches!(
+            normalized(" ghcr.io/o/app:2 "),
+            Cow::Borrowed("ghcr.io/o/app:2")
+        ));
+        assert!(matches!(normalized("docker.io/nginx:1"), Cow::Owned(_)));
     }
 
     #[test]

@@ -87,13 +87,13 @@ pub enum Loaded {
     },
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct Payload {
     saved_at: u64,
     records: BTreeMap<String, StoredRecord>,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoredRecord {
     first_seen: u64,
@@ -104,6 +104,24 @@ struct StoredRecord {
     tags: Vec<String>,
     #[serde(default)]
     digests: Vec<String>,
+}
+
+/// [`Payload`] as [`encode`] writes it, borrowing from the records rather
+/// than copying every id and name.
+#[derive(Serialize)]
+struct PayloadRef<'a> {
+    saved_at: u64,
+    records: BTreeMap<&'a str, StoredRecordRef<'a>>,
+}
+
+#[derive(Serialize)]
+struct StoredRecordRef<'a> {
+    first_seen: u64,
+    last_used: u64,
+    size: u64,
+    pinned: bool,
+    tags: &'a [String],
+    digests: &'a [String],
 }
 
 /// The state directory and file.
@@ -284,20 +302,20 @@ fn read_limited(path: &Path) -> io::Result<Vec<u8>> {
 
 /// The file's bytes for these records.
 pub fn encode(records: &Records, now: SystemTime) -> Vec<u8> {
-    let payload = Payload {
+    let payload = PayloadRef {
         saved_at: to_unix_millis(now),
         records: records
             .iter()
             .map(|(id, r)| {
                 (
-                    id.clone(),
-                    StoredRecord {
+                    id.as_str(),
+                    StoredRecordRef {
                         first_seen: to_unix_millis(r.first_seen),
                         last_used: to_unix_millis(r.last_used),
                         size: r.size,
                         pinned: r.pinned,
-                        tags: r.tags.clone(),
-                        digests: r.digests.clone(),
+                        tags: &r.tags,
+                        digests: &r.digests,
                     },
                 )
             })
@@ -397,6 +415,22 @@ mod tests {
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(store.dir()), 0o700);
         assert_eq!(mode(store.path()), 0o600);
+    }
+
+    #[test]
+    fn the_payload_is_the_documented_json_sorted_by_id() {
+        let bytes = encode(&sample(), t(5));
+        let body = &bytes[bytes.iter().position(|&b| b == b'\n').unwrap() + 1..];
+        assert_eq!(
+            std::str::from_utf8(body).unwrap(),
+            concat!(
+                r#"{"saved_at":1700000005000,"records":{"#,
+                r#""a":{"first_seen":1700000000000,"last_used":1700000000000,"size":10,"pinned":false,"#,
+                r#""tags":["docker.io/library/a:latest"],"digests":[]},"#,
+                r#""b":{"first_seen":1700000000000,"last_used":1700000000000,"size":20,"pinned":false,"#,
+                r#""tags":["docker.io/library/b:latest"],"digests":[]}}}"#
+            )
+        );
     }
 
     #[test]
