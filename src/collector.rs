@@ -32,7 +32,7 @@ use crate::http::Health;
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
 use crate::policy::{self, Candidate, Plan, Reason, Snapshot};
-use crate::records::{InUse, Records, ReferenceIndex};
+use crate::records::{self, InUse, Records};
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
@@ -368,11 +368,7 @@ impl<R: Runtime> Collector<R> {
     /// is created and deleted between two listings is known only from its
     /// events; images without a record are left for the next full listing.
     pub fn mark_used_by_event(&mut self, event: &ContainerEvent) {
-        let index = ReferenceIndex::new(&self.last_images);
-        let mut ids = Vec::new();
-        for reference in &event.images {
-            index.lookup(reference, &mut ids);
-        }
+        let ids = records::images_named(&self.last_images, event.images.iter().map(String::as_str));
         self.records.mark_used(ids, self.clock.now());
     }
 

@@ -219,6 +219,22 @@ impl<'a> InUse<'a> {
     }
 }
 
+/// The ids of the images any of `references` names (each once, in listing
+/// order), matched the way [`InUse`] matches containers' references.
+pub fn images_named<'a, 'r>(images: &'a [Image], references: impl IntoIterator<Item = &'r str>) -> Vec<&'a str> {
+    let references = ReferenceSet::new(references.into_iter().map(|r| (0, r)));
+    let mut owners = Vec::new();
+    let mut ids: Vec<&'a str> = Vec::new();
+    for image in images {
+        owners.clear();
+        references.owners(image, &mut owners);
+        if !owners.is_empty() && !ids.contains(&image.id.as_str()) {
+            ids.push(&image.id);
+        }
+    }
+    ids
+}
+
 /// References to images made by some owners (containers, numbered), in
 /// every form that can match: as written, without `sha256:`, normalized.
 /// An image is named by a reference when one of its own forms (its id
@@ -265,11 +281,7 @@ impl<'a> ReferenceSet<'a> {
             };
             let bare = reference::bare_id(reference);
             let normalized = reference::normalized(reference);
-            // Images are matched by their id without the prefix, so an id
-            // needs only that form.
-            if bare == reference || !reference::is_id(reference) {
-                add(Cow::Borrowed(reference));
-            }
+            add(Cow::Borrowed(reference));
             if bare != reference {
                 add(Cow::Borrowed(bare));
             }
