@@ -429,10 +429,11 @@ fn new_collector(runtime: CriClient, config: Config) -> Collector<CriClient> {
 /// `plan`: what a cycle would do now. Reads the state; removes and writes nothing.
 async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
     let mut collector = new_collector(runtime, config.clone());
-    let (snapshot, plan) = collector.plan().await?;
+    let snapshot = collector.observe().await?;
     let fs_path = collector.image_fs_path().await?;
     let fs = Statvfs.stats(&fs_path).ok();
     let now = collector.clock().now();
+    let plan = collector.plan(&snapshot);
     let view = PlanView::new(&snapshot, &plan, fs.as_ref(), &config);
     if output == Output::Json {
         print_json(&serde_json::json!({
@@ -484,8 +485,8 @@ async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<Exit
     for (n, c) in removals.iter().enumerate() {
         rows.push(vec![
             (n + 1).to_string(),
-            short_id(&c.id),
-            tags_cell(&c.tags),
+            short_id(c.id),
+            tags_cell(c.tags),
             human_bytes(c.size),
             c.reason.as_str().to_string(),
             ago(c.last_used, now),
@@ -516,8 +517,8 @@ async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<Exit
     ]];
     for k in &plan.kept {
         rows.push(vec![
-            short_id(&k.id),
-            tags_cell(&k.tags),
+            short_id(k.id),
+            tags_cell(k.tags),
             human_bytes(k.size),
             keep_text(&k.why),
         ]);
@@ -578,11 +579,14 @@ impl PlanView {
         }
     }
 
-    fn space_expected<'p>(&self, plan: &'p Plan) -> impl Iterator<Item = &'p crate::policy::Candidate> {
+    fn space_expected<'p, 'a>(
+        &self,
+        plan: &'p Plan<'a>,
+    ) -> impl Iterator<Item = &'p crate::policy::Candidate<'a>> + use<'p, 'a> {
         plan.space.iter().take(self.expected)
     }
 
-    fn space_further<'p>(&self, plan: &'p Plan) -> &'p [crate::policy::Candidate] {
+    fn space_further<'p, 'a>(&self, plan: &'p Plan<'a>) -> &'p [crate::policy::Candidate<'a>] {
         if self.space_pass {
             &plan.space[self.expected..]
         } else {
@@ -827,10 +831,10 @@ mod tests {
 
     #[test]
     fn plan_view_adds_absurd_sizes_without_overflow() {
-        let candidate = |id: &str| crate::policy::Candidate {
-            id: id.to_string(),
-            tags: Vec::new(),
-            digests: Vec::new(),
+        let candidate = |id: &'static str| crate::policy::Candidate {
+            id,
+            tags: &[],
+            digests: &[],
             size: u64::MAX,
             first_seen: SystemTime::UNIX_EPOCH,
             last_used: SystemTime::UNIX_EPOCH,

@@ -324,17 +324,16 @@ impl<R: Runtime> Collector<R> {
         })
     }
 
-    /// Plans a cycle now, without removing anything (`imagegc plan`).
-    pub async fn plan(&mut self) -> Result<(Snapshot, Plan), RuntimeError> {
-        let snapshot = self.observe().await?;
-        let plan = policy::plan(
-            &snapshot,
+    /// Plans a cycle over a snapshot from [`Collector::observe`], without
+    /// removing anything (`imagegc plan`).
+    pub fn plan<'a>(&'a self, snapshot: &'a Snapshot) -> Plan<'a> {
+        policy::plan(
+            snapshot,
             &self.records,
             &self.config,
             self.clock.now(),
             self.clock.started(),
-        );
-        Ok((snapshot, plan))
+        )
     }
 
     /// Where the image filesystem is: the configured path, else the
@@ -582,7 +581,12 @@ impl<R: Runtime> Collector<R> {
     /// Removes one candidate after re-checking that it is not in use.
     /// Returns whether it was removed (or would have been, in dry run).
     /// A runtime error while re-checking ends the cycle: when in doubt, keep.
-    async fn remove(&mut self, candidate: &Candidate, disk: &Disk, report: &mut CycleReport) -> Result<bool, String> {
+    async fn remove(
+        &mut self,
+        candidate: &Candidate<'_>,
+        disk: &Disk,
+        report: &mut CycleReport,
+    ) -> Result<bool, String> {
         debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
             .runtime
@@ -592,16 +596,16 @@ impl<R: Runtime> Collector<R> {
         // Only this image's names matter: matching the containers against it
         // alone costs O(containers), not O(images).
         let this = [Image {
-            id: candidate.id.clone(),
-            repo_tags: candidate.tags.clone(),
-            repo_digests: candidate.digests.clone(),
+            id: candidate.id.to_string(),
+            repo_tags: candidate.tags.to_vec(),
+            repo_digests: candidate.digests.to_vec(),
             size: candidate.size,
             pinned: false,
         }];
-        if InUse::new(&this, &containers).is_used(&candidate.id) {
+        if InUse::new(&this, &containers).is_used(candidate.id) {
             info!(image = %candidate.id, tags = ?candidate.tags, "image came into use; keeping it");
-            self.records.mark_used([candidate.id.as_str()], self.clock.now());
-            report.became_in_use.push(candidate.id.clone());
+            self.records.mark_used([candidate.id], self.clock.now());
+            report.became_in_use.push(candidate.id.to_string());
             return Ok(false);
         }
         let dry_run = report.dry_run;
@@ -609,10 +613,10 @@ impl<R: Runtime> Collector<R> {
         debug!(image = %candidate.id, reason = candidate.reason.as_str(), dry_run, "no container uses the image: removing it");
         if !dry_run {
             let before = disk.measure().ok();
-            if let Err(err) = self.runtime.remove_image(&candidate.id).await {
+            if let Err(err) = self.runtime.remove_image(candidate.id).await {
                 warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
                 self.metrics.removal_failed();
-                report.failed.push((candidate.id.clone(), err.to_string()));
+                report.failed.push((candidate.id.to_string(), err.to_string()));
                 return Ok(false);
             }
             let after = disk.measure().ok();
@@ -620,7 +624,7 @@ impl<R: Runtime> Collector<R> {
                 .zip(after)
                 .map(|(b, a)| a.available().saturating_sub(b.available()));
             self.metrics.removed(candidate.reason, freed.unwrap_or(0));
-            self.records.remove(&candidate.id);
+            self.records.remove(candidate.id);
         }
         info!(
             image = %candidate.id,
@@ -634,9 +638,9 @@ impl<R: Runtime> Collector<R> {
             if dry_run { "would remove image (dry run)" } else { "removed image" }
         );
         let removal = Removal {
-            id: candidate.id.clone(),
-            tags: candidate.tags.clone(),
-            digests: candidate.digests.clone(),
+            id: candidate.id.to_string(),
+            tags: candidate.tags.to_vec(),
+            digests: candidate.digests.to_vec(),
             reason: candidate.reason,
             size: candidate.size,
             freed_bytes: freed,

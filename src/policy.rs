@@ -9,12 +9,12 @@
 //! Candidates come in the kubelet's order: last used ascending, then first
 //! seen ascending (then id, so plans are deterministic).
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::time::{Duration, SystemTime};
 
 use crate::config::Config;
 use crate::cri::{Container, Image};
-use crate::records::{InUse, Records};
+use crate::records::{HashMap, Records, References};
 use crate::reference::{self, Glob};
 
 /// What the runtime reported in one listing.
@@ -48,22 +48,22 @@ impl Reason {
 /// Why an image is kept.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "reason", rename_all = "snake_case")]
-pub enum KeepReason {
+pub enum KeepReason<'a> {
     /// Referenced by these containers (any state).
-    InUse { containers: Vec<String> },
+    InUse { containers: Vec<&'a str> },
     /// The runtime marks it pinned.
     Pinned,
     /// The runtime's sandbox (pause) image.
     Sandbox,
     /// Matched by a `protect.images` pattern.
-    Protected { pattern: String },
+    Protected { pattern: &'a str },
     /// Among the newest `keep_recent_per_repository` of its repository.
-    KeepRecent { repository: String, rank: u32 },
+    KeepRecent { repository: &'a str, rank: u32 },
     /// First seen less than `gc.min_age` ago: not yet removable for space.
     TooYoung { removable_after: Duration },
 }
 
-impl KeepReason {
+impl KeepReason<'_> {
     /// A short label, for tables and metrics.
     pub fn label(&self) -> &'static str {
         match self {
@@ -82,12 +82,13 @@ impl KeepReason {
     }
 }
 
-/// An image the cycle may remove.
+/// An image the cycle may remove. Borrowed from the snapshot: planning
+/// copies no names.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Candidate {
-    pub id: String,
-    pub tags: Vec<String>,
-    pub digests: Vec<String>,
+pub struct Candidate<'a> {
+    pub id: &'a str,
+    pub tags: &'a [String],
+    pub digests: &'a [String],
     pub size: u64,
     #[serde(serialize_with = "crate::time::serialize")]
     pub first_seen: SystemTime,
@@ -98,30 +99,30 @@ pub struct Candidate {
 
 /// An image the cycle keeps, with why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Kept {
-    pub id: String,
-    pub tags: Vec<String>,
+pub struct Kept<'a> {
+    pub id: &'a str,
+    pub tags: &'a [String],
     pub size: u64,
     #[serde(flatten)]
-    pub why: KeepReason,
+    pub why: KeepReason<'a>,
 }
 
 /// The outcome of planning: removals by age, then space candidates in order,
 /// and every kept image with its reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct Plan<'a> {
     /// Removed whatever the usage, oldest use first.
-    pub age: Vec<Candidate>,
+    pub age: Vec<Candidate<'a>>,
     /// Removed in this order while usage is above the low threshold.
-    pub space: Vec<Candidate>,
+    pub space: Vec<Candidate<'a>>,
     /// Everything else.
-    pub kept: Vec<Kept>,
+    pub kept: Vec<Kept<'a>>,
     /// Images with no history that would be age candidates, held back until
     /// the collector has run longer than `gc.max_age` (the kubelet's guard).
     pub age_guarded: usize,
 }
 
-impl Plan {
+impl Plan<'_> {
     pub fn in_use_count(&self) -> usize {
         self.kept
             .iter()
@@ -137,18 +138,15 @@ impl Plan {
 /// Computes the plan. `running_since` is when this process started observing
 /// (the kubelet's guard: images it has no history for are not removed by age
 /// before the collector has run longer than max age).
-pub fn plan(
-    snapshot: &Snapshot,
+pub fn plan<'a>(
+    snapshot: &'a Snapshot,
     records: &Records,
-    config: &Config,
+    config: &'a Config,
     now: SystemTime,
     running_since: SystemTime,
-) -> Plan {
-    let in_use = InUse::with_sandbox(
-        &snapshot.images,
-        &snapshot.containers,
-        snapshot.sandbox_image.as_deref(),
-    );
+) -> Plan<'a> {
+    let references = References::new(&snapshot.containers, snapshot.sandbox_image.as_deref());
+    let listings = Listings::new(&snapshot.images);
     let keep_recent = keep_recent(snapshot, records, config.protect.keep_recent_per_repository);
     let globs: Vec<Glob> = config.protect.images.iter().map(|p| Glob::new(p)).collect();
     let max_age = config.gc.max_age;
@@ -156,22 +154,31 @@ pub fn plan(
     let guard_open = max_age.is_zero() || elapsed(running_since, now) > max_age;
 
     let mut plan = Plan::default();
-    let mut seen: HashMap<&str, ()> = HashMap::with_capacity(snapshot.images.len());
-    for image in &snapshot.images {
-        // Duplicate listings of one id are planned once.
-        if seen.insert(image.id.as_str(), ()).is_some() {
-            continue;
+    let mut users = Vec::new();
+    // One pass, each image's names read once while they are in cache.
+    for (i, image) in snapshot.images.iter().enumerate() {
+        // An id listed more than once is planned once, at its first
+        // listing, with what all its listings say.
+        let mut sandbox = false;
+        match listings.of(i) {
+            Listing::Only => sandbox = references.users(image, &mut users),
+            Listing::Repeated(others) => {
+                users.clear();
+                for &j in others {
+                    sandbox |= references.add_users(&snapshot.images[j], &mut users);
+                }
+            }
+            Listing::Later => continue,
         }
         let keep = |why| Kept {
-            id: image.id.clone(),
-            tags: image.repo_tags.clone(),
+            id: &image.id,
+            tags: &image.repo_tags,
             size: image.size,
             why,
         };
-        let containers = in_use.containers(&image.id);
-        if !containers.is_empty() {
+        if !users.is_empty() {
             plan.kept.push(keep(KeepReason::InUse {
-                containers: containers.iter().map(|c| c.to_string()).collect(),
+                containers: users.iter().map(|&c| snapshot.containers[c].id.as_str()).collect(),
             }));
             continue;
         }
@@ -179,22 +186,25 @@ pub fn plan(
             plan.kept.push(keep(KeepReason::Pinned));
             continue;
         }
-        if in_use.is_sandbox(&image.id) {
+        if sandbox {
             plan.kept.push(keep(KeepReason::Sandbox));
             continue;
         }
-        if let Some(glob) = globs
+        if let Some((pattern, _)) = config
+            .protect
+            .images
             .iter()
-            .find(|g| g.matches_image(&image.id, &image.repo_tags, &image.repo_digests))
+            .zip(&globs)
+            .find(|(_, g)| g.matches_image(&image.id, &image.repo_tags, &image.repo_digests))
         {
-            plan.kept.push(keep(KeepReason::Protected {
-                pattern: glob.as_str().to_string(),
-            }));
+            plan.kept.push(keep(KeepReason::Protected { pattern }));
             continue;
         }
-        if let Some((repository, rank)) = keep_recent.get(image.id.as_str()) {
+        if !keep_recent.is_empty()
+            && let Some((repository, rank)) = keep_recent.get(image.id.as_str())
+        {
             plan.kept.push(keep(KeepReason::KeepRecent {
-                repository: repository.to_string(),
+                repository,
                 rank: *rank,
             }));
             continue;
@@ -205,9 +215,9 @@ pub fn plan(
             .get(&image.id)
             .map_or((now, now, false), |r| (r.first_seen, r.last_used, r.from_history));
         let candidate = |reason| Candidate {
-            id: image.id.clone(),
-            tags: image.repo_tags.clone(),
-            digests: image.repo_digests.clone(),
+            id: &image.id,
+            tags: &image.repo_tags,
+            digests: &image.repo_digests,
             size: image.size,
             first_seen,
             last_used,
@@ -242,6 +252,57 @@ pub fn plan(
     plan
 }
 
+/// Which listing of its id each image is.
+enum Listing<'l> {
+    /// The id is listed once.
+    Only,
+    /// The first of several listings of the id: all of them, by index.
+    Repeated(&'l [usize]),
+    /// A later listing of an id already planned.
+    Later,
+}
+
+/// The images' listings by id. Runtimes list each id once; should one list
+/// an id twice, the image is planned once, with the names of every listing.
+struct Listings {
+    /// Index → the first listing of its id, when the id is listed more than once.
+    repeated: HashMap<usize, Vec<usize>>,
+    later: Vec<bool>,
+}
+
+impl Listings {
+    fn new(images: &[Image]) -> Self {
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
+        let mut repeated: HashMap<usize, Vec<usize>> = HashMap::default();
+        let mut later = vec![false; images.len()];
+        for (i, image) in images.iter().enumerate() {
+            match first.entry(&image.id) {
+                Entry::Vacant(entry) => {
+                    entry.insert(i);
+                }
+                Entry::Occupied(entry) => {
+                    let f = *entry.get();
+                    repeated.entry(f).or_insert_with(|| vec![f]).push(i);
+                    later[i] = true;
+                }
+            }
+        }
+        Listings { repeated, later }
+    }
+
+    fn of(&self, i: usize) -> Listing<'_> {
+        if self.later[i] {
+            Listing::Later
+        } else if !self.repeated.is_empty()
+            && let Some(all) = self.repeated.get(&i)
+        {
+            Listing::Repeated(all)
+        } else {
+            Listing::Only
+        }
+    }
+}
+
 /// Time from `earlier` to `later`; zero when the clock says `earlier` is in
 /// the future.
 fn elapsed(earlier: SystemTime, later: SystemTime) -> Duration {
@@ -251,11 +312,11 @@ fn elapsed(earlier: SystemTime, later: SystemTime) -> Duration {
 /// For each repository, the newest `keep` images (by first seen, then id)
 /// that carry a tag of it: image id → (repository, rank from 1).
 fn keep_recent<'a>(snapshot: &'a Snapshot, records: &Records, keep: u32) -> HashMap<&'a str, (&'a str, u32)> {
-    let mut kept = HashMap::new();
+    let mut kept = HashMap::default();
     if keep == 0 {
         return kept;
     }
-    let mut by_repo: HashMap<&'a str, Vec<(SystemTime, &'a str)>> = HashMap::new();
+    let mut by_repo: HashMap<&'a str, Vec<(SystemTime, &'a str)>> = HashMap::default();
     for image in &snapshot.images {
         let first_seen = records.get(&image.id).map_or(SystemTime::UNIX_EPOCH, |r| r.first_seen);
         let mut repos: Vec<&str> = image.repo_tags.iter().map(|t| reference::repository(t)).collect();
@@ -322,16 +383,16 @@ mod tests {
                 .observe(&self.snapshot.images, &self.snapshot.containers, at);
             self
         }
-        fn plan(&self, at: SystemTime) -> Plan {
+        fn plan(&self, at: SystemTime) -> Plan<'_> {
             plan(&self.snapshot, &self.records, &self.config, at, self.start)
         }
     }
 
-    fn ids(c: &[Candidate]) -> Vec<&str> {
-        c.iter().map(|c| c.id.as_str()).collect()
+    fn ids<'a>(c: &[Candidate<'a>]) -> Vec<&'a str> {
+        c.iter().map(|c| c.id).collect()
     }
 
-    fn kept<'a>(p: &'a Plan, id: &str) -> &'a KeepReason {
+    fn kept<'a>(p: &'a Plan, id: &str) -> &'a KeepReason<'a> {
         &p.kept
             .iter()
             .find(|k| k.id == id)
@@ -447,7 +508,7 @@ mod tests {
         w.start = t(0);
         // A record that claims an old last use but has no history (for
         // example invented by a corrupt state file) is guarded...
-        let mut map = HashMap::new();
+        let mut map = std::collections::HashMap::new();
         map.insert(
             "0".to_string(),
             crate::records::Record {
@@ -512,12 +573,7 @@ mod tests {
         w.config.gc.max_age = MIN;
         w.observe(t(0));
         let p = w.plan(t(100_000));
-        assert_eq!(
-            *kept(&p, "nginx"),
-            KeepReason::Protected {
-                pattern: "nginx:*".to_string()
-            }
-        );
+        assert_eq!(*kept(&p, "nginx"), KeepReason::Protected { pattern: "nginx:*" });
         assert_eq!(ids(&p.age), ["redis"]);
     }
 
@@ -543,7 +599,7 @@ mod tests {
         assert_eq!(
             *kept(&p, "v3"),
             KeepReason::KeepRecent {
-                repository: "ghcr.io/o/app".to_string(),
+                repository: "ghcr.io/o/app",
                 rank: 1
             }
         );

@@ -12,12 +12,17 @@
 //! invented at start-up.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
 use std::collections::hash_map::Entry;
 use std::time::SystemTime;
 
 use crate::cri::{Container, Image};
 use crate::reference;
+
+/// The maps keyed by image names and ids: foldhash, seeded per process, is
+/// several times faster than SipHash on these 70-120 byte keys, and the
+/// planner hashes each image's names every cycle.
+pub(crate) type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 /// What imagegc knows about one image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +49,10 @@ impl Records {
         Self::default()
     }
 
-    pub fn from_map(map: HashMap<String, Record>) -> Self {
-        Records { map }
+    pub fn from_map(map: impl IntoIterator<Item = (String, Record)>) -> Self {
+        Records {
+            map: map.into_iter().collect(),
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<&Record> {
@@ -69,7 +76,7 @@ impl Records {
     pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Vec<String> {
         let mut new_ids = Vec::new();
         let in_use = InUse::new(images, containers);
-        let mut listed: HashMap<&str, ()> = HashMap::with_capacity(images.len());
+        let mut listed: HashMap<&str, ()> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
         for image in images {
             listed.insert(image.id.as_str(), ());
             let used = in_use.is_used(&image.id);
@@ -139,42 +146,17 @@ impl<'a> InUse<'a> {
     /// The same, also noting which images the runtime's sandbox (pause)
     /// image reference names.
     pub fn with_sandbox(images: &'a [Image], containers: &'a [Container], sandbox: Option<&'a str>) -> Self {
-        // The sandbox reference is one more owner, after the containers.
-        let sandbox_owner = containers.len();
-        let references = ReferenceSet::new(
-            containers
-                .iter()
-                .enumerate()
-                .flat_map(|(i, c)| {
-                    [
-                        (i, c.image_id.as_str()),
-                        (i, c.image_ref.as_str()),
-                        (i, c.image.as_str()),
-                    ]
-                })
-                .chain(sandbox.map(|s| (sandbox_owner, s))),
-        );
+        let references = References::new(containers, sandbox);
         let mut in_use = InUse::default();
-        let mut owners = Vec::new();
+        let mut users = Vec::new();
         for image in images {
-            owners.clear();
-            references.owners(image, &mut owners);
-            if owners.is_empty() {
+            if references.users(image, &mut users) && !in_use.sandbox.contains(&image.id.as_str()) {
+                in_use.sandbox.push(&image.id);
+            }
+            if users.is_empty() {
                 continue;
             }
-            // In listing order, each container once.
-            owners.sort_unstable();
-            owners.dedup();
-            if owners.last() == Some(&sandbox_owner) {
-                owners.pop();
-                if !in_use.sandbox.contains(&image.id.as_str()) {
-                    in_use.sandbox.push(&image.id);
-                }
-            }
-            if owners.is_empty() {
-                continue;
-            }
-            let ids = owners.iter().map(|&i| containers[i].id.as_str());
+            let ids = users.iter().map(|&i| containers[i].id.as_str());
             match in_use.by_image.entry(&image.id) {
                 Entry::Vacant(entry) => {
                     entry.insert(ids.collect());
@@ -219,6 +201,58 @@ impl<'a> InUse<'a> {
     }
 }
 
+/// The containers' references to images (and the runtime's sandbox image
+/// reference), ready to tell which of them name an image. Built once per
+/// listing from the containers, which are far fewer than the images, so
+/// that each image costs a few lookups in a small table.
+pub struct References<'a> {
+    set: ReferenceSet<'a>,
+    /// The owner number standing for the sandbox reference: one past the
+    /// containers.
+    sandbox_owner: usize,
+}
+
+impl<'a> References<'a> {
+    pub fn new(containers: &'a [Container], sandbox: Option<&'a str>) -> Self {
+        let sandbox_owner = containers.len();
+        let set = ReferenceSet::new(
+            containers
+                .iter()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    [
+                        (i, c.image_id.as_str()),
+                        (i, c.image_ref.as_str()),
+                        (i, c.image.as_str()),
+                    ]
+                })
+                .chain(sandbox.map(|s| (sandbox_owner, s))),
+        );
+        References { set, sandbox_owner }
+    }
+
+    /// Sets `users` to the indices of the containers that name `image`
+    /// (ascending, each once) and returns whether the sandbox reference
+    /// names it.
+    pub fn users(&self, image: &Image, users: &mut Vec<usize>) -> bool {
+        users.clear();
+        self.add_users(image, users)
+    }
+
+    /// [`References::users`], adding to `users` rather than replacing it:
+    /// for an image id listed more than once, the union of its listings.
+    pub fn add_users(&self, image: &Image, users: &mut Vec<usize>) -> bool {
+        self.set.owners(image, users);
+        users.sort_unstable();
+        users.dedup();
+        if users.last() == Some(&self.sandbox_owner) {
+            users.pop();
+            return true;
+        }
+        false
+    }
+}
+
 /// The ids of the images any of `references` names (each once, in listing
 /// order), matched the way [`InUse`] matches containers' references.
 pub fn images_named<'a, 'r>(images: &'a [Image], references: impl IntoIterator<Item = &'r str>) -> Vec<&'a str> {
@@ -246,62 +280,113 @@ pub fn images_named<'a, 'r>(images: &'a [Image], references: impl IntoIterator<I
 /// few lookups in a small table rather than inserting every image's names
 /// into a large one.
 struct ReferenceSet<'a> {
-    forms: HashMap<Cow<'a, str>, Owners>,
+    /// Forms found in the references as written (nearly all of them).
+    borrowed: HashMap<&'a str, Owners>,
+    /// Forms that normalizing had to build (a familiar `nginx:1`).
+    built: HashMap<String, Owners>,
+    /// Owners past the first of each form, by [`Owners::more`].
+    more: Vec<Vec<u32>>,
 }
 
-/// The owners of one form: nearly always one, kept without a `Vec`.
-#[derive(Debug)]
+/// The owners of one form: the first, and an index into
+/// [`ReferenceSet::more`] when there are others. Small, so the table stays
+/// in cache.
+#[derive(Debug, Clone, Copy)]
 struct Owners {
-    first: usize,
-    more: Vec<usize>,
+    first: u32,
+    more: u32,
 }
+
+const NO_MORE: u32 = u32::MAX;
 
 impl<'a> ReferenceSet<'a> {
     /// From `(owner, reference)` pairs, owners in ascending order; empty
     /// references are skipped.
     fn new(references: impl Iterator<Item = (usize, &'a str)>) -> Self {
-        let mut forms: HashMap<Cow<'a, str>, Owners> = HashMap::new();
+        let references: Vec<(usize, &'a str)> = references.collect();
+        let mut set = ReferenceSet {
+            // About one form per reference: a tag is one, an id one, an
+            // empty reference none.
+            borrowed: HashMap::with_capacity_and_hasher(references.len(), Default::default()),
+            built: HashMap::default(),
+            more: Vec::new(),
+        };
         for (owner, reference) in references {
             if reference.is_empty() {
                 continue;
             }
-            let mut add = |form: Cow<'a, str>| match forms.entry(form) {
-                Entry::Vacant(entry) => {
-                    entry.insert(Owners {
-                        first: owner,
-                        more: Vec::new(),
-                    });
-                }
-                Entry::Occupied(mut entry) => {
-                    let owners = entry.get_mut();
-                    if *owners.more.last().unwrap_or(&owners.first) != owner {
-                        owners.more.push(owner);
-                    }
-                }
-            };
-            let bare = reference::bare_id(reference);
-            let normalized = reference::normalized(reference);
-            add(Cow::Borrowed(reference));
-            if bare != reference {
-                add(Cow::Borrowed(bare));
+            let owner = u32::try_from(owner).expect("fewer than 4 billion containers");
+            if reference::is_id(reference) {
+                // Images are looked up by their id without `sha256:`, and a
+                // tag that is an id likewise.
+                set.add(reference::bare_id(reference), owner);
+                continue;
             }
-            if normalized != reference && normalized != bare {
-                add(normalized);
+            set.add(reference, owner);
+            let bare = reference::bare_id(reference);
+            if bare != reference {
+                set.add(bare, owner);
+            }
+            if let Cow::Owned(normalized) = reference::normalized(reference)
+                && normalized != bare
+            {
+                let entry = set.built.entry(normalized).or_insert(Owners {
+                    first: owner,
+                    more: NO_MORE,
+                });
+                Self::add_owner(&mut set.more, entry, owner);
             }
         }
-        ReferenceSet { forms }
+        set
+    }
+
+    fn add(&mut self, form: &'a str, owner: u32) {
+        match self.borrowed.entry(form) {
+            Entry::Vacant(entry) => {
+                entry.insert(Owners {
+                    first: owner,
+                    more: NO_MORE,
+                });
+            }
+            Entry::Occupied(mut entry) => Self::add_owner(&mut self.more, entry.get_mut(), owner),
+        }
+    }
+
+    /// Notes one more owner of a form (owners come in ascending order, so
+    /// a repeat is the last one noted).
+    fn add_owner(more: &mut Vec<Vec<u32>>, owners: &mut Owners, owner: u32) {
+        if owners.more == NO_MORE {
+            if owners.first != owner {
+                owners.more = more.len() as u32;
+                more.push(vec![owner]);
+            }
+            return;
+        }
+        let list = &mut more[owners.more as usize];
+        if list.last() != Some(&owner) {
+            list.push(owner);
+        }
     }
 
     /// Appends the owners of the references that name `image` (possibly
     /// more than once).
     fn owners(&self, image: &Image, out: &mut Vec<usize>) {
-        if self.forms.is_empty() {
+        if self.borrowed.is_empty() && self.built.is_empty() {
             return;
         }
         let mut check = |form: &str| {
-            if let Some(owners) = self.forms.get(form) {
-                out.push(owners.first);
-                out.extend(&owners.more);
+            // A form can be in both tables: `nginx:1` normalized by one
+            // container, written out in full by another.
+            let built = if self.built.is_empty() {
+                None
+            } else {
+                self.built.get(form)
+            };
+            for owners in self.borrowed.get(form).into_iter().chain(built) {
+                out.push(owners.first as usize);
+                if owners.more != NO_MORE {
+                    out.extend(self.more[owners.more as usize].iter().map(|&o| o as usize));
+                }
             }
         };
         if !image.id.is_empty() {
@@ -309,8 +394,9 @@ impl<'a> ReferenceSet<'a> {
         }
         for name in image.repo_tags.iter().chain(&image.repo_digests) {
             check(name);
-            let normalized = reference::normalized(name);
-            if normalized != name.as_str() {
+            if reference::is_id(name) {
+                check(reference::bare_id(name));
+            } else if let Cow::Owned(normalized) = reference::normalized(name) {
                 check(&normalized);
             }
         }
@@ -440,6 +526,46 @@ pub(crate) mod tests {
             image_ref: "sha256:3333333333333333333333333333333333333333333333333333333333333333".to_string(),
             ..Default::default()
         }));
+    }
+
+    #[test]
+    fn every_container_naming_an_image_is_listed_whichever_form_it_wrote() {
+        let images = [image("nginx", 1), image("other", 1)];
+        // One familiar name (normalized by imagegc), one in full (as written).
+        let containers = [
+            container("short", "nginx"),
+            container("full", "docker.io/library/nginx:latest"),
+            container("again", "nginx:latest"),
+        ];
+        let in_use = InUse::new(&images, &containers);
+        assert_eq!(in_use.containers("nginx"), ["short", "full", "again"]);
+        assert!(!in_use.is_used("other"));
+        // And the sandbox reference, written short, beside a container.
+        let in_use = InUse::with_sandbox(&images, &containers[1..2], Some("nginx"));
+        assert!(in_use.is_sandbox("nginx"));
+        assert_eq!(in_use.containers("nginx"), ["full"]);
+    }
+
+    #[test]
+    fn ids_match_with_or_without_their_prefix_on_either_side() {
+        let hex = "ab".repeat(32);
+        let prefixed = format!("sha256:{hex}");
+        let mut with_prefix = image("x", 1);
+        with_prefix.id = prefixed.clone();
+        let mut bare = image("y", 1);
+        bare.id = hex.clone();
+        // A runtime that lists an id among the tags.
+        let mut tagged = image("z", 1);
+        tagged.repo_tags.push(prefixed.clone());
+        for reference in [&prefixed, &hex] {
+            for (img, id) in [(&with_prefix, &prefixed), (&bare, &hex), (&tagged, &"z".to_string())] {
+                let images = [img.clone()];
+                assert!(
+                    InUse::new(&images, &[container("c", reference)]).is_used(id),
+                    "{reference} should name {id}"
+                );
+            }
+        }
     }
 
     #[test]

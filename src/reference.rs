@@ -26,7 +26,7 @@ pub fn normalize(reference: &str) -> String {
 /// allocates nothing.
 pub fn normalized(reference: &str) -> Cow<'_, str> {
     let reference = reference.trim();
-    if reference.is_empty() || is_id(reference) {
+    if reference.is_empty() || is_id(reference) || is_qualified(reference) {
         return Cow::Borrowed(reference);
     }
     let (name, suffix) = split_name(reference);
@@ -58,6 +58,54 @@ pub fn normalized(reference: &str) -> Cow<'_, str> {
     }
 }
 
+/// True when `reference` is already fully qualified, so that normalizing
+/// it changes nothing: a registry host first (with a dot or a port, or
+/// `localhost`; `docker.io` only with a namespace), then a tag or a digest.
+/// The fast path of [`normalized`]: runtimes list names this way, and the
+/// planner normalizes every tag and digest of every image each cycle.
+fn is_qualified(reference: &str) -> bool {
+    let bytes = reference.as_bytes();
+    let Some(slash) = bytes.iter().position(|&b| b == b'/') else {
+        return false;
+    };
+    let host = &bytes[..slash];
+    if !(host.contains(&b'.') || host.contains(&b':') || host == b"localhost") {
+        return false;
+    }
+    // The name ends at the first `@` (a digest follows).
+    let at = memchr(b'@', bytes);
+    if at.is_some_and(|at| at < slash) {
+        return false;
+    }
+    let name = &bytes[..at.unwrap_or(bytes.len())];
+    if host == b"docker.io" && !name[slash + 1..].contains(&b'/') {
+        // `docker.io/nginx` is `docker.io/library/nginx`.
+        return false;
+    }
+    if at.is_some() {
+        return true;
+    }
+    // A tag: a colon after the last slash.
+    for &b in bytes.iter().rev() {
+        match b {
+            b':' => return true,
+            b'/' => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The first position of `needle`; `<[u8]>::contains` and `position` on
+/// bytes compile to a scan the optimizer vectorizes.
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    if haystack.contains(&needle) {
+        haystack.iter().position(|&b| b == needle)
+    } else {
+        None
+    }
+}
+
 /// The familiar short form of a fully qualified reference, as people write it:
 /// `docker.io/library/nginx:1` → `nginx:1`, `docker.io/user/app:1` → `user/app:1`.
 pub fn familiar(reference: &str) -> &str {
@@ -73,7 +121,10 @@ pub fn familiar(reference: &str) -> &str {
 /// True for image ids: `sha256:<64 hex>` or a bare 64-hex id (CRI-O).
 pub fn is_id(reference: &str) -> bool {
     let hex = reference.strip_prefix("sha256:").unwrap_or(reference);
-    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    // Without an early exit: ids are random hex, on which a per-byte branch
+    // mispredicts about every other byte (this runs for every container's
+    // image reference each cycle).
+    hex.len() == 64 && hex.bytes().fold(true, |all, b| all & b.is_ascii_hexdigit())
 }
 
 /// The id without its `sha256:` prefix, for comparing ids across runtimes.
@@ -86,9 +137,7 @@ fn split_name(reference: &str) -> (&str, Option<&str>) {
     // Byte searches: all three separators are ASCII. `contains` is a fast
     // scan, and most references (tags) have no digest.
     let bytes = reference.as_bytes();
-    if bytes.contains(&b'@')
-        && let Some(at) = bytes.iter().position(|&b| b == b'@')
-    {
+    if let Some(at) = memchr(b'@', bytes) {
         return (&reference[..at], Some(&reference[at..]));
     }
     let last_slash = bytes.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
@@ -112,12 +161,16 @@ pub fn repository(reference: &str) -> &str {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Glob {
     pattern: String,
+    /// Length of the literal text before the first wildcard: a quick
+    /// rejection for most names.
+    literal: usize,
 }
 
 impl Glob {
     pub fn new(pattern: &str) -> Self {
         Glob {
             pattern: pattern.to_string(),
+            literal: pattern.find(['*', '?']).unwrap_or(pattern.len()),
         }
     }
 
@@ -127,7 +180,8 @@ impl Glob {
 
     /// True when the pattern matches `text` whole.
     pub fn matches(&self, text: &str) -> bool {
-        glob_match(self.pattern.as_bytes(), text.as_bytes())
+        let pattern = self.pattern.as_bytes();
+        text.as_bytes().starts_with(&pattern[..self.literal]) && glob_match(pattern, text.as_bytes())
     }
 
     /// True when the pattern matches the image's id (with or without the
@@ -187,6 +241,77 @@ mod tests {
         );
         let id = "sha256:0123456789012345678901234567890123456789012345678901234567890123";
         assert_eq!(normalize(id), id);
+    }
+
+    /// The fast path agrees with the full normalization (written the plain
+    /// way, as the oracle): what it calls qualified, normalizing leaves as
+    /// is, and `normalized` gives the oracle's answer for every reference.
+    #[test]
+    fn the_qualified_fast_path_agrees_with_normalizing() {
+        let parts = [
+            "",
+            "nginx",
+            "docker.io",
+            "docker.io/",
+            "library",
+            "localhost",
+            "localhost:5000",
+            "ghcr.io",
+            "a.b",
+            "user",
+            "/",
+            ":",
+            "@",
+            ":1",
+            "@sha256:ab",
+            "a@b",
+            "x:y",
+            " ",
+        ];
+        let mut checked = 0;
+        for a in parts {
+            for b in parts {
+                for c in parts {
+                    let reference = format!("{a}/{b}{c}");
+                    for r in [reference.as_str(), &reference[1..], &format!("{a}{b}{c}")] {
+                        let slow = {
+                            // The full path, skipping the fast one.
+                            let trimmed = r.trim();
+                            if trimmed.is_empty() || is_id(trimmed) {
+                                continue;
+                            }
+                            normalized_without_fast_path(trimmed)
+                        };
+                        assert_eq!(normalized(r), slow, "{r:?}");
+                        if is_qualified(r.trim()) {
+                            assert_eq!(slow, r.trim(), "{r:?} was taken as qualified");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100, "only {checked} qualified references were checked");
+    }
+
+    fn normalized_without_fast_path(reference: &str) -> String {
+        let (name, suffix) = split_name(reference);
+        let qualified = match name.split_once('/') {
+            None => format!("{DEFAULT_REGISTRY}/{OFFICIAL_NAMESPACE}/{name}"),
+            Some((first, _)) if !(first.contains('.') || first.contains(':') || first == "localhost") => {
+                format!("{DEFAULT_REGISTRY}/{name}")
+            }
+            Some(_) => name.to_string(),
+        };
+        let qualified = if qualified.starts_with("docker.io/") && qualified.matches('/').count() == 1 {
+            qualified.replacen("docker.io/", "docker.io/library/", 1)
+        } else {
+            qualified
+        };
+        match suffix {
+            Some(suffix) => format!("{qualified}{suffix}"),
+            None => format!("{qualified}:latest"),
+        }
     }
 
     #[test]

@@ -192,7 +192,7 @@ fn the_planner_on_odd_listings() {
         records.observe(&snapshot.images, &snapshot.containers, t0);
         let config = support::config(std::path::Path::new("/nonexistent"));
         let plan = policy::plan(&snapshot, &records, &config, t0 + Duration::from_secs(60), t0);
-        let mut space: Vec<String> = plan.space.iter().map(|c| c.id.clone()).collect();
+        let mut space: Vec<String> = plan.space.iter().map(|c| c.id.to_string()).collect();
         space.sort();
         let mut expected = ids(case.space);
         expected.sort();
@@ -201,7 +201,7 @@ fn the_planner_on_odd_listings() {
             .kept
             .iter()
             .filter(|k| matches!(k.why, KeepReason::InUse { .. }))
-            .map(|k| k.id.clone())
+            .map(|k| k.id.to_string())
             .collect();
         in_use.sort();
         let mut expected = ids(case.in_use);

@@ -75,7 +75,7 @@ pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> 
 }
 
 pub fn records(entries: impl IntoIterator<Item = (String, Record)>) -> Records {
-    Records::from_map(entries.into_iter().collect())
+    Records::from_map(entries)
 }
 
 /// A simulated image filesystem: capacity, available bytes, and how many
