@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::cri::{ContainerEvent, Image, Runtime, RuntimeError};
+use crate::cri::{ContainerEvent, Image, ImageFsUsage, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::http::Health;
 use crate::journal::{Journal, JournalEntry};
@@ -143,6 +143,9 @@ pub struct Collector<R> {
     /// Images of the last listing, to resolve container references between cycles.
     last_images: Vec<Image>,
     sandbox_image: Option<String>,
+    /// The runtime's ImageFsInfo answer, asked beside the last listing
+    /// (none when `gc.image_fs_path` is set).
+    observed_filesystems: Option<Result<Vec<ImageFsUsage>, RuntimeError>>,
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
     sandbox_unknown: Option<String>,
@@ -197,6 +200,7 @@ impl<R: Runtime> Collector<R> {
             health: None,
             last_images: Vec::new(),
             sandbox_image: None,
+            observed_filesystems: None,
             sandbox_unknown: None,
             recently_removed: Vec::new(),
             eviction_checked: false,
@@ -292,18 +296,34 @@ impl<R: Runtime> Collector<R> {
 
     /// Lists images, containers and the sandbox image, and updates the records.
     pub async fn observe(&mut self) -> Result<Snapshot, RuntimeError> {
-        let images = self.runtime.list_images().await;
-        let containers = self.runtime.list_containers().await;
-        let (images, containers) = match (images, containers) {
-            (Ok(i), Ok(c)) => (i, c),
-            (Err(e), _) | (_, Err(e)) => {
+        // Status (for the sandbox image) and ImageFsInfo go beside the
+        // listings rather than after them: one round trip less per cycle.
+        // Images are listed before containers, so a container created from
+        // a listed image in between is listed too.
+        let runtime = &self.runtime;
+        let listings = async {
+            let images = runtime.list_images().await?;
+            let containers = runtime.list_containers().await?;
+            Ok::<_, RuntimeError>((images, containers))
+        };
+        let filesystems = async {
+            match self.config.gc.image_fs_path {
+                Some(_) => None,
+                None => Some(runtime.image_fs_info().await),
+            }
+        };
+        let (listings, status, filesystems) = tokio::join!(listings, runtime.status(), filesystems);
+        let (images, containers) = match listings {
+            Ok(listings) => listings,
+            Err(e) => {
                 self.metrics.set_runtime_up(false);
                 return Err(e);
             }
         };
+        self.observed_filesystems = filesystems;
         self.metrics.set_runtime_up(true);
         self.sandbox_unknown = None;
-        match self.runtime.status().await {
+        match status {
             Ok(status) => {
                 if status.sandbox_image.is_some() {
                     self.sandbox_image = status.sandbox_image;
@@ -342,13 +362,7 @@ impl<R: Runtime> Collector<R> {
         if let Some(path) = &self.config.gc.image_fs_path {
             return Ok(path.clone());
         }
-        let filesystems = self.runtime.image_fs_info().await?;
-        Ok(filesystems
-            .into_iter()
-            .map(|fs| fs.mount_point)
-            .find(|m| !m.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_default())
+        Ok(mount_point(self.runtime.image_fs_info().await?))
     }
 
     /// Lists containers and marks their images used now (between cycles).
@@ -435,7 +449,11 @@ impl<R: Runtime> Collector<R> {
                 "images without history are not removed by age until imagegc has run longer than max age"
             );
         }
-        let fs_path = match self.image_fs_path().await {
+        let fs_path = match self.observed_filesystems.take() {
+            Some(filesystems) => filesystems.map(mount_point),
+            None => self.image_fs_path().await,
+        };
+        let fs_path = match fs_path {
             Ok(path) => Some(path).filter(|p| !p.as_os_str().is_empty()),
             Err(err) => {
                 warn!(error = %err, "cannot find the image filesystem");
@@ -702,6 +720,17 @@ impl<R: Runtime> Collector<R> {
             Outcome::Interrupted => info!(removed = age + space, "cycle interrupted by shutdown"),
         }
     }
+}
+
+/// The image filesystem's mount point in an ImageFsInfo answer (empty when
+/// the runtime names none).
+fn mount_point(filesystems: Vec<ImageFsUsage>) -> PathBuf {
+    filesystems
+        .into_iter()
+        .map(|fs| fs.mount_point)
+        .find(|m| !m.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
