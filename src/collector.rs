@@ -36,6 +36,11 @@ use crate::records::{self, InUse, Records};
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
+/// The longest the state file goes unsaved while only last-used times of
+/// images in use move: it bounds how late age removals can come after a
+/// crash (see [`Collector::save_if_due`]).
+pub const STATE_REFRESH: Duration = Duration::from_secs(30 * 60);
+
 /// One removal (or, in dry run, one removal that would have happened).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Removal {
@@ -146,6 +151,8 @@ pub struct Collector<R> {
     /// The runtime's ImageFsInfo answer, asked beside the last listing
     /// (none when `gc.image_fs_path` is set).
     observed_filesystems: Option<Result<Vec<ImageFsUsage>, RuntimeError>>,
+    /// When the records were last saved by this process.
+    last_saved: Option<SystemTime>,
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
     sandbox_unknown: Option<String>,
@@ -201,6 +208,7 @@ impl<R: Runtime> Collector<R> {
             last_images: Vec::new(),
             sandbox_image: None,
             observed_filesystems: None,
+            last_saved: None,
             sandbox_unknown: None,
             recently_removed: Vec::new(),
             eviction_checked: false,
@@ -387,15 +395,39 @@ impl<R: Runtime> Collector<R> {
 
     /// Saves the records; a failure is logged, never fatal: the collector
     /// goes on and tries again at the next save.
-    pub async fn save(&self) {
+    pub async fn save(&mut self) {
         let store = self.store.clone();
         let records = self.records.clone();
         let now = self.clock.now();
         let result = tokio::task::spawn_blocking(move || store.save(&records, now)).await;
         match result {
-            Ok(Ok(())) => debug!(records = self.records.len(), "state saved"),
+            Ok(Ok(())) => {
+                debug!(records = self.records.len(), "state saved");
+                self.records.saved();
+                self.last_saved = Some(now);
+            }
             Ok(Err(err)) => warn!(error = %err, "could not save state; will retry at the next save"),
             Err(err) => warn!(error = %err, "state save task failed"),
+        }
+    }
+
+    /// Saves the records when something other than the last-used times of
+    /// images in use changed, or when the last save is [`STATE_REFRESH`]
+    /// old. Skipping the others loses nothing a restart needs: on load, the
+    /// time since the save beyond one interval moves every last-used time
+    /// forward, which covers the images still in use since (they are in
+    /// use again at the first listing anyway); the cost falls on the safe
+    /// side, age removals after a crash coming up to [`STATE_REFRESH`]
+    /// late. A clean shutdown always saves.
+    async fn save_if_due(&mut self) {
+        let now = self.clock.now();
+        let stale = self
+            .last_saved
+            .is_none_or(|at| now.duration_since(at).map_or(true, |d| d >= STATE_REFRESH));
+        if self.records.changed() || stale {
+            self.save().await;
+        } else {
+            debug!("records unchanged but for last-used times: state save skipped");
         }
     }
 
@@ -411,7 +443,7 @@ impl<R: Runtime> Collector<R> {
         if let Err(err) = self.run_cycle(&config, cancel, &mut report).await {
             report.outcome = Outcome::Failed(err);
         }
-        self.save().await;
+        self.save_if_due().await;
         report.duration = started.elapsed();
         timer.finish(report.succeeded());
         self.log_summary(&report);
@@ -474,7 +506,7 @@ impl<R: Runtime> Collector<R> {
             self.remove(candidate, &disk, report).await?;
         }
         if !plan.age.is_empty() {
-            self.save().await;
+            self.save_if_due().await;
         }
 
         // Space pass.
@@ -666,8 +698,13 @@ impl<R: Runtime> Collector<R> {
             last_used: candidate.last_used,
             dry_run,
         };
-        self.journal
-            .append(&JournalEntry::from_removal(&removal, self.clock.now()));
+        // File IO stays off the runtime's thread (metrics and health answer
+        // from it); awaited, so the journal keeps the removals' order.
+        let journal = self.journal.clone();
+        let entry = JournalEntry::from_removal(&removal, self.clock.now());
+        if let Err(err) = tokio::task::spawn_blocking(move || journal.append(&entry)).await {
+            warn!(error = %err, "journal write task failed");
+        }
         if !dry_run {
             let names = removal.tags.iter().chain(&removal.digests).cloned().collect();
             self.recently_removed.push((self.clock.now(), names));
@@ -903,6 +940,42 @@ mod tests {
         sim.with(|s| s.fail_lists = false);
         assert!(c.poll_usage().await.is_ok());
         assert_eq!(runtime_up(&c).as_deref(), Some("imagegc_runtime_up 1"));
+    }
+
+    #[tokio::test]
+    async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 10), image("b", 10)];
+            s.containers = vec![crate::records::tests::container("c", "a")];
+            (s.capacity, s.available) = (1000, 900);
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let path = c.store.path().to_path_buf();
+        let read = || std::fs::read(&path).expect("the state file");
+        cycle(&mut c).await;
+        let first = read();
+        // Only the last use of `a`, in use, moved: the file stays as it was.
+        cycle(&mut c).await;
+        assert_eq!(read(), first);
+        // A new image is saved at once.
+        sim.with(|s| s.images.push(image("n", 10)));
+        cycle(&mut c).await;
+        let second = read();
+        assert_ne!(second, first);
+        match StateStore::new(c.store.dir()).load(c.clock.now(), Duration::from_secs(300)) {
+            Loaded::Records { records, .. } => assert!(records.get("n").is_some()),
+            _ => panic!("the state file does not load"),
+        }
+        // Unchanged, but the last save is as old as the refresh period.
+        c.last_saved = Some(c.clock.now() - STATE_REFRESH);
+        cycle(&mut c).await;
+        assert_ne!(read(), second);
+        // A removal is saved at once.
+        let third = read();
+        sim.with(|s| s.images.retain(|i| i.id != "b"));
+        cycle(&mut c).await;
+        assert_ne!(read(), third);
     }
 
     // KUBELET.md scenario 9: below the low threshold nothing is removed.

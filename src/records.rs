@@ -39,10 +39,23 @@ pub struct Record {
 }
 
 /// All records, keyed by image id.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Records {
     map: HashMap<String, Record>,
+    /// Whether anything other than last-used times changed since the last
+    /// save: an image appeared or went, or its size, pin or names changed.
+    changed: bool,
 }
+
+/// Equal records hold the same images with the same facts; what changed
+/// since the last save is not part of them.
+impl PartialEq for Records {
+    fn eq(&self, other: &Self) -> bool {
+        self.map == other.map
+    }
+}
+
+impl Eq for Records {}
 
 impl Records {
     pub fn new() -> Self {
@@ -52,6 +65,7 @@ impl Records {
     pub fn from_map(map: impl IntoIterator<Item = (String, Record)>) -> Self {
         Records {
             map: map.into_iter().collect(),
+            changed: false,
         }
     }
 
@@ -81,6 +95,7 @@ impl Records {
             listed.insert(image.id.as_str(), ());
             let used = in_use.is_used(&image.id);
             let record = self.map.entry(image.id.clone()).or_insert_with(|| {
+                self.changed = true;
                 new_ids.push(image.id.clone());
                 Record {
                     first_seen: now,
@@ -95,22 +110,40 @@ impl Records {
             if used {
                 record.last_used = record.last_used.max(now);
             }
-            record.size = image.size;
-            record.pinned = image.pinned;
+            if record.size != image.size || record.pinned != image.pinned {
+                record.size = image.size;
+                record.pinned = image.pinned;
+                self.changed = true;
+            }
             if record.tags != image.repo_tags {
                 record.tags.clone_from(&image.repo_tags);
+                self.changed = true;
             }
             if record.digests != image.repo_digests {
                 record.digests.clone_from(&image.repo_digests);
+                self.changed = true;
             }
         }
+        let before = self.map.len();
         self.map.retain(|id, _| listed.contains_key(id.as_str()));
+        self.changed |= self.map.len() != before;
         new_ids
     }
 
     /// Forgets an image (after it was removed).
     pub fn remove(&mut self, id: &str) {
-        self.map.remove(id);
+        self.changed |= self.map.remove(id).is_some();
+    }
+
+    /// Whether anything but last-used times changed since the last
+    /// [`Records::saved`].
+    pub fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Notes that the records as they are now were saved.
+    pub fn saved(&mut self) {
+        self.changed = false;
     }
 
     /// Marks images used now, from a container listing or events between
