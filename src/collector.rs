@@ -344,7 +344,6 @@ impl<R: Runtime> Collector<R> {
         }
         let new_ids = self.records.observe(&images, &containers, self.clock.now());
         self.detect_repulls(&images, &new_ids);
-        self.last_images.clone_from(&images);
         Ok(Snapshot {
             images,
             containers,
@@ -457,6 +456,21 @@ impl<R: Runtime> Collector<R> {
         report: &mut CycleReport,
     ) -> Result<(), String> {
         let snapshot = self.observe().await.map_err(|e| e.to_string())?;
+        let result = self.execute(config, &snapshot, cancel, report).await;
+        // Kept for matching container events and polls until the next
+        // cycle: moved, not copied.
+        self.last_images = snapshot.images;
+        result
+    }
+
+    /// The cycle after the listing: plan, then the age and space passes.
+    async fn execute(
+        &mut self,
+        config: &Config,
+        snapshot: &Snapshot,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<(), String> {
         report.runtime_reached = true;
         self.heartbeat();
         if let Some(err) = &self.sandbox_unknown {
@@ -467,7 +481,7 @@ impl<R: Runtime> Collector<R> {
             ));
         }
         let now = self.clock.now();
-        let plan = policy::plan(&snapshot, &self.records, config, now, self.clock.started());
+        let plan = policy::plan(snapshot, &self.records, config, now, self.clock.started());
         self.metrics.set_images(
             plan.in_use_count(),
             snapshot.images.len() - plan.in_use_count() - plan.protected_count(),

@@ -94,10 +94,12 @@ impl Records {
         for image in images {
             listed.insert(image.id.as_str(), ());
             let used = in_use.is_used(&image.id);
-            let record = self.map.entry(image.id.clone()).or_insert_with(|| {
+            // Looked up before inserting: the id is copied only for a new
+            // record, not for every image every cycle.
+            if !self.map.contains_key(image.id.as_str()) {
                 self.changed = true;
                 new_ids.push(image.id.clone());
-                Record {
+                let record = Record {
                     first_seen: now,
                     last_used: now,
                     size: image.size,
@@ -105,8 +107,10 @@ impl Records {
                     tags: Vec::new(),
                     digests: Vec::new(),
                     from_history: false,
-                }
-            });
+                };
+                self.map.insert(image.id.clone(), record);
+            }
+            let record = self.map.get_mut(image.id.as_str()).expect("inserted above");
             if used {
                 record.last_used = record.last_used.max(now);
             }
