@@ -433,6 +433,69 @@ mod tests {
         );
     }
 
+    /// Records with every kind of value a state file must carry: names that
+    /// need JSON escapes, none or several names, pinned, extreme sizes.
+    fn varied() -> Records {
+        let record = |first: u64, last: u64, size: u64, pinned: bool, tags: &[&str], digests: &[&str]| Record {
+            first_seen: t(first),
+            last_used: t(last),
+            size,
+            pinned,
+            tags: tags.iter().map(|s| s.to_string()).collect(),
+            digests: digests.iter().map(|s| s.to_string()).collect(),
+            from_history: true,
+        };
+        let map = HashMap::from([
+            (
+                format!("sha256:{}", "a".repeat(64)),
+                record(
+                    0,
+                    50,
+                    123_456_789,
+                    false,
+                    &["docker.io/library/nginx:1.27"],
+                    &[
+                        "docker.io/library/nginx@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                    ],
+                ),
+            ),
+            (format!("sha256:{}", "b".repeat(64)), record(10, 10, 0, true, &[], &[])),
+            (
+                "sha256:c".to_string(),
+                record(
+                    20,
+                    30,
+                    u64::MAX,
+                    false,
+                    &["a:1", "b:2", "c:3"],
+                    &["a@sha256:1", "b@sha256:2"],
+                ),
+            ),
+            (
+                "odd \"id\"\n\t\\ \u{1} \u{2028} é 漢".to_string(),
+                record(5, 40, 1, true, &["quote\"back\\slash\nnewline:tag"], &["\u{7f}\u{0}@x"]),
+            ),
+        ]);
+        Records::from_map(map)
+    }
+
+    #[test]
+    fn a_version_1_file_written_by_the_old_encoder_loads_to_the_same_records() {
+        // Written by the version 1 `encode` (as of e45aa58) from `varied()`
+        // saved at t(60).
+        let bytes = include_bytes!("../tests/data/records-v1.state");
+        assert!(bytes.starts_with(b"imagegc-state v1 "));
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        fs::write(store.path(), bytes).unwrap();
+        let Loaded::Records { records, saved_at } = store.load(t(60), Duration::MAX) else {
+            panic!("not loaded")
+        };
+        assert_eq!(saved_at, t(60));
+        assert_eq!(records, varied());
+        assert_eq!(verify(bytes), Ok(4));
+    }
+
     #[test]
     fn missing_file_is_a_fresh_start() {
         let dir = tempfile::tempdir().unwrap();
