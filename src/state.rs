@@ -1,17 +1,25 @@
 //! Persistence of the records, crash-safe.
 //!
-//! One file, `<state dir>/records.state`, in this format (version 1):
+//! One file, `<state dir>/records.state`, in this format (version 2):
 //!
 //! ```text
-//! imagegc-state v1 crc32=<8 hex digits> len=<payload bytes>\n
-//! <payload: one JSON object>
+//! imagegc-state v2 crc32=<8 hex digits> len=<payload bytes>\n
+//! {"saved_at":<unix ms>}\n
+//! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...]]\n
+//! ...
 //! ```
 //!
-//! The payload is `{"saved_at": <unix ms>, "records": {"<image id>":
+//! The payload is one JSON value a line: the time of the save, then one
+//! array per image, sorted by id. Strings are JSON strings, whose escapes
+//! never leave a newline inside a line, so `tail -n +3 records.state | jq -c`
+//! reads the records. The CRC-32 of the payload and its length are in the
+//! header, so a torn or altered file is detected rather than believed.
+//! Version 1 files (before this layout) are still read: their payload is one
+//! JSON object, `{"saved_at": <unix ms>, "records": {"<image id>":
 //! {"first_seen": <unix ms>, "last_used": <unix ms>, "size": <bytes>,
-//! "pinned": <bool>, "tags": [...], "digests": [...]}, ...}}`. The CRC-32 of
-//! the payload and its length are in the header, so a torn or altered file is
-//! detected rather than believed.
+//! "pinned": <bool>, "tags": [...], "digests": [...]}, ...}}`. Version 2 drops
+//! the field names from every record (a sixth of the file) and can be parsed
+//! a line at a time into the records' map.
 //!
 //! Writes go to a fresh temporary file (created with `O_EXCL|O_NOFOLLOW`,
 //! mode 0600), which is fsynced, renamed over the old file, and the directory
@@ -26,6 +34,7 @@
 //! collector starts fresh: no history is invented from it, so age-based
 //! removal waits (see [`crate::policy`]) while space-based removal goes on.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -40,7 +49,8 @@ use crate::time::{from_unix_millis, to_unix_millis};
 
 pub const FILE_NAME: &str = "records.state";
 const MAGIC: &str = "imagegc-state";
-const VERSION: u32 = 1;
+/// The version [`encode`] writes; version 1 is still read.
+const VERSION: u32 = 2;
 /// A state file larger than this is not a state file imagegc wrote
 /// (a million images take about 300 MiB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -62,7 +72,7 @@ pub enum Corruption {
     Empty,
     #[error("it has no valid header")]
     BadHeader,
-    #[error("it is version {0}, this imagegc reads version {VERSION}")]
+    #[error("it is version {0}, this imagegc reads versions 1 to {VERSION}")]
     WrongVersion(String),
     #[error("it is truncated or has extra bytes (header says {expected} payload bytes, found {found})")]
     Length { expected: usize, found: usize },
@@ -87,15 +97,29 @@ pub enum Loaded {
     },
 }
 
-#[derive(Deserialize)]
-struct Payload {
+/// The first line of a version 2 payload.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Head {
     saved_at: u64,
-    records: BTreeMap<String, StoredRecord>,
+}
+
+/// A record line of version 2 as [`encode`] writes it: id, first seen, last
+/// used, size, pinned, tags, digests.
+type LineRef<'a> = (&'a str, u64, u64, u64, bool, &'a [String], &'a [String]);
+/// The same, as read.
+type Line = (String, u64, u64, u64, bool, Vec<String>, Vec<String>);
+
+/// The payload of version 1.
+#[derive(Deserialize)]
+struct PayloadV1 {
+    saved_at: u64,
+    records: BTreeMap<String, StoredRecordV1>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct StoredRecord {
+struct StoredRecordV1 {
     first_seen: u64,
     last_used: u64,
     size: u64,
@@ -106,22 +130,11 @@ struct StoredRecord {
     digests: Vec<String>,
 }
 
-/// [`Payload`] as [`encode`] writes it, borrowing from the records rather
-/// than copying every id and name.
-#[derive(Serialize)]
-struct PayloadRef<'a> {
+/// A verified file's content: the save time (unix ms) and the records with
+/// their times as stored.
+struct Decoded {
     saved_at: u64,
-    records: BTreeMap<&'a str, StoredRecordRef<'a>>,
-}
-
-#[derive(Serialize)]
-struct StoredRecordRef<'a> {
-    first_seen: u64,
-    last_used: u64,
-    size: u64,
-    pinned: bool,
-    tags: &'a [String],
-    digests: &'a [String],
+    records: HashMap<String, Record>,
 }
 
 /// The state directory and file.
@@ -158,32 +171,18 @@ impl StateStore {
             Err(err) => return self.set_aside(Corruption::Unreadable(err.to_string())),
         };
         match decode(&bytes) {
-            Ok(payload) => {
-                let saved_at = from_unix_millis(payload.saved_at).min(now);
+            Ok(Decoded { saved_at, mut records }) => {
+                let saved_at = from_unix_millis(saved_at).min(now);
                 let shift = now
                     .duration_since(saved_at)
                     .unwrap_or_default()
                     .saturating_sub(unobserved_grace);
-                let map: HashMap<String, Record> = payload
-                    .records
-                    .into_iter()
-                    .map(|(id, r)| {
-                        let first_seen = from_unix_millis(r.first_seen).min(now);
-                        let last_used = (from_unix_millis(r.last_used) + shift).min(now).max(first_seen);
-                        let record = Record {
-                            first_seen,
-                            last_used,
-                            size: r.size,
-                            pinned: r.pinned,
-                            tags: r.tags,
-                            digests: r.digests,
-                            from_history: true,
-                        };
-                        (id, record)
-                    })
-                    .collect();
+                for record in records.values_mut() {
+                    record.first_seen = record.first_seen.min(now);
+                    record.last_used = (record.last_used + shift).min(now).max(record.first_seen);
+                }
                 Loaded::Records {
-                    records: Records::from_map(map),
+                    records: Records::from_map(records),
                     saved_at,
                 }
             }
@@ -200,8 +199,8 @@ impl StateStore {
 
     /// Saves the records atomically (see the module docs).
     pub fn save(&self, records: &Records, now: SystemTime) -> Result<(), StateError> {
-        let bytes = encode(records, now);
-        self.write_atomic(&bytes)
+        let (header, payload) = encode_parts(records, now);
+        self.write_atomic(&[header.as_bytes(), &payload])
     }
 
     fn ensure_dir(&self) -> Result<(), StateError> {
@@ -225,7 +224,8 @@ impl StateStore {
         }
     }
 
-    fn write_atomic(&self, bytes: &[u8]) -> Result<(), StateError> {
+    /// Writes `parts`, one after the other, as the new file.
+    fn write_atomic(&self, parts: &[&[u8]]) -> Result<(), StateError> {
         self.ensure_dir()?;
         let werr = |path: &Path, source| StateError::Write {
             path: path.to_path_buf(),
@@ -243,7 +243,9 @@ impl StateStore {
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&tmp)?;
-            file.write_all(bytes)?;
+            for part in parts {
+                file.write_all(part)?;
+            }
             file.sync_all()?;
             drop(file);
             fs::rename(&tmp, &self.path)?;
@@ -302,38 +304,45 @@ fn read_limited(path: &Path) -> io::Result<Vec<u8>> {
 
 /// The file's bytes for these records.
 pub fn encode(records: &Records, now: SystemTime) -> Vec<u8> {
-    let payload = PayloadRef {
+    let (header, payload) = encode_parts(records, now);
+    [header.as_bytes(), &payload].concat()
+}
+
+/// The header line and the payload, apart, so that saving need not copy the
+/// payload behind the header.
+fn encode_parts(records: &Records, now: SystemTime) -> (String, Vec<u8>) {
+    let mut sorted: Vec<(&String, &Record)> = records.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let mut payload = Vec::new();
+    let json = "records serialize to JSON";
+    let head = Head {
         saved_at: to_unix_millis(now),
-        records: records
-            .iter()
-            .map(|(id, r)| {
-                (
-                    id.as_str(),
-                    StoredRecordRef {
-                        first_seen: to_unix_millis(r.first_seen),
-                        last_used: to_unix_millis(r.last_used),
-                        size: r.size,
-                        pinned: r.pinned,
-                        tags: &r.tags,
-                        digests: &r.digests,
-                    },
-                )
-            })
-            .collect(),
     };
-    let body = serde_json::to_vec(&payload).expect("records serialize to JSON");
-    let mut out = format!(
+    serde_json::to_writer(&mut payload, &head).expect(json);
+    payload.push(b'\n');
+    for (id, r) in sorted {
+        let line: LineRef = (
+            id,
+            to_unix_millis(r.first_seen),
+            to_unix_millis(r.last_used),
+            r.size,
+            r.pinned,
+            &r.tags,
+            &r.digests,
+        );
+        serde_json::to_writer(&mut payload, &line).expect(json);
+        payload.push(b'\n');
+    }
+    let header = format!(
         "{MAGIC} v{VERSION} crc32={:08x} len={}\n",
-        crc32fast::hash(&body),
-        body.len()
-    )
-    .into_bytes();
-    out.extend_from_slice(&body);
-    out
+        crc32fast::hash(&payload),
+        payload.len()
+    );
+    (header, payload)
 }
 
 /// Verifies and parses a state file's bytes. Never panics, whatever the input.
-fn decode(bytes: &[u8]) -> Result<Payload, Corruption> {
+fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
     if bytes.is_empty() {
         return Err(Corruption::Empty);
     }
@@ -349,9 +358,11 @@ fn decode(bytes: &[u8]) -> Result<Payload, Corruption> {
         return Err(Corruption::BadHeader);
     }
     let version = fields.next().ok_or(Corruption::BadHeader)?;
-    if version != format!("v{VERSION}") {
-        return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string()));
-    }
+    let version = match version {
+        "v1" => 1,
+        "v2" => 2,
+        _ => return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string())),
+    };
     let crc = fields
         .next()
         .and_then(|f| f.strip_prefix("crc32="))
@@ -375,13 +386,76 @@ fn decode(bytes: &[u8]) -> Result<Payload, Corruption> {
     if found != crc {
         return Err(Corruption::Checksum { expected: crc, found });
     }
-    serde_json::from_slice(body).map_err(|e| Corruption::Payload(e.to_string()))
+    if version == 1 { decode_v1(body) } else { decode_v2(body) }
+}
+
+/// A record as stored, before `load` adjusts its times.
+fn record(first_seen: u64, last_used: u64, size: u64, pinned: bool, tags: Vec<String>, digests: Vec<String>) -> Record {
+    Record {
+        first_seen: from_unix_millis(first_seen),
+        last_used: from_unix_millis(last_used),
+        size,
+        pinned,
+        tags,
+        digests,
+        from_history: true,
+    }
+}
+
+fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
+    let payload: PayloadV1 = serde_json::from_slice(payload).map_err(|e| Corruption::Payload(e.to_string()))?;
+    let records = payload
+        .records
+        .into_iter()
+        .map(|(id, r)| {
+            (
+                id,
+                record(r.first_seen, r.last_used, r.size, r.pinned, r.tags, r.digests),
+            )
+        })
+        .collect();
+    Ok(Decoded {
+        saved_at: payload.saved_at,
+        records,
+    })
+}
+
+fn decode_v2(payload: &[u8]) -> Result<Decoded, Corruption> {
+    let bad = |e: serde_json::Error| Corruption::Payload(e.to_string());
+    // One UTF-8 check for the whole payload, rather than one a string.
+    let payload = std::str::from_utf8(payload).map_err(|e| Corruption::Payload(e.to_string()))?;
+    let mut values = serde_json::Deserializer::from_str(payload);
+    let head = Head::deserialize(&mut values).map_err(bad)?;
+    let mut lines = values.into_iter::<Line>();
+    let mut records = HashMap::new();
+    loop {
+        // Each value ends its line, and the next line is a record or nothing.
+        let end = lines.byte_offset();
+        let rest = &payload.as_bytes()[end..];
+        if rest != b"\n" && !rest.starts_with(b"\n[") {
+            return Err(Corruption::Payload(format!("byte {end}: not one value a line")));
+        }
+        let Some(line) = lines.next() else { break };
+        let (id, first_seen, last_used, size, pinned, tags, digests) = line.map_err(bad)?;
+        match records.entry(id) {
+            Entry::Occupied(known) => {
+                return Err(Corruption::Payload(format!("image {:?} is listed twice", known.key())));
+            }
+            Entry::Vacant(entry) => {
+                entry.insert(record(first_seen, last_used, size, pinned, tags, digests));
+            }
+        }
+    }
+    Ok(Decoded {
+        saved_at: head.saved_at,
+        records,
+    })
 }
 
 /// Checks a state file's bytes the way [`StateStore::load`] does and returns
 /// the number of records, or why it would be set aside (fuzzing entry point).
 pub fn verify(bytes: &[u8]) -> Result<usize, Corruption> {
-    decode(bytes).map(|p| p.records.len())
+    decode(bytes).map(|d| d.records.len())
 }
 
 #[cfg(test)]
@@ -418,17 +492,26 @@ mod tests {
     }
 
     #[test]
-    fn the_payload_is_the_documented_json_sorted_by_id() {
+    fn the_payload_is_the_documented_json_lines_sorted_by_id() {
         let bytes = encode(&sample(), t(5));
-        let body = &bytes[bytes.iter().position(|&b| b == b'\n').unwrap() + 1..];
+        let newline = bytes.iter().position(|&b| b == b'\n').unwrap();
+        let body = &bytes[newline + 1..];
+        assert_eq!(
+            std::str::from_utf8(&bytes[..newline]).unwrap(),
+            format!(
+                "imagegc-state v2 crc32={:08x} len={}",
+                crc32fast::hash(body),
+                body.len()
+            )
+        );
         assert_eq!(
             std::str::from_utf8(body).unwrap(),
             concat!(
-                r#"{"saved_at":1700000005000,"records":{"#,
-                r#""a":{"first_seen":1700000000000,"last_used":1700000000000,"size":10,"pinned":false,"#,
-                r#""tags":["docker.io/library/a:latest"],"digests":[]},"#,
-                r#""b":{"first_seen":1700000000000,"last_used":1700000000000,"size":20,"pinned":false,"#,
-                r#""tags":["docker.io/library/b:latest"],"digests":[]}}}"#
+                "{\"saved_at\":1700000005000}\n",
+                r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[]]"#,
+                "\n",
+                r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[]]"#,
+                "\n",
             )
         );
     }
@@ -494,6 +577,78 @@ mod tests {
         assert_eq!(saved_at, t(60));
         assert_eq!(records, varied());
         assert_eq!(verify(bytes), Ok(4));
+    }
+
+    #[test]
+    fn every_kind_of_value_round_trips_through_a_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        store.save(&varied(), t(60)).unwrap();
+        let bytes = fs::read(store.path()).unwrap();
+        assert!(bytes.starts_with(b"imagegc-state v2 "));
+        // One line for the header, one for the save time, one a record:
+        // the escapes keep every newline in a name out of the file.
+        assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 2 + 4);
+        let Loaded::Records { records, saved_at } = store.load(t(60), Duration::MAX) else {
+            panic!("not loaded")
+        };
+        assert_eq!(saved_at, t(60));
+        assert_eq!(records, varied());
+    }
+
+    #[test]
+    fn version_2_payloads_that_are_not_a_state_do_not_verify() {
+        let head = r#"{"saved_at":1700000005000}"#;
+        let line = |id: &str| format!(r#"["{id}",1700000000000,1700000000000,10,false,["a:1"],[]]"#);
+        let ok = format!("{head}\n{}\n{}\n", line("a"), line("b"));
+        let mut not_utf8 = format!("{head}\n{}\n", line("a")).into_bytes();
+        let at = not_utf8.len() - 8;
+        not_utf8[at] = 0xff;
+        let cases: [(&str, Vec<u8>); 10] = [
+            ("no final newline", ok.trim_end().into()),
+            (
+                "an image twice",
+                format!("{head}\n{}\n{}\n", line("a"), line("a")).into(),
+            ),
+            ("a blank line", format!("{head}\n\n{}\n", line("a")).into()),
+            ("no save time", format!("{}\n", line("a")).into()),
+            (
+                "an unknown head field",
+                format!("{{\"saved_at\":1,\"x\":2}}\n{}\n", line("a")).into(),
+            ),
+            ("a missing field", format!("{head}\n[\"a\",1,1,10,false,[]]\n").into()),
+            (
+                "an extra field",
+                format!("{head}\n[\"a\",1,1,10,false,[],[],0]\n").into(),
+            ),
+            (
+                "two records a line",
+                format!("{head}\n{}{}\n", line("a"), line("b")).into(),
+            ),
+            (
+                "a negative size",
+                format!("{head}\n[\"a\",1,1,-1,false,[],[]]\n").into(),
+            ),
+            ("not UTF-8", not_utf8),
+        ];
+        let wrap = |payload: &[u8]| {
+            let mut file = format!(
+                "imagegc-state v2 crc32={:08x} len={}\n",
+                crc32fast::hash(payload),
+                payload.len()
+            )
+            .into_bytes();
+            file.extend_from_slice(payload);
+            file
+        };
+        assert_eq!(verify(&wrap(ok.as_bytes())), Ok(2));
+        for (name, payload) in cases {
+            assert!(
+                matches!(verify(&wrap(&payload)), Err(Corruption::Payload(_))),
+                "{name}: {:?}",
+                verify(&wrap(&payload))
+            );
+        }
     }
 
     #[test]
