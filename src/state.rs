@@ -4,13 +4,13 @@
 //!
 //! ```text
 //! imagegc-state v2 crc32=<8 hex digits> len=<payload bytes>\n
-//! {"saved_at":<unix ms>}\n
+//! {"saved_at":<unix ms>,"records":<how many lines follow>}\n
 //! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...]]\n
 //! ...
 //! ```
 //!
-//! The payload is one JSON value a line: the time of the save, then one
-//! array per image, sorted by id. Strings are JSON strings, whose escapes
+//! The payload is one JSON value a line: the time of the save and the number
+//! of records, then one array per image, sorted by id. Strings are JSON strings, whose escapes
 //! never leave a newline inside a line, so `tail -n +3 records.state | jq -c`
 //! reads the records. The CRC-32 of the payload and its length are in the
 //! header, so a torn or altered file is detected rather than believed.
@@ -102,6 +102,8 @@ pub enum Loaded {
 #[serde(deny_unknown_fields)]
 struct Head {
     saved_at: u64,
+    /// The number of record lines that follow.
+    records: usize,
 }
 
 /// A record line of version 2 as [`encode`] writes it: id, first seen, last
@@ -317,6 +319,7 @@ fn encode_parts(records: &Records, now: SystemTime) -> (String, Vec<u8>) {
     let json = "records serialize to JSON";
     let head = Head {
         saved_at: to_unix_millis(now),
+        records: sorted.len(),
     };
     serde_json::to_writer(&mut payload, &head).expect(json);
     payload.push(b'\n');
@@ -428,6 +431,10 @@ fn decode_v2(payload: &[u8]) -> Result<Decoded, Corruption> {
     let head = Head::deserialize(&mut values).map_err(bad)?;
     let mut lines = values.into_iter::<Line>();
     let mut records = HashMap::new();
+    // Room for the records announced, or the map rehashes every id as it
+    // grows; no more than the payload can hold (a record line is at least
+    // 22 bytes), and only a hint: without the memory the map grows instead.
+    let _ = records.try_reserve(head.records.min(payload.len() / 22));
     loop {
         // Each value ends its line, and the next line is a record or nothing.
         let end = lines.byte_offset();
@@ -445,6 +452,13 @@ fn decode_v2(payload: &[u8]) -> Result<Decoded, Corruption> {
                 entry.insert(record(first_seen, last_used, size, pinned, tags, digests));
             }
         }
+    }
+    if records.len() != head.records {
+        return Err(Corruption::Payload(format!(
+            "{} records announced, {} found",
+            head.records,
+            records.len()
+        )));
     }
     Ok(Decoded {
         saved_at: head.saved_at,
@@ -507,7 +521,7 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(body).unwrap(),
             concat!(
-                "{\"saved_at\":1700000005000}\n",
+                "{\"saved_at\":1700000005000,\"records\":2}\n",
                 r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[]]"#,
                 "\n",
                 r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[]]"#,
@@ -598,37 +612,45 @@ mod tests {
 
     #[test]
     fn version_2_payloads_that_are_not_a_state_do_not_verify() {
-        let head = r#"{"saved_at":1700000005000}"#;
+        let head = |n: usize| format!(r#"{{"saved_at":1700000005000,"records":{n}}}"#);
         let line = |id: &str| format!(r#"["{id}",1700000000000,1700000000000,10,false,["a:1"],[]]"#);
-        let ok = format!("{head}\n{}\n{}\n", line("a"), line("b"));
-        let mut not_utf8 = format!("{head}\n{}\n", line("a")).into_bytes();
+        let one = |record: &str| format!("{}\n{record}\n", head(1)).into_bytes();
+        let ok = format!("{}\n{}\n{}\n", head(2), line("a"), line("b"));
+        let mut not_utf8 = one(&line("a"));
         let at = not_utf8.len() - 8;
         not_utf8[at] = 0xff;
-        let cases: [(&str, Vec<u8>); 10] = [
+        let cases: [(&str, Vec<u8>); 14] = [
             ("no final newline", ok.trim_end().into()),
             (
                 "an image twice",
-                format!("{head}\n{}\n{}\n", line("a"), line("a")).into(),
+                format!("{}\n{}\n{}\n", head(2), line("a"), line("a")).into(),
             ),
-            ("a blank line", format!("{head}\n\n{}\n", line("a")).into()),
-            ("no save time", format!("{}\n", line("a")).into()),
+            ("a blank line", format!("{}\n\n{}\n", head(1), line("a")).into()),
+            ("no head", format!("{}\n", line("a")).into()),
+            ("no count", format!("{{\"saved_at\":1}}\n{}\n", line("a")).into()),
+            (
+                "fewer records than announced",
+                format!("{}\n{}\n", head(2), line("a")).into(),
+            ),
+            (
+                "more records than announced",
+                format!("{}\n{}\n{}\n", head(1), line("a"), line("b")).into(),
+            ),
+            (
+                "an absurd count",
+                format!("{}\n{}\n", head(usize::MAX), line("a")).into(),
+            ),
             (
                 "an unknown head field",
-                format!("{{\"saved_at\":1,\"x\":2}}\n{}\n", line("a")).into(),
+                format!("{{\"saved_at\":1,\"records\":1,\"x\":2}}\n{}\n", line("a")).into(),
             ),
-            ("a missing field", format!("{head}\n[\"a\",1,1,10,false,[]]\n").into()),
-            (
-                "an extra field",
-                format!("{head}\n[\"a\",1,1,10,false,[],[],0]\n").into(),
-            ),
+            ("a missing field", one("[\"a\",1,1,10,false,[]]")),
+            ("an extra field", one("[\"a\",1,1,10,false,[],[],0]")),
             (
                 "two records a line",
-                format!("{head}\n{}{}\n", line("a"), line("b")).into(),
+                format!("{}\n{}{}\n", head(2), line("a"), line("b")).into(),
             ),
-            (
-                "a negative size",
-                format!("{head}\n[\"a\",1,1,-1,false,[],[]]\n").into(),
-            ),
+            ("a negative size", one("[\"a\",1,1,-1,false,[],[]]")),
             ("not UTF-8", not_utf8),
         ];
         let wrap = |payload: &[u8]| {
