@@ -8,9 +8,10 @@
 //! name the file; a configuration that loads, printed back as `check-config`
 //! prints it, loads again to the same configuration.
 //!
-//! [`state`]: an input starting with `J` is a payload, wrapped in a valid
-//! header (right length and CRC-32) so the JSON behind the checksum is
-//! exercised; any other input is the whole file. `state::verify` must not
+//! [`state`]: an input starting with `J` is a version 1 payload (one JSON
+//! object), one starting with `L` a version 2 payload (JSON lines), wrapped
+//! in a valid header (right length and CRC-32) so the parsing behind the
+//! checksum is exercised; any other input is the whole file. `state::verify` must not
 //! panic. A file it accepts must load as records (never be set aside), as
 //! many as it counted, with no time in the future and none used before it
 //! was first seen, and those records saved again must verify to the same
@@ -63,9 +64,9 @@ pub fn config(dir: &Path, data: &[u8]) {
     }
 }
 
-fn wrapped(payload: &[u8]) -> Vec<u8> {
+fn wrapped(version: u32, payload: &[u8]) -> Vec<u8> {
     let mut file = format!(
-        "imagegc-state v1 crc32={:08x} len={}\n",
+        "imagegc-state v{version} crc32={:08x} len={}\n",
         crc32fast::hash(payload),
         payload.len()
     )
@@ -77,7 +78,8 @@ fn wrapped(payload: &[u8]) -> Vec<u8> {
 /// Checks one state input, using `dir` as the state directory.
 pub fn state(dir: &Path, data: &[u8]) {
     let file = match data.split_first() {
-        Some((b'J', payload)) => wrapped(payload),
+        Some((b'J', payload)) => wrapped(1, payload),
+        Some((b'L', payload)) => wrapped(2, payload),
         _ => data.to_vec(),
     };
     let Ok(count) = state::verify(&file) else {

@@ -185,14 +185,18 @@ fn a_state_saved_a_day_in_the_future_is_clamped_to_now() {
     assert_eq!(report["removed"], serde_json::json!([]), "{}", describe(&output));
     assert!(fake.removed().is_empty());
     // The saved times are no longer in the future.
-    let saved = fs::read(state_dir.join(state::FILE_NAME)).unwrap();
-    let payload: serde_json::Value =
-        serde_json::from_slice(&saved[saved.iter().position(|&b| b == b'\n').unwrap() + 1..]).unwrap();
+    // The file as `state` documents it: a header line, the save time, a line a record.
+    let saved = fs::read_to_string(state_dir.join(state::FILE_NAME)).unwrap();
+    let mut lines = saved
+        .lines()
+        .skip(1)
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap());
     let ms = |t: SystemTime| imagegc::time::to_unix_millis(t);
-    assert!(payload["saved_at"].as_u64().unwrap() <= ms(after));
-    for (id, record) in payload["records"].as_object().unwrap() {
-        for field in ["first_seen", "last_used"] {
-            let t = record[field].as_u64().unwrap();
+    assert!(lines.next().unwrap()["saved_at"].as_u64().unwrap() <= ms(after));
+    for record in lines {
+        let id = record[0].as_str().unwrap();
+        for (field, at) in [("first_seen", 1), ("last_used", 2)] {
+            let t = record[at].as_u64().unwrap();
             assert!(
                 t >= ms(before) - 1000 && t <= ms(after),
                 "{id}: {field} {t} is not clamped into [{}, {}]",

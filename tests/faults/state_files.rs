@@ -204,7 +204,7 @@ fn a_corrupt_state_file_is_set_aside_and_believed_in_nothing_while_space_collect
         ),
         (
             "wrong version",
-            Fault::Bytes(|valid| with_header(valid, |h| h.replacen(" v1 ", " v2 ", 1))),
+            Fault::Bytes(|valid| with_header(valid, |h| h.replacen(" v2 ", " v3 ", 1))),
         ),
         (
             "checksum mismatch, payload intact",
@@ -223,8 +223,9 @@ fn a_corrupt_state_file_is_set_aside_and_believed_in_nothing_while_space_collect
         (
             "payload altered under a valid header",
             Fault::Bytes(|valid| {
-                // Ten days ago becomes a different, still plausible, time.
-                let at = valid.windows(12).position(|w| w == b"\"last_used\":").unwrap() + 12;
+                // The first record's first-seen time, ten days ago, becomes a
+                // different, still plausible, time.
+                let at = valid.windows(3).position(|w| w == b"\",1").unwrap() + 2;
                 let mut altered = valid.to_vec();
                 altered[at] = if altered[at] == b'1' { b'2' } else { b'1' };
                 altered
