@@ -15,6 +15,9 @@
 //! `cargo bench --bench footprint [-- quick]` (quick: a 10 s idle window);
 //! needs `target/release/imagegc` (`scripts/bench.sh` builds it).
 
+mod common;
+use common::hex;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -32,20 +35,6 @@ const IDLE_WINDOW: Duration = Duration::from_secs(60);
 const READY_POLL: Duration = Duration::from_millis(5);
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const PAUSE: &str = "registry.k8s.io/pause:3.9";
-
-fn hex(kind: u64, n: u64) -> String {
-    let mut x = kind.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n.wrapping_add(1);
-    let mut out = String::with_capacity(64);
-    for _ in 0..4 {
-        x ^= x >> 30;
-        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x ^= x >> 27;
-        x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^= x >> 31;
-        out.push_str(&format!("{x:016x}"));
-    }
-    out
-}
 
 /// A fake runtime served on its own thread until dropped.
 struct Fake {

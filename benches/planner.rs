@@ -10,6 +10,9 @@
 //!
 //! `cargo bench --bench planner`
 
+mod common;
+use common::hex;
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, SystemTime};
@@ -23,21 +26,6 @@ use imagegc::records::{Record, Records};
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 const PAUSE: &str = "registry.k8s.io/pause:3.9";
-
-/// A deterministic 64-hex digest for `n` in namespace `kind`.
-fn hex(kind: u64, n: u64) -> String {
-    let mut x = kind.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n.wrapping_add(1);
-    let mut out = String::with_capacity(64);
-    for _ in 0..4 {
-        x ^= x >> 30;
-        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x ^= x >> 27;
-        x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^= x >> 31;
-        out.push_str(&format!("{x:016x}"));
-    }
-    out
-}
 
 /// A node with `n` images (ten versions per repository, twenty repositories
 /// per team), `n / 2` containers on distinct images, the sandbox image, and a

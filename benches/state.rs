@@ -9,6 +9,9 @@
 //! `cargo bench --bench state` (the state file goes to a temporary directory
 //! under `$TMPDIR`, so the fsyncs hit that filesystem).
 
+mod common;
+use common::hex;
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, SystemTime};
@@ -18,20 +21,6 @@ use imagegc::records::{Record, Records};
 use imagegc::state::{self, Loaded, StateStore};
 
 const RECORDS: usize = 10_000;
-
-fn hex(kind: u64, n: u64) -> String {
-    let mut x = kind.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n.wrapping_add(1);
-    let mut out = String::with_capacity(64);
-    for _ in 0..4 {
-        x ^= x >> 30;
-        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x ^= x >> 27;
-        x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^= x >> 31;
-        out.push_str(&format!("{x:016x}"));
-    }
-    out
-}
 
 /// Records as a node with `n` images would have them: one tag and one repo
 /// digest each, times spread over a month.
