@@ -429,8 +429,8 @@ fn new_collector(runtime: CriClient, config: Config) -> Collector<CriClient> {
 /// `plan`: what a cycle would do now. Reads the state; removes and writes nothing.
 async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
     let mut collector = new_collector(runtime, config.clone());
-    let snapshot = collector.observe().await?;
-    let fs_path = collector.image_fs_path().await?;
+    let (snapshot, fs_path) = collector.observe().await?;
+    let fs_path = fs_path?;
     let fs = Statvfs.stats(&fs_path).ok();
     let now = collector.clock().now();
     let plan = collector.plan(&snapshot);

@@ -148,9 +148,6 @@ pub struct Collector<R> {
     /// Images of the last listing, to resolve container references between cycles.
     last_images: Vec<Image>,
     sandbox_image: Option<String>,
-    /// The runtime's ImageFsInfo answer, asked beside the last listing
-    /// (none when `gc.image_fs_path` is set).
-    observed_filesystems: Option<Result<Vec<ImageFsUsage>, RuntimeError>>,
     /// When the records were last saved by this process.
     last_saved: Option<SystemTime>,
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
@@ -207,7 +204,6 @@ impl<R: Runtime> Collector<R> {
             health: None,
             last_images: Vec::new(),
             sandbox_image: None,
-            observed_filesystems: None,
             last_saved: None,
             sandbox_unknown: None,
             recently_removed: Vec::new(),
@@ -302,8 +298,11 @@ impl<R: Runtime> Collector<R> {
         &self.metrics
     }
 
-    /// Lists images, containers and the sandbox image, and updates the records.
-    pub async fn observe(&mut self) -> Result<Snapshot, RuntimeError> {
+    /// Lists images, containers and the sandbox image, and updates the
+    /// records. Also returns where the image filesystem is: the configured
+    /// `gc.image_fs_path`, else the mount point the runtime's ImageFsInfo
+    /// names (empty when it names none).
+    pub async fn observe(&mut self) -> Result<(Snapshot, Result<PathBuf, RuntimeError>), RuntimeError> {
         // Status (for the sandbox image) and ImageFsInfo go beside the
         // listings rather than after them: one round trip less per cycle.
         // Images are listed before containers, so a container created from
@@ -314,13 +313,13 @@ impl<R: Runtime> Collector<R> {
             let containers = runtime.list_containers().await?;
             Ok::<_, RuntimeError>((images, containers))
         };
-        let filesystems = async {
-            match self.config.gc.image_fs_path {
-                Some(_) => None,
-                None => Some(runtime.image_fs_info().await),
+        let image_fs = async {
+            match &self.config.gc.image_fs_path {
+                Some(path) => Ok(path.clone()),
+                None => runtime.image_fs_info().await.map(mount_point),
             }
         };
-        let (listings, status, filesystems) = tokio::join!(listings, runtime.status(), filesystems);
+        let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
         let (images, containers) = match listings {
             Ok(listings) => listings,
             Err(e) => {
@@ -328,7 +327,6 @@ impl<R: Runtime> Collector<R> {
                 return Err(e);
             }
         };
-        self.observed_filesystems = filesystems;
         self.metrics.set_runtime_up(true);
         self.sandbox_unknown = None;
         match status {
@@ -344,11 +342,12 @@ impl<R: Runtime> Collector<R> {
         }
         let new_ids = self.records.observe(&images, &containers, self.clock.now());
         self.detect_repulls(&images, &new_ids);
-        Ok(Snapshot {
+        let snapshot = Snapshot {
             images,
             containers,
             sandbox_image: self.sandbox_image.clone(),
-        })
+        };
+        Ok((snapshot, image_fs))
     }
 
     /// Plans a cycle over a snapshot from [`Collector::observe`], without
@@ -361,15 +360,6 @@ impl<R: Runtime> Collector<R> {
             self.clock.now(),
             self.clock.started(),
         )
-    }
-
-    /// Where the image filesystem is: the configured path, else the
-    /// runtime's ImageFsInfo mount point.
-    pub async fn image_fs_path(&self) -> Result<PathBuf, RuntimeError> {
-        if let Some(path) = &self.config.gc.image_fs_path {
-            return Ok(path.clone());
-        }
-        Ok(mount_point(self.runtime.image_fs_info().await?))
     }
 
     /// Lists containers and marks their images used now (between cycles).
@@ -455,8 +445,8 @@ impl<R: Runtime> Collector<R> {
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<(), String> {
-        let snapshot = self.observe().await.map_err(|e| e.to_string())?;
-        let result = self.execute(config, &snapshot, cancel, report).await;
+        let (snapshot, image_fs) = self.observe().await.map_err(|e| e.to_string())?;
+        let result = self.execute(config, &snapshot, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
         // cycle: moved, not copied.
         self.last_images = snapshot.images;
@@ -468,6 +458,7 @@ impl<R: Runtime> Collector<R> {
         &mut self,
         config: &Config,
         snapshot: &Snapshot,
+        image_fs: Result<PathBuf, RuntimeError>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<(), String> {
@@ -495,11 +486,7 @@ impl<R: Runtime> Collector<R> {
                 "images without history are not removed by age until imagegc has run longer than max age"
             );
         }
-        let fs_path = match self.observed_filesystems.take() {
-            Some(filesystems) => filesystems.map(mount_point),
-            None => self.image_fs_path().await,
-        };
-        let fs_path = match fs_path {
+        let fs_path = match image_fs {
             Ok(path) => Some(path).filter(|p| !p.as_os_str().is_empty()),
             Err(err) => {
                 warn!(error = %err, "cannot find the image filesystem");
