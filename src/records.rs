@@ -69,6 +69,12 @@ impl Records {
         }
     }
 
+    /// Records as the state file held them, in a map of the records' own
+    /// kind (no rehashing of every id).
+    pub(crate) fn from_loaded(map: HashMap<String, Record>) -> Self {
+        Records { map, changed: false }
+    }
+
     pub fn get(&self, id: &str) -> Option<&Record> {
         self.map.get(id)
     }
@@ -89,11 +95,14 @@ impl Records {
     /// Returns the ids of images seen for the first time.
     pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Vec<String> {
         let mut new_ids = Vec::new();
-        let in_use = InUse::new(images, containers);
+        let references = References::new(containers, None);
+        let mut users = Vec::new();
         let mut listed: HashMap<&str, ()> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
         for image in images {
             listed.insert(image.id.as_str(), ());
-            let used = in_use.is_used(&image.id);
+            // A listing of an id is enough to mark its one record used.
+            references.users(image, &mut users);
+            let used = !users.is_empty();
             // Looked up before inserting: the id is copied only for a new
             // record, not for every image every cycle.
             if !self.map.contains_key(image.id.as_str()) {
@@ -171,25 +180,15 @@ impl Records {
 pub struct InUse<'a> {
     /// Image id → ids of the containers that use it.
     by_image: HashMap<&'a str, Vec<&'a str>>,
-    /// Ids of the images the runtime's sandbox image reference names.
-    sandbox: Vec<&'a str>,
 }
 
 impl<'a> InUse<'a> {
     pub fn new(images: &'a [Image], containers: &'a [Container]) -> Self {
-        Self::with_sandbox(images, containers, None)
-    }
-
-    /// The same, also noting which images the runtime's sandbox (pause)
-    /// image reference names.
-    pub fn with_sandbox(images: &'a [Image], containers: &'a [Container], sandbox: Option<&'a str>) -> Self {
-        let references = References::new(containers, sandbox);
+        let references = References::new(containers, None);
         let mut in_use = InUse::default();
         let mut users = Vec::new();
         for image in images {
-            if references.users(image, &mut users) && !in_use.sandbox.contains(&image.id.as_str()) {
-                in_use.sandbox.push(&image.id);
-            }
+            references.users(image, &mut users);
             if users.is_empty() {
                 continue;
             }
@@ -212,12 +211,6 @@ impl<'a> InUse<'a> {
 
     pub fn is_used(&self, image_id: &str) -> bool {
         self.by_image.contains_key(image_id)
-    }
-
-    /// True when the sandbox reference given to [`InUse::with_sandbox`]
-    /// names this image.
-    pub fn is_sandbox(&self, image_id: &str) -> bool {
-        self.sandbox.contains(&image_id)
     }
 
     /// The containers using an image (empty when unused).
@@ -578,9 +571,9 @@ pub(crate) mod tests {
         assert_eq!(in_use.containers("nginx"), ["short", "full", "again"]);
         assert!(!in_use.is_used("other"));
         // And the sandbox reference, written short, beside a container.
-        let in_use = InUse::with_sandbox(&images, &containers[1..2], Some("nginx"));
-        assert!(in_use.is_sandbox("nginx"));
-        assert_eq!(in_use.containers("nginx"), ["full"]);
+        let mut users = Vec::new();
+        assert!(References::new(&containers[1..2], Some("nginx")).users(&images[0], &mut users));
+        assert_eq!(users, [0], "the container `full`");
     }
 
     #[test]
@@ -633,9 +626,10 @@ pub(crate) mod tests {
     fn the_sandbox_reference_is_noted_apart_from_containers() {
         let images = [image("pause", 1), image("app", 1)];
         let containers = [container("c", "app")];
-        let in_use = InUse::with_sandbox(&images, &containers, Some("pause"));
-        assert!(in_use.is_sandbox("pause") && !in_use.is_used("pause"));
-        assert!(in_use.is_used("app") && !in_use.is_sandbox("app"));
+        let references = References::new(&containers, Some("pause"));
+        let mut users = Vec::new();
+        assert!(references.users(&images[0], &mut users) && users.is_empty());
+        assert!(!references.users(&images[1], &mut users) && users == [0]);
         // The same image listed twice: containers from both listings, once each.
         let images = [image("app", 1), image("app", 1)];
         let containers = [container("c1", "app"), container("c2", "docker.io/library/app:latest")];

@@ -39,8 +39,8 @@
 //! collector starts fresh: no history is invented from it, so age-based
 //! removal waits (see [`crate::policy`]) while space-based removal goes on.
 
+use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
@@ -49,7 +49,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::records::{Record, Records};
+use crate::records::{self, Record, Records};
 use crate::time::{from_unix_millis, to_unix_millis};
 
 pub const FILE_NAME: &str = "records.state";
@@ -141,7 +141,8 @@ struct StoredRecordV1 {
 /// their times as stored.
 struct Decoded {
     saved_at: u64,
-    records: HashMap<String, Record>,
+    /// Keyed the records' own way, so loading builds the map once.
+    records: records::HashMap<String, Record>,
 }
 
 /// The state directory and file.
@@ -189,7 +190,7 @@ impl StateStore {
                     record.last_used = (record.last_used + shift).min(now).max(record.first_seen);
                 }
                 Loaded::Records {
-                    records: Records::from_map(records),
+                    records: Records::from_loaded(records),
                     saved_at,
                 }
             }
@@ -498,7 +499,7 @@ fn decode_v2(payload: &[u8]) -> Result<Decoded, Corruption> {
     let mut values = serde_json::Deserializer::from_str(payload);
     let head = Head::deserialize(&mut values).map_err(bad)?;
     let mut lines = values.into_iter::<Line>();
-    let mut records = HashMap::new();
+    let mut records = records::HashMap::default();
     // Room for the records announced, or the map rehashes every id as it
     // grows; no more than the payload can hold (a record line is at least
     // 22 bytes), and only a hint: without the memory the map grows instead.
@@ -544,6 +545,7 @@ pub fn verify(bytes: &[u8]) -> Result<usize, Corruption> {
 mod tests {
     use super::*;
     use crate::records::tests::image;
+    use std::collections::HashMap;
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
