@@ -24,6 +24,7 @@
 
 // Bench targets are built with cfg(test) but without the test harness: the
 // unit tests of these modules are left out and their imports go unused.
+mod common;
 #[path = "../tests/e2e/oci.rs"]
 #[allow(dead_code, unused_imports)]
 mod oci;
@@ -31,19 +32,20 @@ mod oci;
 #[allow(dead_code, unused_imports)]
 mod testbed;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use common::{history, selected_cases};
 use imagegc::collector::{Collector, Outcome};
 use imagegc::config::Config;
 use imagegc::cri::{self, CriClient, Runtime, proto};
 use imagegc::fs::Statvfs;
 use imagegc::metrics::Metrics;
-use imagegc::records::{Record, Records};
+use imagegc::records::Records;
 use imagegc::state::StateStore;
 use imagegc::time::Clock;
 use oci::{ImageSpec, Layer};
@@ -299,28 +301,16 @@ async fn idle(bed: &TestBed) {
 /// image just now.
 fn write_state(state: &Path, images: &[cri::Image], old: &[String]) {
     let now = SystemTime::now();
-    let map: HashMap<String, Record> = images
-        .iter()
-        .map(|image| {
-            let last_used = if old.contains(&image.id) {
-                now - Duration::from_secs(7200)
-            } else {
-                now
-            };
-            let record = Record {
-                first_seen: now - Duration::from_secs(86_400),
-                last_used,
-                size: image.size,
-                pinned: image.pinned,
-                tags: image.repo_tags.clone(),
-                digests: image.repo_digests.clone(),
-                from_history: true,
-            };
-            (image.id.clone(), record)
-        })
-        .collect();
+    let records = images.iter().map(|image| {
+        let last_used = if old.contains(&image.id) {
+            now - Duration::from_secs(7200)
+        } else {
+            now
+        };
+        history(image, now - Duration::from_secs(86_400), last_used)
+    });
     StateStore::new(state)
-        .save(&Records::from_map(map), now)
+        .save(&Records::from_map(records), now)
         .expect("writing the state file");
 }
 
@@ -380,18 +370,10 @@ async fn removals(a: &TestBed, b: &TestBed, ids: &[String]) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if !args.iter().any(|a| a == "--bench") {
-        // `cargo test --all-targets` runs bench targets without --bench.
-        println!("cycle: starts real containerds; run it with `cargo bench --bench cycle` (as root)");
+    let Some(wanted) = selected_cases("cycle") else {
         return;
-    }
-    let wanted: Vec<&str> = args
-        .iter()
-        .filter(|a| !a.starts_with("--"))
-        .map(String::as_str)
-        .collect();
-    let want = |name: &str| wanted.is_empty() || wanted.contains(&name);
+    };
+    let want = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

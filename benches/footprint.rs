@@ -16,11 +16,11 @@
 //! needs `target/release/imagegc` (`scripts/bench.sh` builds it).
 
 mod common;
-use common::hex;
+use common::{hex, imagegc_binary};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -117,18 +117,6 @@ impl Drop for Fake {
             let _ = thread.join();
         }
     }
-}
-
-fn imagegc_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"), PathBuf::from);
-    let binary = target.join("release").join("imagegc");
-    assert!(
-        binary.is_file(),
-        "{} is missing: run `cargo build --release --bin imagegc` first (scripts/bench.sh does)",
-        binary.display()
-    );
-    binary
 }
 
 fn free_port() -> SocketAddr {

@@ -11,7 +11,7 @@
 //! `cargo bench --bench planner`
 
 mod common;
-use common::hex;
+use common::{hex, history, node_history, node_image};
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -22,7 +22,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use imagegc::config::Config;
 use imagegc::cri::{Container, ContainerState, Image};
 use imagegc::policy::{self, Snapshot};
-use imagegc::records::{Record, Records};
+use imagegc::records::Records;
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 const PAUSE: &str = "registry.k8s.io/pause:3.9";
@@ -35,29 +35,10 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
     let mut images = Vec::with_capacity(n + 1);
     let mut map = HashMap::with_capacity(n + 1);
     for i in 0..n {
-        let (repo, version) = (i / 10, i % 10);
-        let name = format!("registry.example.com/team-{}/app-{repo}", repo / 20);
-        let image = Image {
-            id: format!("sha256:{}", hex(1, i as u64)),
-            repo_tags: vec![format!("{name}:v1.2.{version}")],
-            repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
-            size: 50_000_000 + (i as u64 % 97) * 1_000_000,
-            pinned: false,
-        };
-        // Spread over the last 30 days, in an order unrelated to i.
-        let age = Duration::from_secs((i as u64).wrapping_mul(7919) % (30 * 86_400));
-        map.insert(
-            image.id.clone(),
-            Record {
-                first_seen: now - age - Duration::from_secs(3600),
-                last_used: now - age,
-                size: image.size,
-                pinned: false,
-                tags: image.repo_tags.clone(),
-                digests: image.repo_digests.clone(),
-                from_history: true,
-            },
-        );
+        let image = node_image(i);
+        let (first_seen, last_used) = node_history(i, now);
+        let (id, record) = history(&image, first_seen, last_used);
+        map.insert(id, record);
         images.push(image);
     }
     let pause = Image {

@@ -29,6 +29,7 @@
 
 // Bench targets are built with cfg(test) but without the test harness: the
 // unit tests of these modules are left out and their imports go unused.
+mod common;
 #[path = "../tests/e2e/oci.rs"]
 #[allow(dead_code, unused_imports)]
 mod oci;
@@ -37,14 +38,14 @@ mod oci;
 mod testbed;
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
+use common::{history, imagegc_binary, selected_cases};
 use imagegc::cri::Runtime;
 use imagegc::cri::proto;
 use imagegc::fs::{FsStats, statvfs};
-use imagegc::records::{Record, Records};
+use imagegc::records::Records;
 use imagegc::state::StateStore;
 use oci::{ImageSpec, Layer};
 use testbed::TestBed;
@@ -264,18 +265,6 @@ struct Outcome {
     elapsed: Duration,
 }
 
-fn imagegc_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"), PathBuf::from);
-    let binary = target.join("release").join("imagegc");
-    assert!(
-        binary.is_file(),
-        "{} is missing: run `cargo build --release --bin imagegc` first (scripts/bench.sh does)",
-        binary.display()
-    );
-    binary
-}
-
 async fn run_imagegc(p: &Prepared, t: Thresholds) -> Outcome {
     let dir = p.bed.dir().join("imagegc");
     let state_dir = dir.join("state");
@@ -293,28 +282,16 @@ async fn run_imagegc(p: &Prepared, t: Thresholds) -> Outcome {
     // all first seen two hours ago.
     let now = SystemTime::now();
     let listed = p.bed.list_images().await;
-    let mut map = HashMap::new();
-    for image in &listed {
+    let records = listed.iter().map(|image| {
         let rank = p.order.iter().position(|id| *id == image.id);
         let last_used = match rank {
             Some(rank) => now - Duration::from_secs(60 * (p.order.len() - rank) as u64),
             None => now,
         };
-        map.insert(
-            image.id.clone(),
-            Record {
-                first_seen: now - Duration::from_secs(7200),
-                last_used,
-                size: image.size,
-                pinned: image.pinned,
-                tags: image.repo_tags.clone(),
-                digests: image.repo_digests.clone(),
-                from_history: true,
-            },
-        );
-    }
+        history(image, now - Duration::from_secs(7200), last_used)
+    });
     StateStore::new(&state_dir)
-        .save(&Records::from_map(map), now)
+        .save(&Records::from_map(records), now)
         .expect("writing the state file");
 
     let started = Instant::now();
@@ -589,24 +566,16 @@ async fn run_scenario(scenario: &Scenario) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if !args.iter().any(|a| a == "--bench") {
-        // `cargo test --all-targets` runs bench targets without --bench.
-        println!("reclaim: starts real containerds; run it with `cargo bench --bench reclaim` (as root)");
+    let Some(wanted) = selected_cases("reclaim") else {
         return;
-    }
-    let wanted: Vec<&str> = args
-        .iter()
-        .filter(|a| !a.starts_with("--"))
-        .map(String::as_str)
-        .collect();
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
     for scenario in SCENARIOS
         .iter()
-        .filter(|s| wanted.is_empty() || wanted.contains(&s.name))
+        .filter(|s| wanted.is_empty() || wanted.iter().any(|w| w == s.name))
     {
         runtime.block_on(run_scenario(scenario));
     }

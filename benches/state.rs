@@ -10,14 +10,13 @@
 //! under `$TMPDIR`, so the fsyncs hit that filesystem).
 
 mod common;
-use common::hex;
+use common::{history, node_history, node_image};
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, SystemTime};
 
 use criterion::Criterion;
-use imagegc::records::{Record, Records};
+use imagegc::records::Records;
 use imagegc::state::{self, Loaded, StateStore};
 
 const RECORDS: usize = 10_000;
@@ -25,24 +24,10 @@ const RECORDS: usize = 10_000;
 /// Records as a node with `n` images would have them: one tag and one repo
 /// digest each, times spread over a month.
 fn records(n: usize, now: SystemTime) -> Records {
-    let map: HashMap<String, Record> = (0..n)
-        .map(|i| {
-            let repo = i / 10;
-            let name = format!("registry.example.com/team-{}/app-{repo}", repo / 20);
-            let age = Duration::from_secs((i as u64).wrapping_mul(7919) % (30 * 86_400));
-            let record = Record {
-                first_seen: now - age - Duration::from_secs(3600),
-                last_used: now - age,
-                size: 50_000_000 + (i as u64 % 97) * 1_000_000,
-                pinned: false,
-                tags: vec![format!("{name}:v1.2.{}", i % 10)],
-                digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
-                from_history: true,
-            };
-            (format!("sha256:{}", hex(1, i as u64)), record)
-        })
-        .collect();
-    Records::from_map(map)
+    Records::from_map((0..n).map(|i| {
+        let (first_seen, last_used) = node_history(i, now);
+        history(&node_image(i), first_seen, last_used)
+    }))
 }
 
 /// The median criterion measured for `state/<name>`, in nanoseconds.

@@ -1,5 +1,13 @@
-//! What the benches share: the deterministic names they build their worlds
-//! from.
+//! What the benches share: the deterministic node they build their worlds
+//! from, records as a previous process saved them, the release binary, and
+//! the choice of cases on the command line. Each bench uses part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use imagegc::cri::Image;
+use imagegc::records::Record;
 
 /// A deterministic 64-hex digest for `n` in namespace `kind` (splitmix64
 /// rounds): ids and digests that look like a runtime's, the same every run.
@@ -15,4 +23,64 @@ pub fn hex(kind: u64, n: u64) -> String {
         out.push_str(&format!("{x:016x}"));
     }
     out
+}
+
+/// Image `i` of a large node: ten versions per repository, twenty
+/// repositories per team, a tag and a repo digest each.
+pub fn node_image(i: usize) -> Image {
+    let (repo, version) = (i / 10, i % 10);
+    let name = format!("registry.example.com/team-{}/app-{repo}", repo / 20);
+    Image {
+        id: format!("sha256:{}", hex(1, i as u64)),
+        repo_tags: vec![format!("{name}:v1.2.{version}")],
+        repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
+        size: 50_000_000 + (i as u64 % 97) * 1_000_000,
+        pinned: false,
+    }
+}
+
+/// When image `i` of [`node_image`] was first seen and last used: spread
+/// over the last 30 days, in an order unrelated to `i`.
+pub fn node_history(i: usize, now: SystemTime) -> (SystemTime, SystemTime) {
+    let age = Duration::from_secs((i as u64).wrapping_mul(7919) % (30 * 86_400));
+    (now - age - Duration::from_secs(3600), now - age)
+}
+
+/// A record of `image` as a previous process would have saved it.
+pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> (String, Record) {
+    let record = Record {
+        first_seen,
+        last_used,
+        size: image.size,
+        pinned: image.pinned,
+        tags: image.repo_tags.clone(),
+        digests: image.repo_digests.clone(),
+        from_history: true,
+    };
+    (image.id.clone(), record)
+}
+
+/// The release build of the daemon, which the process benches run.
+pub fn imagegc_binary() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"), PathBuf::from);
+    let binary = target.join("release").join("imagegc");
+    assert!(
+        binary.is_file(),
+        "{} is missing: run `cargo build --release --bin imagegc` first (scripts/bench.sh does)",
+        binary.display()
+    );
+    binary
+}
+
+/// The cases named on the command line (all when none), or None under
+/// `cargo test --all-targets`, which runs bench targets without `--bench`:
+/// the benches that start real containerds then only say how to run them.
+pub fn selected_cases(bench: &str) -> Option<Vec<String>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.iter().any(|a| a == "--bench") {
+        println!("{bench}: starts real containerds; run it with `cargo bench --bench {bench}` (as root)");
+        return None;
+    }
+    Some(args.into_iter().filter(|a| !a.starts_with("--")).collect())
 }
