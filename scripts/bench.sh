@@ -39,18 +39,8 @@ if [ ${#needs_root[@]} -gt 0 ]; then
         echo "(or choose benches that do not: scripts/bench.sh planner state footprint)" >&2
         exit 1
     fi
-    missing=()
-    command -v containerd >/dev/null || missing+=(containerd)
-    command -v runc >/dev/null || missing+=(runc)
-    command -v gcc >/dev/null || missing+=(gcc)
-    dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)
-    command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
-    command -v losetup >/dev/null || missing+=(mount)
-    if [ ${#missing[@]} -gt 0 ]; then
-        echo "==> installing ${missing[*]}"
-        apt-get update -q
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-    fi
+    . scripts/testbed-deps.sh
+    install_testbed_deps
 fi
 
 echo "==> machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), \
