@@ -76,6 +76,7 @@ impl Fake {
                 image_ref: format!("sha256:{}", hex(1, c as u64)),
                 image_id: String::new(),
                 state: Some(ContainerState::Running),
+                mounted_images: Vec::new(),
             });
         }
         runtime.set_sandbox_image(Some(PAUSE.to_string()));

@@ -62,6 +62,7 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
                 image_ref: image.id.clone(),
                 image_id: String::new(),
                 state: Some(ContainerState::Running),
+                mounted_images: Vec::new(),
             }
         })
         .collect();
@@ -71,7 +72,7 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
     let snapshot = Snapshot {
         images,
         containers,
-        sandbox_image: Some(PAUSE.to_string()),
+        sandbox_images: vec![PAUSE.to_string()],
     };
     (snapshot, Records::from_map(map), config, now)
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::collector::{Collector, CycleReport, Outcome};
+use crate::collector::{Collector, CycleReport, MountCache, Outcome, PodImages, sandbox_images};
 use crate::config::{self, Config, ConfigError, Overrides};
 use crate::cri::{self, CriClient, Runtime, RuntimeError};
 use crate::fs::{FsProbe, FsStats, Statvfs};
@@ -313,8 +313,9 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
 async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
     let version = runtime.version().await?;
     let images = runtime.list_images().await?;
-    let containers = runtime.list_containers().await?;
-    let sandbox_image = runtime.status().await.ok().and_then(|s| s.sandbox_image);
+    let containers = MountCache::default().list(runtime).await?;
+    let from_status = runtime.status().await.ok().and_then(|s| s.sandbox_image);
+    let sandbox_images = sandbox_images(runtime, config, from_status.as_deref(), &mut PodImages::default()).await;
     let mount_point = match &config.gc.image_fs_path {
         Some(p) => p.display().to_string(),
         None => runtime
@@ -360,7 +361,8 @@ async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<
                 "name": version.runtime_name,
                 "version": version.runtime_version,
             },
-            "sandbox_image": sandbox_image,
+            "sandbox_image": sandbox_images.first(),
+            "sandbox_images": sandbox_images,
             "image_filesystem": fs_json,
             "images": list,
         }))?;
@@ -601,6 +603,9 @@ fn keep_text(why: &KeepReason) -> String {
         KeepReason::InUse { containers } => format!("in use by {} container(s)", containers.len()),
         KeepReason::Pinned => "pinned by the runtime".to_string(),
         KeepReason::Sandbox => "the runtime's sandbox image".to_string(),
+        KeepReason::SandboxUnknown => {
+            "never used, and the sandbox image is unknown (set runtime.sandbox_image)".to_string()
+        }
         KeepReason::Protected { pattern } => format!("protected by {pattern:?}"),
         KeepReason::KeepRecent { repository, rank } => format!("newest #{rank} of {repository}"),
         KeepReason::TooYoung { removable_after } => {

@@ -20,19 +20,22 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt as _;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::cri::{ContainerEvent, Image, ImageFsUsage, Runtime, RuntimeError};
+use crate::cri::{Container, ContainerEvent, Image, ImageFsUsage, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::http::Health;
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
 use crate::policy::{self, Candidate, Plan, Reason, Snapshot};
-use crate::records::{self, InUse, Records};
+use crate::records::{self, HashMap, InUse, Records};
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
@@ -40,6 +43,123 @@ use crate::time::{Clock, rfc3339};
 /// images in use move: it bounds how late age removals can come after a
 /// crash (see [`Collector::save_if_due`]).
 pub const STATE_REFRESH: Duration = Duration::from_secs(30 * 60);
+
+/// `ContainerStatus` calls in flight at once while learning new
+/// containers' image volumes: enough to hide the round trips, few enough
+/// to leave the runtime to the kubelet.
+const CONTAINER_STATUS_CONCURRENCY: usize = 4;
+
+/// The images each container mounts as volumes (CRI `Mount.image`), which
+/// only `ContainerStatus` reports. A container's mounts never change, so
+/// each container costs one call, when it is first listed.
+#[derive(Debug, Default)]
+pub struct MountCache {
+    by_container: HashMap<String, Vec<String>>,
+}
+
+impl MountCache {
+    /// Lists the containers and fills in their mounted images, asking
+    /// `ContainerStatus` for the containers not seen before. A container
+    /// gone in between (`NotFound`) mounts nothing any more; any other
+    /// error fails the listing, since an image it mounts would look unused.
+    pub async fn list<R: Runtime>(&mut self, runtime: &R) -> Result<Vec<Container>, RuntimeError> {
+        let mut containers = runtime.list_containers().await?;
+        let new: Vec<&str> = containers
+            .iter()
+            .filter(|c| !self.by_container.contains_key(&c.id))
+            .map(|c| c.id.as_str())
+            .collect();
+        // At most CONTAINER_STATUS_CONCURRENCY calls in flight.
+        let mut learnt = Vec::new();
+        {
+            let mut pending = new.into_iter();
+            let mut in_flight = futures_util::stream::FuturesUnordered::new();
+            loop {
+                while in_flight.len() < CONTAINER_STATUS_CONCURRENCY
+                    && let Some(id) = pending.next()
+                {
+                    in_flight.push(async move { (id, runtime.container_mounts(id).await) });
+                }
+                match in_flight.next().await {
+                    Some((id, mounts)) => learnt.push((id.to_string(), mounts)),
+                    None => break,
+                }
+            }
+        }
+        for (id, mounts) in learnt {
+            let mounts = match mounts {
+                Ok(mounts) => mounts,
+                Err(err) if err.is_not_found() => Vec::new(),
+                Err(err) => return Err(err),
+            };
+            self.by_container.insert(id, mounts);
+        }
+        if self.by_container.len() > containers.len() {
+            let listed: HashMap<&str, ()> = containers.iter().map(|c| (c.id.as_str(), ())).collect();
+            self.by_container.retain(|id, _| listed.contains_key(id.as_str()));
+        }
+        for container in &mut containers {
+            if let Some(mounts) = self.by_container.get(&container.id) {
+                container.mounted_images.clone_from(mounts);
+            }
+        }
+        Ok(containers)
+    }
+}
+
+/// The sandbox images named in pods' verbose statuses, by pod: each pod
+/// costs one `PodSandboxStatus`, when it is first listed.
+#[derive(Debug, Default)]
+pub struct PodImages {
+    by_pod: HashMap<String, Option<String>>,
+}
+
+impl PodImages {
+    /// The sandbox images the runtime's pods name (each once).
+    pub async fn images<R: Runtime>(&mut self, runtime: &R) -> Result<Vec<String>, RuntimeError> {
+        let pods = runtime.pod_sandboxes().await?;
+        for pod in &pods {
+            if self.by_pod.contains_key(pod) {
+                continue;
+            }
+            match runtime.pod_sandbox_image(pod).await {
+                Ok(image) => {
+                    self.by_pod.insert(pod.clone(), image);
+                }
+                Err(err) if err.is_not_found() => {}
+                Err(err) => return Err(err),
+            }
+        }
+        self.by_pod.retain(|id, _| pods.contains(id));
+        let mut images: Vec<String> = self.by_pod.values().flatten().cloned().collect();
+        images.sort();
+        images.dedup();
+        Ok(images)
+    }
+}
+
+/// Every sandbox image imagegc knows of: `runtime.sandbox_image`, what the
+/// runtime's `Status` names (containerd 1.x, CRI-O 1.27+), and, when
+/// `Status` names none, what its pods' statuses name (containerd 2.x,
+/// CRI-O). Empty when none of them tells.
+pub async fn sandbox_images<R: Runtime>(
+    runtime: &R,
+    config: &Config,
+    from_status: Option<&str>,
+    pods: &mut PodImages,
+) -> Vec<String> {
+    let mut images: Vec<String> = config.runtime.sandbox_image.iter().cloned().collect();
+    match from_status {
+        Some(image) => images.push(image.to_string()),
+        None => match pods.images(runtime).await {
+            Ok(found) => images.extend(found),
+            Err(err) => debug!(error = %err, "cannot read the pods' sandbox images"),
+        },
+    }
+    images.sort();
+    images.dedup();
+    images
+}
 
 /// One removal (or, in dry run, one removal that would have happened).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -159,6 +279,13 @@ pub struct Collector<R> {
     /// Whether the kubelet-eviction check against the measured capacity has
     /// been made (once per process).
     eviction_checked: bool,
+    mounts: MountCache,
+    pod_images: PodImages,
+    /// Whether the missing sandbox image was warned about (once per process).
+    sandbox_warned: bool,
+    /// True while a `RemoveImage` is in flight: shutdown waits for it, and
+    /// for nothing else.
+    removing: Arc<AtomicBool>,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -208,6 +335,10 @@ impl<R: Runtime> Collector<R> {
             sandbox_unknown: None,
             recently_removed: Vec::new(),
             eviction_checked: false,
+            mounts: MountCache::default(),
+            pod_images: PodImages::default(),
+            sandbox_warned: false,
+            removing: Arc::new(AtomicBool::new(false)),
         }
         .with_removals_from_journal()
     }
@@ -298,6 +429,11 @@ impl<R: Runtime> Collector<R> {
         &self.metrics
     }
 
+    /// True while a removal is in flight (see [`crate::daemon`]'s shutdown).
+    pub fn removal_in_flight(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.removing)
+    }
+
     /// Lists images, containers and the sandbox image, and updates the
     /// records. Also returns where the image filesystem is: the configured
     /// `gc.image_fs_path`, else the mount point the runtime's ImageFsInfo
@@ -308,9 +444,10 @@ impl<R: Runtime> Collector<R> {
         // Images are listed before containers, so a container created from
         // a listed image in between is listed too.
         let runtime = &self.runtime;
+        let mounts = &mut self.mounts;
         let listings = async {
             let images = runtime.list_images().await?;
-            let containers = runtime.list_containers().await?;
+            let containers = mounts.list(runtime).await?;
             Ok::<_, RuntimeError>((images, containers))
         };
         let image_fs = async {
@@ -340,12 +477,25 @@ impl<R: Runtime> Collector<R> {
             }
             Err(err) => debug!(error = %err, "runtime status unavailable; keeping the last known sandbox image"),
         }
+        let sandbox_images = sandbox_images(
+            &self.runtime,
+            &self.config,
+            self.sandbox_image.as_deref(),
+            &mut self.pod_images,
+        )
+        .await;
+        if sandbox_images.is_empty() && !std::mem::replace(&mut self.sandbox_warned, true) {
+            warn!(
+                "the runtime does not say which image is its sandbox (pause) image, and no pod names it: \
+                 no image that no container has ever used is removed; set runtime.sandbox_image to name it"
+            );
+        }
         let new_ids = self.records.observe(&images, &containers, self.clock.now());
         self.detect_repulls(&images, &new_ids);
         let snapshot = Snapshot {
             images,
             containers,
-            sandbox_image: self.sandbox_image.clone(),
+            sandbox_images,
         };
         Ok((snapshot, image_fs))
     }
@@ -366,7 +516,7 @@ impl<R: Runtime> Collector<R> {
     /// Like a cycle's listing, it tells `imagegc_runtime_up` whether the
     /// runtime answered: between cycles the poll is what notices an outage.
     pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
-        let containers = self.runtime.list_containers().await;
+        let containers = self.mounts.list(&self.runtime).await;
         self.metrics.set_runtime_up(containers.is_ok());
         let containers = containers?;
         let in_use = InUse::new(&self.last_images, &containers);
@@ -377,9 +527,14 @@ impl<R: Runtime> Collector<R> {
     /// Marks the images a container event names used now. A container that
     /// is created and deleted between two listings is known only from its
     /// events; images without a record are left for the next full listing.
+    /// A replayed event (containerd replays recent events to a new
+    /// subscriber) counts at its own time, not at its arrival.
     pub fn mark_used_by_event(&mut self, event: &ContainerEvent) {
         let ids = records::images_named(&self.last_images, event.images.iter().map(String::as_str));
-        self.records.mark_used(ids, self.clock.now());
+        let at = event
+            .created_at
+            .map_or_else(|| self.clock.now(), |stamped| self.clock.from_wall(stamped));
+        self.records.mark_used(ids, at);
     }
 
     /// Saves the records; a failure is logged, never fatal: the collector
@@ -498,13 +653,17 @@ impl<R: Runtime> Collector<R> {
             path: fs_path,
         };
 
+        // Usage before the cycle removes anything: what the summary's
+        // `usage_before` reports, also when the age pass frees space.
+        report.before = disk.measure().ok();
+
         // Age pass.
         for candidate in &plan.age {
             if cancel.is_cancelled() {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            self.remove(candidate, &disk, report).await?;
+            self.remove(candidate, &snapshot.images, &disk, report).await?;
         }
         if !plan.age.is_empty() {
             self.save_if_due().await;
@@ -518,7 +677,7 @@ impl<R: Runtime> Collector<R> {
                 return Err(format!("{err}; space-based collection skipped this cycle"));
             }
         };
-        report.before = Some(stats);
+        report.before.get_or_insert(stats);
         report.after = Some(stats);
         self.publish_usage(&stats);
         self.check_eviction_threshold(config, &stats);
@@ -564,7 +723,7 @@ impl<R: Runtime> Collector<R> {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            if !self.remove(candidate, &disk, report).await? {
+            if !self.remove(candidate, &snapshot.images, &disk, report).await? {
                 continue;
             }
             if let Some(left) = estimate.as_mut() {
@@ -635,25 +794,30 @@ impl<R: Runtime> Collector<R> {
     async fn remove(
         &mut self,
         candidate: &Candidate<'_>,
+        images: &[Image],
         disk: &Disk,
         report: &mut CycleReport,
     ) -> Result<bool, String> {
         debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
-            .runtime
-            .list_containers()
+            .mounts
+            .list(&self.runtime)
             .await
             .map_err(|e| format!("cannot re-check containers before removing {}: {e}", candidate.id))?;
-        // Only this image's names matter: matching the containers against it
-        // alone costs O(containers), not O(images).
-        let this = [Image {
+        // The listing's images tell which containers' ids and digests name
+        // an image exactly (a container whose digest names an image does not
+        // use every image its tag names); only this image's users matter.
+        let this = Image {
             id: candidate.id.to_string(),
             repo_tags: candidate.tags.to_vec(),
             repo_digests: candidate.digests.to_vec(),
             size: candidate.size,
             pinned: false,
-        }];
-        if InUse::new(&this, &containers).is_used(candidate.id) {
+        };
+        let references = records::References::new(images, &containers, &[]);
+        let mut users = Vec::new();
+        references.users(&this, &mut users);
+        if !users.is_empty() {
             info!(image = %candidate.id, tags = ?candidate.tags, "image came into use; keeping it");
             self.records.mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());
@@ -664,7 +828,10 @@ impl<R: Runtime> Collector<R> {
         debug!(image = %candidate.id, reason = candidate.reason.as_str(), dry_run, "no container uses the image: removing it");
         if !dry_run {
             let before = disk.measure().ok();
-            if let Err(err) = self.runtime.remove_image(candidate.id).await {
+            self.removing.store(true, Ordering::SeqCst);
+            let removed = self.runtime.remove_image(candidate.id).await;
+            self.removing.store(false, Ordering::SeqCst);
+            if let Err(err) = removed {
                 warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
                 self.metrics.removal_failed();
                 report.failed.push((candidate.id.to_string(), err.to_string()));
@@ -774,7 +941,7 @@ fn mount_point(filesystems: Vec<ImageFsUsage>) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::{Container, ContainerEvent, EventStream, ImageFsUsage, RuntimeStatus, RuntimeVersion};
+    use crate::cri::{Container, ImageFsUsage, RuntimeStatus, RuntimeVersion};
     use std::collections::HashMap;
     use std::path::Path;
     use std::sync::Mutex;
@@ -827,7 +994,9 @@ mod tests {
                     status: Box::new(tonic::Status::internal("injected failure")),
                 });
             }
-            Ok(RuntimeStatus::default())
+            Ok(RuntimeStatus {
+                sandbox_image: Some("registry.k8s.io/pause:3.9".to_string()),
+            })
         }
         async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
             Ok(self.0.lock().unwrap().images.clone())
@@ -869,14 +1038,6 @@ mod tests {
             sim.available = (sim.available + freed).min(sim.capacity);
             sim.removed.push(id.to_string());
             Ok(())
-        }
-        async fn container_events(&self) -> Result<EventStream, RuntimeError> {
-            let _: Option<ContainerEvent> = None;
-            Err(RuntimeError::Rpc {
-                rpc: "GetContainerEvents",
-                endpoint: "unix:///sim.sock".to_string(),
-                status: Box::new(tonic::Status::unimplemented("no")),
-            })
         }
     }
 

@@ -30,6 +30,12 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 /// How often containers are polled between cycles when the runtime does not
 /// stream container events.
 pub const DEFAULT_USAGE_POLL_INTERVAL: Duration = Duration::from_secs(30);
+/// What `check-config` and `run` say when container events are on.
+const CONTAINER_EVENTS_WARNING: &str = "runtime.container_events is on: containerd 1.7 and CRI-O 1.26/1.27 hand each \
+     container event to one subscriber only, so imagegc would take events away from the kubelet's Evented PLEG \
+     there (containerd 2.x and CRI-O 1.36 give every subscriber every event); CRI-O sends events only with \
+     enable_pod_events = true. Polling (the default) takes nothing from anyone";
+
 /// Per CRI call deadline: the kubelet's default runtime request timeout.
 pub const DEFAULT_RUNTIME_TIMEOUT: Duration = Duration::from_secs(120);
 /// The kubelet's `imageMinimumGCAge` default.
@@ -74,6 +80,14 @@ pub struct RuntimeConfig {
     /// `None`: discover among the default endpoints.
     pub endpoint: Option<String>,
     pub timeout: Duration,
+    /// Follow `GetContainerEvents` between cycles instead of polling
+    /// `ListContainers`. Off by default: containerd 1.7 and CRI-O 1.26 split
+    /// one event queue between subscribers, so a second subscriber takes
+    /// events away from the kubelet's Evented PLEG.
+    pub container_events: bool,
+    /// The sandbox (pause) image, named outright: protected whatever the
+    /// runtime reports (`None`: learnt from the runtime).
+    pub sandbox_image: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -140,6 +154,8 @@ impl Default for Config {
             runtime: RuntimeConfig {
                 endpoint: None,
                 timeout: DEFAULT_RUNTIME_TIMEOUT,
+                container_events: false,
+                sandbox_image: None,
             },
             gc: GcConfig {
                 interval: DEFAULT_INTERVAL,
@@ -190,6 +206,8 @@ impl Config {
             r#"[runtime]
 endpoint = {endpoint}
 timeout = "{timeout}"
+container_events = {container_events}
+sandbox_image = {sandbox_image}
 
 [gc]
 interval = "{interval}"
@@ -219,6 +237,8 @@ config = {kubelet_config}
 "#,
             endpoint = toml_string(runtime.endpoint.as_deref().unwrap_or("")),
             timeout = format_duration(runtime.timeout),
+            container_events = runtime.container_events,
+            sandbox_image = toml_string(runtime.sandbox_image.as_deref().unwrap_or("")),
             interval = format_duration(gc.interval),
             usage_poll_interval = format_duration(gc.usage_poll_interval),
             high = gc.high_threshold_percent,
@@ -539,6 +559,8 @@ const SECTIONS: [&str; 6] = ["runtime", "gc", "protect", "state", "metrics", "ku
 struct RawRuntime {
     endpoint: Option<String>,
     timeout: Option<RawDuration>,
+    container_events: Option<bool>,
+    sandbox_image: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -925,6 +947,21 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
         defaults.runtime.timeout,
         problems,
     );
+    config.runtime.container_events = raw.runtime.container_events.unwrap_or(false);
+    if config.runtime.container_events {
+        config.warnings.push(CONTAINER_EVENTS_WARNING.to_string());
+    }
+    config.runtime.sandbox_image = match raw.runtime.sandbox_image.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(image) if image.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+            problems.push(
+                "runtime.sandbox_image",
+                format!("{image:?} is not an image reference (no spaces or control characters)"),
+            );
+            None
+        }
+        Some(image) => Some(image.to_string()),
+    };
 
     // [gc]
     let gc = raw.gc;
@@ -1955,7 +1992,44 @@ staticPodPath: /etc/kubernetes/manifests
             "unknown key; expected one of runtime, gc, protect, state, metrics, kubelet"
         );
         let problem = &rejected("a.toml", "[runtime]\nsocket = \"x\"\n")[0];
-        assert_eq!(problem.message, "unknown key; expected endpoint or timeout");
+        assert_eq!(
+            problem.message,
+            "unknown key; expected one of endpoint, timeout, container_events, sandbox_image"
+        );
+    }
+
+    #[test]
+    fn container_events_are_off_unless_asked_for_and_then_warned_about() {
+        let config = load_ok("c.toml", "");
+        assert!(!config.runtime.container_events);
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        let config = load_ok("c.toml", "[runtime]\ncontainer_events = true\n");
+        assert!(config.runtime.container_events);
+        assert!(
+            config
+                .warnings
+                .iter()
+                .any(|w| w.contains("containerd 1.7") && w.contains("CRI-O 1.26")),
+            "{:?}",
+            config.warnings
+        );
+    }
+
+    #[test]
+    fn the_sandbox_image_can_be_named_outright() {
+        let config = load_ok("c.toml", "[runtime]\nsandbox_image = \"registry.k8s.io/pause:3.10\"\n");
+        assert_eq!(
+            config.runtime.sandbox_image.as_deref(),
+            Some("registry.k8s.io/pause:3.10")
+        );
+        assert_eq!(
+            load_ok("c.toml", "[runtime]\nsandbox_image = \"\"\n")
+                .runtime
+                .sandbox_image,
+            None
+        );
+        let problem = &rejected("c.toml", "[runtime]\nsandbox_image = \"pause 3\"\n")[0];
+        assert_eq!(problem.key, "runtime.sandbox_image");
     }
 
     #[test]
@@ -2168,7 +2242,9 @@ staticPodPath: /etc/kubernetes/manifests
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 18, "{keys:?}");
+        assert_eq!(keys.len(), 20, "{keys:?}");
+        assert!(text.contains("container_events = false\n"));
+        assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));
         assert!(text.contains("max_age = \"0s\"\n"));
         assert!(text.contains("high_inodes_percent = 0\n"));

@@ -30,16 +30,27 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_CAP: Duration = Duration::from_secs(60);
 
+/// How long after a container event the containers are listed: events
+/// come in bursts (a pod's containers, a replayed backlog), and one listing
+/// serves the whole burst.
+const EVENT_POLL_DELAY: Duration = Duration::from_secs(1);
+/// Event streams that end with no event, in a row, after which the runtime
+/// is taken not to stream events (CRI-O with `enable_pod_events = false`
+/// ends the stream at once) and containers are polled for good.
+const EMPTY_STREAMS_BEFORE_POLLING: u32 = 3;
+
 /// How the loop learns about container use between cycles.
 enum UsageSource {
-    /// Not yet known: try the event stream.
-    Unknown,
-    /// The runtime streams container events.
-    Events(EventStream),
-    /// The stream broke; retry it at this time, polling meanwhile.
-    Reconnect(Instant, Duration),
-    /// The runtime does not implement events: poll for good.
+    /// Listing containers every `gc.usage_poll_interval`: the default, and
+    /// what a runtime without events gets.
     Polling,
+    /// Following the runtime's container events. The stream opens when it
+    /// is first polled, inside the loop's `select!`: runtimes answer the
+    /// open only with the first event.
+    Events { stream: EventStream, received: u64 },
+    /// The stream broke (or is yet to be opened): open it at this time,
+    /// polling meanwhile.
+    Reconnect(Instant, Duration),
 }
 
 /// Runs the collector until `shutdown` is cancelled. Returns after the state
@@ -62,26 +73,36 @@ pub async fn run<R: Runtime>(
     let mut next_poll = Instant::now() + config.gc.usage_poll_interval;
     let mut retry = RETRY_FIRST;
     let mut runtime_up: Option<bool> = None;
-    let mut usage = UsageSource::Unknown;
+    let mut usage = usage_source(&config, false);
+    // Streams that ended with no event, in a row; past the limit, events
+    // are given up on for the life of the process.
+    let mut empty_streams = 0;
+    let mut events_given_up = false;
+    // A listing asked for by container events, coalesced.
+    let mut poll_soon: Option<Instant> = None;
 
     loop {
         health.heartbeat();
         let config = Arc::clone(collector.config());
-        if matches!(usage, UsageSource::Unknown) && runtime_up == Some(true) {
-            usage = open_events(&collector).await;
-        }
         if let UsageSource::Reconnect(at, delay) = usage
             && Instant::now() >= at
+            && runtime_up == Some(true)
         {
-            usage = match open_events(&collector).await {
-                UsageSource::Reconnect(..) => {
-                    let delay = (delay * 2).min(RETRY_CAP);
-                    UsageSource::Reconnect(Instant::now() + delay, delay)
-                }
-                other => other,
+            debug!(
+                retry_in_ms = delay.as_millis() as u64,
+                "opening the container event stream"
+            );
+            usage = UsageSource::Events {
+                stream: collector.runtime().container_events(),
+                received: 0,
             };
         }
-        let polling = !matches!(usage, UsageSource::Events(_));
+        let polling = !matches!(usage, UsageSource::Events { .. });
+        let poll_at = if polling { Some(next_poll) } else { poll_soon };
+        let reopen_at = match usage {
+            UsageSource::Reconnect(at, _) if runtime_up == Some(true) => Some(at),
+            _ => None,
+        };
         let heartbeat_at = Instant::now() + Duration::from_secs(10);
 
         tokio::select! {
@@ -89,7 +110,11 @@ pub async fn run<R: Runtime>(
             () = shutdown.cancelled() => break,
             Some(new_config) = reloads.recv() => {
                 apply_reload(&mut collector, new_config);
-                next_poll = Instant::now() + collector.config().gc.usage_poll_interval;
+                let config = collector.config();
+                next_poll = Instant::now() + config.gc.usage_poll_interval;
+                if config.runtime.container_events != matches!(usage, UsageSource::Events { .. } | UsageSource::Reconnect(..)) {
+                    usage = usage_source(config, events_given_up);
+                }
             }
             () = sleep_until(next_cycle) => {
                 let ok = run_cycle(&mut collector, &shutdown).await;
@@ -107,8 +132,13 @@ pub async fn run<R: Runtime>(
                 }
                 debug!(reached, next_in_ms = (next_cycle - Instant::now()).as_millis() as u64, "next cycle scheduled");
             }
-            () = sleep_until(next_poll), if polling && runtime_up == Some(true) => {
-                if !poll(&mut collector, &mut runtime_up, &health).await {
+            () = sleep_until_some(poll_at), if runtime_up == Some(true) => {
+                poll_soon = None;
+                let polled = tokio::select! {
+                    polled = poll(&mut collector, &mut runtime_up, &health) => polled,
+                    () = shutdown.cancelled() => break,
+                };
+                if !polled {
                     next_cycle = next_cycle.min(Instant::now() + retry);
                 }
                 next_poll = Instant::now() + config.gc.usage_poll_interval;
@@ -116,21 +146,45 @@ pub async fn run<R: Runtime>(
             event = next_event(&mut usage) => {
                 match event {
                     Some(Ok(event)) => {
-                        collector.mark_used_by_event(&event);
-                        if !poll(&mut collector, &mut runtime_up, &health).await {
-                            next_cycle = next_cycle.min(Instant::now() + retry);
+                        if let UsageSource::Events { received, .. } = &mut usage {
+                            *received += 1;
                         }
+                        empty_streams = 0;
+                        collector.mark_used_by_event(&event);
+                        poll_soon.get_or_insert(Instant::now() + EVENT_POLL_DELAY);
+                    }
+                    Some(Err(err)) if err.is_unimplemented() => {
+                        info!(
+                            poll_interval = %crate::time::short(config.gc.usage_poll_interval),
+                            "the runtime does not stream container events; polling containers to track image use"
+                        );
+                        events_given_up = true;
+                        usage = UsageSource::Polling;
                     }
                     Some(Err(err)) => {
                         debug!(error = %err, "container event stream broke; polling until it is back");
-                        usage = UsageSource::Reconnect(Instant::now() + RETRY_FIRST, RETRY_FIRST);
+                        usage = reconnect(&usage);
                     }
                     None => {
-                        debug!("container event stream ended; polling until it is back");
-                        usage = UsageSource::Reconnect(Instant::now() + RETRY_FIRST, RETRY_FIRST);
+                        let received = matches!(usage, UsageSource::Events { received, .. } if received > 0);
+                        empty_streams = if received { 0 } else { empty_streams + 1 };
+                        if empty_streams >= EMPTY_STREAMS_BEFORE_POLLING {
+                            warn!(
+                                poll_interval = %crate::time::short(config.gc.usage_poll_interval),
+                                "the runtime ends the container event stream as soon as it is opened \
+                                 (CRI-O does with enable_pod_events = false, its default): polling containers instead"
+                            );
+                            events_given_up = true;
+                            usage = UsageSource::Polling;
+                        } else {
+                            debug!(received, "container event stream ended; polling until it is back");
+                            usage = reconnect(&usage);
+                        }
                     }
                 }
             }
+            // Wakes the loop to open the event stream (at its top).
+            () = sleep_until_some(reopen_at) => {}
             () = sleep_until(heartbeat_at) => {}
         }
     }
@@ -139,20 +193,62 @@ pub async fn run<R: Runtime>(
     collector.save().await;
 }
 
-/// Runs one cycle; on shutdown gives it [`SHUTDOWN_GRACE`] to reach its next
-/// stopping point. Returns None when the runtime could not be reached,
-/// Some(low threshold reached or not needed) otherwise.
+/// How usage is tracked under `config`: events when configured (and not
+/// given up on), polling otherwise.
+fn usage_source(config: &Config, events_given_up: bool) -> UsageSource {
+    if config.runtime.container_events && !events_given_up {
+        info!("following container events to track image use between cycles (runtime.container_events)");
+        UsageSource::Reconnect(Instant::now(), RETRY_FIRST)
+    } else {
+        UsageSource::Polling
+    }
+}
+
+/// The next attempt to open the stream after `usage` broke: at once after
+/// a stream that delivered events, with a doubling delay otherwise.
+fn reconnect(usage: &UsageSource) -> UsageSource {
+    let delay = match usage {
+        UsageSource::Reconnect(_, delay) => (*delay * 2).min(RETRY_CAP),
+        _ => RETRY_FIRST,
+    };
+    UsageSource::Reconnect(Instant::now() + delay, delay)
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs one cycle. On shutdown, a cycle with no removal in flight is
+/// abandoned at once (a runtime call it waits for may hang for the whole
+/// `runtime.timeout`); a removal in flight gets [`SHUTDOWN_GRACE`] to
+/// finish. Returns None when the runtime could not be reached, Some(low
+/// threshold reached or not needed) otherwise.
 async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &CancellationToken) -> Option<bool> {
+    let removing = collector.removal_in_flight();
     let report = {
         let cycle = collector.cycle(shutdown);
         tokio::pin!(cycle);
         tokio::select! {
             report = &mut cycle => Some(report),
-            () = shutdown.cancelled() => tokio::time::timeout(SHUTDOWN_GRACE, &mut cycle).await.ok(),
+            () = shutdown.cancelled() => {
+                if removing.load(std::sync::atomic::Ordering::SeqCst) {
+                    info!("shutdown requested during a removal: letting it finish");
+                    tokio::time::timeout(SHUTDOWN_GRACE, &mut cycle).await.ok()
+                } else {
+                    None
+                }
+            }
         }
     };
     let Some(report) = report else {
-        warn!("the cycle did not stop within the shutdown grace period; abandoning it");
+        if removing.load(std::sync::atomic::Ordering::SeqCst) {
+            warn!("the removal in flight did not finish within the shutdown grace period; abandoning it");
+        } else {
+            info!("shutdown requested: the cycle in progress is abandoned (no removal was in flight)");
+        }
         return Some(false);
     };
     if !report.runtime_reached {
@@ -196,29 +292,9 @@ async fn poll<R: Runtime>(collector: &mut Collector<R>, runtime_up: &mut Option<
     }
 }
 
-async fn open_events<R: Runtime>(collector: &Collector<R>) -> UsageSource {
-    match collector.runtime().container_events().await {
-        Ok(stream) => {
-            info!("following container events to track image use between cycles");
-            UsageSource::Events(stream)
-        }
-        Err(err) if err.is_unimplemented() => {
-            info!(
-                poll_interval = %crate::time::short(collector.config().gc.usage_poll_interval),
-                "the runtime does not stream container events; polling containers to track image use"
-            );
-            UsageSource::Polling
-        }
-        Err(err) => {
-            debug!(error = %err, "cannot open the container event stream; polling meanwhile");
-            UsageSource::Reconnect(Instant::now() + RETRY_FIRST, RETRY_FIRST)
-        }
-    }
-}
-
 async fn next_event(usage: &mut UsageSource) -> Option<Result<crate::cri::ContainerEvent, crate::cri::RuntimeError>> {
     match usage {
-        UsageSource::Events(stream) => stream.next().await,
+        UsageSource::Events { stream, .. } => stream.next().await,
         _ => std::future::pending().await,
     }
 }

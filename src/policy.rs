@@ -22,8 +22,11 @@ use crate::reference::{self, Glob};
 pub struct Snapshot {
     pub images: Vec<Image>,
     pub containers: Vec<Container>,
-    /// The sandbox (pause) image the runtime reported, if any.
-    pub sandbox_image: Option<String>,
+    /// The sandbox (pause) images: `runtime.sandbox_image`, and what the
+    /// runtime names in its status or its pods' statuses. Empty when none
+    /// of them tells; then no image that no container has ever used is a
+    /// candidate, since the sandbox image cannot be told from it.
+    pub sandbox_images: Vec<String>,
 }
 
 /// Why an image is removed.
@@ -55,6 +58,9 @@ pub enum KeepReason<'a> {
     Pinned,
     /// The runtime's sandbox (pause) image.
     Sandbox,
+    /// Never used by any container while the runtime does not say which
+    /// image is its sandbox image: it may be that image.
+    SandboxUnknown,
     /// Matched by a `protect.images` pattern.
     Protected { pattern: &'a str },
     /// Among the newest `keep_recent_per_repository` of its repository.
@@ -70,6 +76,7 @@ impl KeepReason<'_> {
             KeepReason::InUse { .. } => "in-use",
             KeepReason::Pinned => "pinned",
             KeepReason::Sandbox => "sandbox",
+            KeepReason::SandboxUnknown => "sandbox-unknown",
             KeepReason::Protected { .. } => "protected",
             KeepReason::KeepRecent { .. } => "keep-recent",
             KeepReason::TooYoung { .. } => "too-young",
@@ -145,7 +152,8 @@ pub fn plan<'a>(
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan<'a> {
-    let references = References::new(&snapshot.containers, snapshot.sandbox_image.as_deref());
+    let sandbox_images: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
+    let references = References::new(&snapshot.images, &snapshot.containers, &sandbox_images);
     let listings = Listings::new(&snapshot.images);
     let keep_recent = keep_recent(snapshot, records, config.protect.keep_recent_per_repository);
     let globs: Vec<Glob> = config.protect.images.iter().map(|p| Glob::new(p)).collect();
@@ -160,12 +168,14 @@ pub fn plan<'a>(
         // An id listed more than once is planned once, at its first
         // listing, with what all its listings say.
         let mut sandbox = false;
+        let mut pinned = image.pinned;
         match listings.of(i) {
             Listing::Only => sandbox = references.users(image, &mut users),
             Listing::Repeated(others) => {
                 users.clear();
                 for &j in others {
                     sandbox |= references.add_users(&snapshot.images[j], &mut users);
+                    pinned |= snapshot.images[j].pinned;
                 }
             }
             Listing::Later => continue,
@@ -182,12 +192,14 @@ pub fn plan<'a>(
             }));
             continue;
         }
-        if image.pinned {
-            plan.kept.push(keep(KeepReason::Pinned));
-            continue;
-        }
+        // Sandbox before pinned: runtimes pin their sandbox image, and
+        // "sandbox" says more.
         if sandbox {
             plan.kept.push(keep(KeepReason::Sandbox));
+            continue;
+        }
+        if pinned {
+            plan.kept.push(keep(KeepReason::Pinned));
             continue;
         }
         if let Some((pattern, _)) = config
@@ -207,6 +219,10 @@ pub fn plan<'a>(
                 repository,
                 rank: *rank,
             }));
+            continue;
+        }
+        if snapshot.sandbox_images.is_empty() && !records.ever_used(&image.id) {
+            plan.kept.push(keep(KeepReason::SandboxUnknown));
             continue;
         }
         // An image without a record (listed after the records were updated)
@@ -368,6 +384,8 @@ mod tests {
             World {
                 snapshot: Snapshot {
                     images,
+                    // A runtime that names its sandbox image.
+                    sandbox_images: vec!["registry.k8s.io/pause:3.9".to_string()],
                     ..Default::default()
                 },
                 records: Records::new(),
@@ -560,7 +578,7 @@ mod tests {
         let mut pause = image("pause", 1);
         pause.repo_tags = vec!["registry.k8s.io/pause:3.9".to_string()];
         let mut w = World::new(vec![pause, image("other", 1)]);
-        w.snapshot.sandbox_image = Some("registry.k8s.io/pause:3.9".to_string());
+        w.snapshot.sandbox_images = vec!["registry.k8s.io/pause:3.9".to_string()];
         w.observe(t(0));
         let p = w.plan(t(1));
         assert_eq!(*kept(&p, "pause"), KeepReason::Sandbox);

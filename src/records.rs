@@ -42,6 +42,10 @@ pub struct Record {
 #[derive(Debug, Clone, Default)]
 pub struct Records {
     map: HashMap<String, Record>,
+    /// Images seen in use by this process. With the records' times (a last
+    /// use after the first sighting), whether a container ever used an
+    /// image: see [`Records::ever_used`].
+    used: HashMap<String, ()>,
     /// Whether anything other than last-used times changed since the last
     /// save: an image appeared or went, or its size, pin or names changed.
     changed: bool,
@@ -65,6 +69,7 @@ impl Records {
     pub fn from_map(map: impl IntoIterator<Item = (String, Record)>) -> Self {
         Records {
             map: map.into_iter().collect(),
+            used: HashMap::default(),
             changed: false,
         }
     }
@@ -72,11 +77,24 @@ impl Records {
     /// Records as the state file held them, in a map of the records' own
     /// kind (no rehashing of every id).
     pub(crate) fn from_loaded(map: HashMap<String, Record>) -> Self {
-        Records { map, changed: false }
+        Records {
+            map,
+            used: HashMap::default(),
+            changed: false,
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<&Record> {
         self.map.get(id)
+    }
+
+    /// Whether any container is known to have used the image: seen in use
+    /// by this process, or last used after it was first seen. An image used
+    /// only at its first sighting before a restart reads as never used,
+    /// which errs on the side of keeping it (see the planner's rule for a
+    /// runtime that does not name its sandbox image).
+    pub fn ever_used(&self, id: &str) -> bool {
+        self.used.contains_key(id) || self.map.get(id).is_some_and(|r| r.last_used > r.first_seen)
     }
 
     pub fn len(&self) -> usize {
@@ -95,7 +113,7 @@ impl Records {
     /// Returns the ids of images seen for the first time.
     pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Vec<String> {
         let mut new_ids = Vec::new();
-        let references = References::new(containers, None);
+        let references = References::new(images, containers, &[]);
         let mut users = Vec::new();
         let mut listed: HashMap<&str, ()> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
         for image in images {
@@ -122,6 +140,9 @@ impl Records {
             let record = self.map.get_mut(image.id.as_str()).expect("inserted above");
             if used {
                 record.last_used = record.last_used.max(now);
+                if !self.used.contains_key(image.id.as_str()) {
+                    self.used.insert(image.id.clone(), ());
+                }
             }
             if record.size != image.size || record.pinned != image.pinned {
                 record.size = image.size;
@@ -139,6 +160,7 @@ impl Records {
         }
         let before = self.map.len();
         self.map.retain(|id, _| listed.contains_key(id.as_str()));
+        self.used.retain(|id, _| listed.contains_key(id.as_str()));
         self.changed |= self.map.len() != before;
         new_ids
     }
@@ -165,6 +187,9 @@ impl Records {
         for id in ids {
             if let Some(record) = self.map.get_mut(id) {
                 record.last_used = record.last_used.max(now);
+                if !self.used.contains_key(id) {
+                    self.used.insert(id.to_string(), ());
+                }
             }
         }
     }
@@ -184,7 +209,7 @@ pub struct InUse<'a> {
 
 impl<'a> InUse<'a> {
     pub fn new(images: &'a [Image], containers: &'a [Container]) -> Self {
-        let references = References::new(containers, None);
+        let references = References::new(images, containers, &[]);
         let mut in_use = InUse::default();
         let mut users = Vec::new();
         for image in images {
@@ -231,38 +256,76 @@ impl<'a> InUse<'a> {
     }
 }
 
-/// The containers' references to images (and the runtime's sandbox image
-/// reference), ready to tell which of them name an image. Built once per
-/// listing from the containers, which are far fewer than the images, so
-/// that each image costs a few lookups in a small table.
+/// The containers' references to images (and the runtime's sandbox images),
+/// ready to tell which of them name an image. Built once per listing from
+/// the containers, which are far fewer than the images, so that each image
+/// costs a few lookups in small tables.
+///
+/// A container names its own image precisely (its `image_id`, or an
+/// `image_ref` that is an id or a digest) or loosely (the spec's tag, or an
+/// `image_ref` that is a tag). A loose name counts only for a container
+/// none of whose precise names matches a listed image: after a tag moved to
+/// a newer image, the container still uses the image it was created from,
+/// not the one that took the tag. A container with no precise match (its
+/// image listed under other names, a runtime that reports only the tag)
+/// keeps every image its tag names: when in doubt, in use. Images mounted as
+/// volumes, and the sandbox images, always count.
 pub struct References<'a> {
-    set: ReferenceSet<'a>,
-    /// The owner number standing for the sandbox reference: one past the
-    /// containers.
+    precise: ReferenceSet<'a>,
+    loose: ReferenceSet<'a>,
+    /// Mounted images (owners: containers) and sandbox images (owners from
+    /// `sandbox_owner` on).
+    always: ReferenceSet<'a>,
+    /// Per container: whether a precise name matched a listed image.
+    resolved: Vec<bool>,
+    /// The first owner number standing for a sandbox reference: one past
+    /// the containers.
     sandbox_owner: usize,
 }
 
+/// Whether a container's `image_ref` names one image exactly.
+fn is_precise(reference: &str) -> bool {
+    reference::is_id(reference) || reference::digest_of(reference).is_some()
+}
+
 impl<'a> References<'a> {
-    pub fn new(containers: &'a [Container], sandbox: Option<&'a str>) -> Self {
+    pub fn new(images: &[Image], containers: &'a [Container], sandbox: &[&'a str]) -> Self {
         let sandbox_owner = containers.len();
-        let set = ReferenceSet::new(
-            containers
-                .iter()
-                .enumerate()
-                .flat_map(|(i, c)| {
-                    [
-                        (i, c.image_id.as_str()),
-                        (i, c.image_ref.as_str()),
-                        (i, c.image.as_str()),
-                    ]
-                })
-                .chain(sandbox.map(|s| (sandbox_owner, s))),
+        let own = containers.iter().enumerate();
+        let precise = ReferenceSet::new(own.clone().flat_map(|(i, c)| {
+            let image_ref = Some(c.image_ref.as_str()).filter(|r| is_precise(r));
+            [(i, c.image_id.as_str())].into_iter().chain(image_ref.map(|r| (i, r)))
+        }));
+        let loose = ReferenceSet::new(own.clone().flat_map(|(i, c)| {
+            let image_ref = Some(c.image_ref.as_str()).filter(|r| !is_precise(r));
+            [(i, c.image.as_str())].into_iter().chain(image_ref.map(|r| (i, r)))
+        }));
+        let always = ReferenceSet::new(
+            own.flat_map(|(i, c)| c.mounted_images.iter().map(move |m| (i, m.as_str())))
+                .chain(sandbox.iter().enumerate().map(|(k, s)| (sandbox_owner + k, *s))),
         );
-        References { set, sandbox_owner }
+        let mut resolved = vec![false; containers.len()];
+        if !precise.is_empty() {
+            let mut owners = Vec::new();
+            for image in images {
+                owners.clear();
+                precise.owners(image, &mut owners);
+                for &owner in &owners {
+                    resolved[owner] = true;
+                }
+            }
+        }
+        References {
+            precise,
+            loose,
+            always,
+            resolved,
+            sandbox_owner,
+        }
     }
 
     /// Sets `users` to the indices of the containers that name `image`
-    /// (ascending, each once) and returns whether the sandbox reference
+    /// (ascending, each once) and returns whether a sandbox reference
     /// names it.
     pub fn users(&self, image: &Image, users: &mut Vec<usize>) -> bool {
         users.clear();
@@ -272,14 +335,26 @@ impl<'a> References<'a> {
     /// [`References::users`], adding to `users` rather than replacing it:
     /// for an image id listed more than once, the union of its listings.
     pub fn add_users(&self, image: &Image, users: &mut Vec<usize>) -> bool {
-        self.set.owners(image, users);
+        self.precise.owners(image, users);
+        self.always.owners(image, users);
+        let loose_from = users.len();
+        self.loose.owners(image, users);
+        let mut i = loose_from;
+        while i < users.len() {
+            if self.resolved[users[i]] {
+                users.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
         users.sort_unstable();
         users.dedup();
-        if users.last() == Some(&self.sandbox_owner) {
+        let mut sandbox = false;
+        while users.last().is_some_and(|&u| u >= self.sandbox_owner) {
             users.pop();
-            return true;
+            sandbox = true;
         }
-        false
+        sandbox
     }
 }
 
@@ -330,10 +405,15 @@ struct Owners {
 const NO_MORE: u32 = u32::MAX;
 
 impl<'a> ReferenceSet<'a> {
-    /// From `(owner, reference)` pairs, owners in ascending order; empty
-    /// references are skipped.
+    fn is_empty(&self) -> bool {
+        self.borrowed.is_empty() && self.built.is_empty()
+    }
+
+    /// From `(owner, reference)` pairs; empty references are skipped.
     fn new(references: impl Iterator<Item = (usize, &'a str)>) -> Self {
-        let references: Vec<(usize, &'a str)> = references.collect();
+        let mut references: Vec<(usize, &'a str)> = references.collect();
+        // Owners in ascending order, so a repeat is always the last noted.
+        references.sort_by_key(|&(owner, _)| owner);
         let mut set = ReferenceSet {
             // About one form per reference: a tag is one, an id one, an
             // empty reference none.
@@ -356,6 +436,12 @@ impl<'a> ReferenceSet<'a> {
             let bare = reference::bare_id(reference);
             if bare != reference {
                 set.add(bare, owner);
+            }
+            // A digest reference names its image by the digest alone,
+            // whatever stands before the `@` (CRI-O drops the registry's
+            // port there once a tag has moved).
+            if let Some(digest) = reference::digest_of(reference) {
+                set.add(digest, owner);
             }
             if let Cow::Owned(normalized) = reference::normalized(reference)
                 && normalized != bare
@@ -421,6 +507,9 @@ impl<'a> ReferenceSet<'a> {
         };
         if !image.id.is_empty() {
             check(reference::bare_id(&image.id));
+        }
+        for digest in image.repo_digests.iter().filter_map(|d| reference::digest_of(d)) {
+            check(digest);
         }
         for name in image.repo_tags.iter().chain(&image.repo_digests) {
             check(name);
@@ -572,7 +661,7 @@ pub(crate) mod tests {
         assert!(!in_use.is_used("other"));
         // And the sandbox reference, written short, beside a container.
         let mut users = Vec::new();
-        assert!(References::new(&containers[1..2], Some("nginx")).users(&images[0], &mut users));
+        assert!(References::new(&images, &containers[1..2], &["nginx"]).users(&images[0], &mut users));
         assert_eq!(users, [0], "the container `full`");
     }
 
@@ -598,8 +687,10 @@ pub(crate) mod tests {
         }
     }
 
+    /// A container names the image it was created from by id; the tag in
+    /// its spec has since moved to a newer image, which it does not use.
     #[test]
-    fn a_tag_moved_to_a_newer_image_keeps_both_in_use() {
+    fn a_tag_moved_to_a_newer_image_keeps_only_the_one_in_use() {
         let id = |n: u8| format!("sha256:{}", n.to_string().repeat(64));
         let mut old = image("old", 1);
         old.id = id(1);
@@ -617,16 +708,20 @@ pub(crate) mod tests {
         }];
         let in_use = InUse::new(&images, &containers);
         assert_eq!(in_use.containers(&id(1)), ["c"]);
-        assert_eq!(in_use.containers(&id(2)), ["c"]);
+        assert!(!in_use.is_used(&id(2)));
         assert!(!in_use.is_used("other"));
-        assert_eq!(in_use.len(), 2);
+        assert_eq!(in_use.len(), 1);
+        // Had the old image gone, the tag would keep the new one in use:
+        // when in doubt, in use.
+        let in_use = InUse::new(&images[1..], &containers);
+        assert_eq!(in_use.containers(&id(2)), ["c"]);
     }
 
     #[test]
     fn the_sandbox_reference_is_noted_apart_from_containers() {
         let images = [image("pause", 1), image("app", 1)];
         let containers = [container("c", "app")];
-        let references = References::new(&containers, Some("pause"));
+        let references = References::new(&images, &containers, &["pause"]);
         let mut users = Vec::new();
         assert!(references.users(&images[0], &mut users) && users.is_empty());
         assert!(!references.users(&images[1], &mut users) && users == [0]);

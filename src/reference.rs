@@ -127,6 +127,26 @@ pub fn is_id(reference: &str) -> bool {
     hex.len() == 64 && hex.bytes().fold(true, |all, b| all & b.is_ascii_hexdigit())
 }
 
+/// An id in the one form imagegc uses everywhere: `sha256:<hex>`. CRI-O
+/// lists bare hex; anything that is not an id is returned as it is.
+pub fn canonical_id(id: String) -> String {
+    if id.len() == 64 && is_id(&id) {
+        format!("sha256:{id}")
+    } else {
+        id
+    }
+}
+
+/// The digest of a digest reference, `sha256:<hex>`, whatever name stands
+/// before the `@`: `reg:5000/app@sha256:…`, `app:1@sha256:…`, and CRI-O's
+/// port-less `127.0.0.1@sha256:…` all give the digest itself. `None` for
+/// anything without an `@` followed by a digest.
+pub fn digest_of(reference: &str) -> Option<&str> {
+    let at = memchr(b'@', reference.as_bytes())?;
+    let digest = &reference[at + 1..];
+    digest.starts_with("sha256:").then_some(digest)
+}
+
 /// The id without its `sha256:` prefix, for comparing ids across runtimes.
 pub fn bare_id(id: &str) -> &str {
     id.strip_prefix("sha256:").unwrap_or(id)

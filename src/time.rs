@@ -46,6 +46,16 @@ impl Clock {
     pub fn elapsed(&self) -> Duration {
         self.mono_at_start.elapsed()
     }
+
+    /// A time another party stamped with its wall clock (a runtime's event),
+    /// on this clock: as long before [`Clock::now`] as it is before the
+    /// wall clock now. A stamp in the future is now: nothing is used later
+    /// than it is seen.
+    pub fn from_wall(&self, stamped: SystemTime) -> SystemTime {
+        let ago = SystemTime::now().duration_since(stamped).unwrap_or_default();
+        let now = self.now();
+        now.checked_sub(ago).unwrap_or(now)
+    }
 }
 
 /// Milliseconds since the Unix epoch (0 for times before it).

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use imagegc::cri::fake::{FakeRuntime, FakeServer};
+use imagegc::cri::fake::{Dialect, Events, FakeRuntime, FakeServer};
 use imagegc::cri::proto;
 use imagegc::cri::{Container, ContainerState, CriClient, Image, Runtime, RuntimeError, connect, discover};
 use prost::Message;
@@ -37,6 +37,7 @@ fn container(id: &str, image: &str, state: ContainerState) -> Container {
         image_ref: format!("ref-{image}"),
         image_id: format!("id-{image}"),
         state: Some(state),
+        mounted_images: Vec::new(),
     }
 }
 
@@ -125,6 +126,11 @@ async fn reads_version_sandbox_image_and_image_filesystem() {
     assert_eq!(version.runtime_name, "fake");
     assert_eq!(version.runtime_api_version, "v1");
 
+    assert_eq!(
+        served.client.status().await.unwrap().sandbox_image.as_deref(),
+        Some(imagegc::cri::fake::DEFAULT_SANDBOX_IMAGE)
+    );
+    served.fake.set_sandbox_image(None);
     assert_eq!(served.client.status().await.unwrap().sandbox_image, None);
     served
         .fake
@@ -148,7 +154,7 @@ async fn reads_version_sandbox_image_and_image_filesystem() {
 
     assert_eq!(
         served.fake.calls(),
-        ["Version", "Status", "Status", "ImageFsInfo", "ImageFsInfo"]
+        ["Version", "Status", "Status", "Status", "ImageFsInfo", "ImageFsInfo"]
     );
 }
 
@@ -423,12 +429,23 @@ async fn a_restarted_runtime_keeps_its_state_and_answers_the_same_client() {
 async fn container_events_are_unimplemented_by_default_as_in_containerd_1_6() {
     let served = Served::start(FakeRuntime::new()).await;
 
-    let err = match served.client.container_events().await {
-        Ok(_) => panic!("the event stream opened"),
-        Err(err) => err,
+    let mut events = served.client.container_events();
+    let err = match tokio::time::timeout(TIMEOUT, events.next()).await.expect("no answer") {
+        Some(Err(err)) => err,
+        other => panic!("expected Unimplemented, got {other:?}"),
     };
     assert!(err.is_unimplemented(), "{err:?}");
     assert!(err.to_string().contains("GetContainerEvents"), "{err}");
+}
+
+/// Waits until the fake has `n` event streams open (the client opens its
+/// stream when the stream is first polled).
+async fn until_subscribed(fake: &FakeRuntime, n: usize) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while fake.event_subscribers() < n {
+        assert!(tokio::time::Instant::now() < deadline, "the stream was never opened");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test]
@@ -437,20 +454,26 @@ async fn emitted_container_events_arrive_through_the_client() {
     fake.events_unimplemented(false);
     let served = Served::start(fake).await;
 
-    let mut events = served.client.container_events().await.unwrap();
+    let mut events = served.client.container_events();
+    let first = tokio::spawn(async move {
+        let event = tokio::time::timeout(TIMEOUT, events.next()).await;
+        (event, events)
+    });
+    until_subscribed(&served.fake, 1).await;
     let sent = served.fake.emit_event(
         "c1",
         proto::ContainerEventType::ContainerCreatedEvent,
         &["nginx:1.27", "sha256:aaa"],
     );
     assert_eq!(sent, 1);
-    let event = tokio::time::timeout(TIMEOUT, events.next())
-        .await
+    let (event, mut events) = first.await.unwrap();
+    let event = event
         .expect("no event within the timeout")
         .expect("the stream ended")
         .unwrap();
     assert_eq!(event.container_id, "c1");
     assert_eq!(event.images, ["nginx:1.27", "sha256:aaa"]);
+    assert!(event.created_at.is_some());
 
     // Stopping the runtime ends the stream rather than leaving it hanging.
     served.server.shutdown().await;
@@ -458,6 +481,129 @@ async fn emitted_container_events_arrive_through_the_client() {
         .await
         .expect("the stream did not end");
     assert!(!matches!(end, Some(Ok(_))), "{end:?}");
+}
+
+/// Real runtimes send the stream's response headers only with the first
+/// event: making the stream costs nothing, and a stream polled on an idle
+/// node waits without answering.
+#[tokio::test]
+async fn an_event_stream_waits_for_its_first_event_without_blocking_anyone() {
+    let fake = FakeRuntime::new();
+    fake.set_events(Events::Broadcast);
+    let served = Served::start(fake).await;
+
+    let mut events = served.client.container_events();
+    assert_eq!(
+        served.fake.count("GetContainerEvents"),
+        0,
+        "nothing is sent before the stream is polled"
+    );
+    let waited = tokio::time::timeout(Duration::from_millis(300), events.next()).await;
+    assert!(
+        waited.is_err(),
+        "no event was sent, yet the stream answered: {waited:?}"
+    );
+    // The client is free meanwhile.
+    assert_eq!(served.client.list_images().await.unwrap().len(), 0);
+    served
+        .fake
+        .emit_event("c1", proto::ContainerEventType::ContainerStartedEvent, &["app:1"]);
+    let event = tokio::time::timeout(TIMEOUT, events.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.container_id, "c1");
+}
+
+/// CRI-O (pod events off, its default) ends the stream, OK, at once.
+#[tokio::test]
+async fn a_stream_that_ends_at_once_ends_the_client_stream() {
+    let fake = FakeRuntime::new();
+    fake.set_events(Events::EndAtOnce);
+    let served = Served::start(fake).await;
+    let mut events = served.client.container_events();
+    let end = tokio::time::timeout(TIMEOUT, events.next()).await.unwrap();
+    assert!(end.is_none(), "{end:?}");
+}
+
+/// CRI-O lists bare-hex ids; imagegc uses `sha256:<hex>` everywhere and
+/// gives CRI-O its own form back: CRI-O reads `sha256:<hex>` as a name it
+/// does not have and answers OK having removed nothing.
+#[tokio::test]
+async fn crio_ids_are_prefixed_when_read_and_bare_when_removed() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Crio136);
+    let hex = "8238e0f45fe9".repeat(5) + "abcd";
+    fake.add_image(image(&format!("sha256:{hex}"), "docker.io/library/app:1"));
+    fake.add_container(Container {
+        id: "c1".to_string(),
+        image: "docker.io/library/app:1".to_string(),
+        image_ref: format!("docker.io/library/app@sha256:{}", "d".repeat(64)),
+        image_id: hex.clone(),
+        ..Default::default()
+    });
+    let served = Served::start(fake).await;
+
+    let images = served.client.list_images().await.unwrap();
+    assert_eq!(images[0].id, format!("sha256:{hex}"));
+    let containers = served.client.list_containers().await.unwrap();
+    assert_eq!(containers[0].image_id, format!("sha256:{hex}"));
+
+    served.fake.remove_container("c1");
+    served.client.remove_image(&images[0].id).await.unwrap();
+    assert!(served.fake.images().is_empty(), "the image is still there");
+}
+
+/// Image volumes show only in `ContainerStatus`: a name on containerd, the
+/// bare id on CRI-O (read as `sha256:<hex>`).
+#[tokio::test]
+async fn mounted_images_are_read_from_container_status() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Crio136);
+    let hex = "e".repeat(64);
+    fake.add_container(Container {
+        id: "c1".to_string(),
+        mounted_images: vec![hex.clone(), "docker.io/library/data:1".to_string()],
+        ..Default::default()
+    });
+    let served = Served::start(fake).await;
+    assert!(
+        served.client.list_containers().await.unwrap()[0]
+            .mounted_images
+            .is_empty()
+    );
+    assert_eq!(
+        served.client.container_mounts("c1").await.unwrap(),
+        [format!("sha256:{hex}"), "docker.io/library/data:1".to_string()]
+    );
+    assert!(served.client.container_mounts("gone").await.unwrap_err().is_not_found());
+}
+
+/// containerd 2.x names the sandbox image only in a pod's verbose status;
+/// CRI-O 1.36 in annotations; CRI-O 1.26 nowhere.
+#[tokio::test]
+async fn pod_sandbox_images_are_read_from_each_dialect() {
+    for (dialect, expected) in [
+        (Dialect::Containerd2, Some("registry.k8s.io/pause:3.10")),
+        (Dialect::Crio136, Some("registry.k8s.io/pause:3.10")),
+        (Dialect::Crio126, None),
+    ] {
+        let fake = FakeRuntime::new();
+        fake.set_dialect(dialect);
+        fake.set_sandbox_image(Some("registry.k8s.io/pause:3.10".to_string()));
+        fake.add_pod("p1");
+        let served = Served::start(fake).await;
+        assert_eq!(served.client.pod_sandboxes().await.unwrap(), ["p1"]);
+        assert_eq!(
+            served.client.pod_sandbox_image("p1").await.unwrap().as_deref(),
+            expected,
+            "{dialect:?}"
+        );
+        let status = served.client.status().await.unwrap();
+        let in_status = matches!(dialect, Dialect::Crio136).then_some("registry.k8s.io/pause:3.10");
+        assert_eq!(status.sandbox_image.as_deref(), in_status, "{dialect:?}");
+    }
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ mod support;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
-use imagegc::cri::fake::FakeRuntime;
+use imagegc::cri::fake::{Dialect, Events, FakeRuntime};
 use imagegc::cri::proto::ContainerEventType;
 use imagegc::records::{Record, Records};
 use imagegc::state::{Loaded, StateStore};
@@ -173,15 +173,19 @@ async fn images_without_history_wait_for_max_age_while_old_history_goes_at_once(
 // ---------------------------------------------------------------------------
 // Usage between cycles: polling and container events.
 
+/// By default imagegc never subscribes to container events, even where
+/// the runtime streams them: containerd 1.7 and CRI-O 1.26 split one queue
+/// between subscribers, so a subscription takes events from the kubelet.
 #[tokio::test]
 async fn without_container_events_containers_are_polled_between_cycles() {
     let fake = FakeRuntime::new();
+    fake.set_events(Events::Shared);
     let app = image("app", 1000);
     fake.add_image(app.clone());
     let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
 
-    eventually(secs(5), "the event stream tried", || {
-        (fake.count("GetContainerEvents") >= 1).then_some(())
+    eventually(secs(5), "the first cycle", || {
+        (fake.count("ListImages") >= 1).then_some(())
     })
     .await;
     let before = fake.count("ListContainers");
@@ -195,7 +199,11 @@ async fn without_container_events_containers_are_polled_between_cycles() {
         "polled every second, not faster"
     );
     assert_eq!(fake.count("ListImages"), 1, "one cycle, then only polling");
-    assert_eq!(fake.count("GetContainerEvents"), 1, "Unimplemented is final");
+    assert_eq!(
+        fake.count("GetContainerEvents"),
+        0,
+        "no event stream is opened by default"
+    );
 
     // A container that runs between cycles is seen by the next poll.
     fake.add_container(container("c-app", &app));
@@ -214,6 +222,171 @@ async fn without_container_events_containers_are_polled_between_cycles() {
     );
 }
 
+/// Every runtime sends the event stream's response headers only with the
+/// first event. On an idle node the open never completes: cycles, polls and
+/// shutdown must go on regardless.
+#[tokio::test]
+async fn an_event_stream_that_never_answers_stalls_nothing() {
+    let fake = FakeRuntime::new();
+    fake.set_events(Events::Broadcast);
+    fake.add_image(image("app", 1000));
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| {
+            c.runtime.container_events = true;
+            c.gc.interval = Duration::from_millis(500);
+        },
+    )
+    .await;
+    eventually(secs(5), "the event stream waiting for its first event", || {
+        (fake.event_subscribers() == 1).then_some(())
+    })
+    .await;
+    let cycles = fake.count("ListImages");
+    eventually(secs(5), "three more cycles while the stream waits", || {
+        (fake.count("ListImages") >= cycles + 3).then_some(())
+    })
+    .await;
+    let asked = Instant::now();
+    daemon.stop().await;
+    assert!(asked.elapsed() < secs(5), "shutdown took {:?}", asked.elapsed());
+    assert!(StateStore::new(daemon.state_dir()).path().exists(), "state saved");
+}
+
+/// SIGTERM while a cycle waits on a hung runtime call (no removal in
+/// flight): the daemon stops within seconds, with its state saved, instead
+/// of waiting for the call's deadline.
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_hung_listing() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("app", 1000));
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| c.gc.interval = Duration::from_millis(300),
+    )
+    .await;
+    eventually(secs(5), "a first cycle", || {
+        (fake.count("ListImages") >= 1).then_some(())
+    })
+    .await;
+    fake.delay("ListImages", secs(60));
+    fake.delay("ListContainers", secs(60));
+    let listings = fake.count("ListImages");
+    eventually(secs(5), "a cycle hung in ListImages", || {
+        (fake.count("ListImages") > listings).then_some(())
+    })
+    .await;
+    let asked = Instant::now();
+    daemon.stop().await;
+    assert!(asked.elapsed() < secs(5), "shutdown took {:?}", asked.elapsed());
+    assert!(StateStore::new(daemon.state_dir()).path().exists(), "state saved");
+}
+
+/// containerd replays recent events to a new subscriber (1.7: up to 1000;
+/// 2.x: the last five minutes). The replayed events count at their own
+/// times, and a burst costs one container listing, not one per event.
+#[tokio::test]
+async fn a_replayed_backlog_counts_at_its_own_time_and_costs_one_listing() {
+    let fake = FakeRuntime::new();
+    fake.set_events(Events::Shared);
+    let old = image("old", 1000);
+    fake.add_image(old.clone());
+    let ten_minutes_ago = SystemTime::now() - secs(600);
+    let backlog = (0..300)
+        .map(|n| FakeRuntime::event(&format!("c-{n}"), &old.repo_tags[0], ten_minutes_ago))
+        .collect();
+    let history = Record {
+        first_seen: SystemTime::now() - secs(3600),
+        last_used: SystemTime::now() - secs(3600),
+        size: 1000,
+        pinned: false,
+        tags: old.repo_tags.clone(),
+        digests: Vec::new(),
+        from_history: true,
+    };
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |state_dir| {
+            std::fs::create_dir_all(state_dir).unwrap();
+            let records = Records::from_map([(old.id.clone(), history)]);
+            StateStore::new(state_dir).save(&records, SystemTime::now()).unwrap();
+        },
+        |c| {
+            c.runtime.container_events = true;
+            c.gc.interval = secs(3600);
+            c.gc.usage_poll_interval = secs(3600);
+        },
+    )
+    .await;
+    eventually(secs(5), "the first cycle", || {
+        (fake.count("ListImages") >= 1).then_some(())
+    })
+    .await;
+    fake.set_event_backlog(backlog);
+    // The stream opened at start is waiting; the backlog goes to the next.
+    let server = daemon.server.take().unwrap();
+    daemon.server = Some(server.restart().await.unwrap());
+    eventually(secs(10), "the backlog delivered", || {
+        (fake.count("GetContainerEvents") >= 2 && fake.event_subscribers() == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let listings = fake.count("ListContainers");
+    daemon.stop().await;
+    assert!(
+        listings <= 4,
+        "{listings} container listings for one burst of 300 events"
+    );
+    let last_used = load_records(&daemon.state_dir()).get(&old.id).unwrap().last_used;
+    let off = last_used
+        .duration_since(ten_minutes_ago)
+        .unwrap_or_else(|e| e.duration());
+    assert!(
+        off < secs(5),
+        "the replayed events happened ten minutes ago; last used is {last_used:?}, {off:?} from then"
+    );
+}
+
+/// CRI-O with `enable_pod_events = false` (its default) ends the stream at
+/// once: after a few tries imagegc polls for good, quietly.
+#[tokio::test]
+async fn a_stream_that_ends_at_once_falls_back_to_polling() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Crio136);
+    fake.set_events(Events::EndAtOnce);
+    fake.add_image(image("app", 1000));
+    let _daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| {
+            c.runtime.container_events = true;
+            c.gc.interval = secs(3600);
+        },
+    )
+    .await;
+    eventually(secs(15), "three empty streams", || {
+        (fake.count("GetContainerEvents") >= 3).then_some(())
+    })
+    .await;
+    let polls = fake.count("ListContainers");
+    tokio::time::sleep(secs(3)).await;
+    assert_eq!(
+        fake.count("GetContainerEvents"),
+        3,
+        "the stream is not reopened once given up on"
+    );
+    assert!(
+        fake.count("ListContainers") >= polls + 2,
+        "containers are polled instead"
+    );
+}
+
 /// Emits one event once the daemon's event stream is subscribed: an event
 /// emitted before that reaches no one.
 async fn emit_when_streaming(fake: &FakeRuntime, container_id: &str, kind: ContainerEventType, images: &[&str]) {
@@ -229,7 +402,16 @@ async fn with_container_events_nothing_is_polled_and_an_event_triggers_a_relist(
     fake.events_unimplemented(false);
     let app = image("app", 1000);
     fake.add_image(app.clone());
-    let _daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    let _daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| {
+            c.runtime.container_events = true;
+            c.gc.interval = secs(3600);
+        },
+    )
+    .await;
 
     eventually(secs(5), "the event stream opened", || {
         (fake.count("GetContainerEvents") >= 1).then_some(())
@@ -264,7 +446,16 @@ async fn an_image_used_only_between_listings_is_marked_used_by_its_event() {
     fake.events_unimplemented(false);
     let job = image("job", 1000);
     fake.add_image(job.clone());
-    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| {
+            c.runtime.container_events = true;
+            c.gc.interval = secs(3600);
+        },
+    )
+    .await;
     eventually(secs(5), "the event stream opened", || {
         (fake.count("GetContainerEvents") >= 1).then_some(())
     })
@@ -300,7 +491,16 @@ async fn the_event_stream_is_reopened_after_the_runtime_restarts() {
     fake.events_unimplemented(false);
     let app = image("app", 1000);
     fake.add_image(app.clone());
-    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| {
+            c.runtime.container_events = true;
+            c.gc.interval = secs(3600);
+        },
+    )
+    .await;
     eventually(secs(5), "the event stream opened", || {
         (fake.count("GetContainerEvents") >= 1).then_some(())
     })

@@ -8,6 +8,7 @@
 //! - [`crash`]: SIGKILL in the middle of saves;
 //! - [`clock`]: wall-clock jumps forward and back;
 //! - [`scale`]: 50,000 images and 20,000 containers;
+//! - [`dialects`]: each runtime's quirks, spoken by the fake;
 //! - [`odd_data`]: duplicate, dangling, moved, unknown and absurd runtime data;
 //! - [`fuzz_seeds`]: the fuzz targets' checks on their seeds and mutations.
 //!
@@ -18,6 +19,8 @@
 mod clock;
 #[path = "faults/crash.rs"]
 mod crash;
+#[path = "faults/dialects.rs"]
+mod dialects;
 #[path = "../fuzz/properties.rs"]
 mod fuzz_properties;
 #[path = "faults/fuzz_seeds.rs"]

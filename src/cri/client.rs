@@ -7,7 +7,11 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt as _;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -18,6 +22,7 @@ use super::{
     Container, ContainerEvent, ContainerState, EventStream, Image, ImageFsUsage, Runtime, RuntimeError, RuntimeStatus,
     RuntimeVersion,
 };
+use crate::reference::{bare_id, canonical_id};
 
 /// Endpoints tried in order when none is configured: containerd, CRI-O, cri-dockerd.
 pub const DEFAULT_ENDPOINTS: [&str; 3] = [
@@ -40,6 +45,9 @@ pub struct CriClient {
     timeout: Duration,
     runtime: RuntimeServiceClient<Channel>,
     image: ImageServiceClient<Channel>,
+    /// Whether the runtime lists ids as bare hex (CRI-O): imagegc uses
+    /// `sha256:<hex>` everywhere and gives the runtime back its own form.
+    bare_ids: Arc<AtomicBool>,
 }
 
 /// Parses `unix:///path` (or a bare absolute path) into the socket path.
@@ -85,6 +93,7 @@ pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeEr
         image: ImageServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        bare_ids: Arc::new(AtomicBool::new(false)),
     })
 }
 
@@ -140,15 +149,21 @@ impl CriClient {
     }
 
     fn rpc_error(&self, rpc: &'static str, status: tonic::Status) -> RuntimeError {
+        rpc_error(&self.endpoint, rpc, status)
+    }
+}
+
+fn rpc_error(endpoint: &str, rpc: &'static str, status: tonic::Status) -> RuntimeError {
+    {
         if status.code() == tonic::Code::Unavailable || status.code() == tonic::Code::Unknown && is_transport(&status) {
             return RuntimeError::Connect {
-                endpoint: self.endpoint.clone(),
+                endpoint: endpoint.to_string(),
                 message: format!("{rpc}: {}", transport_message(&status)),
             };
         }
         RuntimeError::Rpc {
             rpc,
-            endpoint: self.endpoint.clone(),
+            endpoint: endpoint.to_string(),
             status: Box::new(status),
         }
     }
@@ -172,7 +187,7 @@ fn transport_message(status: &tonic::Status) -> String {
 
 fn image_from_proto(image: proto::Image) -> Image {
     Image {
-        id: image.id,
+        id: canonical_id(image.id),
         repo_tags: image.repo_tags,
         repo_digests: image.repo_digests,
         size: image.size,
@@ -186,10 +201,75 @@ fn container_from_proto(c: proto::Container) -> Container {
         pod_sandbox_id: c.pod_sandbox_id,
         name: c.metadata.map(|m| m.name).unwrap_or_default(),
         image: c.image.map(|i| i.image).unwrap_or_default(),
-        image_ref: c.image_ref,
-        image_id: c.image_id,
+        image_ref: canonical_id(c.image_ref),
+        image_id: canonical_id(c.image_id),
         state: Some(ContainerState::from_cri(c.state)),
+        mounted_images: Vec::new(),
     }
+}
+
+/// The images a container status names: its own (spec, ref, id) and those
+/// it mounts as volumes.
+fn status_images(status: proto::ContainerStatus) -> impl Iterator<Item = String> {
+    let own = [
+        status.image.map(|i| i.image).unwrap_or_default(),
+        canonical_id(status.image_ref),
+        canonical_id(status.image_id),
+    ];
+    own.into_iter()
+        .chain(mounted_images(status.mounts))
+        .filter(|s| !s.is_empty())
+}
+
+fn mounted_images(mounts: Vec<proto::Mount>) -> impl Iterator<Item = String> {
+    mounts
+        .into_iter()
+        .filter_map(|m| m.image)
+        .map(|spec| canonical_id(spec.image))
+        .filter(|s| !s.is_empty())
+}
+
+/// Nanoseconds since the epoch (CRI timestamps) as a time; `None` for 0.
+fn from_unix_nanos(nanos: i64) -> Option<SystemTime> {
+    u64::try_from(nanos)
+        .ok()
+        .filter(|n| *n > 0)
+        .map(|n| UNIX_EPOCH + Duration::from_nanos(n))
+}
+
+/// Annotations that name a pod's sandbox image: containerd 2.x's, then
+/// CRI-O's name and its id.
+const SANDBOX_IMAGE_ANNOTATIONS: [&str; 3] = [
+    "io.kubernetes.cri.podsandbox.image-name",
+    "io.kubernetes.cri-o.ImageName",
+    "io.kubernetes.cri-o.Image",
+];
+
+/// The sandbox image of a pod from its verbose status: the annotations
+/// above on the status, else the verbose info's JSON (containerd 2.x:
+/// `image` at its top; both runtimes also repeat the annotations in the
+/// runtime spec they put there).
+pub fn pod_sandbox_image(
+    annotations: &std::collections::HashMap<String, String>,
+    info: &std::collections::HashMap<String, String>,
+) -> Option<String> {
+    for key in SANDBOX_IMAGE_ANNOTATIONS {
+        if let Some(image) = annotations.get(key).filter(|v| !v.is_empty()) {
+            return Some(canonical_id(image.clone()));
+        }
+    }
+    let parsed: Vec<serde_json::Value> = info.values().filter_map(|v| serde_json::from_str(v).ok()).collect();
+    for json in &parsed {
+        if let Some(serde_json::Value::String(image)) = json.get("image")
+            && !image.is_empty()
+        {
+            return Some(canonical_id(image.clone()));
+        }
+    }
+    SANDBOX_IMAGE_ANNOTATIONS
+        .iter()
+        .find_map(|key| parsed.iter().find_map(|json| find_key(json, key)))
+        .map(canonical_id)
 }
 
 /// Reads the sandbox image from the verbose `Status` info. containerd puts
@@ -259,6 +339,9 @@ impl Runtime for CriClient {
                 client.list_images(proto::ListImagesRequest { filter: None }),
             )
             .await?;
+        if response.images.iter().any(|i| i.id.len() == 64) {
+            self.bare_ids.store(true, Ordering::Relaxed);
+        }
         Ok(response.images.into_iter().map(image_from_proto).collect())
     }
 
@@ -291,6 +374,12 @@ impl Runtime for CriClient {
 
     async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
         let mut client = self.image.clone();
+        // The id as the runtime listed it.
+        let id = if self.bare_ids.load(Ordering::Relaxed) {
+            bare_id(id)
+        } else {
+            id
+        };
         let request = proto::RemoveImageRequest {
             image: Some(proto::ImageSpec {
                 image: id.to_string(),
@@ -305,32 +394,71 @@ impl Runtime for CriClient {
         }
     }
 
-    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+    fn container_events(&self) -> EventStream {
         let mut client = self.runtime.clone();
-        // The stream lives for as long as the runtime keeps it open, so only
-        // opening it is bounded by the deadline.
-        let request = tonic::Request::new(proto::GetEventsRequest {});
-        let stream = self
-            .call("GetContainerEvents", client.get_container_events(request))
-            .await?;
         let endpoint = self.endpoint.clone();
-        let mapped = tokio_stream::StreamExt::map(stream, move |item| match item {
-            Ok(event) => Ok(ContainerEvent {
-                container_id: event.container_id,
-                images: event
-                    .containers_statuses
-                    .into_iter()
-                    .flat_map(|s| [s.image.map(|i| i.image).unwrap_or_default(), s.image_ref, s.image_id])
-                    .filter(|s| !s.is_empty())
-                    .collect(),
-            }),
-            Err(status) => Err(RuntimeError::Rpc {
-                rpc: "GetContainerEvents",
-                endpoint: endpoint.clone(),
-                status: Box::new(status),
-            }),
-        });
-        Ok(Box::pin(mapped))
+        // No deadline: runtimes answer the open only with the first event,
+        // which on an idle node may be hours away. The stream is polled in
+        // the daemon's loop beside everything else, so waiting costs nothing.
+        let opened = async move {
+            let request = tonic::Request::new(proto::GetEventsRequest {});
+            match client.get_container_events(request).await {
+                Ok(response) => {
+                    let endpoint = endpoint.clone();
+                    response
+                        .into_inner()
+                        .map(move |item| match item {
+                            Ok(event) => Ok(ContainerEvent {
+                                container_id: event.container_id,
+                                created_at: from_unix_nanos(event.created_at),
+                                images: event.containers_statuses.into_iter().flat_map(status_images).collect(),
+                            }),
+                            Err(status) => Err(rpc_error(&endpoint, "GetContainerEvents", status)),
+                        })
+                        .boxed()
+                }
+                Err(status) => futures_util::stream::once(std::future::ready(Err(rpc_error(
+                    &endpoint,
+                    "GetContainerEvents",
+                    status,
+                ))))
+                .boxed(),
+            }
+        };
+        Box::pin(futures_util::stream::once(opened).flatten())
+    }
+
+    async fn container_mounts(&self, id: &str) -> Result<Vec<String>, RuntimeError> {
+        let mut client = self.runtime.clone();
+        let request = proto::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        };
+        let response = self.call("ContainerStatus", client.container_status(request)).await?;
+        Ok(response
+            .status
+            .map(|s| mounted_images(s.mounts).collect())
+            .unwrap_or_default())
+    }
+
+    async fn pod_sandboxes(&self) -> Result<Vec<String>, RuntimeError> {
+        let mut client = self.runtime.clone();
+        let request = proto::ListPodSandboxRequest { filter: None };
+        let response = self.call("ListPodSandbox", client.list_pod_sandbox(request)).await?;
+        Ok(response.items.into_iter().map(|pod| pod.id).collect())
+    }
+
+    async fn pod_sandbox_image(&self, id: &str) -> Result<Option<String>, RuntimeError> {
+        let mut client = self.runtime.clone();
+        let request = proto::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_string(),
+            verbose: true,
+        };
+        let response = self
+            .call("PodSandboxStatus", client.pod_sandbox_status(request))
+            .await?;
+        let annotations = response.status.map(|s| s.annotations).unwrap_or_default();
+        Ok(pod_sandbox_image(&annotations, &response.info))
     }
 }
 

@@ -19,6 +19,15 @@
 //!
 //! It owns no disk: a test that needs removals to free space passes an
 //! effect to [`FakeRuntime::on_remove`].
+//!
+//! [`FakeRuntime::set_dialect`] makes it speak like another runtime, as
+//! measured on the real ones (see the README's "Runtimes"): CRI-O lists
+//! bare-hex ids, refuses to remove an image a container uses, answers OK
+//! for an unknown id, and names its sandbox image in `Status` (1.36) or
+//! nowhere (1.26); containerd 2.x names it only in `PodSandboxStatus`.
+//! [`FakeRuntime::set_events`] picks how `GetContainerEvents` behaves. In
+//! every streaming mode, as on every real runtime, the response headers
+//! are sent only with the first event.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -28,7 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::net::UnixListener;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tokio_util::sync::CancellationToken;
@@ -44,30 +53,82 @@ use super::{Container, ContainerState, Image};
 
 /// The RPCs the fake serves, by their CRI method names. Fault injection and
 /// call counting take these names; any other name panics, to catch typos.
-pub const RPCS: [&str; 16] = [
+pub const RPCS: [&str; 19] = [
     "Version",
     "RunPodSandbox",
     "StopPodSandbox",
     "RemovePodSandbox",
+    "PodSandboxStatus",
     "ListPodSandbox",
     "CreateContainer",
     "StartContainer",
     "StopContainer",
     "RemoveContainer",
     "ListContainers",
+    "ContainerStatus",
     "Status",
     "GetContainerEvents",
     "ListImages",
     "ImageStatus",
+    "PullImage",
     "RemoveImage",
     "ImageFsInfo",
 ];
 
+/// Which runtime the fake speaks like, where runtimes differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// containerd 1.6/1.7: `sha256:` ids; the sandbox image in the verbose
+    /// `Status` (`config.sandboxImage`); removes images in use.
+    #[default]
+    Containerd,
+    /// containerd 2.x: as containerd, but `Status` no longer names the
+    /// sandbox image; verbose `PodSandboxStatus` does (`info.image` and the
+    /// annotation `io.kubernetes.cri.podsandbox.image-name`).
+    Containerd2,
+    /// CRI-O 1.26: bare-hex ids, no `Status` info at all, the sandbox image
+    /// named nowhere; refuses to remove an image in use; OK for an unknown id.
+    Crio126,
+    /// CRI-O 1.36: as 1.26, and the sandbox image in `Status` (`config`
+    /// JSON `sandboxImage`) and `PodSandboxStatus` annotations
+    /// (`io.kubernetes.cri-o.ImageName`).
+    Crio136,
+}
+
+impl Dialect {
+    fn is_crio(self) -> bool {
+        matches!(self, Dialect::Crio126 | Dialect::Crio136)
+    }
+}
+
+/// How `GetContainerEvents` behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Events {
+    /// `Unimplemented` (containerd 1.6).
+    #[default]
+    Unimplemented,
+    /// Every stream gets every event (containerd 2.x, CRI-O 1.36).
+    Broadcast,
+    /// One queue split between the open streams, each event going to one
+    /// of them in turn (containerd 1.7, CRI-O 1.26): a second subscriber
+    /// takes events away from the first.
+    Shared,
+    /// The stream ends, OK, as soon as it is opened (CRI-O with
+    /// `enable_pod_events = false`, its default).
+    EndAtOnce,
+}
+
+/// The sandbox image the fake reports until told otherwise: containerd's
+/// default.
+pub const DEFAULT_SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.9";
+
 /// containerd's default image filesystem: the overlayfs snapshotter's root.
 pub const DEFAULT_IMAGE_FS_MOUNT: &str = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs";
 
-/// Events buffered per open stream; a stream further behind loses the oldest.
+/// Events buffered per open stream; a stream further behind loses the newest.
 const EVENT_BUFFER: usize = 1024;
+
+type EventItem = Result<proto::ContainerEventResponse, Status>;
 
 /// Called inside `RemoveImage`, before the removal, with the requested reference.
 pub type RemoveHook = Box<dyn Fn(&str) + Send + Sync>;
@@ -86,7 +147,6 @@ pub struct FakeRuntime {
 
 struct Inner {
     state: Mutex<State>,
-    events: broadcast::Sender<proto::ContainerEventResponse>,
 }
 
 struct State {
@@ -97,7 +157,15 @@ struct State {
     containers: Vec<Container>,
     sandbox_image: Option<String>,
     image_fs_mount: String,
-    events_unimplemented: bool,
+    dialect: Dialect,
+    pods: Vec<String>,
+    events: Events,
+    /// The open event streams.
+    subscribers: Vec<mpsc::Sender<EventItem>>,
+    /// The next subscriber a shared queue hands an event to.
+    next_subscriber: usize,
+    /// Events replayed to the next stream opened.
+    backlog: Vec<proto::ContainerEventResponse>,
     fail_remove: HashMap<String, Code>,
     fail_next: HashMap<&'static str, VecDeque<Status>>,
     fail_always: HashMap<&'static str, Status>,
@@ -109,12 +177,59 @@ struct State {
 }
 
 impl State {
-    /// The position of the image `reference` names: its id, a tag or a digest.
+    /// The position of the image `reference` names: its id, a tag or a
+    /// digest. CRI-O takes an id only in its bare form: `sha256:<hex>`
+    /// reads to it as a name (`docker.io/library/sha256:<hex>`) that no
+    /// image has.
     fn find_image(&self, reference: &str) -> Option<usize> {
-        self.image_index
-            .get(reference)
-            .copied()
-            .or_else(|| self.images.iter().position(|image| names(image, reference)))
+        let by_id = |id: &str| self.image_index.get(id).copied();
+        let id = if self.dialect.is_crio() {
+            if reference.starts_with("sha256:") {
+                return None;
+            }
+            by_id(&format!("sha256:{reference}"))
+        } else {
+            by_id(reference)
+        };
+        id.or_else(|| self.images.iter().position(|image| names(image, reference)))
+    }
+
+    /// The id in the form this runtime lists it.
+    fn listed_id(&self, id: &str) -> String {
+        if self.dialect.is_crio() {
+            id.strip_prefix("sha256:").unwrap_or(id).to_string()
+        } else {
+            id.to_string()
+        }
+    }
+
+    /// A container that refers to `image` (by id, in either form, by a tag
+    /// or a digest, or as a mounted volume), as CRI-O checks before removing.
+    fn user_of(&self, image: &Image) -> Option<&Container> {
+        let bare = image.id.strip_prefix("sha256:").unwrap_or(&image.id);
+        let refers = |r: &str| !r.is_empty() && (r.strip_prefix("sha256:").unwrap_or(r) == bare || names(image, r));
+        self.containers.iter().find(|c| {
+            [&c.image_id, &c.image_ref].iter().any(|r| refers(r)) || c.mounted_images.iter().any(|r| refers(r))
+        })
+    }
+
+    /// Hands an event to the open streams as the event mode says; returns
+    /// how many streams it reached.
+    fn deliver(&mut self, event: proto::ContainerEventResponse) -> usize {
+        self.subscribers.retain(|s| !s.is_closed());
+        match self.events {
+            Events::Shared if !self.subscribers.is_empty() => {
+                let i = self.next_subscriber % self.subscribers.len();
+                self.next_subscriber = i + 1;
+                usize::from(self.subscribers[i].try_send(Ok(event)).is_ok())
+            }
+            Events::Broadcast => self
+                .subscribers
+                .iter()
+                .filter(|s| s.try_send(Ok(event.clone())).is_ok())
+                .count(),
+            _ => 0,
+        }
     }
 
     fn insert_image(&mut self, image: Image) {
@@ -171,18 +286,24 @@ impl Default for FakeRuntime {
 }
 
 impl FakeRuntime {
-    /// An empty runtime: no images, no containers, no sandbox image, the image
+    /// An empty runtime: no images, no containers, the sandbox image
+    /// [`DEFAULT_SANDBOX_IMAGE`] (not listed as an image), the image
     /// filesystem at [`DEFAULT_IMAGE_FS_MOUNT`], no faults, and container
     /// events unimplemented (as in containerd 1.6).
     pub fn new() -> Self {
-        let (events, _) = broadcast::channel(EVENT_BUFFER);
         let state = State {
             images: Vec::new(),
             image_index: HashMap::new(),
             containers: Vec::new(),
-            sandbox_image: None,
+            // What containerd reports when its config names none.
+            sandbox_image: Some(DEFAULT_SANDBOX_IMAGE.to_string()),
             image_fs_mount: DEFAULT_IMAGE_FS_MOUNT.to_string(),
-            events_unimplemented: true,
+            dialect: Dialect::default(),
+            pods: Vec::new(),
+            events: Events::default(),
+            subscribers: Vec::new(),
+            next_subscriber: 0,
+            backlog: Vec::new(),
             fail_remove: HashMap::new(),
             fail_next: HashMap::new(),
             fail_always: HashMap::new(),
@@ -195,7 +316,6 @@ impl FakeRuntime {
         Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(state),
-                events,
             }),
         }
     }
@@ -249,11 +369,28 @@ impl FakeRuntime {
         Some(state.containers.remove(index))
     }
 
-    /// Sets the sandbox (pause) image the verbose `Status` reports, the way
-    /// containerd does: `sandboxImage` inside the JSON under the `config` key.
-    /// `None` leaves `sandboxImage` out.
+    /// Sets the sandbox (pause) image the runtime uses. Where the dialect
+    /// says the runtime names it: containerd 1.x and CRI-O 1.36 in the
+    /// verbose `Status` (`sandboxImage` inside the JSON under `config`),
+    /// containerd 2.x and CRI-O 1.36 in each pod's verbose
+    /// `PodSandboxStatus`. `None`: named nowhere.
     pub fn set_sandbox_image(&self, image: Option<String>) {
         self.lock().sandbox_image = image;
+    }
+
+    /// Makes the fake speak like another runtime (see [`Dialect`]).
+    pub fn set_dialect(&self, dialect: Dialect) {
+        self.lock().dialect = dialect;
+    }
+
+    /// Adds a pod sandbox (listed by `ListPodSandbox`).
+    pub fn add_pod(&self, id: &str) {
+        self.lock().pods.push(id.to_string());
+    }
+
+    /// Removes a pod sandbox.
+    pub fn remove_pod(&self, id: &str) {
+        self.lock().pods.retain(|p| p != id);
     }
 
     /// Sets the mount point `ImageFsInfo` reports.
@@ -314,15 +451,59 @@ impl FakeRuntime {
     }
 
     /// Whether `GetContainerEvents` answers `Unimplemented`, as containerd 1.6
-    /// does (the default). When false it opens a stream of the events passed
-    /// to [`emit_event`](Self::emit_event).
+    /// does (the default). When false every stream gets every event passed
+    /// to [`emit_event`](Self::emit_event) ([`Events::Broadcast`]).
     pub fn events_unimplemented(&self, unimplemented: bool) {
-        self.lock().events_unimplemented = unimplemented;
+        self.set_events(if unimplemented {
+            Events::Unimplemented
+        } else {
+            Events::Broadcast
+        });
     }
 
-    /// Sends an event to every open `GetContainerEvents` stream and returns
-    /// how many streams it was sent to. The event carries one container status
-    /// per entry of `images`, each naming that image in its spec.
+    /// How `GetContainerEvents` behaves from now on.
+    pub fn set_events(&self, events: Events) {
+        self.lock().events = events;
+    }
+
+    /// How many event streams are open (waiting for their first event or
+    /// streaming).
+    pub fn event_subscribers(&self) -> usize {
+        let mut state = self.lock();
+        state.subscribers.retain(|s| !s.is_closed());
+        state.subscribers.len()
+    }
+
+    /// Events the next stream opened gets first, as containerd replays its
+    /// recent events to a new subscriber.
+    pub fn set_event_backlog(&self, backlog: Vec<proto::ContainerEventResponse>) {
+        self.lock().backlog = backlog;
+    }
+
+    /// An event about `container_id` whose one container status names
+    /// `image` in its spec, created at `created_at`.
+    pub fn event(container_id: &str, image: &str, created_at: SystemTime) -> proto::ContainerEventResponse {
+        proto::ContainerEventResponse {
+            container_id: container_id.to_string(),
+            container_event_type: proto::ContainerEventType::ContainerStartedEvent as i32,
+            created_at: created_at
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+            containers_statuses: vec![proto::ContainerStatus {
+                id: container_id.to_string(),
+                image: Some(proto::ImageSpec {
+                    image: image.to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        }
+    }
+
+    /// Sends an event to the open `GetContainerEvents` streams (each of
+    /// them, or one in turn for [`Events::Shared`]) and returns how many
+    /// streams it reached. The event carries one container status per entry
+    /// of `images`, each naming that image in its spec.
     pub fn emit_event(&self, container_id: &str, event_type: proto::ContainerEventType, images: &[&str]) -> usize {
         let containers_statuses = images
             .iter()
@@ -341,7 +522,7 @@ impl FakeRuntime {
             created_at: unix_nanos(),
             containers_statuses,
         };
-        self.inner.events.send(event).unwrap_or(0)
+        self.lock().deliver(event)
     }
 
     /// Runs `hook` inside every `RemoveImage`, after the call's injected
@@ -542,9 +723,9 @@ impl Service {
     }
 }
 
-fn image_to_proto(image: &Image) -> proto::Image {
+fn image_to_proto(image: &Image, state: &State) -> proto::Image {
     proto::Image {
-        id: image.id.clone(),
+        id: state.listed_id(&image.id),
         repo_tags: image.repo_tags.clone(),
         repo_digests: image.repo_digests.clone(),
         size: image.size,
@@ -630,7 +811,60 @@ impl RuntimeService for Service {
         &self,
         _: Request<proto::ListPodSandboxRequest>,
     ) -> Result<Response<proto::ListPodSandboxResponse>, Status> {
-        self.unimplemented("ListPodSandbox").await
+        self.enter("ListPodSandbox").await?;
+        let items = self
+            .fake
+            .lock()
+            .pods
+            .iter()
+            .map(|id| proto::PodSandbox {
+                id: id.clone(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(proto::ListPodSandboxResponse { items }))
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        request: Request<proto::PodSandboxStatusRequest>,
+    ) -> Result<Response<proto::PodSandboxStatusResponse>, Status> {
+        self.enter("PodSandboxStatus").await?;
+        let request = request.into_inner();
+        let state = self.fake.lock();
+        if !state.pods.contains(&request.pod_sandbox_id) {
+            return Err(Status::not_found(format!(
+                "pod sandbox {:?} not found",
+                request.pod_sandbox_id
+            )));
+        }
+        let mut annotations = HashMap::new();
+        let mut info = HashMap::new();
+        if let Some(image) = &state.sandbox_image {
+            match state.dialect {
+                Dialect::Containerd2 => {
+                    annotations.insert("io.kubernetes.cri.podsandbox.image-name".to_string(), image.clone());
+                    if request.verbose {
+                        info.insert(
+                            "info".to_string(),
+                            serde_json::json!({ "image": image, "pid": 1 }).to_string(),
+                        );
+                    }
+                }
+                Dialect::Crio136 => {
+                    annotations.insert("io.kubernetes.cri-o.ImageName".to_string(), image.clone());
+                }
+                Dialect::Containerd | Dialect::Crio126 => {}
+            }
+        }
+        Ok(Response::new(proto::PodSandboxStatusResponse {
+            status: Some(proto::PodSandboxStatus {
+                id: request.pod_sandbox_id,
+                annotations,
+                ..Default::default()
+            }),
+            info,
+        }))
     }
 
     async fn create_container(
@@ -678,6 +912,45 @@ impl RuntimeService for Service {
         Ok(Response::new(proto::ListContainersResponse { containers }))
     }
 
+    async fn container_status(
+        &self,
+        request: Request<proto::ContainerStatusRequest>,
+    ) -> Result<Response<proto::ContainerStatusResponse>, Status> {
+        self.enter("ContainerStatus").await?;
+        let id = request.into_inner().container_id;
+        let state = self.fake.lock();
+        let Some(container) = state.containers.iter().find(|c| c.id == id) else {
+            return Err(Status::not_found(format!("container {id:?} not found")));
+        };
+        let mounts = container
+            .mounted_images
+            .iter()
+            .map(|image| proto::Mount {
+                container_path: "/volume".to_string(),
+                image: Some(proto::ImageSpec {
+                    image: image.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(proto::ContainerStatusResponse {
+            status: Some(proto::ContainerStatus {
+                id: container.id.clone(),
+                state: state_to_proto(container.state) as i32,
+                image: Some(proto::ImageSpec {
+                    image: container.image.clone(),
+                    ..Default::default()
+                }),
+                image_ref: container.image_ref.clone(),
+                image_id: container.image_id.clone(),
+                mounts,
+                ..Default::default()
+            }),
+            info: HashMap::new(),
+        }))
+    }
+
     async fn status(&self, request: Request<proto::StatusRequest>) -> Result<Response<proto::StatusResponse>, Status> {
         self.enter("Status").await?;
         let ready = |kind: &str| proto::RuntimeCondition {
@@ -686,13 +959,35 @@ impl RuntimeService for Service {
             ..Default::default()
         };
         let mut info = HashMap::new();
+        let state = self.fake.lock();
         if request.into_inner().verbose {
-            let mut config = serde_json::json!({ "containerd": { "snapshotter": "overlayfs" } });
-            if let Some(image) = &self.fake.lock().sandbox_image {
-                config["sandboxImage"] = serde_json::Value::String(image.clone());
+            let config = match state.dialect {
+                Dialect::Containerd => {
+                    let mut config = serde_json::json!({ "containerd": { "snapshotter": "overlayfs" } });
+                    if let Some(image) = &state.sandbox_image {
+                        config["sandboxImage"] = serde_json::Value::String(image.clone());
+                    }
+                    Some(config)
+                }
+                // The runtime config only: `sandboxImage` moved to the images
+                // plugin, which Status does not report.
+                Dialect::Containerd2 => Some(serde_json::json!({
+                    "containerd": { "defaultRuntimeName": "runc", "runtimes": { "runc": { "sandboxer": "podsandbox" } } }
+                })),
+                Dialect::Crio126 => None,
+                Dialect::Crio136 => {
+                    let mut config = serde_json::json!({ "storageDriver": "overlay", "cgroupDriver": "cgroupfs" });
+                    if let Some(image) = &state.sandbox_image {
+                        config["sandboxImage"] = serde_json::Value::String(image.clone());
+                    }
+                    Some(config)
+                }
+            };
+            if let Some(config) = config {
+                info.insert("config".to_string(), config.to_string());
             }
-            info.insert("config".to_string(), config.to_string());
         }
+        drop(state);
         Ok(Response::new(proto::StatusResponse {
             status: Some(proto::RuntimeStatus {
                 conditions: vec![ready("RuntimeReady"), ready("NetworkReady")],
@@ -701,38 +996,45 @@ impl RuntimeService for Service {
         }))
     }
 
-    type GetContainerEventsStream = ReceiverStream<Result<proto::ContainerEventResponse, Status>>;
+    type GetContainerEventsStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = EventItem> + Send>>;
 
     async fn get_container_events(
         &self,
         _: Request<proto::GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
         self.enter("GetContainerEvents").await?;
-        if self.fake.lock().events_unimplemented {
-            return Err(Status::unimplemented("unknown method GetContainerEvents"));
-        }
-        // Subscribed before answering, so every event emitted after the
-        // client has its stream reaches it.
-        let mut events = self.fake.inner.events.subscribe();
-        let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
-        let stop = self.stop.clone();
-        tokio::spawn(async move {
-            loop {
-                let event = tokio::select! {
-                    () = stop.cancelled() => break,
-                    () = sender.closed() => break,
-                    received = events.recv() => match received {
-                        Ok(event) => event,
-                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    },
-                };
-                if sender.send(Ok(event)).await.is_err() {
-                    break;
+        let (sender, mut receiver) = mpsc::channel(EVENT_BUFFER);
+        {
+            let mut state = self.fake.lock();
+            match state.events {
+                Events::Unimplemented => return Err(Status::unimplemented("unknown method GetContainerEvents")),
+                Events::EndAtOnce => {
+                    return Ok(Response::new(Box::pin(tokio_stream::empty())));
                 }
+                Events::Broadcast | Events::Shared => {}
             }
-        });
-        Ok(Response::new(ReceiverStream::new(receiver)))
+            for event in std::mem::take(&mut state.backlog) {
+                let _ = sender.try_send(Ok(event));
+            }
+            // Subscribed before answering, so every event emitted after the
+            // client asked reaches it.
+            state.subscribers.push(sender);
+        }
+        // Like every real runtime: no response (headers) before the first
+        // event.
+        let first = tokio::select! {
+            first = receiver.recv() => first,
+            () = self.stop.cancelled() => None,
+        };
+        let Some(first) = first else {
+            return Err(Status::unavailable("fake runtime is shutting down"));
+        };
+        // Stopping the server ends the stream.
+        let stream = futures_util::StreamExt::take_until(
+            tokio_stream::StreamExt::chain(tokio_stream::once(first), ReceiverStream::new(receiver)),
+            self.stop.clone().cancelled_owned(),
+        );
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
@@ -749,13 +1051,12 @@ impl ImageService for Service {
             .and_then(|f| f.image)
             .map(|spec| spec.image)
             .unwrap_or_default();
-        let images = self
-            .fake
-            .lock()
+        let state = self.fake.lock();
+        let images = state
             .images
             .iter()
             .filter(|image| wanted.is_empty() || names(image, &wanted))
-            .map(image_to_proto)
+            .map(|image| image_to_proto(image, &state))
             .collect();
         Ok(Response::new(proto::ListImagesResponse { images }))
     }
@@ -768,7 +1069,9 @@ impl ImageService for Service {
         self.enter("ImageStatus").await?;
         let reference = request.into_inner().image.map(|spec| spec.image).unwrap_or_default();
         let state = self.fake.lock();
-        let image = state.find_image(&reference).map(|i| image_to_proto(&state.images[i]));
+        let image = state
+            .find_image(&reference)
+            .map(|i| image_to_proto(&state.images[i], &state));
         Ok(Response::new(proto::ImageStatusResponse {
             image,
             info: HashMap::new(),
@@ -799,8 +1102,20 @@ impl ImageService for Service {
                 ));
             }
             let Some(index) = index else {
+                if state.dialect.is_crio() {
+                    // CRI-O answers OK for an id it does not have.
+                    return Ok(Response::new(proto::RemoveImageResponse {}));
+                }
                 return Err(Status::not_found(format!("image {reference:?} not found")));
             };
+            if state.dialect.is_crio()
+                && let Some(user) = state.user_of(&state.images[index])
+            {
+                return Err(Status::unknown(format!(
+                    "delete image: image used by {}: image is in use by a container",
+                    user.id
+                )));
+            }
             let image = state.take_image(index);
             state.removed.push(image.id.clone());
             (image, state.on_remove.clone())
@@ -809,6 +1124,13 @@ impl ImageService for Service {
             effect(&image);
         }
         Ok(Response::new(proto::RemoveImageResponse {}))
+    }
+
+    async fn pull_image(
+        &self,
+        _: Request<proto::PullImageRequest>,
+    ) -> Result<Response<proto::PullImageResponse>, Status> {
+        self.unimplemented("PullImage").await
     }
 
     async fn image_fs_info(

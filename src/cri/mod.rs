@@ -73,6 +73,13 @@ pub struct Container {
     /// The image id, where the runtime sets it (CRI 1.31+).
     pub image_id: String,
     pub state: Option<ContainerState>,
+    /// Images mounted into the container as volumes (CRI `Mount.image`,
+    /// KEP-4639): a name on containerd, an id on CRI-O. `ListContainers`
+    /// does not report them; the collector fills them in from
+    /// `ContainerStatus`. Each keeps its image in use like the container's
+    /// own image.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounted_images: Vec<String>,
 }
 
 /// The runtime's name and version, from the CRI `Version` call.
@@ -103,8 +110,22 @@ pub struct ImageFsUsage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerEvent {
     pub container_id: String,
-    /// Images named by the event's container statuses (spec image, ref, id).
+    /// Images named by the event's container statuses (spec image, ref, id,
+    /// image volumes).
     pub images: Vec<String>,
+    /// When the runtime says the event happened. A runtime replays old
+    /// events to a new subscriber (containerd 1.7: up to 1000, 2.x: the
+    /// last 5 minutes), so this, not the time of arrival, is when the
+    /// images were last seen in use.
+    pub created_at: Option<std::time::SystemTime>,
+}
+
+/// What imagegc reads from a pod sandbox's verbose status: the image its
+/// sandbox (pause) container runs, where the runtime names it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodSandbox {
+    pub id: String,
+    pub sandbox_image: Option<String>,
 }
 
 /// Errors from the runtime, each naming the RPC and the endpoint.
@@ -165,6 +186,36 @@ pub trait Runtime: Send + Sync {
     fn image_fs_info(&self) -> impl Future<Output = Result<Vec<ImageFsUsage>, RuntimeError>> + Send;
     /// Removes an image by id. Removing an image that is already gone succeeds.
     fn remove_image(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
-    /// Opens the container event stream (CRI `GetContainerEvents`).
-    fn container_events(&self) -> impl Future<Output = Result<EventStream, RuntimeError>> + Send;
+    /// The container event stream (CRI `GetContainerEvents`). Nothing is
+    /// sent before the stream is first polled, and opening it is part of
+    /// polling it: runtimes send no response headers until the first event,
+    /// so an open that waits must cost nothing but the stream's own task.
+    /// A runtime without events yields one `Unimplemented` error.
+    fn container_events(&self) -> EventStream {
+        let endpoint = self.endpoint().to_string();
+        Box::pin(tokio_stream::once(Err(RuntimeError::Rpc {
+            rpc: "GetContainerEvents",
+            endpoint,
+            status: Box::new(tonic::Status::unimplemented("container events are not implemented")),
+        })))
+    }
+
+    /// The images a container mounts as volumes (CRI `ContainerStatus`,
+    /// `mounts[].image`). A runtime without image volumes has none.
+    fn container_mounts(&self, id: &str) -> impl Future<Output = Result<Vec<String>, RuntimeError>> + Send {
+        let _ = id;
+        async { Ok(Vec::new()) }
+    }
+
+    /// The ids of the pod sandboxes (CRI `ListPodSandbox`).
+    fn pod_sandboxes(&self) -> impl Future<Output = Result<Vec<String>, RuntimeError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// The image a pod's sandbox container runs, from the verbose
+    /// `PodSandboxStatus` (containerd 2.x and CRI-O name it there).
+    fn pod_sandbox_image(&self, id: &str) -> impl Future<Output = Result<Option<String>, RuntimeError>> + Send {
+        let _ = id;
+        async { Ok(None) }
+    }
 }

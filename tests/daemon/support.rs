@@ -54,6 +54,7 @@ pub fn container(id: &str, image: &Image) -> Container {
         image_ref: image.id.clone(),
         image_id: image.id.clone(),
         state: Some(ContainerState::Running),
+        mounted_images: Vec::new(),
     }
 }
 

@@ -94,7 +94,10 @@ async fn a_wall_clock_ten_days_ahead_of_the_collectors_clock_ages_nothing() {
 #[test]
 fn only_the_clock_and_reporting_read_the_wall_clock() {
     let allowed: [(&str, &str); 5] = [
-        ("time.rs", "Clock::start: the wall-clock time at start"),
+        (
+            "time.rs",
+            "Clock::start: the wall-clock time at start; Clock::from_wall: a runtime's event stamp",
+        ),
         ("state.rs", "names a set-aside corrupt file"),
         (
             "metrics.rs",

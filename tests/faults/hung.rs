@@ -173,8 +173,8 @@ impl Runtime for HangNth {
     async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
         self.call("RemoveImage", self.client.remove_image(id)).await
     }
-    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
-        self.call("GetContainerEvents", self.client.container_events()).await
+    fn container_events(&self) -> EventStream {
+        self.client.container_events()
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use imagegc::collector::Outcome;
 use imagegc::cri::fake::FakeRuntime;
-use imagegc::cri::{Container, EventStream, Image, ImageFsUsage, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use imagegc::cri::{Container, Image, ImageFsUsage, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use imagegc::policy::{self, KeepReason, Reason, Snapshot};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
@@ -57,7 +57,9 @@ impl Runtime for Scripted {
         Ok(RuntimeVersion::default())
     }
     async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
-        Ok(RuntimeStatus::default())
+        Ok(RuntimeStatus {
+            sandbox_image: Some("registry.k8s.io/pause:3.9".to_string()),
+        })
     }
     async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
         Ok(self.with(|s| s.images.clone()))
@@ -75,13 +77,6 @@ impl Runtime for Scripted {
             s.disk.release(id);
         });
         Ok(())
-    }
-    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
-        Err(RuntimeError::Rpc {
-            rpc: "GetContainerEvents",
-            endpoint: self.endpoint().to_string(),
-            status: Box::new(tonic::Status::unimplemented("scripted")),
-        })
     }
 }
 
@@ -185,7 +180,7 @@ fn the_planner_on_odd_listings() {
         let snapshot = Snapshot {
             images: case.images,
             containers: case.containers,
-            sandbox_image: None,
+            sandbox_images: vec!["registry.k8s.io/pause:3.9".to_string()],
         };
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let mut records = Records::new();
@@ -232,7 +227,7 @@ async fn an_image_listed_twice_is_removed_once() {
 }
 
 #[tokio::test]
-async fn a_tag_moving_to_a_new_image_keeps_records_by_id_and_the_container_keeps_its_image() {
+async fn a_tag_moving_to_a_new_image_keeps_records_by_id_and_the_container_keeps_only_its_image() {
     let disk = SimDisk::new(1000, 900);
     let old = with_tags("old", &["registry.example.com/team/app:v1"]);
     disk.occupy(&old.id, 400);
@@ -249,24 +244,26 @@ async fn a_tag_moving_to_a_new_image_keeps_records_by_id_and_the_container_keeps
     disk.occupy(&new.id, 400);
     runtime.with(|s| s.images = vec![dangling("old", 100), new.clone()]);
     disk.set_available(0);
+    // The container names the old image by id: that one stays; the tag's
+    // new image is not in use, and is enough to free.
     let report = collector.cycle(&CancellationToken::new()).await;
-    assert!(report.removed.is_empty(), "{:?}", report.removed);
-    assert!(
-        runtime.removals().is_empty(),
-        "the container's image (by id) and the tag's image both stay"
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(
+        runtime.removals(),
+        std::slice::from_ref(&new.id),
+        "the container's image (by id) stays; the tag's new image, unused, goes"
     );
     let old_record = collector.records().get(&old.id).unwrap();
     assert_eq!(old_record.first_seen, old_first_seen, "the record stays keyed by id");
     assert!(old_record.tags.is_empty(), "the record follows the tag move");
-    let new_record = collector.records().get(&new.id).unwrap();
-    assert!(new_record.first_seen > old_first_seen);
-    assert_eq!(new_record.tags, new.repo_tags);
+    assert!(collector.records().get(&new.id).is_none());
 
-    // The pod goes: the older image goes first, and it is enough.
+    // The pod goes: the old image goes too.
     runtime.with(|s| s.containers.clear());
+    disk.set_available(0);
     let report = collector.cycle(&CancellationToken::new()).await;
     assert_eq!(report.outcome, Outcome::Success);
-    assert_eq!(runtime.removals(), std::slice::from_ref(&old.id));
+    assert_eq!(runtime.removals(), [new.id.clone(), old.id.clone()]);
 }
 
 #[tokio::test]

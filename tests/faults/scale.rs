@@ -51,6 +51,7 @@ fn big_container(n: usize, image: &Image) -> Container {
         image_ref: image.id.clone(),
         image_id: String::new(),
         state: None,
+        mounted_images: Vec::new(),
     }
 }
 
@@ -157,7 +158,7 @@ fn child() {
         let snapshot = Snapshot {
             images: fake.images(),
             containers: fake.containers(),
-            sandbox_image: None,
+            sandbox_images: vec!["registry.k8s.io/pause:3.9".to_string()],
         };
         let mut records = Records::new();
         let t = Instant::now();

@@ -55,6 +55,7 @@ pub fn container_using(id: &str, image: &Image) -> Container {
         image_ref: image.id.clone(),
         image_id: String::new(),
         state: None,
+        mounted_images: Vec::new(),
     }
 }
 
