@@ -157,7 +157,7 @@ async fn import_all(bed: &TestBed, specs: &[ImageSpec]) -> Vec<String> {
 /// A test bed with the 200 images and a pod running the first few.
 async fn bed() -> (TestBed, Vec<String>) {
     let started = Instant::now();
-    let bed = TestBed::start(FS_MIB).await;
+    let bed = TestBed::start(testbed::Kind::Containerd16, FS_MIB).await;
     let specs = specs();
     let ids = import_all(&bed, &specs).await;
     let pod = bed.run_pod("cycle").await;

@@ -151,7 +151,7 @@ impl Prepared {
 
 async fn prepare(scenario: &Scenario) -> Prepared {
     let started = Instant::now();
-    let bed = TestBed::start(scenario.fs_mib).await;
+    let bed = TestBed::start(testbed::Kind::Containerd16, scenario.fs_mib).await;
     let mut order = Vec::new();
     let mut in_use_names = Vec::new();
     for (i, def) in scenario.images.iter().enumerate() {

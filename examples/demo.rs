@@ -149,7 +149,7 @@ async fn demo(binary: &Path) -> Result<(), String> {
         "Its root is a {FS_MIB} MiB ext4 filesystem kept in a file and loop-mounted, so the"
     ));
     say("demo controls how full it is. Nothing on this machine's own containerd is touched.");
-    let bed = TestBed::start(FS_MIB).await;
+    let bed = TestBed::start(testbed::Kind::Containerd16, FS_MIB).await;
     let version = bed
         .client()
         .version()

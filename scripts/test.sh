@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs every check and test imagegc has: formatting, lints, unit and
-# integration tests, the end-to-end tests against a real containerd
-# (started privately by the tests on loop-mounted filesystems, so this must
-# run as root), the deployment checks and a time-boxed fuzz pass
-# (IMAGEGC_SKIP_FUZZ=1 skips it). Installs what a fresh Debian 12 machine lacks.
+# integration tests, the end-to-end tests on every runtime of the matrix
+# (Debian's containerd 1.6, containerd 2.x and CRI-O, each started privately
+# by the tests on loop-mounted filesystems, so this must run as root), the
+# deployment checks and a time-boxed fuzz pass (IMAGEGC_SKIP_FUZZ=1 skips
+# it). Installs what a fresh Debian 12 machine lacks, and builds containerd
+# 2.x and CRI-O from their Go modules (kept under target/runtimes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,14 +15,34 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 . scripts/testbed-deps.sh
+. scripts/testbed-runtimes.sh
 install_testbed_deps
+build_testbed_runtimes
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
-echo "==> cargo test (unit, integration, end-to-end on a real containerd)"
-cargo test --locked --all-targets
+echo "==> cargo test (unit and integration tests, benches and examples as tests)"
+targets=()
+for test in tests/*.rs; do
+    targets+=(--test "$(basename "$test" .rs)")
+done
+cargo test --locked --lib --bins --benches --examples "${targets[@]}"
+# The end-to-end suite once per runtime, each timed: a runtime that cannot
+# be built or started fails its suite with the reason.
+cargo test --locked --test e2e --no-run
+suite_times=()
+for runtime in containerd_1_6 containerd_2 crio; do
+    echo "==> end-to-end tests on $runtime"
+    started=$SECONDS
+    # The test bed's own unit tests go with the first suite.
+    extra=()
+    [ "$runtime" = containerd_1_6 ] && extra=(testbed::tests)
+    cargo test --locked --test e2e -- "::$runtime" "${extra[@]}"
+    suite_times+=("$runtime $((SECONDS - started))s")
+done
+echo "==> end-to-end suite times: ${suite_times[*]}"
 if [ -x scripts/check-deploy.sh ]; then
     echo "==> deployment checks"
     # An unoptimised static build is enough to check the image and the

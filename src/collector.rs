@@ -242,7 +242,36 @@ struct Disk {
     path: Option<PathBuf>,
 }
 
+/// How long the filesystem is watched after a removal for the space to come
+/// back: containerd 2.x deletes an image's content and snapshots in the
+/// background after `RemoveImage` returns, a few milliseconds later.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Between two readings while the space comes back.
+const SETTLE_STEP: Duration = Duration::from_millis(20);
+
 impl Disk {
+    /// The filesystem once a removal's space has come back: re-measured
+    /// until available space has grown and then held still for one step,
+    /// for at most [`SETTLE_TIMEOUT`] (an image whose layers are all shared
+    /// frees nothing). Stopping at the first reading would undercount what
+    /// the removal freed and remove images beyond the low threshold.
+    async fn settled(&self, before: Option<FsStats>) -> Result<FsStats, FsError> {
+        let mut last = self.measure()?;
+        let Some(before) = before else {
+            return Ok(last);
+        };
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(SETTLE_STEP).await;
+            let now = self.measure()?;
+            if now.available() > before.available() && now.available() == last.available() {
+                return Ok(now);
+            }
+            last = now;
+        }
+        Ok(last)
+    }
+
     fn measure(&self) -> Result<FsStats, FsError> {
         match &self.path {
             Some(path) => self.probe.stats(path),
@@ -251,6 +280,22 @@ impl Disk {
                 source: std::io::Error::other("the runtime reported no image filesystem"),
             }),
         }
+    }
+}
+
+/// Marks a removal in flight until dropped.
+struct InFlight(Arc<AtomicBool>);
+
+impl InFlight {
+    fn new(flag: &Arc<AtomicBool>) -> Self {
+        flag.store(true, Ordering::SeqCst);
+        InFlight(Arc::clone(flag))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
@@ -484,12 +529,6 @@ impl<R: Runtime> Collector<R> {
             &mut self.pod_images,
         )
         .await;
-        if sandbox_images.is_empty() && !std::mem::replace(&mut self.sandbox_warned, true) {
-            warn!(
-                "the runtime does not say which image is its sandbox (pause) image, and no pod names it: \
-                 no image that no container has ever used is removed; set runtime.sandbox_image to name it"
-            );
-        }
         let new_ids = self.records.observe(&images, &containers, self.clock.now());
         self.detect_repulls(&images, &new_ids);
         let snapshot = Snapshot {
@@ -497,6 +536,12 @@ impl<R: Runtime> Collector<R> {
             containers,
             sandbox_images,
         };
+        if snapshot.sandbox_unknown() && !std::mem::replace(&mut self.sandbox_warned, true) {
+            warn!(
+                "the runtime does not say which image is its sandbox (pause) image, no pod names it and it pins \
+                 no image: no image that no container has ever used is removed; set runtime.sandbox_image to name it"
+            );
+        }
         Ok((snapshot, image_fs))
     }
 
@@ -826,18 +871,19 @@ impl<R: Runtime> Collector<R> {
         let dry_run = report.dry_run;
         let mut freed = None;
         debug!(image = %candidate.id, reason = candidate.reason.as_str(), dry_run, "no container uses the image: removing it");
+        // From the call until the removal is measured, recorded and
+        // journaled: shutdown waits for all of it.
+        let _in_flight = (!dry_run).then(|| InFlight::new(&self.removing));
         if !dry_run {
             let before = disk.measure().ok();
-            self.removing.store(true, Ordering::SeqCst);
             let removed = self.runtime.remove_image(candidate.id).await;
-            self.removing.store(false, Ordering::SeqCst);
             if let Err(err) = removed {
                 warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
                 self.metrics.removal_failed();
                 report.failed.push((candidate.id.to_string(), err.to_string()));
                 return Ok(false);
             }
-            let after = disk.measure().ok();
+            let after = disk.settled(before).await.ok();
             freed = before
                 .zip(after)
                 .map(|(b, a)| a.available().saturating_sub(b.available()));

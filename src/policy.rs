@@ -24,9 +24,18 @@ pub struct Snapshot {
     pub containers: Vec<Container>,
     /// The sandbox (pause) images: `runtime.sandbox_image`, and what the
     /// runtime names in its status or its pods' statuses. Empty when none
-    /// of them tells; then no image that no container has ever used is a
-    /// candidate, since the sandbox image cannot be told from it.
+    /// of them tells (see [`Snapshot::sandbox_unknown`]).
     pub sandbox_images: Vec<String>,
+}
+
+impl Snapshot {
+    /// True when nothing tells which image is the sandbox image: no source
+    /// names it, and the runtime pins no image (containerd 2.x and CRI-O
+    /// 1.36 pin their sandbox image, which protects it; CRI-O 1.26 pins
+    /// nothing). Then no image that no container has ever used is removed.
+    pub fn sandbox_unknown(&self) -> bool {
+        self.sandbox_images.is_empty() && !self.images.iter().any(|i| i.pinned)
+    }
 }
 
 /// Why an image is removed.
@@ -153,6 +162,7 @@ pub fn plan<'a>(
     running_since: SystemTime,
 ) -> Plan<'a> {
     let sandbox_images: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
+    let sandbox_unknown = snapshot.sandbox_unknown();
     let references = References::new(&snapshot.images, &snapshot.containers, &sandbox_images);
     let listings = Listings::new(&snapshot.images);
     let keep_recent = keep_recent(snapshot, records, config.protect.keep_recent_per_repository);
@@ -221,7 +231,7 @@ pub fn plan<'a>(
             }));
             continue;
         }
-        if snapshot.sandbox_images.is_empty() && !records.ever_used(&image.id) {
+        if sandbox_unknown && !records.ever_used(&image.id) {
             plan.kept.push(keep(KeepReason::SandboxUnknown));
             continue;
         }
@@ -571,6 +581,25 @@ mod tests {
         assert_eq!(kept(&p, "used").label(), "in-use");
         assert_eq!(kept(&p, "pinned").label(), "pinned");
         assert_eq!(kept(&p, "young").label(), "too-young");
+    }
+
+    #[test]
+    fn an_unknown_sandbox_image_keeps_never_used_images_unless_the_runtime_pins() {
+        let mut w = World::new(vec![image("pause", 10), image("old", 10), image("fresh", 10)]);
+        w.snapshot.sandbox_images.clear();
+        w.snapshot.containers = vec![container("c", "old")];
+        w.observe(t(0));
+        w.snapshot.containers.clear();
+        w.observe(t(60));
+        let p = w.plan(t(120));
+        assert_eq!(ids(&p.space), ["old"], "only the image a container used");
+        assert_eq!(kept(&p, "pause"), &KeepReason::SandboxUnknown);
+        assert_eq!(kept(&p, "fresh"), &KeepReason::SandboxUnknown);
+        // A runtime that pins images pins its sandbox image: pinning protects it.
+        w.snapshot.images[0].pinned = true;
+        let p = w.plan(t(120));
+        assert_eq!(kept(&p, "pause"), &KeepReason::Pinned);
+        assert_eq!(ids(&p.space), ["fresh", "old"]);
     }
 
     #[test]

@@ -528,8 +528,8 @@ async fn a_stream_that_ends_at_once_ends_the_client_stream() {
 }
 
 /// CRI-O lists bare-hex ids; imagegc uses `sha256:<hex>` everywhere and
-/// gives CRI-O its own form back: CRI-O reads `sha256:<hex>` as a name it
-/// does not have and answers OK having removed nothing.
+/// gives CRI-O its own form back: CRI-O reads `sha256:<hex>` as a short
+/// name and refuses it.
 #[tokio::test]
 async fn crio_ids_are_prefixed_when_read_and_bare_when_removed() {
     let fake = FakeRuntime::new();

@@ -286,6 +286,43 @@ async fn shutdown_does_not_wait_for_a_hung_listing() {
     assert!(StateStore::new(daemon.state_dir()).path().exists(), "state saved");
 }
 
+/// SIGTERM right after the runtime answered a removal, while imagegc
+/// measures what it freed: the removal is finished, journaled and recorded
+/// before the daemon stops, not abandoned as if nothing had been removed.
+#[tokio::test]
+async fn shutdown_right_after_a_removal_still_journals_it() {
+    let fake = FakeRuntime::new();
+    let old = image("old", 1000);
+    fake.add_image(old.clone());
+    // A full disk that removals do not free: the collector watches the
+    // filesystem for up to a second after each removal.
+    let disk = SimDisk::new(1_000_000, 10_000);
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        disk,
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.high_threshold_percent = 90;
+            c.gc.low_threshold_percent = 50;
+        },
+    )
+    .await;
+    eventually(secs(5), "the removal", || (!fake.removed().is_empty()).then_some(())).await;
+    daemon.stop().await;
+    let journal = imagegc::journal::Journal::new(&daemon.state_dir()).read(None).unwrap();
+    let journaled: Vec<&str> = journal.iter().map(|e| e.image.as_str()).collect();
+    assert_eq!(
+        journaled,
+        [old.id.as_str()],
+        "the removal the runtime made is journaled"
+    );
+    assert!(
+        load_records(&daemon.state_dir()).get(&old.id).is_none(),
+        "and its record is gone"
+    );
+}
+
 /// containerd replays recent events to a new subscriber (1.7: up to 1000;
 /// 2.x: the last five minutes). The replayed events count at their own
 /// times, and a burst costs one container listing, not one per event.

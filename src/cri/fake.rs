@@ -178,15 +178,11 @@ struct State {
 
 impl State {
     /// The position of the image `reference` names: its id, a tag or a
-    /// digest. CRI-O takes an id only in its bare form: `sha256:<hex>`
-    /// reads to it as a name (`docker.io/library/sha256:<hex>`) that no
-    /// image has.
+    /// digest. CRI-O takes an id only in its bare form (see `remove_image`
+    /// for what it does with `sha256:<hex>`).
     fn find_image(&self, reference: &str) -> Option<usize> {
         let by_id = |id: &str| self.image_index.get(id).copied();
         let id = if self.dialect.is_crio() {
-            if reference.starts_with("sha256:") {
-                return None;
-            }
             by_id(&format!("sha256:{reference}"))
         } else {
             by_id(reference)
@@ -1086,6 +1082,12 @@ impl ImageService for Service {
         let reference = request.into_inner().image.map(|spec| spec.image).unwrap_or_default();
         if reference.is_empty() {
             return Err(Status::invalid_argument("no image reference given"));
+        }
+        if self.fake.lock().dialect.is_crio() && reference.starts_with("sha256:") {
+            // CRI-O reads `sha256:<hex>` as a short name, as 1.36.3 answers.
+            return Err(Status::unknown(format!(
+                "short-name {reference:?} did not resolve to an alias and no unqualified-search registries are defined"
+            )));
         }
         let hook = self.fake.lock().before_remove.clone();
         if let Some(hook) = hook {

@@ -33,7 +33,7 @@ use imagegc::cri::proto;
 use serde_json::Value;
 
 use crate::oci::{BuiltImage, ImageSpec, Layer};
-use crate::testbed::{ContainerId, PodId, TestBed};
+use crate::testbed::{ContainerId, Kind, PodId, TestBed};
 
 const MIB: u64 = 1024 * 1024;
 /// How long the driver runs unless `IMAGEGC_CHAOS_SECONDS` says otherwise.
@@ -72,8 +72,7 @@ const REMOVED_MESSAGE: &str = "removed image";
 const REMOVE_FAILED_MESSAGE: &str = "could not remove image";
 const REPULLED_MESSAGE: &str = "an image imagegc removed was pulled again";
 
-#[tokio::test]
-async fn no_image_is_removed_from_under_a_container_while_containers_come_and_go() {
+async fn no_image_is_removed_from_under_a_container_while_containers_come_and_go(kind: Kind) {
     let seconds = env_u64("IMAGEGC_CHAOS_SECONDS").unwrap_or(DEFAULT_SECONDS);
     let seed = env_u64("IMAGEGC_CHAOS_SEED").unwrap_or_else(|| {
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
@@ -81,7 +80,7 @@ async fn no_image_is_removed_from_under_a_container_while_containers_come_and_go
     });
     println!("chaos: seed {seed} (IMAGEGC_CHAOS_SEED={seed} replays the driver's choices), {seconds} s");
 
-    let bed = TestBed::start(800).await;
+    let bed = TestBed::start(kind, 800).await;
     let tarballs = bed.dir().join("chaos-images");
     fs::create_dir_all(&tarballs).expect("creating the tarball directory");
     let mut images = Vec::new();
@@ -191,7 +190,13 @@ listen = ""
         .map(|w| (w.container.as_str(), w.image.as_str()))
         .collect();
     for container in &final_containers {
-        let image = container.image_ref.as_str();
+        // The id: `image_id` where the runtime sets it (containerd 2.x,
+        // CRI-O, whose `image_ref` is a repo digest), else `image_ref`.
+        let image = if container.image_id.is_empty() {
+            container.image_ref.as_str()
+        } else {
+            container.image_id.as_str()
+        };
         assert!(
             final_images.contains(image) || window_lost.contains(&(container.id.as_str(), image)),
             "{report}container {} outlived its image {image}, which was not removed across its creation",
@@ -385,7 +390,7 @@ impl Driver<'_> {
             }
             Op::Pull => {
                 let images = self.draw(&missing, PULL_IMAGES);
-                self.import(&images);
+                self.import(&images).await;
             }
             Op::Race => {
                 let images = self.draw(&missing, RACE_IMAGES);
@@ -422,18 +427,22 @@ impl Driver<'_> {
         drawn
     }
 
-    /// Imports `images` with one `ctr` run, as a node pulling a pod's
-    /// images does; returns them, or nothing when the import failed.
-    fn import(&mut self, images: &[usize]) -> Vec<usize> {
+    /// Imports `images` in one go (one `ctr` run on containerd, pushes and
+    /// pulls on CRI-O), as a node pulling a pod's images does; returns them,
+    /// or nothing when the import failed.
+    async fn import(&mut self, images: &[usize]) -> Vec<usize> {
         *self.ops.entry("import").or_default() += images.len() as u64;
-        let names: Vec<&str> = images.iter().map(|&i| self.images[i].built.name()).collect();
+        let names: Vec<String> = images
+            .iter()
+            .map(|&i| self.images[i].built.name().to_string())
+            .collect();
         let result = match images {
-            [one] => ctr_import(self.bed, &self.images[*one].tarball),
+            [one] => self.bed.import_tarball(&self.images[*one].tarball, &names).await,
             _ => {
                 let bundle = self.tarballs.join("bundle.tar");
                 let tarballs: Vec<&Path> = images.iter().map(|&i| self.images[i].tarball.as_path()).collect();
                 bundle_layouts(&tarballs, &bundle).unwrap_or_else(|e| panic!("writing {}: {e}", bundle.display()));
-                ctr_import(self.bed, &bundle)
+                self.bed.import_tarball(&bundle, &names).await
             }
         };
         match result {
@@ -454,7 +463,7 @@ impl Driver<'_> {
         self.count("race");
         self.log.read();
         let from = self.log.len();
-        let imported = self.import(images);
+        let imported = self.import(images).await;
         if imported.is_empty() {
             return;
         }
@@ -490,7 +499,7 @@ impl Driver<'_> {
     /// it, after a random delay: what a kubelet does after a pull, landing
     /// anywhere in the daemon's cycle.
     async fn pull_and_run(&mut self, image: usize) {
-        if self.import(&[image]).is_empty() {
+        if self.import(&[image]).await.is_empty() {
             return;
         }
         if !self.wait_visible(image).await {
@@ -774,32 +783,8 @@ fn removals(log: &[LogLine]) -> Vec<Removal> {
     removals
 }
 
-/// Imports a layout tarball with `ctr`, without waiting for CRI to list
-/// its images: a collector may remove them before they could be seen.
-/// Returns ctr's complaint when the import fails (it does when the collector
-/// removes an image while it is being unpacked).
-fn ctr_import(bed: &TestBed, tarball: &Path) -> Result<(), String> {
-    let output = Command::new("ctr")
-        .arg("-a")
-        .arg(bed.socket())
-        .args(["-n", crate::testbed::CRI_NAMESPACE, "images", "import"])
-        .arg(tarball)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running ctr: {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ctr images import failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
-
 /// Merges OCI layout tarballs into one whose index lists every image, so
-/// that one `ctr` run imports them all (blobs they share are written once).
+/// that one import takes them all (blobs they share are written once).
 fn bundle_layouts(tarballs: &[&Path], out: &Path) -> std::io::Result<()> {
     let mut builder = tar::Builder::new(std::io::BufWriter::new(fs::File::create(out)?));
     let mut written = BTreeSet::new();
@@ -1117,3 +1102,5 @@ fn env_u64(name: &str) -> Option<u64> {
             .unwrap_or_else(|e| panic!("{name}={value:?} is not a number: {e}")),
     )
 }
+
+on_every_runtime!(no_image_is_removed_from_under_a_container_while_containers_come_and_go,);

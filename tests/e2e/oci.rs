@@ -21,6 +21,9 @@ pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+/// The OCI index annotation `skopeo copy oci-archive:FILE:NAME` picks an
+/// entry by.
+const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 /// The index annotation `ctr images import` names the image after.
 pub const NAME_ANNOTATION: &str = "io.containerd.image.name";
 /// Where the sleeping entrypoint lives in every image.
@@ -379,7 +382,9 @@ impl ImageSpec {
                     "digest": built.manifest.digest,
                     "size": built.manifest.size,
                     "platform": {"architecture": oci_architecture(), "os": "linux"},
-                    "annotations": {NAME_ANNOTATION: reference},
+                    // containerd imports by the first; skopeo (CRI-O's
+                    // test bed) picks an entry by the second.
+                    "annotations": {NAME_ANNOTATION: reference, REF_NAME_ANNOTATION: reference},
                 }))
                 .collect::<Vec<_>>(),
         });

@@ -11,7 +11,7 @@ use imagegc::cri::ContainerState;
 
 use crate::chaos::Daemon;
 use crate::oci::{ImageSpec, Layer};
-use crate::testbed::TestBed;
+use crate::testbed::{Kind, TestBed};
 
 const MIB: u64 = 1024 * 1024;
 /// How long the daemon may take to notice that the runtime is gone (it
@@ -25,9 +25,8 @@ const OUTAGE: Duration = Duration::from_secs(3);
 const UNREACHABLE_WARNING: &str = "container runtime is not reachable";
 const REACHABLE_AGAIN: &str = "container runtime is reachable again";
 
-#[tokio::test]
-async fn the_daemon_waits_out_a_runtime_restart_and_collects_again() {
-    let mut bed = TestBed::start(300).await;
+async fn the_daemon_waits_out_a_runtime_restart_and_collects_again(kind: Kind) {
+    let mut bed = TestBed::start(kind, 300).await;
     let image = |name: &str, seed: u64| {
         ImageSpec::new(&format!("docker.io/library/{name}:1"))
             .layer(Layer::shared_base(2 * MIB))
@@ -242,3 +241,5 @@ impl Http {
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 }
+
+on_every_runtime!(the_daemon_waits_out_a_runtime_restart_and_collects_again,);

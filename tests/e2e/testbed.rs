@@ -1,14 +1,22 @@
-//! A private, real containerd for one test: its own directory, its own small
-//! ext4 filesystem as containerd's root (so the test controls capacity and
-//! usage), its own socket, and a pause image built and imported here.
+//! A private, real container runtime for one test: Debian's containerd 1.6,
+//! the current containerd 2.x or the current CRI-O ([`Kind`]), with its own
+//! directory, its own small ext4 filesystem as the runtime's root (so the
+//! test controls capacity and usage), its own socket, and a pause image
+//! built and imported here.
+//!
+//! Images reach containerd with `ctr images import`; they reach CRI-O the
+//! way a node pulls them: pushed by `skopeo` to a private registry on
+//! 127.0.0.1 that the test bed runs, then pulled over CRI, under their own
+//! names (the runtime's registries.conf maps `docker.io` and
+//! `registry.k8s.io` to the private registry).
 //!
 //! [`TestBed::start`] fails the test with the reason when the machine cannot
-//! run one (not root, a tool missing, containerd not answering); it never
-//! skips. Dropping the test bed, also when the test panics, stops pods over
-//! CRI, stops containerd, kills the shims started for its socket (by PID),
-//! unmounts everything under its directory, detaches the loop device and
-//! removes the directory. A cleanup that leaves something behind fails the
-//! test.
+//! run one (not root, a tool or a runtime build missing, the runtime not
+//! answering); it never skips. Dropping the test bed, also when the test
+//! panics, stops pods over CRI, stops the runtime and the registry, kills
+//! the shims or conmon processes started for it (by PID), unmounts
+//! everything under its directory, detaches the loop device and removes the
+//! directory. A cleanup that leaves something behind fails the test.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::CString;
@@ -31,6 +39,72 @@ use crate::oci::{BuiltImage, ImageSpec};
 
 /// The sandbox image every test bed imports and configures.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
+/// The containerd 2.x release the test bed runs (built by
+/// scripts/testbed-runtimes.sh).
+pub const CONTAINERD2_VERSION: &str = "v2.4.2";
+/// The CRI-O release the test bed runs (built by scripts/testbed-runtimes.sh).
+pub const CRIO_VERSION: &str = "v1.36.3";
+
+/// Which runtime a test bed runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Debian's containerd (1.6), from apt.
+    Containerd16,
+    /// The current containerd 2.x release, built from its Go module.
+    Containerd2,
+    /// The current CRI-O release, built from its Go module.
+    Crio,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Containerd16 => "containerd 1.6",
+            Kind::Containerd2 => "containerd 2.x",
+            Kind::Crio => "CRI-O",
+        }
+    }
+
+    pub fn is_containerd(self) -> bool {
+        !matches!(self, Kind::Crio)
+    }
+
+    /// Whether `RemoveImage` removes an image a container uses (containerd
+    /// does; CRI-O refuses).
+    pub fn removes_images_in_use(self) -> bool {
+        self.is_containerd()
+    }
+
+    /// Whether the runtime mounts images as volumes (CRI `Mount.image`).
+    pub fn has_image_volumes(self) -> bool {
+        !matches!(self, Kind::Containerd16)
+    }
+
+    /// Whether the runtime stores content blobs beside the unpacked layers
+    /// (containerd), so an image takes about twice its layers on disk.
+    pub fn keeps_blobs(self) -> bool {
+        self.is_containerd()
+    }
+}
+
+/// Where scripts/testbed-runtimes.sh puts the runtimes it builds.
+pub fn runtimes_dir() -> PathBuf {
+    match std::env::var_os("IMAGEGC_RUNTIMES_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/runtimes"),
+    }
+}
+
+/// A built runtime's bin directory; fails the test with how to build it.
+fn built(what: &str) -> PathBuf {
+    let dir = runtimes_dir().join(what).join("bin");
+    assert!(
+        dir.is_dir(),
+        "{} is missing: scripts/testbed-runtimes.sh builds {what} (scripts/test.sh runs it)",
+        dir.display()
+    );
+    dir
+}
 /// The containerd namespace CRI works in.
 pub const CRI_NAMESPACE: &str = "k8s.io";
 /// How long containerd gets to answer CRI `Version` after it starts; it
@@ -50,14 +124,46 @@ const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
 /// Seconds `StopContainer` waits before containerd sends SIGKILL.
 const STOP_CONTAINER_TIMEOUT_SECS: i64 = 5;
 /// Tools the test bed runs, and what provides them.
-const REQUIRED_TOOLS: [(&str, &str); 6] = [
-    ("containerd", "apt-get install -y containerd runc"),
-    ("ctr", "apt-get install -y containerd runc"),
-    ("runc", "apt-get install -y containerd runc"),
+const REQUIRED_TOOLS: [(&str, &str); 4] = [
+    ("runc", "apt-get install -y runc"),
     ("mkfs.ext4", "apt-get install -y e2fsprogs"),
     ("losetup", "apt-get install -y mount"),
     ("mount", "apt-get install -y mount"),
 ];
+const CONTAINERD16_TOOLS: [(&str, &str); 2] = [
+    ("containerd", "apt-get install -y containerd"),
+    ("ctr", "apt-get install -y containerd"),
+];
+const CRIO_TOOLS: [(&str, &str); 3] = [
+    ("conmon", "apt-get install -y conmon"),
+    ("skopeo", "apt-get install -y skopeo"),
+    ("docker-registry", "apt-get install -y docker-registry"),
+];
+
+/// CRI-O's `runtime_path`: runc, with a negative `oomScoreAdj` in the
+/// bundle's config.json (CRI-O writes it compact) set to 0 first, since this
+/// VM refuses lowering it even for root.
+const RUNC_WRAPPER: &str = r#"#!/bin/sh
+bundle=
+previous=
+for arg in "$@"; do
+    case "$previous" in --bundle|-b) bundle=$arg ;; esac
+    case "$arg" in --bundle=*) bundle=${arg#--bundle=} ;; esac
+    previous=$arg
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+    sed -i -E 's/"oomScoreAdj":[[:space:]]*-[0-9]+/"oomScoreAdj":0/' "$bundle/config.json"
+fi
+exec runc "$@"
+"#;
+
+/// A TCP port on 127.0.0.1 nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("finding a free port on 127.0.0.1")
+}
 
 /// Serialises loop-device allocation between the test beds of one process.
 static LOOP_SETUP: Mutex<()> = Mutex::new(());
@@ -115,8 +221,9 @@ pub fn statvfs(path: &Path) -> FsUsage {
     }
 }
 
-/// One private containerd with its filesystem. See the module docs.
+/// One private runtime with its filesystem. See the module docs.
 pub struct TestBed {
+    kind: Kind,
     dir: PathBuf,
     root: PathBuf,
     socket: PathBuf,
@@ -124,7 +231,10 @@ pub struct TestBed {
     /// The cgroup every pod of this test bed is placed under (in each hierarchy).
     cgroup_parent: String,
     loop_device: Option<String>,
+    /// The runtime's process.
     containerd: Option<Child>,
+    /// CRI-O's registry, and its port.
+    registry: Option<(Child, u16)>,
     client: Option<CriClient>,
     pause: Option<BuiltImage>,
     pods: Mutex<HashMap<PodId, proto::PodSandboxConfig>>,
@@ -132,20 +242,26 @@ pub struct TestBed {
 }
 
 impl TestBed {
-    /// Starts a containerd on a fresh ext4 filesystem of `fs_size_mb` MiB
-    /// and imports the pause image. Panics with the reason when it cannot.
-    pub async fn start(fs_size_mb: u64) -> TestBed {
+    /// Starts a runtime of `kind` on a fresh ext4 filesystem of `fs_size_mb`
+    /// MiB and imports the pause image. Panics with the reason when it cannot.
+    pub async fn start(kind: Kind, fs_size_mb: u64) -> TestBed {
         let started = Instant::now();
-        check_prerequisites();
+        check_prerequisites(kind);
         let dir = tempfile::Builder::new()
             .prefix("imagegc-e2e-")
             .tempdir()
             .expect("creating the test bed directory")
             .keep();
         let dir = dir.canonicalize().expect("canonicalizing the test bed directory");
-        let socket = dir.join("containerd.sock");
+        let socket = dir.join(if kind.is_containerd() {
+            "containerd.sock"
+        } else {
+            "crio.sock"
+        });
         let cgroup_parent = format!("/{}", dir.file_name().unwrap().to_string_lossy());
         let mut bed = TestBed {
+            kind,
+            registry: None,
             cgroup_parent,
             root: dir.join("root"),
             endpoint: format!("unix://{}", socket.display()),
@@ -160,6 +276,9 @@ impl TestBed {
         };
         bed.make_filesystem(fs_size_mb);
         let fs_ready = started.elapsed();
+        if kind == Kind::Crio {
+            bed.start_registry().await;
+        }
         bed.write_config();
         bed.spawn_containerd();
         bed.wait_until_ready().await;
@@ -167,8 +286,9 @@ impl TestBed {
         let pause = bed.import(&ImageSpec::new(PAUSE_IMAGE)).await;
         bed.pause = Some(pause);
         eprintln!(
-            "testbed {}: ready in {} ms (filesystem {} ms, containerd answering {} ms, pause image {} ms)",
+            "testbed {} ({}): ready in {} ms (filesystem {} ms, runtime answering {} ms, pause image {} ms)",
             bed.dir.display(),
+            kind.name(),
             started.elapsed().as_millis(),
             fs_ready.as_millis(),
             (containerd_ready - fs_ready).as_millis(),
@@ -196,6 +316,24 @@ impl TestBed {
     }
 
     fn write_config(&self) {
+        match self.kind {
+            Kind::Containerd16 => self.write_containerd16_config(),
+            Kind::Containerd2 => self.write_containerd2_config(),
+            Kind::Crio => self.write_crio_config(),
+        }
+    }
+
+    fn write_containerd2_config(&self) {
+        for sub in ["state", "opt", "runc", "s", "cni/bin", "cni/conf", "images", "logs"] {
+            fs::create_dir_all(self.dir.join(sub)).expect("creating the test bed layout");
+        }
+        let template = include_str!("runtimes/containerd2.toml.example");
+        // Comments first, then the config; @DIR@ stands for the test bed's directory.
+        let config = template.replace("@DIR@", &self.dir.display().to_string());
+        fs::write(self.dir.join("config.toml"), config).expect("writing the containerd config");
+    }
+
+    fn write_containerd16_config(&self) {
         for sub in ["state", "opt", "runc", "cni/bin", "cni/conf", "images", "logs"] {
             fs::create_dir_all(self.dir.join(sub)).expect("creating the test bed layout");
         }
@@ -252,14 +390,33 @@ disabled_plugins = [
             .append(true)
             .open(self.log_path())
             .expect("opening the containerd log");
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(self.dir.join("config.toml"))
+        let mut command = match self.kind {
+            Kind::Containerd16 => {
+                let mut command = Command::new("containerd");
+                command.arg("--config").arg(self.dir.join("config.toml"));
+                command
+            }
+            Kind::Containerd2 => {
+                // containerd finds its shim on PATH: the 2.x build's first.
+                let bin = built(&format!("containerd-{CONTAINERD2_VERSION}"));
+                let path = std::env::var_os("PATH").unwrap_or_default();
+                let mut dirs = vec![bin.clone()];
+                dirs.extend(std::env::split_paths(&path));
+                let mut command = Command::new(bin.join("containerd"));
+                command
+                    .arg("--config")
+                    .arg(self.dir.join("config.toml"))
+                    .env("PATH", std::env::join_paths(dirs).expect("a PATH"));
+                command
+            }
+            Kind::Crio => self.crio_command(),
+        };
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("duplicating the log file"))
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting containerd: {e}"));
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.kind.name()));
         self.containerd = Some(child);
     }
 
@@ -290,6 +447,130 @@ disabled_plugins = [
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.client = Some(imagegc::cri::connect(&self.endpoint, CALL_TIMEOUT).expect("a valid endpoint"));
+    }
+
+    /// Starts the registry CRI-O pulls from: Debian's `docker-registry` on
+    /// a free port of 127.0.0.1, storing under the test bed's directory.
+    async fn start_registry(&mut self) {
+        let port = free_port();
+        let root = self.dir.join("registry");
+        fs::create_dir_all(&root).expect("creating the registry's directory");
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            root.display()
+        );
+        let config_path = self.dir.join("registry.yml");
+        fs::write(&config_path, config).expect("writing the registry config");
+        let log = fs::File::create(self.dir.join("registry.log")).expect("creating the registry log");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("duplicating the log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting docker-registry: {e}"));
+        self.registry = Some((child, port));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the registry did not listen on 127.0.0.1:{port} within {READY_TIMEOUT:?}: {}",
+                fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn write_crio_config(&self) {
+        for sub in [
+            "run",
+            "ns",
+            "runc",
+            "exits",
+            "attach",
+            "cni/bin",
+            "cni/conf",
+            "crio.conf.d",
+            "registries.d",
+            "images",
+            "logs",
+        ] {
+            fs::create_dir_all(self.dir.join(sub)).expect("creating the test bed layout");
+        }
+        let port = self.registry.as_ref().expect("the registry runs").1;
+        let dir = self.dir.display().to_string();
+        let bin = built(&format!("crio-{CRIO_VERSION}"));
+        // This VM refuses a negative oom_score_adj even for root: the
+        // wrapper sets it to 0 in the bundle before runc creates the container.
+        let wrapper = self.dir.join("runc-wrapper");
+        fs::write(&wrapper, RUNC_WRAPPER).expect("writing the runc wrapper");
+        fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("making the runc wrapper executable");
+        let config = include_str!("runtimes/crio.conf.example")
+            .replace("@DIR@", &dir)
+            .replace("@PINNS@", &bin.join("pinns").display().to_string())
+            .replace("@PAUSE_IMAGE@", PAUSE_IMAGE)
+            .replace("@PAUSE_COMMAND@", crate::oci::SLEEPER_PATH);
+        fs::write(self.dir.join("crio.conf"), config).expect("writing the CRI-O config");
+        let registries = include_str!("runtimes/registries.conf.example").replace("@PORT@", &port.to_string());
+        fs::write(self.dir.join("registries.conf"), registries).expect("writing registries.conf");
+        fs::write(
+            self.dir.join("policy.json"),
+            r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
+        )
+        .expect("writing the signature policy");
+    }
+
+    fn crio_command(&self) -> Command {
+        let bin = built(&format!("crio-{CRIO_VERSION}"));
+        let mut command = Command::new(bin.join("crio"));
+        command
+            .arg("--config")
+            .arg(self.dir.join("crio.conf"))
+            .arg("--config-dir")
+            .arg(self.dir.join("crio.conf.d"))
+            .arg("--registries-conf")
+            .arg(self.dir.join("registries.conf"))
+            .arg("--registries-conf-dir")
+            .arg(self.dir.join("registries.d"))
+            .arg("--signature-policy")
+            .arg(self.dir.join("policy.json"));
+        command
+    }
+
+    /// CRI-O's import: push each name to the registry with `skopeo`, then
+    /// pull it over CRI as a node would.
+    async fn push_and_pull(&self, tarball: &Path, names: &[String]) -> Result<(), String> {
+        let port = self.registry.as_ref().expect("the registry runs").1;
+        for name in names {
+            let output = Command::new("skopeo")
+                .args(["copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false"])
+                .arg(format!("oci-archive:{}:{name}", tarball.display()))
+                .arg(format!("docker://127.0.0.1:{port}/{name}"))
+                .output()
+                .map_err(|e| format!("running skopeo: {e}"))?;
+            if !output.status.success() {
+                return Err(format!(
+                    "skopeo copy {} ({name}) to the registry failed ({}): {}",
+                    tarball.display(),
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
+            let request = proto::PullImageRequest {
+                image: Some(proto::ImageSpec {
+                    image: name.clone(),
+                    ..Default::default()
+                }),
+                sandbox_config: None,
+            };
+            self.image_service()
+                .pull_image(request)
+                .await
+                .map_err(|s| format!("CRI PullImage {name}: {s}"))?;
+        }
+        Ok(())
     }
 
     /// The containerd socket.
@@ -342,23 +623,9 @@ disabled_plugins = [
         let built = spec
             .write_layout(&tarball)
             .unwrap_or_else(|e| panic!("writing {}: {e}", tarball.display()));
-        let output = Command::new("ctr")
-            .arg("-a")
-            .arg(&self.socket)
-            .args(["-n", CRI_NAMESPACE, "images", "import"])
-            .arg(&tarball)
-            .output()
-            .unwrap_or_else(|e| panic!("running ctr: {e}"));
-        assert!(
-            output.status.success(),
-            "ctr images import {} ({}) failed ({}): {}{}\ncontainerd log:\n{}",
-            tarball.display(),
-            spec.name(),
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
-            self.log_tail(20)
-        );
+        if let Err(e) = self.import_tarball(&tarball, &built.names).await {
+            panic!("{e}\n{} log:\n{}", self.kind.name(), self.log_tail(20));
+        }
         let _ = fs::remove_file(&tarball);
         let deadline = Instant::now() + IMAGE_VISIBLE_TIMEOUT;
         loop {
@@ -377,6 +644,60 @@ disabled_plugins = [
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         built
+    }
+
+    /// Imports an OCI layout tarball holding the images `names` name,
+    /// without waiting for CRI to list them: `ctr images import` on
+    /// containerd; on CRI-O a `skopeo` push of each name to the registry and
+    /// a CRI `PullImage`. Returns the tool's or the runtime's complaint.
+    pub async fn import_tarball(&self, tarball: &Path, names: &[String]) -> Result<(), String> {
+        if self.kind == Kind::Crio {
+            return self.push_and_pull(tarball, names).await;
+        }
+        let ctr = match self.kind {
+            Kind::Containerd2 => built(&format!("containerd-{CONTAINERD2_VERSION}")).join("ctr"),
+            _ => PathBuf::from("ctr"),
+        };
+        let output = Command::new(&ctr)
+            .arg("-a")
+            .arg(&self.socket)
+            .args(["-n", CRI_NAMESPACE, "images", "import"])
+            .arg(tarball)
+            .output()
+            .map_err(|e| format!("running {}: {e}", ctr.display()))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ctr images import {} ({names:?}) failed ({}): {}{}",
+                tarball.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+            ))
+        }
+    }
+
+    /// What the runtime lists as the `image_ref` of a container created from
+    /// `image` by its name: the id on containerd, the repo digest on CRI-O.
+    pub fn image_ref_of(&self, image: &BuiltImage) -> String {
+        if self.kind.is_containerd() {
+            image.id.clone()
+        } else {
+            image.repo_digests()[0].clone()
+        }
+    }
+
+    /// How many times the runtime stores an image's layers on disk:
+    /// containerd keeps the content blob beside the unpacked snapshot, CRI-O
+    /// only the unpacked layer.
+    pub fn stored_copies(&self) -> u64 {
+        if self.kind.keeps_blobs() { 2 } else { 1 }
+    }
+
+    /// The runtime this test bed runs.
+    pub fn kind(&self) -> Kind {
+        self.kind
     }
 
     /// Starts a pod sandbox (host network, so no CNI is needed).
@@ -425,10 +746,37 @@ disabled_plugins = [
             .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, s))
     }
 
+    /// Creates and starts a container running `image` with `volume`, another
+    /// image, mounted read-only at `/volume` (an image volume, KEP-4639; CRI
+    /// `Mount.image`). containerd 2.x and CRI-O support them.
+    pub async fn run_container_mounting(&self, pod: &PodId, image: &str, volume: &str) -> ContainerId {
+        let mount = proto::Mount {
+            container_path: "/volume".to_string(),
+            // containerd refuses an image mount that is not read-only.
+            readonly: true,
+            image: Some(proto::ImageSpec {
+                image: volume.to_string(),
+                user_specified_image: volume.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let container = self
+            .create(pod, image, vec![mount])
+            .await
+            .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, s));
+        self.start_container(&container).await;
+        container
+    }
+
     /// [`TestBed::create_container`], returning the runtime's refusal instead
     /// of failing the test: for tests in which the image may be removed
     /// under the call.
     pub async fn try_create_container(&self, pod: &PodId, image: &str) -> Result<ContainerId, tonic::Status> {
+        self.create(pod, image, Vec::new()).await
+    }
+
+    async fn create(&self, pod: &PodId, image: &str, mounts: Vec<proto::Mount>) -> Result<ContainerId, tonic::Status> {
         let sandbox_config = self
             .pods
             .lock()
@@ -446,9 +794,13 @@ disabled_plugins = [
                 }),
                 image: Some(proto::ImageSpec {
                     image: image.to_string(),
+                    // CRI-O 1.36 refuses a container without it (it verifies
+                    // the signature policy of the image the user named).
+                    user_specified_image: image.to_string(),
                     ..Default::default()
                 }),
                 log_path: format!("{name}.log"),
+                mounts,
                 ..Default::default()
             }),
             sandbox_config: Some(sandbox_config),
@@ -524,7 +876,7 @@ disabled_plugins = [
         self.client()
             .list_images()
             .await
-            .unwrap_or_else(|e| panic!("{e}\ncontainerd log:\n{}", self.log_tail(20)))
+            .unwrap_or_else(|e| panic!("{e}\nruntime log:\n{}", self.log_tail(20)))
     }
 
     /// The ids of the images CRI lists.
@@ -537,7 +889,7 @@ disabled_plugins = [
         self.client()
             .list_containers()
             .await
-            .unwrap_or_else(|e| panic!("{e}\ncontainerd log:\n{}", self.log_tail(20)))
+            .unwrap_or_else(|e| panic!("{e}\nruntime log:\n{}", self.log_tail(20)))
     }
 
     /// The state CRI reports for `container`; `None` when it is not listed.
@@ -554,11 +906,16 @@ disabled_plugins = [
         self.client()
             .image_fs_info()
             .await
-            .unwrap_or_else(|e| panic!("{e}\ncontainerd log:\n{}", self.log_tail(20)))
+            .unwrap_or_else(|e| panic!("{e}\nruntime log:\n{}", self.log_tail(20)))
     }
 
     /// CRI `RemoveImage` by id or name.
     pub async fn remove_image(&self, image: &str) {
+        // CRI-O takes an id only bare: `sha256:<hex>` reads to it as a short name.
+        let image = match self.kind {
+            Kind::Crio => image.strip_prefix("sha256:").unwrap_or(image),
+            _ => image,
+        };
         let request = proto::RemoveImageRequest {
             image: Some(proto::ImageSpec {
                 image: image.to_string(),
@@ -576,8 +933,10 @@ disabled_plugins = [
     /// runtime restarts; [`TestBed::start_containerd`] brings it back.
     pub fn stop_containerd(&mut self) {
         let child = self.containerd.take().expect("containerd is running");
+        // CRI-O stops gracefully only once its clients have hung up.
+        self.client = None;
         let mut notes = Vec::new();
-        stop_process(child, &mut notes);
+        stop_process(child, self.kind.name(), &mut notes);
         for note in notes {
             eprintln!("testbed {}: {note}", self.dir.display());
         }
@@ -593,7 +952,7 @@ disabled_plugins = [
 
     /// The containerd log file.
     pub fn log_path(&self) -> PathBuf {
-        self.dir.join("containerd.log")
+        self.dir.join("runtime.log")
     }
 
     /// The last `lines` lines of the containerd log.
@@ -605,7 +964,7 @@ disabled_plugins = [
 
     fn rpc_failed(&self, rpc: &str, subject: &str, status: tonic::Status) -> ! {
         panic!(
-            "CRI {rpc} ({subject}) on {} failed: {status}\ncontainerd log:\n{}",
+            "CRI {rpc} ({subject}) on {} failed: {status}\nruntime log:\n{}",
             self.endpoint,
             self.log_tail(20)
         )
@@ -629,10 +988,15 @@ impl Drop for TestBed {
             notes.push(format!("removing pods over CRI: {e}"));
         }
         let pods_removed = started.elapsed();
+        // CRI-O stops gracefully only once its clients have hung up.
+        self.client = None;
         if let Some(child) = self.containerd.take() {
-            stop_process(child, &mut notes);
+            stop_process(child, self.kind.name(), &mut notes);
         }
-        kill_shims(&self.socket, &mut notes, &mut problems);
+        if let Some((child, _)) = self.registry.take() {
+            stop_process(child, "the registry", &mut notes);
+        }
+        kill_shims(&self.socket, &self.dir, &mut notes, &mut problems);
         remove_cgroups(&self.cgroup_parent, &mut notes, &mut problems);
         let unmounted = unmount_under(&self.dir, &mut problems);
         if let Some(device) = self.loop_device.take() {
@@ -713,7 +1077,7 @@ fn remove_all_pods(endpoint: &str) -> Result<(), String> {
 }
 
 /// SIGTERM, then SIGKILL after [`STOP_GRACE`].
-fn stop_process(mut child: Child, notes: &mut Vec<String>) {
+fn stop_process(mut child: Child, what: &str, notes: &mut Vec<String>) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }
@@ -727,22 +1091,30 @@ fn stop_process(mut child: Child, notes: &mut Vec<String>) {
         std::thread::sleep(Duration::from_millis(20));
     }
     notes.push(format!(
-        "containerd (pid {}) ignored SIGTERM for {STOP_GRACE:?}; killed",
+        "{what} (pid {}) ignored SIGTERM for {STOP_GRACE:?}; killed",
         child.id()
     ));
     let _ = child.kill();
     let _ = child.wait();
 }
 
-/// Kills the shims started for `socket` (their command line carries
-/// `-address SOCKET`) and everything they started, by PID. A shim whose pods
-/// were removed exits by itself, so they get [`SHIM_EXIT_GRACE`] first.
-fn kill_shims(socket: &Path, notes: &mut Vec<String>, problems: &mut Vec<String>) {
+/// Kills the monitors started for the runtime, and everything they started,
+/// by PID: containerd's shims (their command line carries `-address
+/// SOCKET`) and CRI-O's conmon processes (theirs names paths under `dir`).
+/// A monitor whose pods were removed exits by itself, so they get
+/// [`SHIM_EXIT_GRACE`] first.
+fn kill_shims(socket: &Path, dir: &Path, notes: &mut Vec<String>, problems: &mut Vec<String>) {
     let socket = socket.as_os_str().as_bytes();
+    let dir = dir.as_os_str().as_bytes();
     let find_shims = |processes: &[Process]| -> Vec<i32> {
         processes
             .iter()
-            .filter(|p| p.args.windows(2).any(|w| w[0] == b"-address" && w[1] == socket))
+            .filter(|p| {
+                p.args.windows(2).any(|w| w[0] == b"-address" && w[1] == socket)
+                    || p.args
+                        .iter()
+                        .any(|a| a.starts_with(dir) && a.get(dir.len()) == Some(&b'/'))
+            })
             .map(|p| p.pid)
             .collect()
     };
@@ -766,7 +1138,7 @@ fn kill_shims(socket: &Path, notes: &mut Vec<String>, problems: &mut Vec<String>
         i += 1;
     }
     notes.push(format!(
-        "shims {shims:?} were still running after containerd stopped; killed them and their children"
+        "shims or monitors {shims:?} were still running after the runtime stopped; killed them and their children"
     ));
     for pid in doomed.iter().rev() {
         // SAFETY: signalling a process found above by PID.
@@ -982,16 +1354,22 @@ fn detach_loop(device: &str, problems: &mut Vec<String>) {
 }
 
 /// Fails the test with what is missing when the machine cannot run a test bed.
-fn check_prerequisites() {
+fn check_prerequisites(kind: Kind) {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     assert_eq!(
         euid, 0,
-        "the e2e tests start a real containerd on a loop-mounted filesystem and must run as root (euid is {euid})"
+        "the e2e tests start a real container runtime on a loop-mounted filesystem and must run as root (euid is {euid})"
     );
     let path = std::env::var_os("PATH").unwrap_or_default();
+    let for_kind: &[(&str, &str)] = match kind {
+        Kind::Containerd16 => &CONTAINERD16_TOOLS,
+        Kind::Containerd2 => &[],
+        Kind::Crio => &CRIO_TOOLS,
+    };
     let missing: Vec<String> = REQUIRED_TOOLS
         .iter()
+        .chain(for_kind)
         .filter(|(tool, _)| !std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
         .map(|(tool, install)| format!("{tool} (`{install}`)"))
         .collect();
