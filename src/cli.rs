@@ -431,12 +431,26 @@ fn new_collector(runtime: CriClient, config: Config) -> Collector<CriClient> {
 /// `plan`: what a cycle would do now. Reads the state; removes and writes nothing.
 async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
     let mut collector = new_collector(runtime, config.clone());
-    let (snapshot, fs_path) = collector.observe().await?;
-    let fs_path = fs_path?;
+    let (snapshot, image_fs) = collector.observe().await?;
+    let image_fs = image_fs?;
+    let fs_path = image_fs.path.clone();
     let fs = Statvfs.stats(&fs_path).ok();
     let now = collector.clock().now();
     let plan = collector.plan(&snapshot);
     let view = PlanView::new(&snapshot, &plan, fs.as_ref(), &config);
+    let outlook = fs
+        .as_ref()
+        .filter(|_| view.space_pass)
+        .map(|fs| {
+            crate::policy::SpaceOutlook::new(
+                fs,
+                config.gc.low_threshold_percent,
+                plan.age.iter().chain(&plan.space),
+                &snapshot.images,
+                image_fs.image_bytes,
+            )
+        })
+        .filter(crate::policy::SpaceOutlook::unreachable);
     if output == Output::Json {
         print_json(&serde_json::json!({
             "time": rfc3339(now),
@@ -451,6 +465,7 @@ async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<Exit
             "low_threshold_percent": config.gc.low_threshold_percent,
             "space_pass": view.space_pass,
             "bytes_to_free": view.bytes_to_free,
+            "space_unreachable": outlook,
             "removals": plan.age.iter().chain(view.space_expected(&plan)).collect::<Vec<_>>(),
             "further_space_candidates": view.space_further(&plan),
             "kept": plan.kept,
@@ -474,6 +489,9 @@ async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<Exit
             human_bytes(view.bytes_to_free),
             config.gc.low_threshold_percent
         ));
+    }
+    if let Some(outlook) = &outlook {
+        out.push_str(&unreachable_text(outlook));
     }
     let mut rows = vec![vec![
         "#".to_string(),
@@ -659,6 +677,9 @@ fn report_json(report: &CycleReport) -> serde_json::Value {
         "removed": report.removed,
         "failed": report.failed.iter().map(|(id, e)| serde_json::json!({"id": id, "error": e})).collect::<Vec<_>>(),
         "kept_because_in_use_at_removal": report.became_in_use,
+        "space_unreachable": report.space_unreachable,
+        "held_back_after_recent_removal": report.held_back,
+        "outcome_unknown": report.unsettled,
         "duration_seconds": report.duration.as_secs_f64(),
     })
 }
@@ -703,6 +724,21 @@ fn report_text(report: &CycleReport) -> String {
     for (id, err) in &report.failed {
         out.push_str(&format!("failed to remove {}: {err}\n", short_id(id)));
     }
+    for id in &report.unsettled {
+        out.push_str(&format!(
+            "the runtime did not say whether it removed {} (still listed): no further removal for space this cycle\n",
+            short_id(id)
+        ));
+    }
+    if let Some(outlook) = &report.space_unreachable {
+        out.push_str(&unreachable_text(outlook));
+        if !report.held_back.is_empty() {
+            out.push_str(&format!(
+                "{} image(s) removed within gc.thrash_window left alone\n",
+                report.held_back.len()
+            ));
+        }
+    }
     match &report.outcome {
         Outcome::Success => {}
         Outcome::LowNotReached {
@@ -717,6 +753,17 @@ fn report_text(report: &CycleReport) -> String {
         Outcome::Interrupted => out.push_str("interrupted\n"),
     }
     out
+}
+
+/// What `plan` and `once` say when images cannot bring usage to low.
+fn unreachable_text(outlook: &crate::policy::SpaceOutlook) -> String {
+    format!(
+        "images cannot bring usage to the low threshold: {} to free, removable images hold at most {}; \
+         {} of the filesystem is not images (logs, volumes, writable layers): removing images cannot fix that\n",
+        human_bytes(outlook.bytes_to_free),
+        human_bytes(outlook.could_free),
+        human_bytes(outlook.not_image_bytes)
+    )
 }
 
 /// `history`: removals from the journal.

@@ -29,12 +29,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::cri::{Container, ContainerEvent, Image, ImageFsUsage, Runtime, RuntimeError};
+use crate::cri::{Container, ContainerEvent, Image, ImageFsUsage, Removed, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::http::Health;
 use crate::journal::{Journal, JournalEntry};
 use crate::metrics::Metrics;
-use crate::policy::{self, Candidate, Plan, Reason, Snapshot};
+use crate::policy::{self, Candidate, Plan, Reason, Snapshot, SpaceOutlook};
 use crate::records::{self, HashMap, InUse, Records};
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
@@ -180,6 +180,56 @@ pub struct Removal {
     pub dry_run: bool,
 }
 
+/// An image this collector removed, remembered for `gc.thrash_window`.
+#[derive(Debug, Clone)]
+struct RecentRemoval {
+    at: SystemTime,
+    id: String,
+    /// Its tags and digests when it was removed.
+    names: Vec<String>,
+    /// Whether its return was already reported (once per removal).
+    repull_reported: bool,
+}
+
+impl RecentRemoval {
+    /// Whether `image` comes back under one of the removed image's names.
+    fn names(&self, image: &Image) -> bool {
+        image
+            .repo_tags
+            .iter()
+            .chain(&image.repo_digests)
+            .any(|n| self.names.contains(n))
+    }
+}
+
+/// Where the image filesystem is, and what the runtime says images use of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageFs {
+    /// The configured `gc.image_fs_path`, else the mount point the runtime's
+    /// `ImageFsInfo` names (empty when it names none).
+    pub path: PathBuf,
+    /// The bytes images use, from `ImageFsInfo`, when the runtime reports it.
+    pub image_bytes: Option<u64>,
+}
+
+/// What became of one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Removed (or, in dry run, would have been).
+    Removed,
+    /// Kept: in use, already gone, or the removal failed.
+    Kept,
+    /// The runtime did not tell whether it removed the image, and the
+    /// image is still listed: the space pass stops here, so that a removal
+    /// the runtime finishes later does not add to the ones after it.
+    Unknown,
+}
+
+/// How long the outcome of a `RemoveImage` that timed out or broke is
+/// watched for (`ImageStatus` every [`UNSETTLED_STEP`]), at most.
+const UNSETTLED_WATCH: Duration = Duration::from_secs(30);
+const UNSETTLED_STEP: Duration = Duration::from_millis(250);
+
 /// How a cycle ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -205,6 +255,15 @@ pub struct CycleReport {
     pub after: Option<FsStats>,
     /// True when usage reached the high threshold and the space pass ran.
     pub space_pass: bool,
+    /// Set when the space pass ran and images could not bring usage to the
+    /// low threshold.
+    pub space_unreachable: Option<SpaceOutlook>,
+    /// Candidates the space pass left because imagegc removed them within
+    /// `gc.thrash_window` while images cannot bring usage to low.
+    pub held_back: Vec<String>,
+    /// Removals whose outcome the runtime did not tell, still listed at the
+    /// end of the walk.
+    pub unsettled: Vec<String>,
     /// True when the runtime answered the cycle's listing.
     pub runtime_reached: bool,
     pub duration: Duration,
@@ -221,6 +280,9 @@ impl CycleReport {
             before: None,
             after: None,
             space_pass: false,
+            space_unreachable: None,
+            held_back: Vec::new(),
+            unsettled: Vec::new(),
             runtime_reached: false,
             duration: Duration::ZERO,
             dry_run,
@@ -318,9 +380,19 @@ pub struct Collector<R> {
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
     sandbox_unknown: Option<String>,
-    /// Names of images this collector removed, with when: an image that
-    /// comes back under one of them within `gc.thrash_window` was re-pulled.
-    recently_removed: Vec<(SystemTime, Vec<String>)>,
+    /// Images this collector removed within `gc.thrash_window`: an image
+    /// that comes back under one of their names was re-pulled, and while
+    /// images cannot bring usage to low, none of them goes again for space.
+    recently_removed: Vec<RecentRemoval>,
+    /// The current episode of a space pass that images cannot complete
+    /// (see [`SpaceOutlook`]), reported once when it starts.
+    space_unreachable: Option<SpaceOutlook>,
+    /// Removals whose outcome the runtime did not tell (the call timed out
+    /// or broke): journaled when a later listing shows the image gone.
+    unsettled: Vec<Removal>,
+    /// Whether a runtime that answers OK to `RemoveImage` and keeps the
+    /// image was warned about (once per process).
+    lying_runtime_warned: bool,
     /// Whether the kubelet-eviction check against the measured capacity has
     /// been made (once per process).
     eviction_checked: bool,
@@ -379,6 +451,9 @@ impl<R: Runtime> Collector<R> {
             last_saved: None,
             sandbox_unknown: None,
             recently_removed: Vec::new(),
+            space_unreachable: None,
+            unsettled: Vec::new(),
+            lying_runtime_warned: false,
             eviction_checked: false,
             mounts: MountCache::default(),
             pod_images: PodImages::default(),
@@ -396,7 +471,14 @@ impl<R: Runtime> Collector<R> {
             self.recently_removed = entries
                 .into_iter()
                 .filter(|e| !e.dry_run)
-                .filter_map(|e| Some((e.timestamp()?, e.tags.into_iter().chain(e.digests).collect())))
+                .filter_map(|e| {
+                    Some(RecentRemoval {
+                        at: e.timestamp()?,
+                        id: e.image,
+                        names: e.tags.into_iter().chain(e.digests).collect(),
+                        repull_reported: false,
+                    })
+                })
                 .collect();
         }
         self
@@ -407,30 +489,80 @@ impl<R: Runtime> Collector<R> {
         let now = self.clock.now();
         let window = self.config.gc.thrash_window;
         self.recently_removed
-            .retain(|(at, _)| now.duration_since(*at).unwrap_or_default() <= window);
+            .retain(|r| now.duration_since(r.at).unwrap_or_default() <= window);
         if new_ids.is_empty() || self.recently_removed.is_empty() {
             return;
         }
         for image in images.iter().filter(|i| new_ids.contains(&i.id)) {
-            let names: Vec<&String> = image.repo_tags.iter().chain(&image.repo_digests).collect();
-            let Some(pos) = self
+            let Some(removal) = self
                 .recently_removed
-                .iter()
-                .position(|(_, removed)| removed.iter().any(|n| names.contains(&n)))
+                .iter_mut()
+                .find(|r| !r.repull_reported && r.names(image))
             else {
                 continue;
             };
-            let (removed_at, _) = self.recently_removed.swap_remove(pos);
+            removal.repull_reported = true;
+            let removed_ago = crate::time::short(now.duration_since(removal.at).unwrap_or_default());
             self.metrics.repulled();
-            warn!(
-                image = %image.id,
-                tags = ?image.repo_tags,
-                removed_ago = %crate::time::short(now.duration_since(removed_at).unwrap_or_default()),
-                thrash_window = %crate::time::short(window),
-                "an image imagegc removed was pulled again within the thrash window: \
-                 the policy may be too aggressive for this node (raise the low threshold, max age or keep_recent_per_repository)"
-            );
+            match &self.space_unreachable {
+                Some(outlook) => warn!(
+                    image = %image.id,
+                    tags = ?image.repo_tags,
+                    %removed_ago,
+                    not_image_bytes = outlook.not_image_bytes,
+                    "an image imagegc removed was pulled again: the image filesystem is full of data that is not \
+                     images, which removing images cannot fix; imagegc leaves images it removed alone for \
+                     gc.thrash_window while this lasts. Free that data (logs, volumes, writable layers) or give \
+                     the filesystem more room"
+                ),
+                None => warn!(
+                    image = %image.id,
+                    tags = ?image.repo_tags,
+                    %removed_ago,
+                    thrash_window = %crate::time::short(window),
+                    "an image imagegc removed was pulled again within the thrash window: \
+                     the policy may be too aggressive for this node (raise the low threshold, max age or keep_recent_per_repository)"
+                ),
+            }
         }
+    }
+
+    /// Whether the candidate was removed by this collector within
+    /// `gc.thrash_window` (under its id or any of its names).
+    fn removed_recently(&self, candidate: &Candidate<'_>) -> bool {
+        let now = self.clock.now();
+        let window = self.config.gc.thrash_window;
+        self.recently_removed.iter().any(|r| {
+            now.duration_since(r.at).unwrap_or_default() <= window
+                && (r.id == candidate.id
+                    || candidate
+                        .tags
+                        .iter()
+                        .chain(candidate.digests)
+                        .any(|n| r.names.contains(n)))
+        })
+    }
+
+    /// Starts or ends an episode in which images cannot bring usage to low:
+    /// said once when it starts, and once when it ends.
+    fn note_space_outlook(&mut self, outlook: Option<SpaceOutlook>) {
+        let unreachable = outlook.filter(SpaceOutlook::unreachable);
+        match (&self.space_unreachable, unreachable) {
+            (None, Some(o)) => warn!(
+                bytes_to_free = o.bytes_to_free,
+                images_could_free = o.could_free,
+                not_image_bytes = o.not_image_bytes,
+                thrash_window = %crate::time::short(self.config.gc.thrash_window),
+                "removing every removable image cannot bring usage to the low threshold: the image filesystem \
+                 holds data that is not images. imagegc still frees what helps, but removes no image for space \
+                 that it removed within gc.thrash_window, so the node does not pull and lose the same images \
+                 over and over"
+            ),
+            (Some(_), None) => info!("images can bring usage to the low threshold again"),
+            _ => {}
+        }
+        self.metrics.set_space_unreachable(unreachable.is_some());
+        self.space_unreachable = unreachable;
     }
 
     /// Reports progress (liveness) and runtime reachability (readiness) to
@@ -480,10 +612,8 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// Lists images, containers and the sandbox image, and updates the
-    /// records. Also returns where the image filesystem is: the configured
-    /// `gc.image_fs_path`, else the mount point the runtime's ImageFsInfo
-    /// names (empty when it names none).
-    pub async fn observe(&mut self) -> Result<(Snapshot, Result<PathBuf, RuntimeError>), RuntimeError> {
+    /// records. Also returns the image filesystem (see [`ImageFs`]).
+    pub async fn observe(&mut self) -> Result<(Snapshot, Result<ImageFs, RuntimeError>), RuntimeError> {
         // Status (for the sandbox image) and ImageFsInfo go beside the
         // listings rather than after them: one round trip less per cycle.
         // Images are listed before containers, so a container created from
@@ -497,8 +627,11 @@ impl<R: Runtime> Collector<R> {
         };
         let image_fs = async {
             match &self.config.gc.image_fs_path {
-                Some(path) => Ok(path.clone()),
-                None => runtime.image_fs_info().await.map(mount_point),
+                Some(path) => Ok(ImageFs {
+                    path: path.clone(),
+                    image_bytes: None,
+                }),
+                None => runtime.image_fs_info().await.map(image_fs),
             }
         };
         let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
@@ -529,8 +662,9 @@ impl<R: Runtime> Collector<R> {
             &mut self.pod_images,
         )
         .await;
-        let new_ids = self.records.observe(&images, &containers, self.clock.now());
-        self.detect_repulls(&images, &new_ids);
+        let observed = self.records.observe(&images, &containers, self.clock.now());
+        self.note_listing(&observed, &images).await;
+        self.detect_repulls(&images, &observed.new_ids);
         let snapshot = Snapshot {
             images,
             containers,
@@ -543,6 +677,55 @@ impl<R: Runtime> Collector<R> {
             );
         }
         Ok((snapshot, image_fs))
+    }
+
+    /// Says what a listing did to the records beyond last-used times, and
+    /// journals the removals whose outcome was unknown once their image is
+    /// no longer listed.
+    async fn note_listing(&mut self, observed: &records::Observed, images: &[Image]) {
+        if observed.vanished > 0 {
+            let grace = crate::time::short(records::VANISHED_GRACE);
+            if images.is_empty() {
+                warn!(
+                    vanished = observed.vanished,
+                    %grace,
+                    "the runtime listed no image at all: keeping the history of the images it listed before, \
+                     in case it lists them again"
+                );
+            } else {
+                info!(
+                    vanished = observed.vanished,
+                    %grace,
+                    "images are no longer listed: their history is kept in case the runtime lists them again"
+                );
+            }
+        }
+        if observed.returned > 0 {
+            info!(
+                images = observed.returned,
+                "images listed again after a gap: their history is back"
+            );
+        }
+        if observed.dropped > 0 {
+            debug!(
+                records = observed.dropped,
+                "dropped the history of images gone for good"
+            );
+        }
+        if self.unsettled.is_empty() {
+            return;
+        }
+        let listed: HashMap<&str, ()> = images.iter().map(|i| (i.id.as_str(), ())).collect();
+        for removal in std::mem::take(&mut self.unsettled) {
+            if listed.contains_key(removal.id.as_str()) {
+                info!(image = %removal.id, "a removal whose outcome the runtime did not tell did not happen: the image is still listed");
+                continue;
+            }
+            info!(image = %removal.id, reason = removal.reason.as_str(), "a removal whose outcome the runtime did not tell went through");
+            self.metrics.removed(removal.reason, 0);
+            self.records.remove(&removal.id);
+            self.journal_removal(&removal).await;
+        }
     }
 
     /// Plans a cycle over a snapshot from [`Collector::observe`], without
@@ -658,7 +841,7 @@ impl<R: Runtime> Collector<R> {
         &mut self,
         config: &Config,
         snapshot: &Snapshot,
-        image_fs: Result<PathBuf, RuntimeError>,
+        image_fs: Result<ImageFs, RuntimeError>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<(), String> {
@@ -686,11 +869,11 @@ impl<R: Runtime> Collector<R> {
                 "images without history are not removed by age until imagegc has run longer than max age"
             );
         }
-        let fs_path = match image_fs {
-            Ok(path) => Some(path).filter(|p| !p.as_os_str().is_empty()),
+        let (fs_path, image_bytes) = match image_fs {
+            Ok(fs) => (Some(fs.path).filter(|p| !p.as_os_str().is_empty()), fs.image_bytes),
             Err(err) => {
                 warn!(error = %err, "cannot find the image filesystem");
-                None
+                (None, None)
             }
         };
         let disk = Disk {
@@ -708,7 +891,11 @@ impl<R: Runtime> Collector<R> {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            self.remove(candidate, &snapshot.images, &disk, report).await?;
+            if self.remove(candidate, &snapshot.images, &disk, cancel, report).await? == Step::Unknown {
+                // What the runtime is still doing may free what the rest
+                // of the cycle would: the next cycle sees.
+                return Ok(());
+            }
         }
         if !plan.age.is_empty() {
             self.save_if_due().await;
@@ -736,9 +923,13 @@ impl<R: Runtime> Collector<R> {
                 usage_percent = stats.usage_percent(),
                 high, "usage below the high threshold"
             );
+            self.note_space_outlook(None);
             return Ok(());
         }
         report.space_pass = true;
+        let outlook = SpaceOutlook::new(&stats, low, &plan.space, &snapshot.images, image_bytes);
+        self.note_space_outlook(Some(outlook));
+        report.space_unreachable = self.space_unreachable;
         let to_free = stats.bytes_to_free(low);
         info!(
             usage_percent = stats.usage_percent(),
@@ -768,8 +959,24 @@ impl<R: Runtime> Collector<R> {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            if !self.remove(candidate, &snapshot.images, &disk, report).await? {
+            if self.space_unreachable.is_some() && self.removed_recently(candidate) {
+                debug!(image = %candidate.id, "removed within gc.thrash_window while images cannot reach low: left alone");
+                report.held_back.push(candidate.id.to_string());
                 continue;
+            }
+            match self.remove(candidate, &snapshot.images, &disk, cancel, report).await? {
+                Step::Removed => {}
+                Step::Kept => {
+                    // Kept here, but someone else may have removed it (or
+                    // something else freed space) meanwhile.
+                    if estimate.is_none()
+                        && let Ok(s) = disk.measure()
+                    {
+                        stats = s;
+                    }
+                    continue;
+                }
+                Step::Unknown => break,
             }
             if let Some(left) = estimate.as_mut() {
                 *left = left.saturating_sub(candidate.size);
@@ -834,98 +1041,215 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// Removes one candidate after re-checking that it is not in use.
-    /// Returns whether it was removed (or would have been, in dry run).
     /// A runtime error while re-checking ends the cycle: when in doubt, keep.
+    ///
+    /// The re-check lists the containers, then asks the runtime for the
+    /// image as it is now: a name it gained since the cycle's listing (a
+    /// pull, a tag) counts, so a container created under that name keeps
+    /// it. Only what really went is counted and journaled: `NotFound` (a
+    /// second collector, `crictl rmi`) is not this collector's removal, a
+    /// runtime that answers OK and still lists the image did not remove it,
+    /// and a call that timed out or broke is watched until the image is gone
+    /// or the outcome stays unknown (see [`Step::Unknown`]).
     async fn remove(
         &mut self,
         candidate: &Candidate<'_>,
         images: &[Image],
         disk: &Disk,
+        cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> Result<bool, String> {
+    ) -> Result<Step, String> {
         debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
             .mounts
             .list(&self.runtime)
             .await
             .map_err(|e| format!("cannot re-check containers before removing {}: {e}", candidate.id))?;
-        // The listing's images tell which containers' ids and digests name
-        // an image exactly (a container whose digest names an image does not
-        // use every image its tag names); only this image's users matter.
-        let this = Image {
-            id: candidate.id.to_string(),
-            repo_tags: candidate.tags.to_vec(),
-            repo_digests: candidate.digests.to_vec(),
-            size: candidate.size,
-            pinned: false,
+        let current = self
+            .runtime
+            .image_status(candidate.id)
+            .await
+            .map_err(|e| format!("cannot re-check image {} before removing it: {e}", candidate.id))?;
+        let Some(current) = current else {
+            info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
+            self.records.remove(candidate.id);
+            return Ok(Step::Kept);
         };
-        let references = records::References::new(images, &containers, &[]);
+        // The listing's other images tell which containers' ids and digests
+        // name an image exactly (a container whose digest names another
+        // image does not use every image its tag names); this image is
+        // matched under the names it has now.
+        let listing = images
+            .iter()
+            .filter(|i| i.id != current.id)
+            .chain(std::iter::once(&current));
+        let references = records::References::new(listing, &containers, &[]);
         let mut users = Vec::new();
-        references.users(&this, &mut users);
+        references.users(&current, &mut users);
         if !users.is_empty() {
-            info!(image = %candidate.id, tags = ?candidate.tags, "image came into use; keeping it");
+            info!(image = %candidate.id, tags = ?current.repo_tags, "image came into use; keeping it");
             self.records.mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());
-            return Ok(false);
+            return Ok(Step::Kept);
+        }
+        if current.pinned {
+            info!(image = %candidate.id, tags = ?current.repo_tags, "the runtime pinned the image since the listing; keeping it");
+            return Ok(Step::Kept);
         }
         let dry_run = report.dry_run;
-        let mut freed = None;
-        debug!(image = %candidate.id, reason = candidate.reason.as_str(), dry_run, "no container uses the image: removing it");
-        // From the call until the removal is measured, recorded and
-        // journaled: shutdown waits for all of it.
-        let _in_flight = (!dry_run).then(|| InFlight::new(&self.removing));
-        if !dry_run {
-            let before = disk.measure().ok();
-            let removed = self.runtime.remove_image(candidate.id).await;
-            if let Err(err) = removed {
-                warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
-                self.metrics.removal_failed();
-                report.failed.push((candidate.id.to_string(), err.to_string()));
-                return Ok(false);
-            }
-            let after = disk.settled(before).await.ok();
-            freed = before
-                .zip(after)
-                .map(|(b, a)| a.available().saturating_sub(b.available()));
-            self.metrics.removed(candidate.reason, freed.unwrap_or(0));
-            self.records.remove(candidate.id);
-        }
-        info!(
-            image = %candidate.id,
-            tags = ?candidate.tags,
-            reason = candidate.reason.as_str(),
-            size = candidate.size,
-            freed_bytes = freed,
-            last_used = %rfc3339(candidate.last_used),
-            dry_run,
-            "{}",
-            if dry_run { "would remove image (dry run)" } else { "removed image" }
-        );
-        let removal = Removal {
+        let mut removal = Removal {
             id: candidate.id.to_string(),
-            tags: candidate.tags.to_vec(),
-            digests: candidate.digests.to_vec(),
+            tags: current.repo_tags.clone(),
+            digests: current.repo_digests.clone(),
             reason: candidate.reason,
             size: candidate.size,
-            freed_bytes: freed,
+            freed_bytes: None,
             first_seen: candidate.first_seen,
             last_used: candidate.last_used,
             dry_run,
         };
-        // File IO stays off the runtime's thread (metrics and health answer
-        // from it); awaited, so the journal keeps the removals' order.
+        if dry_run {
+            debug!(image = %candidate.id, reason = candidate.reason.as_str(), "no container uses the image: it would be removed");
+            self.removed(removal, report).await;
+            return Ok(Step::Removed);
+        }
+        debug!(image = %candidate.id, reason = candidate.reason.as_str(), "no container uses the image: removing it");
+        // From the call until the removal is measured, recorded and
+        // journaled: shutdown waits for all of it.
+        let _in_flight = InFlight::new(&self.removing);
+        let before = disk.measure().ok();
+        match self.runtime.remove_image(candidate.id).await {
+            Ok(Removed::AlreadyGone) => {
+                info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
+                self.records.remove(candidate.id);
+                return Ok(Step::Kept);
+            }
+            Ok(Removed::Done) => {
+                let after = disk.settled(before).await.ok();
+                if let Ok(Some(_)) = self.runtime.image_status(candidate.id).await {
+                    self.removal_not_done(candidate, report);
+                    return Ok(Step::Kept);
+                }
+                removal.freed_bytes = before
+                    .zip(after)
+                    .map(|(b, a)| a.available().saturating_sub(b.available()));
+            }
+            Err(err) => {
+                // The call failed, but the runtime may have removed the
+                // image all the same (a deadline that passed while it
+                // worked, a connection that broke): ask it.
+                match self.watch_unsettled(candidate.id, &err, cancel).await {
+                    Some(true) => {
+                        warn!(image = %candidate.id, error = %err, "RemoveImage failed, but the image is gone: counted as removed");
+                        let after = disk.settled(before).await.ok();
+                        removal.freed_bytes = before
+                            .zip(after)
+                            .map(|(b, a)| a.available().saturating_sub(b.available()));
+                    }
+                    Some(false) => {
+                        warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
+                        self.metrics.removal_failed();
+                        report.failed.push((candidate.id.to_string(), err.to_string()));
+                        return Ok(Step::Kept);
+                    }
+                    None => {
+                        warn!(
+                            image = %candidate.id,
+                            error = %err,
+                            "the runtime did not say whether it removed the image and still lists it: no further image \
+                             is removed for space this cycle; the removal is journaled if a later listing shows it went"
+                        );
+                        report.unsettled.push(candidate.id.to_string());
+                        self.unsettled.push(removal);
+                        return Ok(Step::Unknown);
+                    }
+                }
+            }
+        }
+        self.metrics.removed(candidate.reason, removal.freed_bytes.unwrap_or(0));
+        self.records.remove(candidate.id);
+        let names = removal.tags.iter().chain(&removal.digests).cloned().collect();
+        self.recently_removed.push(RecentRemoval {
+            at: self.clock.now(),
+            id: removal.id.clone(),
+            names,
+            repull_reported: false,
+        });
+        self.removed(removal, report).await;
+        Ok(Step::Removed)
+    }
+
+    /// After a `RemoveImage` that failed with `err`: `Some(true)` when the
+    /// image is gone all the same, `Some(false)` when the runtime refused
+    /// and still has it, `None` when the outcome is unknown (the call timed
+    /// out or broke, and the image is still listed after watching it for up
+    /// to [`UNSETTLED_WATCH`] or until shutdown).
+    async fn watch_unsettled(&self, id: &str, err: &RuntimeError, cancel: &CancellationToken) -> Option<bool> {
+        let unknown = err.outcome_unknown();
+        let deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(self.config.runtime.timeout);
+        loop {
+            match self.runtime.image_status(id).await {
+                Ok(None) => return Some(true),
+                Ok(Some(_)) if !unknown => return Some(false),
+                // Still there, or the runtime cannot say yet.
+                Ok(Some(_)) | Err(_) => {}
+            }
+            if tokio::time::Instant::now() >= deadline || cancel.is_cancelled() {
+                return None;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(UNSETTLED_STEP) => {}
+                () = cancel.cancelled() => {}
+            }
+        }
+    }
+
+    /// A runtime answered OK to `RemoveImage` and still lists the image.
+    fn removal_not_done(&mut self, candidate: &Candidate<'_>, report: &mut CycleReport) {
+        if std::mem::replace(&mut self.lying_runtime_warned, true) {
+            debug!(image = %candidate.id, "RemoveImage answered OK, but the image is still listed");
+        } else {
+            warn!(
+                image = %candidate.id,
+                endpoint = self.runtime.endpoint(),
+                "RemoveImage answered OK, but the runtime still lists the image: not counted as removed \
+                 (said once; later cases are logged at debug level)"
+            );
+        }
+        self.metrics.removal_failed();
+        report.failed.push((
+            candidate.id.to_string(),
+            "RemoveImage answered OK, but the image is still listed".to_string(),
+        ));
+    }
+
+    /// Logs and journals a removal (or a dry-run one) and adds it to the report.
+    async fn removed(&mut self, removal: Removal, report: &mut CycleReport) {
+        info!(
+            image = %removal.id,
+            tags = ?removal.tags,
+            reason = removal.reason.as_str(),
+            size = removal.size,
+            freed_bytes = removal.freed_bytes,
+            last_used = %rfc3339(removal.last_used),
+            dry_run = removal.dry_run,
+            "{}",
+            if removal.dry_run { "would remove image (dry run)" } else { "removed image" }
+        );
+        self.journal_removal(&removal).await;
+        self.heartbeat();
+        report.removed.push(removal);
+    }
+
+    /// Appends a removal to the journal. File IO stays off the runtime's
+    /// thread (metrics and health answer from it); awaited, so the journal
+    /// keeps the removals' order.
+    async fn journal_removal(&self, removal: &Removal) {
         let journal = self.journal.clone();
-        let entry = JournalEntry::from_removal(&removal, self.clock.now());
+        let entry = JournalEntry::from_removal(removal, self.clock.now());
         if let Err(err) = tokio::task::spawn_blocking(move || journal.append(&entry)).await {
             warn!(error = %err, "journal write task failed");
         }
-        if !dry_run {
-            let names = removal.tags.iter().chain(&removal.digests).cloned().collect();
-            self.recently_removed.push((self.clock.now(), names));
-        }
-        self.heartbeat();
-        report.removed.push(removal);
-        Ok(true)
     }
 
     fn log_summary(&self, report: &CycleReport) {
@@ -973,14 +1297,16 @@ impl<R: Runtime> Collector<R> {
     }
 }
 
-/// The image filesystem's mount point in an ImageFsInfo answer (empty when
-/// the runtime names none).
-fn mount_point(filesystems: Vec<ImageFsUsage>) -> PathBuf {
+/// The image filesystem in an ImageFsInfo answer: the first entry that
+/// names a mount point (an empty path when none does).
+fn image_fs(filesystems: Vec<ImageFsUsage>) -> ImageFs {
     filesystems
         .into_iter()
-        .map(|fs| fs.mount_point)
-        .find(|m| !m.is_empty())
-        .map(PathBuf::from)
+        .find(|fs| !fs.mount_point.is_empty())
+        .map(|fs| ImageFs {
+            path: PathBuf::from(fs.mount_point),
+            image_bytes: fs.used_bytes,
+        })
         .unwrap_or_default()
 }
 
@@ -1070,7 +1396,7 @@ mod tests {
                 ..Default::default()
             }])
         }
-        async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+        async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
             let mut sim = self.0.lock().unwrap();
             if sim.fail_remove.iter().any(|f| f == id) {
                 return Err(RuntimeError::Rpc {
@@ -1083,7 +1409,7 @@ mod tests {
             let freed = sim.on_disk.remove(id).unwrap_or(0);
             sim.available = (sim.available + freed).min(sim.capacity);
             sim.removed.push(id.to_string());
-            Ok(())
+            Ok(Removed::Done)
         }
     }
 

@@ -1033,6 +1033,10 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
     for (index, image) in images.iter().enumerate() {
         if image.trim().is_empty() {
             problems.push(format!("protect.images[{index}]"), "must not be empty");
+        } else if let Some(problem) = crate::reference::ProtectPattern::problem(image) {
+            config
+                .warnings
+                .push(format!("protect.images[{index}] {image:?}: {problem}"));
         }
     }
     config.protect.images = images;
@@ -1425,6 +1429,25 @@ mod tests {
         assert_eq!(config.source, None);
         assert!(config.warnings.is_empty());
         assert!(!config.collection_disabled());
+    }
+
+    #[test]
+    fn a_protect_pattern_that_can_match_no_image_is_warned_about_by_key() {
+        let config = load_ok(
+            "p.toml",
+            "[protect]\nimages = [\"nginx\", \"sha256:xyz*\", \"Bitnami/Redis:*\"]\n",
+        );
+        assert_eq!(config.warnings.len(), 2, "{:?}", config.warnings);
+        assert!(
+            config.warnings[0].starts_with("protect.images[1] \"sha256:xyz*\""),
+            "{:?}",
+            config.warnings
+        );
+        assert!(
+            config.warnings[1].starts_with("protect.images[2]"),
+            "{:?}",
+            config.warnings
+        );
     }
 
     #[test]
@@ -2227,7 +2250,10 @@ staticPodPath: /etc/kubernetes/manifests
         off.metrics.listen = None;
         for config in [Config::default(), without_source(custom), off] {
             let text = config.to_toml_string();
-            let loaded = load_ok("effective.toml", &text);
+            let mut loaded = load_ok("effective.toml", &text);
+            // The odd pattern is warned about (it can match no image); the
+            // warnings are not part of the effective configuration.
+            loaded.warnings.clear();
             assert_eq!(without_source(loaded), config, "{text}");
         }
     }

@@ -108,6 +108,7 @@ pub struct Metrics {
     dry_run: Gauge,
     repulled: Counter,
     candidates: Gauge,
+    space_unreachable: Gauge,
 }
 
 /// The families a finished cycle updates, kept together so a [`CycleTimer`] can
@@ -261,6 +262,13 @@ impl Metrics {
             "Images pulled again soon after imagegc removed them (a sign of thrashing)",
             repulled.clone(),
         );
+        let space_unreachable = Gauge::default();
+        registry.register(
+            "imagegc_space_unreachable",
+            "1 while removing every removable image could not bring usage to the low threshold \
+             (the image filesystem is full of data that is not images), 0 otherwise",
+            space_unreachable.clone(),
+        );
         let candidates = Gauge::default();
         registry.register(
             "imagegc_removal_candidates",
@@ -296,6 +304,7 @@ impl Metrics {
             dry_run,
             repulled,
             candidates,
+            space_unreachable,
         }
     }
 
@@ -371,6 +380,11 @@ impl Metrics {
     /// An image imagegc removed was pulled again.
     pub fn repulled(&self) {
         self.repulled.inc();
+    }
+
+    /// Whether images can bring usage to the low threshold.
+    pub fn set_space_unreachable(&self, unreachable: bool) {
+        self.space_unreachable.set(i64::from(unreachable));
     }
 
     /// How many images the last plan selected for removal.

@@ -14,8 +14,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::Config;
 use crate::cri::{Container, Image};
+use crate::fs::FsStats;
 use crate::records::{HashMap, Records, References};
-use crate::reference::{self, Glob};
+use crate::reference::{self, ProtectPattern};
 
 /// What the runtime reported in one listing.
 #[derive(Debug, Clone, Default)]
@@ -166,7 +167,7 @@ pub fn plan<'a>(
     let references = References::new(&snapshot.images, &snapshot.containers, &sandbox_images);
     let listings = Listings::new(&snapshot.images);
     let keep_recent = keep_recent(snapshot, records, config.protect.keep_recent_per_repository);
-    let globs: Vec<Glob> = config.protect.images.iter().map(|p| Glob::new(p)).collect();
+    let globs: Vec<ProtectPattern> = config.protect.images.iter().map(|p| ProtectPattern::new(p)).collect();
     let max_age = config.gc.max_age;
     let min_age = config.gc.min_age;
     let guard_open = max_age.is_zero() || elapsed(running_since, now) > max_age;
@@ -330,6 +331,49 @@ impl Listings {
     }
 }
 
+/// Whether removing images can bring usage down to the low threshold
+/// (kubernetes#71869: a disk full of logs, volumes or other data is not
+/// fixed by removing images, only by removing every image again each time
+/// the node pulls it back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SpaceOutlook {
+    /// What reaching the low threshold needs.
+    pub bytes_to_free: u64,
+    /// What the candidates could free at most: their reported sizes, capped
+    /// by what the images occupy on the filesystem when the runtime says.
+    pub could_free: u64,
+    /// Used bytes of the image filesystem that are not images: used minus
+    /// the images' bytes (the runtime's `ImageFsInfo` figure where it
+    /// reports one, else the sum of the listed images' sizes).
+    pub not_image_bytes: u64,
+}
+
+impl SpaceOutlook {
+    /// `candidates`: every image the pass may still remove. `image_bytes`:
+    /// the runtime's `ImageFsInfo` used bytes, when it reports them.
+    pub fn new<'c>(
+        stats: &FsStats,
+        low_percent: u8,
+        candidates: impl IntoIterator<Item = &'c Candidate<'c>>,
+        images: &[Image],
+        image_bytes: Option<u64>,
+    ) -> Self {
+        let sizes = candidates.into_iter().fold(0u64, |sum, c| sum.saturating_add(c.size));
+        let all_images = image_bytes.unwrap_or_else(|| images.iter().fold(0u64, |sum, i| sum.saturating_add(i.size)));
+        let used = stats.capacity_bytes.saturating_sub(stats.available());
+        SpaceOutlook {
+            bytes_to_free: stats.bytes_to_free(low_percent),
+            could_free: image_bytes.map_or(sizes, |bytes| sizes.min(bytes)),
+            not_image_bytes: used.saturating_sub(all_images),
+        }
+    }
+
+    /// True when the candidates cannot free what reaching low needs.
+    pub fn unreachable(&self) -> bool {
+        self.could_free < self.bytes_to_free
+    }
+}
+
 /// Time from `earlier` to `later`; zero when the clock says `earlier` is in
 /// the future.
 fn elapsed(earlier: SystemTime, later: SystemTime) -> Duration {
@@ -452,10 +496,11 @@ mod tests {
         assert_eq!(ids(&p.space), ["0", "1"]);
     }
 
-    // Scenario 7: ties broken by first seen; a never-used newer image goes
-    // before an older image that was used.
+    // Scenario 7: ties broken by first seen. imagegc counts a never-used
+    // image as last used when first seen (see the next test for how that
+    // differs from the kubelet); on a tie in last use, the older goes first.
     #[test]
-    fn never_used_newer_image_goes_before_used_older_one() {
+    fn ties_in_last_use_are_broken_by_first_seen() {
         let mut w = World::new(vec![image("0", 1024)]).containers(vec![container("c", "0")]);
         w.observe(t(0));
         w.snapshot.images.push(image("1", 2048));
@@ -470,6 +515,24 @@ mod tests {
         w.observe(t(0));
         let p = w.plan(t(1));
         assert_eq!(ids(&p.space), ["a", "b"]);
+    }
+
+    // The kubelet's TestFreeSpaceTiesBrokenByDetectedTime: the kubelet gives
+    // a never-used image a zero last-used time, so it goes before every
+    // image ever used, however recently it was pulled. imagegc counts it as
+    // used when first seen: an image pulled ahead of its pods (a pre-pull,
+    // a deployment rolling out) is not the first to go.
+    #[test]
+    fn a_never_used_image_counts_as_last_used_when_first_seen_unlike_the_kubelet() {
+        let mut w = World::new(vec![image("used", 1)]).containers(vec![container("c", "used")]);
+        w.observe(t(0));
+        w.observe(t(10));
+        w.snapshot.containers.clear();
+        w.snapshot.images.push(image("pulled", 1));
+        w.observe(t(20));
+        let p = w.plan(t(30));
+        // The kubelet's order would be ["pulled", "used"].
+        assert_eq!(ids(&p.space), ["used", "pulled"]);
     }
 
     // Scenario 8: pinned images stay; all pinned frees nothing.
@@ -623,6 +686,39 @@ mod tests {
         let p = w.plan(t(100_000));
         assert_eq!(*kept(&p, "nginx"), KeepReason::Protected { pattern: "nginx:*" });
         assert_eq!(ids(&p.age), ["redis"]);
+    }
+
+    #[test]
+    fn protect_patterns_written_as_people_write_image_names_protect() {
+        let tagged = |id: &str, tag: &str| Image {
+            repo_tags: vec![tag.to_string()],
+            ..image(id, 1)
+        };
+        let patterns = [
+            ("nginx", "docker.io/library/nginx:1.27"),
+            ("docker.io/nginx:*", "docker.io/library/nginx:1.26"),
+            ("index.docker.io/library/nginx:*", "docker.io/library/nginx:1.25"),
+            ("registry.k8s.io/kube-proxy", "registry.k8s.io/kube-proxy:v1.31.0"),
+            ("bitnami/redis", "docker.io/bitnami/redis:7.4"),
+            ("library/nginx:*", "docker.io/library/nginx:1.24"),
+        ];
+        let images = patterns
+            .iter()
+            .enumerate()
+            .map(|(n, (_, tag))| tagged(&n.to_string(), tag));
+        let mut w = World::new(images.chain([tagged("other", "docker.io/library/redis:7")]).collect());
+        w.config.gc.max_age = MIN;
+        w.observe(t(0));
+        for (n, (pattern, _)) in patterns.iter().enumerate() {
+            w.config.protect.images = vec![pattern.to_string()];
+            let p = w.plan(t(100_000));
+            assert_eq!(
+                *kept(&p, &n.to_string()),
+                KeepReason::Protected { pattern },
+                "{pattern}"
+            );
+            assert!(ids(&p.age).contains(&"other"), "{pattern} protects only its own");
+        }
     }
 
     #[test]

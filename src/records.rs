@@ -5,7 +5,10 @@
 //!   the image's last-used time to now;
 //! - an image seen for the first time gets first seen = now, and counts as
 //!   last used when first seen until a container uses it;
-//! - records of images the runtime no longer lists are dropped.
+//! - records of images the runtime no longer lists are dropped after
+//!   [`VANISHED_GRACE`]: one empty or partial listing (a runtime restarting,
+//!   a pull in progress) must not reset the ages of every image. An image
+//!   listed again within the grace gets its history back.
 //!
 //! Records are persisted by [`crate::state`]; a record loaded from disk is
 //! marked `from_history` so the planner knows its times were observed, not
@@ -23,6 +26,11 @@ use crate::reference;
 /// several times faster than SipHash on these 70-120 byte keys, and the
 /// planner hashes each image's names every cycle.
 pub(crate) type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
+
+/// How long the record of an image the runtime stopped listing is kept, in
+/// case the listing was a hiccup: two default cycles. An image imagegc
+/// removes itself is forgotten at once.
+pub const VANISHED_GRACE: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 
 /// What imagegc knows about one image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,9 +54,26 @@ pub struct Records {
     /// use after the first sighting), whether a container ever used an
     /// image: see [`Records::ever_used`].
     used: HashMap<String, ()>,
+    /// Records of images the runtime stopped listing, with when it did:
+    /// kept for [`VANISHED_GRACE`] and saved with the others, invisible to
+    /// the planner.
+    vanished: HashMap<String, (Record, SystemTime)>,
     /// Whether anything other than last-used times changed since the last
     /// save: an image appeared or went, or its size, pin or names changed.
     changed: bool,
+}
+
+/// What one listing did to the records, beyond last-used times.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Images seen for the first time.
+    pub new_ids: Vec<String>,
+    /// Images no longer listed whose records are kept for the grace.
+    pub vanished: usize,
+    /// Images listed again within the grace: their history is back.
+    pub returned: usize,
+    /// Records dropped because their image stayed unlisted past the grace.
+    pub dropped: usize,
 }
 
 /// Equal records hold the same images with the same facts; what changed
@@ -69,19 +94,14 @@ impl Records {
     pub fn from_map(map: impl IntoIterator<Item = (String, Record)>) -> Self {
         Records {
             map: map.into_iter().collect(),
-            used: HashMap::default(),
-            changed: false,
+            ..Self::default()
         }
     }
 
     /// Records as the state file held them, in a map of the records' own
     /// kind (no rehashing of every id).
     pub(crate) fn from_loaded(map: HashMap<String, Record>) -> Self {
-        Records {
-            map,
-            used: HashMap::default(),
-            changed: false,
-        }
+        Records { map, ..Self::default() }
     }
 
     pub fn get(&self, id: &str) -> Option<&Record> {
@@ -105,14 +125,23 @@ impl Records {
         self.map.is_empty()
     }
 
+    /// Every record, those of images not listed for less than the grace
+    /// included: what the state file keeps.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Record)> {
-        self.map.iter()
+        self.map
+            .iter()
+            .chain(self.vanished.iter().map(|(id, (record, _))| (id, record)))
+    }
+
+    /// Records of images the runtime stopped listing, kept for the grace.
+    pub fn vanished_len(&self) -> usize {
+        self.vanished.len()
     }
 
     /// Updates the records from a full listing of images and containers.
-    /// Returns the ids of images seen for the first time.
-    pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Vec<String> {
-        let mut new_ids = Vec::new();
+    pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Observed {
+        let mut observed = Observed::default();
+        let new_ids = &mut observed.new_ids;
         let references = References::new(images, containers, &[]);
         let mut users = Vec::new();
         let mut listed: HashMap<&str, ()> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
@@ -123,6 +152,13 @@ impl Records {
             let used = !users.is_empty();
             // Looked up before inserting: the id is copied only for a new
             // record, not for every image every cycle.
+            if !self.map.contains_key(image.id.as_str())
+                && let Some((record, _)) = self.vanished.remove(image.id.as_str())
+            {
+                self.changed = true;
+                observed.returned += 1;
+                self.map.insert(image.id.clone(), record);
+            }
             if !self.map.contains_key(image.id.as_str()) {
                 self.changed = true;
                 new_ids.push(image.id.clone());
@@ -158,16 +194,32 @@ impl Records {
                 self.changed = true;
             }
         }
-        let before = self.map.len();
-        self.map.retain(|id, _| listed.contains_key(id.as_str()));
+        if self.map.len() > listed.len() {
+            let gone: Vec<String> = self
+                .map
+                .keys()
+                .filter(|id| !listed.contains_key(id.as_str()))
+                .cloned()
+                .collect();
+            for id in gone {
+                let record = self.map.remove(&id).expect("listed above");
+                self.vanished.insert(id, (record, now));
+                observed.vanished += 1;
+            }
+            self.changed = true;
+        }
+        let before = self.vanished.len();
+        self.vanished
+            .retain(|_, (_, since)| now.duration_since(*since).unwrap_or_default() < VANISHED_GRACE);
+        observed.dropped = before - self.vanished.len();
+        self.changed |= observed.dropped > 0;
         self.used.retain(|id, _| listed.contains_key(id.as_str()));
-        self.changed |= self.map.len() != before;
-        new_ids
+        observed
     }
 
     /// Forgets an image (after it was removed).
     pub fn remove(&mut self, id: &str) {
-        self.changed |= self.map.remove(id).is_some();
+        self.changed |= self.map.remove(id).is_some() | self.vanished.remove(id).is_some();
     }
 
     /// Whether anything but last-used times changed since the last
@@ -289,7 +341,11 @@ fn is_precise(reference: &str) -> bool {
 }
 
 impl<'a> References<'a> {
-    pub fn new(images: &[Image], containers: &'a [Container], sandbox: &[&'a str]) -> Self {
+    pub fn new<'i>(
+        images: impl IntoIterator<Item = &'i Image>,
+        containers: &'a [Container],
+        sandbox: &[&'a str],
+    ) -> Self {
         let sandbox_owner = containers.len();
         let own = containers.iter().enumerate();
         let precise = ReferenceSet::new(own.clone().flat_map(|(i, c)| {
@@ -590,14 +646,54 @@ pub(crate) mod tests {
         assert_eq!(records.get("0").unwrap().first_seen, t(0));
     }
 
-    // Scenario 4: an image disappears; its record is dropped.
+    // Scenario 4: an image disappears; its record is dropped (once it has
+    // stayed unlisted for the grace: until then it is only set aside).
     #[test]
     fn records_of_vanished_images_are_dropped() {
         let mut records = Records::new();
         records.observe(&[image("0", 1), image("1", 1)], &[], t(0));
-        records.observe(&[image("1", 1)], &[], t(10));
+        let observed = records.observe(&[image("1", 1)], &[], t(10));
+        assert_eq!(observed.vanished, 1);
         assert!(records.get("0").is_none());
         assert!(records.get("1").is_some());
+        let grace = VANISHED_GRACE.as_secs();
+        let observed = records.observe(&[image("1", 1)], &[], t(10 + grace));
+        assert_eq!(observed.dropped, 1);
+        assert_eq!(records.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["1"]);
+        // Listed again after the grace: a new image.
+        records.observe(&[image("0", 1), image("1", 1)], &[], t(20 + grace));
+        assert_eq!(records.get("0").unwrap().first_seen, t(20 + grace));
+    }
+
+    #[test]
+    fn one_empty_listing_does_not_reset_the_history_of_every_image() {
+        let images = [image("0", 1), image("1", 1), image("2", 1)];
+        let mut records = Records::new();
+        records.observe(&images, &[container("c", "1")], t(0));
+        records.observe(&images, &[], t(100));
+        let before: Vec<Record> = ["0", "1", "2"].map(|id| records.get(id).unwrap().clone()).into();
+
+        // The runtime answers one listing with no image at all.
+        let observed = records.observe(&[], &[], t(200));
+        assert_eq!((observed.vanished, observed.dropped), (3, 0));
+        assert!(records.get("0").is_none(), "the planner sees only listed images");
+        // Saved meanwhile, the set-aside records are in the state.
+        assert_eq!(records.iter().count(), 3);
+
+        let observed = records.observe(&images, &[], t(300));
+        assert_eq!((observed.returned, observed.new_ids.len()), (3, 0));
+        let after: Vec<Record> = ["0", "1", "2"].map(|id| records.get(id).unwrap().clone()).into();
+        assert_eq!(after, before, "first seen and last used are what they were");
+    }
+
+    #[test]
+    fn an_image_imagegc_removed_is_forgotten_at_once() {
+        let mut records = Records::new();
+        records.observe(&[image("0", 1)], &[], t(0));
+        records.remove("0");
+        records.observe(&[], &[], t(10));
+        records.observe(&[image("0", 1)], &[], t(20));
+        assert_eq!(records.get("0").unwrap().first_seen, t(20));
     }
 
     #[test]

@@ -216,6 +216,136 @@ impl Glob {
     }
 }
 
+/// A `protect.images` pattern, read the way image names are read: a
+/// familiar name is qualified (`nginx:*` → `docker.io/library/nginx:*`,
+/// `bitnami/redis:*` → `docker.io/bitnami/redis:*`, `docker.io/nginx:*` →
+/// `docker.io/library/nginx:*`), `index.docker.io` is `docker.io`, and a
+/// repository with no tag or digest means every tag and digest of it
+/// (`registry.k8s.io/kube-proxy` → `registry.k8s.io/kube-proxy:*` and
+/// `…@*`). The pattern as written is matched too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtectPattern {
+    globs: Vec<Glob>,
+}
+
+impl ProtectPattern {
+    pub fn new(pattern: &str) -> Self {
+        let forms = pattern_forms(pattern.trim());
+        let mut globs: Vec<Glob> = Vec::with_capacity(forms.len() + 1);
+        for form in std::iter::once(pattern.to_string()).chain(forms) {
+            if !globs.iter().any(|g| g.as_str() == form) {
+                globs.push(Glob::new(&form));
+            }
+        }
+        ProtectPattern { globs }
+    }
+
+    /// The forms matched, the pattern as written first.
+    pub fn forms(&self) -> impl Iterator<Item = &str> {
+        self.globs.iter().map(Glob::as_str)
+    }
+
+    /// True when any form matches the image (see [`Glob::matches_image`]).
+    pub fn matches_image(&self, id: &str, tags: &[String], digests: &[String]) -> bool {
+        self.globs.iter().any(|g| g.matches_image(id, tags, digests))
+    }
+
+    /// Why the pattern can match nothing a runtime reports (ids
+    /// `sha256:<hex>`, tags `registry/repository:tag`, digests
+    /// `registry/repository@sha256:<hex>`), when it cannot.
+    pub fn problem(pattern: &str) -> Option<String> {
+        let pattern = pattern.trim();
+        if let Some(bad) = pattern
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || "._-/:@*?".contains(*c)))
+        {
+            return Some(format!(
+                "{bad:?} appears in no image id, tag or digest: this pattern protects nothing"
+            ));
+        }
+        if let Some(hex) = pattern.strip_prefix("sha256:") {
+            if let Some(bad) = hex.chars().find(|c| !(c.is_ascii_hexdigit() || *c == '*' || *c == '?')) {
+                return Some(format!(
+                    "an image id is sha256: and hexadecimal digits; {bad:?} is not one: this pattern protects nothing"
+                ));
+            }
+            if hex.chars().filter(char::is_ascii_hexdigit).count() > 64 {
+                return Some("an image id has 64 hexadecimal digits; this pattern has more".to_string());
+            }
+            return None;
+        }
+        if let Some(at) = pattern.find('@') {
+            let digest = &pattern[at + 1..];
+            let literal = &digest[..digest.find(['*', '?']).unwrap_or(digest.len())];
+            if !("sha256:".starts_with(literal) || literal.starts_with("sha256:")) {
+                return Some(format!(
+                    "the digest after @ must start with sha256: (runtimes report sha256 digests), not {digest:?}"
+                ));
+            }
+        }
+        // Repository names are lower case; tags may not be.
+        let (name, _) = split_name(pattern);
+        let path = name.split_once('/').map_or(name, |(first, rest)| {
+            if first.contains(['.', ':']) || first == "localhost" {
+                rest
+            } else {
+                name
+            }
+        });
+        if path.chars().any(|c| c.is_ascii_uppercase()) {
+            return Some(format!(
+                "repository names are lower case, so {name:?} matches no image: this pattern protects nothing"
+            ));
+        }
+        None
+    }
+}
+
+/// The forms a pattern stands for beyond itself (see [`ProtectPattern`]).
+fn pattern_forms(written: &str) -> Vec<String> {
+    if written.is_empty() || written.starts_with("sha256:") || is_id(written) {
+        return Vec::new();
+    }
+    let pattern = match written.strip_prefix("index.docker.io/") {
+        Some(rest) => format!("docker.io/{rest}"),
+        None => written.to_string(),
+    };
+    let (name, suffix) = split_name(&pattern);
+    let mut names = vec![name.to_string()];
+    let first = name.split('/').next().unwrap_or(name);
+    // Qualify a familiar name, unless a wildcard stands where the registry
+    // would (`*/nginx:*` is left as written).
+    if !first.contains(['*', '?']) {
+        let qualified = if !name.contains('/') {
+            format!("{DEFAULT_REGISTRY}/{OFFICIAL_NAMESPACE}/{name}")
+        } else if first.contains(['.', ':']) || first == "localhost" {
+            name.to_string()
+        } else {
+            format!("{DEFAULT_REGISTRY}/{name}")
+        };
+        let qualified = match qualified.strip_prefix("docker.io/") {
+            Some(rest) if !rest.contains('/') => format!("docker.io/library/{rest}"),
+            _ => qualified,
+        };
+        if qualified != name {
+            names.push(qualified);
+        }
+    }
+    let mut forms = Vec::new();
+    for name in names {
+        match suffix {
+            Some(suffix) => forms.push(format!("{name}{suffix}")),
+            // A repository alone: every tag and digest of it.
+            None => {
+                forms.push(format!("{name}:*"));
+                forms.push(format!("{name}@*"));
+            }
+        }
+    }
+    forms.retain(|f| f != written);
+    forms
+}
+
 /// Iterative wildcard matching with single-star backtracking: linear in
 /// practice, no recursion, no allocation.
 fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
@@ -245,6 +375,76 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether `pattern` protects an image listed with these names.
+    fn protects(pattern: &str, tag: &str) -> bool {
+        let digest = format!(
+            "{}@sha256:1111111111111111111111111111111111111111111111111111111111111111",
+            repository(tag)
+        );
+        ProtectPattern::new(pattern).matches_image(
+            "sha256:2222222222222222222222222222222222222222222222222222222222222222",
+            &[tag.to_string()],
+            &[digest],
+        )
+    }
+
+    #[test]
+    fn protect_patterns_are_read_as_image_names_are() {
+        let nginx = "docker.io/library/nginx:1.27";
+        for pattern in [
+            "nginx",
+            "nginx:*",
+            "nginx:1.27",
+            "docker.io/nginx:*",
+            "docker.io/library/nginx",
+            "index.docker.io/library/nginx:*",
+            "library/nginx:*",
+            "docker.io/library/nginx@sha256:*",
+        ] {
+            assert!(protects(pattern, nginx), "{pattern} protects {nginx}");
+        }
+        assert!(protects(
+            "registry.k8s.io/kube-proxy",
+            "registry.k8s.io/kube-proxy:v1.31.0"
+        ));
+        assert!(protects("bitnami/redis", "docker.io/bitnami/redis:7.4"));
+        assert!(protects("localhost:5000/app", "localhost:5000/app:2"));
+        assert!(protects("sha256:2222*", nginx), "ids as before");
+        assert!(protects("2222*", nginx), "bare ids as before");
+        // A repository means its own tags, not those of a longer name.
+        assert!(!protects("nginx", "docker.io/library/nginx-unprivileged:1"));
+        assert!(!protects(
+            "registry.k8s.io/kube-proxy",
+            "registry.k8s.io/kube-proxy-amd64:v1"
+        ));
+        assert!(!protects("bitnami/redis", "docker.io/library/redis:7"));
+        assert!(!protects("nginx:1.26", nginx));
+    }
+
+    #[test]
+    fn patterns_that_can_match_nothing_are_named() {
+        for pattern in [
+            "nginx latest",
+            "sha256:xyz*",
+            "docker.io/library/nginx@md5:*",
+            "Nginx:*",
+            "ghcr.io/Org/app",
+        ] {
+            assert!(ProtectPattern::problem(pattern).is_some(), "{pattern}");
+        }
+        for pattern in [
+            "nginx",
+            "registry.k8s.io/pause:*",
+            "sha256:8238e0f45fe9*",
+            "*",
+            "nginx@sha*",
+            "ghcr.io/org/app:Latest",
+            "localhost:5000/app",
+        ] {
+            assert_eq!(ProtectPattern::problem(pattern), None, "{pattern}");
+        }
+    }
 
     #[test]
     fn normalizes_familiar_names() {

@@ -281,10 +281,11 @@ async fn a_removal_failing_for_one_image_leaves_the_others_removable() {
 }
 
 #[tokio::test]
-async fn removing_an_image_that_is_already_gone_succeeds() {
+async fn removing_an_image_that_is_already_gone_says_so() {
     let served = Served::start(FakeRuntime::new()).await;
 
-    served.client.remove_image("sha256:gone").await.unwrap();
+    let removed = served.client.remove_image("sha256:gone").await.unwrap();
+    assert_eq!(removed, imagegc::cri::Removed::AlreadyGone);
     assert_eq!(served.fake.calls(), ["RemoveImage"]);
     assert!(served.fake.removed().is_empty());
 }

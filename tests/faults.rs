@@ -3,6 +3,9 @@
 //!
 //! - [`hung`]: a runtime that stops answering, call by call;
 //! - [`removals`]: removals the runtime refuses;
+//! - [`outcomes`]: what really happened to an image, whatever the runtime
+//!   answers (slow, lying, already gone, names gained late, ids listed twice,
+//!   an empty listing), and a disk that images cannot fix;
 //! - [`state_files`]: corrupt, unreadable, missing, full and read-only state
 //!   (the real binary, with a tmpfs image filesystem);
 //! - [`crash`]: SIGKILL in the middle of saves;
@@ -29,6 +32,8 @@ mod fuzz_seeds;
 mod hung;
 #[path = "faults/odd_data.rs"]
 mod odd_data;
+#[path = "faults/outcomes.rs"]
+mod outcomes;
 #[path = "faults/removals.rs"]
 mod removals;
 #[path = "faults/scale.rs"]

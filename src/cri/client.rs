@@ -19,8 +19,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::proto::{self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient};
 use super::{
-    Container, ContainerEvent, ContainerState, EventStream, Image, ImageFsUsage, Runtime, RuntimeError, RuntimeStatus,
-    RuntimeVersion,
+    Container, ContainerEvent, ContainerState, EventStream, Image, ImageFsUsage, Removed, Runtime, RuntimeError,
+    RuntimeStatus, RuntimeVersion,
 };
 use crate::reference::{bare_id, canonical_id};
 
@@ -342,7 +342,9 @@ impl Runtime for CriClient {
         if response.images.iter().any(|i| i.id.len() == 64) {
             self.bare_ids.store(true, Ordering::Relaxed);
         }
-        Ok(response.images.into_iter().map(image_from_proto).collect())
+        Ok(super::merge_listings(
+            response.images.into_iter().map(image_from_proto).collect(),
+        ))
     }
 
     async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
@@ -372,7 +374,7 @@ impl Runtime for CriClient {
             .collect())
     }
 
-    async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+    async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
         let mut client = self.image.clone();
         // The id as the runtime listed it.
         let id = if self.bare_ids.load(Ordering::Relaxed) {
@@ -387,9 +389,31 @@ impl Runtime for CriClient {
             }),
         };
         match self.call("RemoveImage", client.remove_image(request)).await {
-            Ok(_) => Ok(()),
-            // Already gone: the goal of the call is met.
-            Err(err) if err.is_not_found() => Ok(()),
+            Ok(_) => Ok(Removed::Done),
+            Err(err) if err.is_not_found() => Ok(Removed::AlreadyGone),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
+        let mut client = self.image.clone();
+        let asked = if self.bare_ids.load(Ordering::Relaxed) {
+            bare_id(id)
+        } else {
+            id
+        };
+        let request = proto::ImageStatusRequest {
+            image: Some(proto::ImageSpec {
+                image: asked.to_string(),
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        match self.call("ImageStatus", client.image_status(request)).await {
+            // Asked by id: an answer about another image (a runtime that
+            // resolved the id as a name) is no answer about this one.
+            Ok(response) => Ok(response.image.map(image_from_proto).filter(|image| image.id == id)),
+            Err(err) if err.is_not_found() => Ok(None),
             Err(err) => Err(err),
         }
     }

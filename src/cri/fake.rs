@@ -172,9 +172,22 @@ struct State {
     delays: HashMap<&'static str, Duration>,
     before_remove: Option<SharedHook>,
     on_remove: Option<RemoveEffect>,
+    /// How long a removal takes inside the runtime: it completes even when
+    /// the client gave up waiting, as on a real runtime.
+    remove_latency: Option<Duration>,
+    /// `RemoveImage` answers OK and keeps the image.
+    remove_keeps_image: bool,
+    /// Entries added to every `ListImages` answer as they are (an id listed
+    /// twice, an empty id).
+    extra_listings: Vec<Image>,
+    /// Hooks run right before the n-th call of an RPC is answered.
+    call_hooks: Vec<(&'static str, usize, CallHook)>,
     calls: Vec<&'static str>,
     removed: Vec<String>,
 }
+
+/// Run at a chosen call: see [`FakeRuntime::hook_on_call`].
+pub type CallHook = Arc<dyn Fn() + Send + Sync>;
 
 impl State {
     /// The position of the image `reference` names: its id, a tag or a
@@ -306,6 +319,10 @@ impl FakeRuntime {
             delays: HashMap::new(),
             before_remove: None,
             on_remove: None,
+            remove_latency: None,
+            remove_keeps_image: false,
+            extra_listings: Vec::new(),
+            call_hooks: Vec::new(),
             calls: Vec::new(),
             removed: Vec::new(),
         };
@@ -530,6 +547,34 @@ impl FakeRuntime {
         self.lock().before_remove = Some(Arc::from(hook));
     }
 
+    /// Makes each removal take `latency` inside the runtime, completing even
+    /// when the client's deadline passed first (containerd and CRI-O go on
+    /// with a removal whose caller went away).
+    pub fn remove_latency(&self, latency: Option<Duration>) {
+        self.lock().remove_latency = latency;
+    }
+
+    /// Makes `RemoveImage` answer OK and keep the image: a runtime whose
+    /// word cannot be taken.
+    pub fn remove_keeps_image(&self, keeps: bool) {
+        self.lock().remove_keeps_image = keeps;
+    }
+
+    /// Adds `image` to every `ListImages` answer as it is, beside the
+    /// images: an id listed a second time (runtimes do during a pull), or
+    /// an entry with no id.
+    pub fn add_listing(&self, image: Image) {
+        self.lock().extra_listings.push(image);
+    }
+
+    /// Runs `hook` right before the `nth` call (1 = the first) of `rpc` is
+    /// answered, after its delay: a test changes the runtime between two
+    /// of imagegc's calls.
+    pub fn hook_on_call(&self, rpc: &str, nth: usize, hook: impl Fn() + Send + Sync + 'static) {
+        let rpc = rpc_name(rpc);
+        self.lock().call_hooks.push((rpc, nth, Arc::new(hook)));
+    }
+
     /// Runs `effect` after each successful removal, with the removed image
     /// (a test frees simulated disk space in it); `None` clears it.
     pub fn on_remove(&self, effect: Option<RemoveEffect>) {
@@ -695,18 +740,28 @@ struct Service {
 impl Service {
     /// Records the call, then applies its injected delay and failure.
     async fn enter(&self, rpc: &'static str) -> Result<(), Status> {
-        let (delay, failure) = {
+        let (delay, failure, hooks) = {
             let mut state = self.fake.lock();
             state.calls.push(rpc);
+            let nth = state.calls.iter().filter(|c| **c == rpc).count();
+            let hooks: Vec<CallHook> = state
+                .call_hooks
+                .iter()
+                .filter(|(r, n, _)| *r == rpc && *n == nth)
+                .map(|(_, _, hook)| Arc::clone(hook))
+                .collect();
             let queued = state.fail_next.get_mut(rpc).and_then(VecDeque::pop_front);
             let failure = queued.or_else(|| state.fail_always.get(rpc).cloned());
-            (state.delays.get(rpc).copied(), failure)
+            (state.delays.get(rpc).copied(), failure, hooks)
         };
         if let Some(delay) = delay {
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 () = self.stop.cancelled() => return Err(Status::unavailable("fake runtime is shutting down")),
             }
+        }
+        for hook in hooks {
+            hook();
         }
         failure.map_or(Ok(()), Err)
     }
@@ -717,6 +772,46 @@ impl Service {
             "the fake runtime does not implement {rpc}"
         )))
     }
+}
+
+/// `RemoveImage` once the request is accepted: what each runtime does.
+fn remove_now(fake: &FakeRuntime, reference: &str) -> Result<Response<proto::RemoveImageResponse>, Status> {
+    let (image, effect) = {
+        let mut state = fake.lock();
+        let index = state.find_image(reference);
+        let id = index.map_or(reference, |i| state.images[i].id.as_str());
+        if let Some(code) = state.fail_remove.get(id) {
+            return Err(Status::new(
+                *code,
+                format!("injected failure removing image {reference:?}"),
+            ));
+        }
+        let Some(index) = index else {
+            if state.dialect.is_crio() {
+                // CRI-O answers OK for an id it does not have.
+                return Ok(Response::new(proto::RemoveImageResponse {}));
+            }
+            return Err(Status::not_found(format!("image {reference:?} not found")));
+        };
+        if state.dialect.is_crio()
+            && let Some(user) = state.user_of(&state.images[index])
+        {
+            return Err(Status::unknown(format!(
+                "delete image: image used by {}: image is in use by a container",
+                user.id
+            )));
+        }
+        if state.remove_keeps_image {
+            return Ok(Response::new(proto::RemoveImageResponse {}));
+        }
+        let image = state.take_image(index);
+        state.removed.push(image.id.clone());
+        (image, state.on_remove.clone())
+    };
+    if let Some(effect) = effect {
+        effect(&image);
+    }
+    Ok(Response::new(proto::RemoveImageResponse {}))
 }
 
 fn image_to_proto(image: &Image, state: &State) -> proto::Image {
@@ -1051,6 +1146,7 @@ impl ImageService for Service {
         let images = state
             .images
             .iter()
+            .chain(&state.extra_listings)
             .filter(|image| wanted.is_empty() || names(image, &wanted))
             .map(|image| image_to_proto(image, &state))
             .collect();
@@ -1093,39 +1189,21 @@ impl ImageService for Service {
         if let Some(hook) = hook {
             hook(&reference);
         }
-        let (image, effect) = {
-            let mut state = self.fake.lock();
-            let index = state.find_image(&reference);
-            let id = index.map_or(reference.as_str(), |i| state.images[i].id.as_str());
-            if let Some(code) = state.fail_remove.get(id) {
-                return Err(Status::new(
-                    *code,
-                    format!("injected failure removing image {reference:?}"),
-                ));
+        let latency = self.fake.lock().remove_latency;
+        match latency {
+            // The removal goes on in the runtime whether or not the caller
+            // still waits for it.
+            Some(latency) => {
+                let fake = self.fake.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(latency).await;
+                    remove_now(&fake, &reference)
+                })
+                .await
+                .map_err(|err| Status::internal(format!("removal task failed: {err}")))?
             }
-            let Some(index) = index else {
-                if state.dialect.is_crio() {
-                    // CRI-O answers OK for an id it does not have.
-                    return Ok(Response::new(proto::RemoveImageResponse {}));
-                }
-                return Err(Status::not_found(format!("image {reference:?} not found")));
-            };
-            if state.dialect.is_crio()
-                && let Some(user) = state.user_of(&state.images[index])
-            {
-                return Err(Status::unknown(format!(
-                    "delete image: image used by {}: image is in use by a container",
-                    user.id
-                )));
-            }
-            let image = state.take_image(index);
-            state.removed.push(image.id.clone());
-            (image, state.on_remove.clone())
-        };
-        if let Some(effect) = effect {
-            effect(&image);
+            None => remove_now(&self.fake, &reference),
         }
-        Ok(Response::new(proto::RemoveImageResponse {}))
     }
 
     async fn pull_image(

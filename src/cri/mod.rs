@@ -165,10 +165,78 @@ impl RuntimeError {
         self.code() == Some(tonic::Code::Unimplemented)
     }
 
+    /// True when the call may have done its work all the same: it timed
+    /// out, was cancelled, or the connection broke on the way.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Self::Timeout { .. } => true,
+            _ => matches!(
+                self.code(),
+                Some(tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unavailable)
+            ),
+        }
+    }
+
     /// True when the runtime answered that the object does not exist.
     pub fn is_not_found(&self) -> bool {
         self.code() == Some(tonic::Code::NotFound)
     }
+}
+
+/// What a `RemoveImage` call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    /// The runtime removed the image.
+    Done,
+    /// The runtime answered `NotFound`: the image was already gone.
+    AlreadyGone,
+}
+
+/// One entry per image id, as the planner and the records expect. Runtimes
+/// may list an id twice while an image is being pulled or tagged (each
+/// listing with some of its names); the entries are merged: every name of
+/// every listing, pinned when any listing says so, the largest size.
+/// Entries with an empty id name nothing that could be removed and are
+/// dropped.
+pub fn merge_listings(mut images: Vec<Image>) -> Vec<Image> {
+    images.retain(|image| !image.id.is_empty());
+    let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut repeats = Vec::new();
+    for (i, image) in images.iter().enumerate() {
+        if let Some(&f) = first.get(image.id.as_str()) {
+            repeats.push((f, i));
+        } else {
+            first.insert(&image.id, i);
+        }
+    }
+    if repeats.is_empty() {
+        return images;
+    }
+    drop(first);
+    let mut later = vec![false; images.len()];
+    for &(f, i) in &repeats {
+        later[i] = true;
+        let repeat = std::mem::take(&mut images[i]);
+        let merged = &mut images[f];
+        merged.pinned |= repeat.pinned;
+        merged.size = merged.size.max(repeat.size);
+        for tag in repeat.repo_tags {
+            if !merged.repo_tags.contains(&tag) {
+                merged.repo_tags.push(tag);
+            }
+        }
+        for digest in repeat.repo_digests {
+            if !merged.repo_digests.contains(&digest) {
+                merged.repo_digests.push(digest);
+            }
+        }
+    }
+    let mut index = 0;
+    images.retain(|_| {
+        index += 1;
+        !later[index - 1]
+    });
+    images
 }
 
 /// A stream of container events; `None` when the stream ends.
@@ -184,8 +252,19 @@ pub trait Runtime: Send + Sync {
     fn list_images(&self) -> impl Future<Output = Result<Vec<Image>, RuntimeError>> + Send;
     fn list_containers(&self) -> impl Future<Output = Result<Vec<Container>, RuntimeError>> + Send;
     fn image_fs_info(&self) -> impl Future<Output = Result<Vec<ImageFsUsage>, RuntimeError>> + Send;
-    /// Removes an image by id. Removing an image that is already gone succeeds.
-    fn remove_image(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    /// Removes an image by id. An image the runtime no longer has is
+    /// [`Removed::AlreadyGone`]: someone else removed it, and it is not this
+    /// call's doing.
+    fn remove_image(&self, id: &str) -> impl Future<Output = Result<Removed, RuntimeError>> + Send;
+
+    /// The image with this id as the runtime holds it now (CRI
+    /// `ImageStatus`), with its current names; `None` when it is gone.
+    fn image_status(&self, id: &str) -> impl Future<Output = Result<Option<Image>, RuntimeError>> + Send {
+        async move {
+            let images = merge_listings(self.list_images().await?);
+            Ok(images.into_iter().find(|image| image.id == id))
+        }
+    }
     /// The container event stream (CRI `GetContainerEvents`). Nothing is
     /// sent before the stream is first polled, and opening it is part of
     /// polling it: runtimes send no response headers until the first event,

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use imagegc::collector::Outcome;
 use imagegc::cri::fake::FakeRuntime;
-use imagegc::cri::{Container, Image, ImageFsUsage, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use imagegc::policy::{self, KeepReason, Reason, Snapshot};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
@@ -70,13 +70,13 @@ impl Runtime for Scripted {
     async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
         Ok(Vec::new())
     }
-    async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+    async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
         self.with(|s| {
             s.removals.push(id.to_string());
             s.images.retain(|i| i.id != id);
             s.disk.release(id);
         });
-        Ok(())
+        Ok(Removed::Done)
     }
 }
 
