@@ -15,6 +15,9 @@
 //! Right before each removal the containers are listed again and an image
 //! that became in use is skipped. A failed removal is logged and the walk
 //! goes on. Cancellation is honoured between removals, never inside one.
+//! Each removal is noted in the state directory before `RemoveImage` and
+//! forgotten once journaled (see [`crate::journal`]); the first listing of
+//! a process settles a note a previous process left.
 //! In dry run everything happens except the removals; the space pass then
 //! estimates progress from the images' reported sizes.
 
@@ -283,19 +286,25 @@ impl Disk {
     }
 }
 
+/// Which image a removal in flight removes (None between removals): the
+/// daemon names it when shutdown gives up waiting.
+pub type RemovingImage = Arc<std::sync::Mutex<Option<String>>>;
+
 /// Marks a removal in flight until dropped.
-struct InFlight(Arc<AtomicBool>);
+struct InFlight(Arc<AtomicBool>, RemovingImage);
 
 impl InFlight {
-    fn new(flag: &Arc<AtomicBool>) -> Self {
+    fn new(flag: &Arc<AtomicBool>, image: &RemovingImage, id: &str) -> Self {
+        *image.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_string());
         flag.store(true, Ordering::SeqCst);
-        InFlight(Arc::clone(flag))
+        InFlight(Arc::clone(flag), Arc::clone(image))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
+        *self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 }
 
@@ -331,12 +340,40 @@ pub struct Collector<R> {
     /// True while a `RemoveImage` is in flight: shutdown waits for it, and
     /// for nothing else.
     removing: Arc<AtomicBool>,
+    removing_image: RemovingImage,
+    /// Whether a removal left in flight by a previous process was looked
+    /// for (at the first listing).
+    pending_settled: bool,
 }
 
 impl<R: Runtime> Collector<R> {
     /// Creates a collector and loads the records from the state directory.
     pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
         let store = StateStore::new(&config.state.dir);
+        Self::with_store(runtime, config, probe, metrics, clock, store)
+    }
+
+    /// A collector that only observes and plans (`imagegc plan`): its state
+    /// is read, never written, and a corrupt file is left where it is.
+    pub fn new_read_only(
+        runtime: R,
+        config: Arc<Config>,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> Self {
+        let store = StateStore::new(&config.state.dir).read_only();
+        Self::with_store(runtime, config, probe, metrics, clock, store)
+    }
+
+    fn with_store(
+        runtime: R,
+        config: Arc<Config>,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+        store: StateStore,
+    ) -> Self {
         let journal = Journal::new(&config.state.dir);
         let records = match store.load(clock.now(), config.gc.interval) {
             Loaded::Fresh => {
@@ -351,6 +388,14 @@ impl<R: Runtime> Collector<R> {
                     "loaded image history"
                 );
                 records
+            }
+            Loaded::Corrupt { reason, .. } if store.is_read_only() => {
+                warn!(
+                    path = %store.path().display(),
+                    %reason,
+                    "state file is corrupt: left where it is (this command writes nothing), planning with no history"
+                );
+                Records::new()
             }
             Loaded::Corrupt { reason, moved_to } => {
                 warn!(
@@ -384,6 +429,8 @@ impl<R: Runtime> Collector<R> {
             pod_images: PodImages::default(),
             sandbox_warned: false,
             removing: Arc::new(AtomicBool::new(false)),
+            removing_image: RemovingImage::default(),
+            pending_settled: false,
         }
         .with_removals_from_journal()
     }
@@ -477,6 +524,44 @@ impl<R: Runtime> Collector<R> {
     /// True while a removal is in flight (see [`crate::daemon`]'s shutdown).
     pub fn removal_in_flight(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.removing)
+    }
+
+    /// The image a removal in flight removes.
+    pub fn removal_in_flight_image(&self) -> RemovingImage {
+        Arc::clone(&self.removing_image)
+    }
+
+    /// Journals a removal a previous process left in flight (see
+    /// [`crate::journal`]), now that the images are listed: done when the
+    /// image is gone, not done when it is still there.
+    async fn settle_pending_removal(&mut self, images: &[Image]) {
+        if std::mem::replace(&mut self.pending_settled, true) {
+            return;
+        }
+        let journal = self.journal.clone();
+        let Ok(Some(mut entry)) = tokio::task::spawn_blocking(move || journal.pending_removal()).await else {
+            return;
+        };
+        let journal = self.journal.clone();
+        if images.iter().any(|i| i.id == entry.image) {
+            warn!(
+                image = %entry.image,
+                tags = ?entry.tags,
+                "a removal in flight when imagegc last stopped was not removed: the image is still there"
+            );
+            let _ = tokio::task::spawn_blocking(move || journal.end_removal()).await;
+            return;
+        }
+        const NOTE: &str = "completed after shutdown";
+        warn!(image = %entry.image, tags = ?entry.tags, reason = %entry.reason, "a removal in flight when imagegc last stopped was {NOTE}: journaling it");
+        entry.note = Some(NOTE.to_string());
+        let names = entry.tags.iter().chain(&entry.digests).cloned().collect();
+        self.recently_removed.push((self.clock.now(), names));
+        let _ = tokio::task::spawn_blocking(move || {
+            journal.append(&entry);
+            journal.end_removal();
+        })
+        .await;
     }
 
     /// Lists images, containers and the sandbox image, and updates the
@@ -646,6 +731,7 @@ impl<R: Runtime> Collector<R> {
         report: &mut CycleReport,
     ) -> Result<(), String> {
         let (snapshot, image_fs) = self.observe().await.map_err(|e| e.to_string())?;
+        self.settle_pending_removal(&snapshot.images).await;
         let result = self.execute(config, &snapshot, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
         // cycle: moved, not copied.
@@ -873,11 +959,31 @@ impl<R: Runtime> Collector<R> {
         debug!(image = %candidate.id, reason = candidate.reason.as_str(), dry_run, "no container uses the image: removing it");
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
-        let _in_flight = (!dry_run).then(|| InFlight::new(&self.removing));
+        let _in_flight = (!dry_run).then(|| InFlight::new(&self.removing, &self.removing_image, candidate.id));
+        if !dry_run {
+            // Noted before the call, forgotten once journaled or failed: a
+            // process that ends in between leaves it for the next start.
+            let intent = Removal {
+                id: candidate.id.to_string(),
+                tags: candidate.tags.to_vec(),
+                digests: candidate.digests.to_vec(),
+                reason: candidate.reason,
+                size: candidate.size,
+                freed_bytes: None,
+                first_seen: candidate.first_seen,
+                last_used: candidate.last_used,
+                dry_run,
+            };
+            let journal = self.journal.clone();
+            let entry = JournalEntry::from_removal(&intent, self.clock.now());
+            let _ = tokio::task::spawn_blocking(move || journal.begin_removal(&entry)).await;
+        }
         if !dry_run {
             let before = disk.measure().ok();
             let removed = self.runtime.remove_image(candidate.id).await;
             if let Err(err) = removed {
+                let journal = self.journal.clone();
+                let _ = tokio::task::spawn_blocking(move || journal.end_removal()).await;
                 warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
                 self.metrics.removal_failed();
                 report.failed.push((candidate.id.to_string(), err.to_string()));
@@ -916,7 +1022,14 @@ impl<R: Runtime> Collector<R> {
         // from it); awaited, so the journal keeps the removals' order.
         let journal = self.journal.clone();
         let entry = JournalEntry::from_removal(&removal, self.clock.now());
-        if let Err(err) = tokio::task::spawn_blocking(move || journal.append(&entry)).await {
+        if let Err(err) = tokio::task::spawn_blocking(move || {
+            journal.append(&entry);
+            if !dry_run {
+                journal.end_removal();
+            }
+        })
+        .await
+        {
             warn!(error = %err, "journal write task failed");
         }
         if !dry_run {
