@@ -345,4 +345,18 @@ mod tests {
         let images: Vec<String> = journal.read(None).unwrap().into_iter().map(|e| e.image).collect();
         assert_eq!(images, ["a", "b"]);
     }
+
+    #[test]
+    fn a_removal_noted_in_flight_is_found_until_it_is_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::new(dir.path());
+        assert_eq!(journal.pending_removal(), None);
+        let entry = JournalEntry::from_removal(&removal("a"), SystemTime::now());
+        journal.begin_removal(&entry);
+        // Another process (the next start) finds it.
+        assert_eq!(Journal::new(dir.path()).pending_removal(), Some(entry));
+        journal.end_removal();
+        assert_eq!(journal.pending_removal(), None);
+        assert!(journal.read(None).unwrap().is_empty(), "a note is not a removal");
+    }
 }

@@ -1099,4 +1099,30 @@ mod tests {
         assert_eq!(fs::read(&theirs).unwrap(), b"being written by another pid namespace");
         assert!(matches!(store.load(t(1), Duration::ZERO), Loaded::Records { .. }));
     }
+
+    #[test]
+    fn a_second_lock_on_a_state_directory_is_refused_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("state");
+        let first = StateStore::new(&state_dir).lock().unwrap();
+        let err = StateStore::new(&state_dir).lock().unwrap_err();
+        assert!(matches!(err, StateError::Locked { .. }), "{err}");
+        assert!(err.to_string().contains(&state_dir.display().to_string()), "{err}");
+        drop(first);
+        StateStore::new(&state_dir).lock().unwrap();
+    }
+
+    #[test]
+    fn a_read_only_store_neither_sets_aside_nor_saves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path()).read_only();
+        fs::write(store.path(), b"garbage").unwrap();
+        assert!(matches!(
+            store.load(t(0), Duration::ZERO),
+            Loaded::Corrupt { moved_to: None, .. }
+        ));
+        assert_eq!(fs::read(store.path()).unwrap(), b"garbage");
+        assert!(store.save(&sample(), t(0)).is_err());
+        assert_eq!(fs::read(store.path()).unwrap(), b"garbage");
+    }
 }

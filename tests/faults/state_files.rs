@@ -840,3 +840,37 @@ fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
         "{entries:?}"
     );
 }
+
+#[test]
+fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
+    let node = Node::start();
+    node.fake.delay("RemoveImage", Duration::from_secs(120));
+    let mut once = node
+        .command(&["once"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    while node.fake.count("RemoveImage") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no removal started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    once.kill().unwrap();
+    once.wait().unwrap();
+
+    // The runtime completed the removal imagegc asked for before it died.
+    let u1 = image("u1", 0).id;
+    node.fake.delay("RemoveImage", Duration::ZERO);
+    let removed = node.fake.remove_image_by_id(&u1).unwrap();
+    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let entries = history_images(&node);
+    assert_eq!(
+        journaled_ids(&entries),
+        ["u1", "u2", "u3"].map(|n| image(n, 0).id),
+        "{entries:?}"
+    );
+    assert_eq!(entries[0]["note"], "completed after shutdown", "{entries:?}");
+}
