@@ -49,7 +49,8 @@
 //! or a link in its place is refused without blocking or following), and
 //! its size is checked before a byte is read. A missing file is a fresh
 //! start. A file that cannot be read or does not verify is renamed aside to
-//! `records.state.corrupt-<unix seconds>` and the collector starts fresh: no
+//! `records.state.corrupt-<unix seconds>` (with `-1`, `-2`... when that name
+//! is taken, never over it) and the collector starts fresh: no
 //! history is invented from it, so age-based removal waits (see
 //! [`crate::policy`]) while space-based removal goes on. A read-only store
 //! (`imagegc plan`) reports a corrupt file and leaves it where it is.
@@ -308,8 +309,15 @@ impl StateStore {
             return Loaded::Corrupt { reason, moved_to: None };
         }
         let secs = to_unix_millis(SystemTime::now()) / 1000;
-        let aside = self.dir.join(format!("{FILE_NAME}.corrupt-{secs}"));
-        let moved_to = fs::rename(&self.path, &aside).ok().map(|()| aside);
+        // Never over an earlier file set aside in the same second: each is
+        // kept for inspection (`-1`, `-2`... after the first).
+        let moved_to = (0..100)
+            .map(|n| match n {
+                0 => self.dir.join(format!("{FILE_NAME}.corrupt-{secs}")),
+                n => self.dir.join(format!("{FILE_NAME}.corrupt-{secs}-{n}")),
+            })
+            .find(|aside| fs::symlink_metadata(aside).is_err_and(|e| e.kind() == io::ErrorKind::NotFound))
+            .and_then(|aside| fs::rename(&self.path, &aside).ok().map(|()| aside));
         Loaded::Corrupt { reason, moved_to }
     }
 
@@ -1124,5 +1132,26 @@ mod tests {
         assert_eq!(fs::read(store.path()).unwrap(), b"garbage");
         assert!(store.save(&sample(), t(0)).is_err());
         assert_eq!(fs::read(store.path()).unwrap(), b"garbage");
+    }
+
+    #[test]
+    fn corrupt_files_set_aside_within_one_second_are_all_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut kept = Vec::new();
+        for n in 0..3 {
+            let bytes = format!("garbage {n}").into_bytes();
+            fs::write(store.path(), &bytes).unwrap();
+            let Loaded::Corrupt {
+                moved_to: Some(moved), ..
+            } = store.load(t(0), Duration::ZERO)
+            else {
+                panic!("not set aside")
+            };
+            kept.push((moved, bytes));
+        }
+        for (moved, bytes) in kept {
+            assert_eq!(fs::read(&moved).unwrap(), bytes, "{}", moved.display());
+        }
     }
 }
