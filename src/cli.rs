@@ -1,8 +1,12 @@
 //! The command line: subcommands, flags, and what each prints.
 //!
 //! Exit codes, for every subcommand: 0 success; 1 runtime or IO failure;
-//! 2 configuration or usage error; 3 (`once`) a cycle ran but could not
-//! reach the low threshold.
+//! 2 configuration or usage error (an unsafe state directory included);
+//! 3 (`once`) a cycle ran but could not reach the low threshold; 4 (`run`,
+//! `once`) another imagegc holds the state directory's lock.
+//!
+//! `run` and `once` hold the state directory's exclusive lock for their
+//! whole life; `plan` and `history` take no lock and write nothing.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -20,6 +24,7 @@ use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::policy::{KeepReason, Plan, Snapshot};
 use crate::records::InUse;
+use crate::state::{StateError, StateLock, StateStore};
 use crate::time::{Clock, ago, rfc3339};
 
 #[derive(Debug, Parser)]
@@ -121,6 +126,8 @@ pub enum CliError {
     #[error("{0}")]
     Runtime(#[from] RuntimeError),
     #[error("{0}")]
+    State(#[from] StateError),
+    #[error("{0}")]
     Other(#[from] anyhow::Error),
 }
 
@@ -128,7 +135,9 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Config(_) | CliError::Usage(_) => 2,
-            CliError::Runtime(_) | CliError::Other(_) => 1,
+            CliError::State(StateError::Unsafe { .. }) => 2,
+            CliError::State(StateError::Locked { .. }) => 4,
+            CliError::Runtime(_) | CliError::State(_) | CliError::Other(_) => 1,
         }
     }
 }
@@ -160,10 +169,12 @@ pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> 
             images(&runtime, &config, *output).await
         }
         Command::Plan { output } => {
+            StateStore::new(&config.state.dir).check_dir()?;
             let runtime = runtime_client(&config).await?;
             plan(runtime, config, *output).await
         }
         Command::Once { output, .. } => {
+            let _lock = lock_state(&config)?;
             let runtime = runtime_client(&config).await?;
             once(runtime, config, *output).await
         }
@@ -180,6 +191,7 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    let _lock = lock_state(&config)?;
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::new(liveness_window(&config)));
@@ -285,6 +297,13 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
 /// every interval.
 fn liveness_window(config: &Config) -> Duration {
     (config.gc.interval * 2 + config.runtime.timeout * 3).max(Duration::from_secs(600))
+}
+
+/// Takes the state directory's lock for `run` and `once` (see
+/// [`StateStore::lock`]): before anything else, so a second imagegc or an
+/// unsafe directory stops the command at start, never after it removed.
+fn lock_state(config: &Config) -> Result<StateLock, CliError> {
+    Ok(StateStore::new(&config.state.dir).lock()?)
 }
 
 /// Connects to the configured runtime or discovers one; checks it answers.
@@ -428,9 +447,16 @@ fn new_collector(runtime: CriClient, config: Config) -> Collector<CriClient> {
     )
 }
 
-/// `plan`: what a cycle would do now. Reads the state; removes and writes nothing.
+/// `plan`: what a cycle would do now. Reads the state; removes and writes
+/// nothing (a corrupt state file is reported and left where it is).
 async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
-    let mut collector = new_collector(runtime, config.clone());
+    let mut collector = Collector::new_read_only(
+        runtime,
+        Arc::new(config.clone()),
+        Arc::new(Statvfs),
+        Arc::new(Metrics::new()),
+        Clock::start(),
+    );
     let (snapshot, image_fs) = collector.observe().await?;
     let image_fs = image_fs?;
     let fs_path = image_fs.path.clone();
@@ -775,10 +801,9 @@ fn history(config: &Config, since: Option<&str>, output: Output) -> Result<ExitS
         }
         None => None,
     };
+    StateStore::new(&config.state.dir).check_dir()?;
     let journal = Journal::new(&config.state.dir);
-    let entries = journal
-        .read(since)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", journal.path().display()))?;
+    let entries = journal.read(since).map_err(anyhow::Error::from)?;
     if output == Output::Json {
         print_json(&entries)?;
         return Ok(0);

@@ -15,6 +15,9 @@
 //! Right before each removal the containers are listed again and an image
 //! that became in use is skipped. A failed removal is logged and the walk
 //! goes on. Cancellation is honoured between removals, never inside one.
+//! Each removal is noted in the state directory before `RemoveImage` and
+//! forgotten once journaled (see [`crate::journal`]); the first listing of
+//! a process settles a note a previous process left.
 //! In dry run everything happens except the removals; the space pass then
 //! estimates progress from the images' reported sizes.
 
@@ -345,19 +348,25 @@ impl Disk {
     }
 }
 
+/// Which image a removal in flight removes (None between removals): the
+/// daemon names it when shutdown gives up waiting.
+pub type RemovingImage = Arc<std::sync::Mutex<Option<String>>>;
+
 /// Marks a removal in flight until dropped.
-struct InFlight(Arc<AtomicBool>);
+struct InFlight(Arc<AtomicBool>, RemovingImage);
 
 impl InFlight {
-    fn new(flag: &Arc<AtomicBool>) -> Self {
+    fn new(flag: &Arc<AtomicBool>, image: &RemovingImage, id: &str) -> Self {
+        *image.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_string());
         flag.store(true, Ordering::SeqCst);
-        InFlight(Arc::clone(flag))
+        InFlight(Arc::clone(flag), Arc::clone(image))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
+        *self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 }
 
@@ -403,12 +412,40 @@ pub struct Collector<R> {
     /// True while a `RemoveImage` is in flight: shutdown waits for it, and
     /// for nothing else.
     removing: Arc<AtomicBool>,
+    removing_image: RemovingImage,
+    /// Whether a removal left in flight by a previous process was looked
+    /// for (at the first listing).
+    pending_settled: bool,
 }
 
 impl<R: Runtime> Collector<R> {
     /// Creates a collector and loads the records from the state directory.
     pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
         let store = StateStore::new(&config.state.dir);
+        Self::with_store(runtime, config, probe, metrics, clock, store)
+    }
+
+    /// A collector that only observes and plans (`imagegc plan`): its state
+    /// is read, never written, and a corrupt file is left where it is.
+    pub fn new_read_only(
+        runtime: R,
+        config: Arc<Config>,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> Self {
+        let store = StateStore::new(&config.state.dir).read_only();
+        Self::with_store(runtime, config, probe, metrics, clock, store)
+    }
+
+    fn with_store(
+        runtime: R,
+        config: Arc<Config>,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+        store: StateStore,
+    ) -> Self {
         let journal = Journal::new(&config.state.dir);
         let records = match store.load(clock.now(), config.gc.interval) {
             Loaded::Fresh => {
@@ -423,6 +460,14 @@ impl<R: Runtime> Collector<R> {
                     "loaded image history"
                 );
                 records
+            }
+            Loaded::Corrupt { reason, .. } if store.is_read_only() => {
+                warn!(
+                    path = %store.path().display(),
+                    %reason,
+                    "state file is corrupt: left where it is (this command writes nothing), planning with no history"
+                );
+                Records::new()
             }
             Loaded::Corrupt { reason, moved_to } => {
                 warn!(
@@ -459,6 +504,8 @@ impl<R: Runtime> Collector<R> {
             pod_images: PodImages::default(),
             sandbox_warned: false,
             removing: Arc::new(AtomicBool::new(false)),
+            removing_image: RemovingImage::default(),
+            pending_settled: false,
         }
         .with_removals_from_journal()
     }
@@ -609,6 +656,49 @@ impl<R: Runtime> Collector<R> {
     /// True while a removal is in flight (see [`crate::daemon`]'s shutdown).
     pub fn removal_in_flight(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.removing)
+    }
+
+    /// The image a removal in flight removes.
+    pub fn removal_in_flight_image(&self) -> RemovingImage {
+        Arc::clone(&self.removing_image)
+    }
+
+    /// Journals a removal a previous process left in flight (see
+    /// [`crate::journal`]), now that the images are listed: done when the
+    /// image is gone, not done when it is still there.
+    async fn settle_pending_removal(&mut self, images: &[Image]) {
+        if std::mem::replace(&mut self.pending_settled, true) {
+            return;
+        }
+        let journal = self.journal.clone();
+        let Ok(Some(mut entry)) = tokio::task::spawn_blocking(move || journal.pending_removal()).await else {
+            return;
+        };
+        let journal = self.journal.clone();
+        if images.iter().any(|i| i.id == entry.image) {
+            warn!(
+                image = %entry.image,
+                tags = ?entry.tags,
+                "a removal in flight when imagegc last stopped was not removed: the image is still there"
+            );
+            let _ = tokio::task::spawn_blocking(move || journal.end_removal()).await;
+            return;
+        }
+        const NOTE: &str = "completed after shutdown";
+        warn!(image = %entry.image, tags = ?entry.tags, reason = %entry.reason, "a removal in flight when imagegc last stopped was {NOTE}: journaling it");
+        entry.note = Some(NOTE.to_string());
+        let names = entry.tags.iter().chain(&entry.digests).cloned().collect();
+        self.recently_removed.push(RecentRemoval {
+            at: self.clock.now(),
+            id: entry.image.clone(),
+            names,
+            repull_reported: false,
+        });
+        let _ = tokio::task::spawn_blocking(move || {
+            journal.append(&entry);
+            journal.end_removal();
+        })
+        .await;
     }
 
     /// Lists images, containers and the sandbox image, and updates the
@@ -829,6 +919,7 @@ impl<R: Runtime> Collector<R> {
         report: &mut CycleReport,
     ) -> Result<(), String> {
         let (snapshot, image_fs) = self.observe().await.map_err(|e| e.to_string())?;
+        self.settle_pending_removal(&snapshot.images).await;
         let result = self.execute(config, &snapshot, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
         // cycle: moved, not copied.
@@ -1116,10 +1207,14 @@ impl<R: Runtime> Collector<R> {
         debug!(image = %candidate.id, reason = candidate.reason.as_str(), "no container uses the image: removing it");
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
-        let _in_flight = InFlight::new(&self.removing);
+        let _in_flight = InFlight::new(&self.removing, &self.removing_image, candidate.id);
+        // Noted before the call, forgotten once journaled or settled: a
+        // process that ends in between leaves it for the next start.
+        self.begin_intent(&removal).await;
         let before = disk.measure().ok();
         match self.runtime.remove_image(candidate.id).await {
             Ok(Removed::AlreadyGone) => {
+                self.end_intent().await;
                 info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
                 self.records.remove(candidate.id);
                 return Ok(Step::Kept);
@@ -1127,6 +1222,7 @@ impl<R: Runtime> Collector<R> {
             Ok(Removed::Done) => {
                 let after = disk.settled(before).await.ok();
                 if let Ok(Some(_)) = self.runtime.image_status(candidate.id).await {
+                    self.end_intent().await;
                     self.removal_not_done(candidate, report);
                     return Ok(Step::Kept);
                 }
@@ -1147,12 +1243,16 @@ impl<R: Runtime> Collector<R> {
                             .map(|(b, a)| a.available().saturating_sub(b.available()));
                     }
                     Some(false) => {
+                        self.end_intent().await;
                         warn!(image = %candidate.id, tags = ?candidate.tags, reason = candidate.reason.as_str(), error = %err, "could not remove image");
                         self.metrics.removal_failed();
                         report.failed.push((candidate.id.to_string(), err.to_string()));
                         return Ok(Step::Kept);
                     }
                     None => {
+                        // Followed by this process from here: the next
+                        // listing journals it if it went.
+                        self.end_intent().await;
                         warn!(
                             image = %candidate.id,
                             error = %err,
@@ -1241,13 +1341,34 @@ impl<R: Runtime> Collector<R> {
         report.removed.push(removal);
     }
 
+    /// Notes the removal about to be asked for (see [`Journal::begin_removal`]).
+    async fn begin_intent(&self, removal: &Removal) {
+        let journal = self.journal.clone();
+        let entry = JournalEntry::from_removal(removal, self.clock.now());
+        let _ = tokio::task::spawn_blocking(move || journal.begin_removal(&entry)).await;
+    }
+
+    /// Forgets the noted removal: it failed, or its outcome is followed.
+    async fn end_intent(&self) {
+        let journal = self.journal.clone();
+        let _ = tokio::task::spawn_blocking(move || journal.end_removal()).await;
+    }
+
     /// Appends a removal to the journal. File IO stays off the runtime's
     /// thread (metrics and health answer from it); awaited, so the journal
     /// keeps the removals' order.
     async fn journal_removal(&self, removal: &Removal) {
         let journal = self.journal.clone();
         let entry = JournalEntry::from_removal(removal, self.clock.now());
-        if let Err(err) = tokio::task::spawn_blocking(move || journal.append(&entry)).await {
+        let done = !removal.dry_run;
+        if let Err(err) = tokio::task::spawn_blocking(move || {
+            journal.append(&entry);
+            if done {
+                journal.end_removal();
+            }
+        })
+        .await
+        {
             warn!(error = %err, "journal write task failed");
         }
     }

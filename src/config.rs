@@ -355,12 +355,24 @@ impl Problems {
     }
 }
 
+/// The most a configuration file may hold: far beyond any real one, and
+/// small enough that a wrong path (a log, a device) costs nothing.
+const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A configuration file's text: a regular file only (a FIFO or a device
+/// such as /dev/zero is refused without blocking; links are followed, as a
+/// mounted ConfigMap is one), at most [`MAX_CONFIG_BYTES`], UTF-8.
+fn read_text(path: &Path) -> std::io::Result<String> {
+    let bytes = crate::safe_file::read_bounded(path, crate::safe_file::Links::Follow, MAX_CONFIG_BYTES)?;
+    String::from_utf8(bytes).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text"))
+}
+
 fn read_file(path: &Path, problems: &mut Problems) -> Config {
     let unread = Config {
         source: Some(path.to_path_buf()),
         ..Config::default()
     };
-    let text = match std::fs::read_to_string(path) {
+    let text = match read_text(path) {
         Ok(text) => text,
         Err(err) => {
             problems.push("", format!("cannot read the file: {err}"));
@@ -390,7 +402,7 @@ fn read_file(path: &Path, problems: &mut Problems) -> Config {
 /// reported against that file.
 fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, problems: &mut Problems) {
     let mut found = Problems::new(kubelet_path.display().to_string());
-    let text = match std::fs::read_to_string(kubelet_path) {
+    let text = match read_text(kubelet_path) {
         Ok(text) => text,
         Err(err) => {
             problems.push(

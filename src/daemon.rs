@@ -228,28 +228,53 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// threshold reached or not needed) otherwise.
 async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &CancellationToken) -> Option<bool> {
     let removing = collector.removal_in_flight();
+    let removing_image = collector.removal_in_flight_image();
+    let image_in_flight = || {
+        removing_image
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    };
+    // Err when the cycle is abandoned: Some(the image in flight, if still)
+    // after the grace, read while the cycle lives (its guard clears it when
+    // dropped); None when no removal was in flight.
     let report = {
         let cycle = collector.cycle(shutdown);
         tokio::pin!(cycle);
         tokio::select! {
-            report = &mut cycle => Some(report),
+            report = &mut cycle => Ok(report),
             () = shutdown.cancelled() => {
                 if removing.load(std::sync::atomic::Ordering::SeqCst) {
-                    info!("shutdown requested during a removal: letting it finish");
-                    tokio::time::timeout(SHUTDOWN_GRACE, &mut cycle).await.ok()
+                    info!(image = image_in_flight().unwrap_or_default(), "shutdown requested during a removal: letting it finish");
+                    match tokio::time::timeout(SHUTDOWN_GRACE, &mut cycle).await {
+                        Ok(report) => Ok(report),
+                        Err(_) => Err(Some(image_in_flight())),
+                    }
                 } else {
-                    None
+                    Err(None)
                 }
             }
         }
     };
-    let Some(report) = report else {
-        if removing.load(std::sync::atomic::Ordering::SeqCst) {
-            warn!("the removal in flight did not finish within the shutdown grace period; abandoning it");
-        } else {
-            info!("shutdown requested: the cycle in progress is abandoned (no removal was in flight)");
+    let report = match report {
+        Ok(report) => report,
+        Err(Some(None)) => {
+            warn!("the cycle did not end within the shutdown grace period after its removal; abandoning it");
+            return Some(false);
         }
-        return Some(false);
+        Err(Some(Some(image))) => {
+            warn!(
+                image = %image,
+                grace = %crate::time::short(SHUTDOWN_GRACE),
+                "the removal in flight did not finish within the shutdown grace period; abandoning it \
+                 (the next start journals it if the runtime completes it)"
+            );
+            return Some(false);
+        }
+        Err(None) => {
+            info!("shutdown requested: the cycle in progress is abandoned (no removal was in flight)");
+            return Some(false);
+        }
     };
     if !report.runtime_reached {
         return None;

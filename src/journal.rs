@@ -5,13 +5,29 @@
 //! "freed_bytes", "last_used", "first_seen", "dry_run"}` with RFC 3339 times.
 //! Writing is best effort: a full disk must not stop collection (that is
 //! when collection matters most), so failures are logged, not returned.
-//! `imagegc history` reads the journal back.
+//! Every append starts on a fresh line: after a write cut short (a full
+//! disk) or a planted partial line, the next entry is still whole.
+//! `imagegc history` reads the journal back: a line that does not parse
+//! (torn, not UTF-8) is skipped alone, and only regular files are read
+//! (never a FIFO, a device, or through a symbolic link), at most
+//! [`READ_MAX_BYTES`] of each, the newest.
+//!
+//! Before asking the runtime to remove an image, the collector writes the
+//! entry it will journal to `removal-in-flight.json`
+//! ([`Journal::begin_removal`]), and removes that file once the removal is
+//! journaled or failed. A file left there means a process ended during a
+//! removal (shutdown gave up waiting, or a crash): at the next start,
+//! [`crate::collector`] journals it with the note `completed after
+//! shutdown` when the image is gone, and logs that it was not removed
+//! otherwise.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, BufRead, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
+
+use crate::safe_file::{self, Links};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +38,22 @@ pub const FILE_NAME: &str = "removals.jsonl";
 /// The journal rotates when it passes this size; one rotated file is kept,
 /// so the journal takes at most twice this on disk (~40,000 removals).
 pub const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
+/// The most `history` reads of each journal file (its newest part): four
+/// times what rotation lets a file grow to, so a file imagegc wrote is
+/// always read whole, and one it did not write cannot exhaust memory.
+pub const READ_MAX_BYTES: u64 = 4 * ROTATE_BYTES;
+/// The removal in flight (see the module docs).
+pub const IN_FLIGHT_FILE_NAME: &str = "removal-in-flight.json";
+/// An in-flight file larger than this is not one imagegc wrote.
+const IN_FLIGHT_MAX_BYTES: u64 = 1024 * 1024;
+
+/// Why the journal could not be read, naming the file.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the removal journal {path}: {source}")]
+pub struct JournalError {
+    pub path: PathBuf,
+    pub source: io::Error,
+}
 
 /// One line of the journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +70,10 @@ pub struct JournalEntry {
     pub last_used: String,
     pub first_seen: String,
     pub dry_run: bool,
+    /// How the removal became known, when not as it happened: `completed
+    /// after shutdown` for a removal found done at the next start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl JournalEntry {
@@ -53,6 +89,7 @@ impl JournalEntry {
             last_used: rfc3339(removal.last_used),
             first_seen: rfc3339(removal.first_seen),
             dry_run: removal.dry_run,
+            note: None,
         }
     }
 
@@ -67,6 +104,7 @@ impl JournalEntry {
 pub struct Journal {
     path: PathBuf,
     rotated: PathBuf,
+    in_flight: PathBuf,
 }
 
 impl Journal {
@@ -74,6 +112,7 @@ impl Journal {
         Journal {
             path: state_dir.join(FILE_NAME),
             rotated: state_dir.join(format!("{FILE_NAME}.1")),
+            in_flight: state_dir.join(IN_FLIGHT_FILE_NAME),
         }
     }
 
@@ -99,29 +138,37 @@ impl Journal {
         }
         let mut line = serde_json::to_vec(entry).map_err(io::Error::other)?;
         line.push(b'\n');
-        let mut file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&self.path)?;
+        let mut file = safe_file::open_append(&self.path, 0o600)?;
+        // A last line left without its newline (a write cut short, or
+        // planted) would swallow this entry: start on a fresh line.
+        let len = file.metadata()?.len();
+        let mut last = [0u8; 1];
+        if len > 0 && file.read_exact_at(&mut last, len - 1).is_ok() && last[0] != b'\n' {
+            line.insert(0, b'\n');
+        }
         // One write call per line: concurrent readers never see half a line
         // from us, and a crash loses at most the line being written.
         file.write_all(&line)
     }
 
     /// Entries at or after `since` (all when None), oldest first. Lines that
-    /// do not parse (a torn last line after a crash) are skipped.
-    pub fn read(&self, since: Option<SystemTime>) -> io::Result<Vec<JournalEntry>> {
+    /// do not parse (a torn line after a crash, a byte that is not UTF-8)
+    /// are skipped, each alone.
+    pub fn read(&self, since: Option<SystemTime>) -> Result<Vec<JournalEntry>, JournalError> {
         let mut entries = Vec::new();
         for path in [&self.rotated, &self.path] {
-            let file = match fs::File::open(path) {
-                Ok(f) => f,
+            let bytes = match read_newest(path) {
+                Ok(bytes) => bytes,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
+                Err(source) => {
+                    return Err(JournalError {
+                        path: path.clone(),
+                        source,
+                    });
+                }
             };
-            for line in io::BufReader::new(file).lines() {
-                let Ok(entry) = serde_json::from_str::<JournalEntry>(&line?) else {
+            for line in bytes.split(|&b| b == b'\n') {
+                let Ok(entry) = serde_json::from_slice::<JournalEntry>(line) else {
                     continue;
                 };
                 if since.is_none_or(|s| entry.timestamp().is_some_and(|t| t >= s)) {
@@ -131,12 +178,85 @@ impl Journal {
         }
         Ok(entries)
     }
+
+    /// Notes the removal about to be asked of the runtime (best effort: a
+    /// failure is logged and the removal goes on). Written to a temporary
+    /// file and renamed, so a reader finds the whole entry or none.
+    pub fn begin_removal(&self, entry: &JournalEntry) {
+        let write = || -> io::Result<()> {
+            let tmp = self.in_flight.with_extension(format!("tmp-{}", std::process::id()));
+            let _ = fs::remove_file(&tmp);
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            let bytes = serde_json::to_vec(entry).map_err(io::Error::other)?;
+            let written = file.write_all(&bytes).and_then(|()| fs::rename(&tmp, &self.in_flight));
+            if written.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            written
+        };
+        if let Err(err) = write() {
+            tracing::warn!(path = %self.in_flight.display(), error = %err, "could not note the removal in flight");
+        }
+    }
+
+    /// The removal a previous process had in flight when it ended, if any.
+    pub fn pending_removal(&self) -> Option<JournalEntry> {
+        match safe_file::read_bounded(&self.in_flight, Links::Refuse, IN_FLIGHT_MAX_BYTES) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(entry) => Some(entry),
+                Err(err) => {
+                    tracing::warn!(path = %self.in_flight.display(), error = %err, "ignoring an unreadable note of a removal in flight");
+                    self.end_removal();
+                    None
+                }
+            },
+            Err(err) if err.kind() == io::ErrorKind::NotFound => None,
+            Err(err) => {
+                tracing::warn!(path = %self.in_flight.display(), error = %err, "ignoring an unreadable note of a removal in flight");
+                None
+            }
+        }
+    }
+
+    /// Forgets the removal in flight: it was journaled, or it failed.
+    pub fn end_removal(&self) {
+        if let Err(err) = fs::remove_file(&self.in_flight)
+            && err.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.in_flight.display(), error = %err, "could not remove the note of the removal in flight");
+        }
+    }
+}
+
+/// A journal file's bytes: a regular file only, never through a link, and
+/// of a file larger than [`READ_MAX_BYTES`] only its newest lines.
+fn read_newest(path: &Path) -> io::Result<Vec<u8>> {
+    let mut file = safe_file::open_read(path, Links::Refuse)?;
+    let len = file.metadata()?.len();
+    let skip = len.saturating_sub(READ_MAX_BYTES);
+    if skip > 0 {
+        file.seek(io::SeekFrom::Start(skip))?;
+    }
+    let mut bytes = Vec::with_capacity(len.min(READ_MAX_BYTES) as usize);
+    file.take(READ_MAX_BYTES).read_to_end(&mut bytes)?;
+    if skip > 0 {
+        // The first line was cut by the skip.
+        let first = bytes.iter().position(|&b| b == b'\n').map_or(bytes.len(), |n| n + 1);
+        bytes.drain(..first);
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::Reason;
+    use std::fs::OpenOptions;
     use std::time::Duration;
 
     fn removal(id: &str) -> Removal {
@@ -199,5 +319,44 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(journal.path()).unwrap();
         f.write_all(b"{\"time\":\"20").unwrap();
         assert_eq!(journal.read(None).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_torn_line_does_not_swallow_the_next_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::new(dir.path());
+        journal.append(&JournalEntry::from_removal(&removal("a"), SystemTime::now()));
+        // Half a line: a write cut short by a full disk, or planted.
+        let mut f = OpenOptions::new().append(true).open(journal.path()).unwrap();
+        f.write_all(b"{\"time\":\"20").unwrap();
+        journal.append(&JournalEntry::from_removal(&removal("b"), SystemTime::now()));
+        let images: Vec<String> = journal.read(None).unwrap().into_iter().map(|e| e.image).collect();
+        assert_eq!(images, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_line_with_a_byte_that_is_not_utf8_is_skipped_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::new(dir.path());
+        journal.append(&JournalEntry::from_removal(&removal("a"), SystemTime::now()));
+        let mut f = OpenOptions::new().append(true).open(journal.path()).unwrap();
+        f.write_all(b"{\"image\":\"\xff\"}\n").unwrap();
+        journal.append(&JournalEntry::from_removal(&removal("b"), SystemTime::now()));
+        let images: Vec<String> = journal.read(None).unwrap().into_iter().map(|e| e.image).collect();
+        assert_eq!(images, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_removal_noted_in_flight_is_found_until_it_is_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::new(dir.path());
+        assert_eq!(journal.pending_removal(), None);
+        let entry = JournalEntry::from_removal(&removal("a"), SystemTime::now());
+        journal.begin_removal(&entry);
+        // Another process (the next start) finds it.
+        assert_eq!(Journal::new(dir.path()).pending_removal(), Some(entry));
+        journal.end_removal();
+        assert_eq!(journal.pending_removal(), None);
+        assert!(journal.read(None).unwrap().is_empty(), "a note is not a removal");
     }
 }

@@ -11,5 +11,6 @@ pub mod metrics;
 pub mod policy;
 pub mod records;
 pub mod reference;
+pub mod safe_file;
 pub mod state;
 pub mod time;

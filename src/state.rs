@@ -29,20 +29,36 @@
 //! complete state or the new one. The payload goes to the file as it is
 //! encoded, so the disk works while the rest is encoded; the header, which
 //! needs the payload's checksum and length, is written last over a
-//! placeholder of the same width (hence the ten-digit length). The directory
-//! is created 0700. The temporary file's name carries the writer's pid; the
-//! next save removes those of writers that no longer run (killed mid-save),
-//! so they do not pile up across crashes.
+//! placeholder of the same width (hence the ten-digit length). The
+//! temporary file's name carries the writer's pid and random bytes (two pods
+//! each with pid 1 never share one); the next save removes those of writers
+//! whose pid no longer runs (killed mid-save), so they do not pile up across
+//! crashes.
 //!
-//! A missing file is a fresh start. A file that cannot be read or does not
-//! verify is renamed aside to `records.state.corrupt-<unix seconds>` and the
-//! collector starts fresh: no history is invented from it, so age-based
-//! removal waits (see [`crate::policy`]) while space-based removal goes on.
+//! The directory is created 0700. An existing one must be owned by the
+//! effective user (root on a node) and not writable by group or others, or
+//! it is refused ([`StateError::Unsafe`], naming the fix): another user
+//! could plant a FIFO or a link there. A symbolic link as the directory is
+//! followed when the link is the effective user's or root's and the
+//! directory it names passes the same check. `run` and `once` hold an
+//! exclusive `flock` on `<state dir>/.lock` for their whole life
+//! ([`StateStore::lock`]): a second imagegc on the same directory, in any
+//! pid namespace, is refused at start.
+//!
+//! The state file is read only when it is a regular file (a FIFO, a device
+//! or a link in its place is refused without blocking or following), and
+//! its size is checked before a byte is read. A missing file is a fresh
+//! start. A file that cannot be read or does not verify is renamed aside to
+//! `records.state.corrupt-<unix seconds>` (with `-1`, `-2`... when that name
+//! is taken, never over it) and the collector starts fresh: no
+//! history is invented from it, so age-based removal waits (see
+//! [`crate::policy`]) while space-based removal goes on. A read-only store
+//! (`imagegc plan`) reports a corrupt file and leaves it where it is.
 
 use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -53,6 +69,8 @@ use crate::records::{self, Record, Records};
 use crate::time::{from_unix_millis, to_unix_millis};
 
 pub const FILE_NAME: &str = "records.state";
+/// The lock file: `run` and `once` hold an exclusive `flock` on it.
+pub const LOCK_FILE_NAME: &str = ".lock";
 const MAGIC: &str = "imagegc-state";
 /// The version [`encode`] writes; version 1 is still read.
 const VERSION: u32 = 2;
@@ -66,6 +84,25 @@ pub enum StateError {
     CreateDir { path: PathBuf, source: io::Error },
     #[error("cannot write the state file {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
+    #[error(
+        "refusing the state directory {path}: {problem}; another user could plant files in it that imagegc \
+         reads and writes. Fix it with `chown {owner} {path} && chmod 0700 {path}`"
+    )]
+    Unsafe {
+        path: PathBuf,
+        problem: String,
+        /// `root:root`, or the effective uid:gid when not running as root.
+        owner: String,
+    },
+    #[error(
+        "another imagegc is using the state directory {path} (it holds the lock on {path}/{LOCK_FILE_NAME}); \
+         one imagegc per state directory: stop the other one or give this one its own state.dir"
+    )]
+    Locked { path: PathBuf },
+    #[error("cannot lock the state directory {path}: {source}")]
+    Lock { path: PathBuf, source: io::Error },
+    #[error("the state in {path} is opened read-only here; nothing is written")]
+    ReadOnly { path: PathBuf },
 }
 
 /// Why a state file was not believed.
@@ -150,13 +187,82 @@ struct Decoded {
 pub struct StateStore {
     dir: PathBuf,
     path: PathBuf,
+    /// Set by [`StateStore::read_only`]: nothing is renamed or written.
+    read_only: bool,
+}
+
+/// The exclusive lock on a state directory, held until dropped (or until
+/// the process ends, however it ends: the kernel releases a `flock`).
+#[derive(Debug)]
+pub struct StateLock {
+    _file: Option<File>,
 }
 
 impl StateStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         let dir = dir.into();
         let path = dir.join(FILE_NAME);
-        StateStore { dir, path }
+        StateStore {
+            dir,
+            path,
+            read_only: false,
+        }
+    }
+
+    /// The same store for a reader that writes nothing (`imagegc plan`): a
+    /// corrupt file is reported and left where it is, and saves fail.
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Takes the exclusive lock on the state directory, creating the
+    /// directory when missing and checking it is safe (see
+    /// [`StateStore::check_dir`]). A second imagegc on the same directory,
+    /// in this or another pid namespace, gets [`StateError::Locked`]. On a
+    /// read-only or full filesystem no lock file can be made, and nothing
+    /// can be saved either: the caller runs unlocked (with a warning).
+    pub fn lock(&self) -> Result<StateLock, StateError> {
+        self.ensure_dir()?;
+        let path = self.dir.join(LOCK_FILE_NAME);
+        let lerr = |source| StateError::Lock {
+            path: self.dir.clone(),
+            source,
+        };
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(err) if matches!(err.raw_os_error(), Some(libc::EROFS | libc::ENOSPC | libc::EDQUOT)) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    error = %err,
+                    "cannot create the state directory's lock file: running unlocked; no state can be saved either"
+                );
+                return Ok(StateLock { _file: None });
+            }
+            Err(err) => return Err(lerr(err)),
+        };
+        crate::safe_file::ensure_regular(&file).map_err(lerr)?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = io::Error::last_os_error();
+            return Err(if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                StateError::Locked { path: self.dir.clone() }
+            } else {
+                lerr(err)
+            });
+        }
+        Ok(StateLock { _file: Some(file) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -199,9 +305,19 @@ impl StateStore {
     }
 
     fn set_aside(&self, reason: Corruption) -> Loaded {
+        if self.read_only {
+            return Loaded::Corrupt { reason, moved_to: None };
+        }
         let secs = to_unix_millis(SystemTime::now()) / 1000;
-        let aside = self.dir.join(format!("{FILE_NAME}.corrupt-{secs}"));
-        let moved_to = fs::rename(&self.path, &aside).ok().map(|()| aside);
+        // Never over an earlier file set aside in the same second: each is
+        // kept for inspection (`-1`, `-2`... after the first).
+        let moved_to = (0..100)
+            .map(|n| match n {
+                0 => self.dir.join(format!("{FILE_NAME}.corrupt-{secs}")),
+                n => self.dir.join(format!("{FILE_NAME}.corrupt-{secs}-{n}")),
+            })
+            .find(|aside| fs::symlink_metadata(aside).is_err_and(|e| e.kind() == io::ErrorKind::NotFound))
+            .and_then(|aside| fs::rename(&self.path, &aside).ok().map(|()| aside));
         Loaded::Corrupt { reason, moved_to }
     }
 
@@ -209,6 +325,9 @@ impl StateStore {
     /// to the file a chunk at a time as it is encoded, each chunk handed to
     /// the disk at once, so the final fsync has little left to wait for.
     pub fn save(&self, records: &Records, now: SystemTime) -> Result<(), StateError> {
+        if self.read_only {
+            return Err(StateError::ReadOnly { path: self.dir.clone() });
+        }
         self.write_atomic(|mut file| {
             file.write_all(&[b' '; HEADER_BYTES])?;
             let mut at = HEADER_BYTES;
@@ -222,25 +341,86 @@ impl StateStore {
         })
     }
 
-    fn ensure_dir(&self) -> Result<(), StateError> {
+    /// Checks an existing state directory without creating it: Ok(false)
+    /// when it is missing. The directory, or the one a symbolic link there
+    /// names, must be owned by the effective user (root on a node) and not
+    /// writable by group or others; the link itself must be owned by that
+    /// user or root. Anything else is [`StateError::Unsafe`]: a directory
+    /// another user can write could hold a FIFO or a link imagegc trips on.
+    pub fn check_dir(&self) -> Result<bool, StateError> {
         let err = |source| StateError::CreateDir {
             path: self.dir.clone(),
             source,
         };
-        match fs::symlink_metadata(&self.dir) {
-            Ok(meta) if meta.is_dir() => Ok(()),
-            Ok(_) => Err(err(io::Error::other("exists and is not a directory"))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(&self.dir)
-                    .map_err(err)?;
-                // The umask may have narrowed, never widened; make it exact.
-                fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700)).map_err(err)
+        let euid = unsafe { libc::geteuid() };
+        let unsafe_dir = |problem: String| StateError::Unsafe {
+            path: self.dir.clone(),
+            problem,
+            owner: if euid == 0 {
+                "root:root".to_string()
+            } else {
+                format!("{euid}:{}", unsafe { libc::getegid() })
+            },
+        };
+        let meta = match fs::symlink_metadata(&self.dir) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(err(e)),
+        };
+        let meta = if meta.file_type().is_symlink() {
+            use std::os::unix::fs::MetadataExt;
+            if meta.uid() != euid && meta.uid() != 0 {
+                return Err(unsafe_dir(format!(
+                    "it is a symbolic link owned by uid {}, not by uid {euid} or root",
+                    meta.uid()
+                )));
             }
-            Err(e) => Err(err(e)),
+            match fs::metadata(&self.dir) {
+                Ok(target) => target,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(err(io::Error::other(
+                        "it is a symbolic link to a directory that does not exist",
+                    )));
+                }
+                Err(e) => return Err(err(e)),
+            }
+        } else {
+            meta
+        };
+        if !meta.is_dir() {
+            return Err(err(io::Error::other("exists and is not a directory")));
         }
+        use std::os::unix::fs::MetadataExt;
+        if meta.uid() != euid {
+            return Err(unsafe_dir(format!(
+                "it is owned by uid {}, not by uid {euid} that imagegc runs as",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(unsafe_dir(format!(
+                "it is writable by group or others (mode {:04o})",
+                meta.mode() & 0o7777
+            )));
+        }
+        Ok(true)
+    }
+
+    fn ensure_dir(&self) -> Result<(), StateError> {
+        if self.check_dir()? {
+            return Ok(());
+        }
+        let err = |source| StateError::CreateDir {
+            path: self.dir.clone(),
+            source,
+        };
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(err)?;
+        // The umask may have narrowed, never widened; make it exact.
+        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700)).map_err(err)
     }
 
     /// Has `write` fill a fresh temporary file, then puts it in place.
@@ -251,10 +431,12 @@ impl StateStore {
             source,
         };
         self.remove_stale_temporaries();
-        let tmp = self.dir.join(format!(".{FILE_NAME}.tmp-{}", std::process::id()));
-        // A leftover temporary file from a crashed writer with our pid (or a
-        // planted link) is removed, never followed.
-        let _ = fs::remove_file(&tmp);
+        // The pid (for the clean-up of dead writers' files) and random
+        // bytes: two writers with the same pid in two pid namespaces never
+        // share a name. `create_new` never follows or reuses what is there.
+        let tmp = self
+            .dir
+            .join(format!(".{FILE_NAME}.tmp-{}-{:016x}", std::process::id(), random_u64()));
         let result = (|| {
             let file = OpenOptions::new()
                 .write(true)
@@ -289,6 +471,7 @@ impl StateStore {
             let pid = name
                 .to_str()
                 .and_then(|n| n.strip_prefix(&prefix))
+                .and_then(|rest| rest.split('-').next())
                 .and_then(|pid| pid.parse::<libc::pid_t>().ok());
             if let Some(pid) = pid
                 && pid > 0
@@ -306,17 +489,26 @@ fn process_exists(pid: libc::pid_t) -> bool {
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-fn read_limited(path: &Path) -> io::Result<Vec<u8>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(io::Error::other("larger than 1 GiB"));
+/// Random bytes from the kernel; the time and the pid when there are none.
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into `bytes`.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
+    if n == bytes.len() as isize {
+        return u64::from_ne_bytes(bytes);
     }
-    Ok(bytes)
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Reads the state file: a regular file only (a FIFO, a device or a link
+/// planted in its place is refused without blocking or following), its
+/// size checked before a byte is read.
+fn read_limited(path: &Path) -> io::Result<Vec<u8>> {
+    crate::safe_file::read_bounded(path, crate::safe_file::Links::Refuse, MAX_FILE_BYTES)
 }
 
 /// The header line, which is written last, over a placeholder of the same
@@ -900,5 +1092,66 @@ mod tests {
         // The state dir path is a regular file.
         let err = StateStore::new(&file).save(&sample(), t(0)).unwrap_err();
         assert!(err.to_string().contains(&file.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn a_temporary_file_of_another_writer_with_our_pid_is_left_alone() {
+        // Two pods, pid 1 in each, on one state directory: the other's
+        // temporary file carries our pid. Saving must neither remove nor
+        // reuse it (that tore the state file).
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let theirs = dir.path().join(format!(".{FILE_NAME}.tmp-{}", std::process::id()));
+        fs::write(&theirs, b"being written by another pid namespace").unwrap();
+        store.save(&sample(), t(0)).unwrap();
+        assert_eq!(fs::read(&theirs).unwrap(), b"being written by another pid namespace");
+        assert!(matches!(store.load(t(1), Duration::ZERO), Loaded::Records { .. }));
+    }
+
+    #[test]
+    fn a_second_lock_on_a_state_directory_is_refused_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("state");
+        let first = StateStore::new(&state_dir).lock().unwrap();
+        let err = StateStore::new(&state_dir).lock().unwrap_err();
+        assert!(matches!(err, StateError::Locked { .. }), "{err}");
+        assert!(err.to_string().contains(&state_dir.display().to_string()), "{err}");
+        drop(first);
+        StateStore::new(&state_dir).lock().unwrap();
+    }
+
+    #[test]
+    fn a_read_only_store_neither_sets_aside_nor_saves() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path()).read_only();
+        fs::write(store.path(), b"garbage").unwrap();
+        assert!(matches!(
+            store.load(t(0), Duration::ZERO),
+            Loaded::Corrupt { moved_to: None, .. }
+        ));
+        assert_eq!(fs::read(store.path()).unwrap(), b"garbage");
+        assert!(store.save(&sample(), t(0)).is_err());
+        assert_eq!(fs::read(store.path()).unwrap(), b"garbage");
+    }
+
+    #[test]
+    fn corrupt_files_set_aside_within_one_second_are_all_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut kept = Vec::new();
+        for n in 0..3 {
+            let bytes = format!("garbage {n}").into_bytes();
+            fs::write(store.path(), &bytes).unwrap();
+            let Loaded::Corrupt {
+                moved_to: Some(moved), ..
+            } = store.load(t(0), Duration::ZERO)
+            else {
+                panic!("not set aside")
+            };
+            kept.push((moved, bytes));
+        }
+        for (moved, bytes) in kept {
+            assert_eq!(fs::read(&moved).unwrap(), bytes, "{}", moved.display());
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! sees removals free space exactly as on a node.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
@@ -93,6 +93,12 @@ impl Node {
     /// `imagegc once --output json`.
     fn once(&self) -> Output {
         support::run(&mut self.command(&["once", "--output", "json"]))
+    }
+
+    /// A runtime timeout (60 s) longer than the daemon's shutdown grace.
+    fn slow_runtime_timeout(&self) {
+        let text = fs::read_to_string(&self.config).unwrap();
+        fs::write(&self.config, text.replace("timeout = \"20s\"", "timeout = \"60s\"")).unwrap();
     }
 
     fn state_file(&self) -> PathBuf {
@@ -430,4 +436,444 @@ fn wait_with_deadline(mut child: std::process::Child) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+// ---------------------------------------------------------------------------
+// Special files, a shared or unsafe state directory, the journal, shutdown
+// during a removal.
+
+/// The child may use this much address space: a reader that reads a
+/// device or a huge file whole fails here rather than taking the machine.
+const MEMORY_LIMIT: u64 = 512 << 20;
+
+/// Runs `command` under [`MEMORY_LIMIT`] (`RLIMIT_AS`).
+fn run_limited(command: &mut std::process::Command) -> Output {
+    use std::os::unix::process::CommandExt;
+    command.env("MALLOC_ARENA_MAX", "2");
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: MEMORY_LIMIT,
+                rlim_max: MEMORY_LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    support::run(command)
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}
+
+/// A character device like /dev/zero (1:5), made where the test says.
+fn mknod_zero(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 5)) };
+    assert_eq!(rc, 0, "mknod {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+fn stderr_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// `imagegc history --output json`: the images it lists, oldest first.
+fn history_images(node: &Node) -> Vec<serde_json::Value> {
+    let output = run_limited(&mut node.command(&["history", "--output", "json"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    json.as_array().unwrap().clone()
+}
+
+fn journaled_ids(entries: &[serde_json::Value]) -> Vec<String> {
+    entries
+        .iter()
+        .map(|e| e["image"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_journal_that_is_a_fifo_a_device_or_a_link_is_refused_by_history_without_blocking() {
+    type Plant = fn(&Path, &Path);
+    let cases: [(&str, Plant, &str); 4] = [
+        ("a FIFO", |journal, _| mkfifo(journal), "FIFO"),
+        ("a device", |journal, _| mknod_zero(journal), "character device"),
+        (
+            "a link to /dev/zero",
+            |journal, _| std::os::unix::fs::symlink("/dev/zero", journal).unwrap(),
+            "symbolic link",
+        ),
+        (
+            "a link to a file elsewhere",
+            |journal, elsewhere| {
+                fs::write(elsewhere, b"{}\n").unwrap();
+                std::os::unix::fs::symlink(elsewhere, journal).unwrap();
+            },
+            "symbolic link",
+        ),
+    ];
+    for (name, plant, says) in cases {
+        let node = Node::start();
+        fs::create_dir_all(&node.state_dir).unwrap();
+        let journal = node.state_dir.join("removals.jsonl");
+        plant(&journal, &node._dir.path().join("elsewhere"));
+        let output = run_limited(&mut node.command(&["history"]));
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(1), "{name}: {}", describe(&output));
+        assert!(
+            stderr.contains(&journal.display().to_string()),
+            "{name}: {}",
+            describe(&output)
+        );
+        assert!(stderr.contains(says), "{name}: {}", describe(&output));
+    }
+}
+
+#[test]
+fn a_state_file_that_is_a_fifo_blocks_neither_plan_nor_once() {
+    let node = Node::start();
+    fs::create_dir_all(&node.state_dir).unwrap();
+    mkfifo(&node.state_file());
+
+    let output = run_limited(&mut node.command(&["plan"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(stderr_of(&output).contains("FIFO"), "{}", describe(&output));
+    assert!(fs::symlink_metadata(node.state_file()).unwrap().file_type().is_fifo());
+    assert!(node.set_aside_files().is_empty(), "plan writes nothing");
+
+    let output = run_limited(&mut node.command(&["once", "--output", "json"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(
+        stderr_of(&output).contains("state file is corrupt"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(removals(&output), space_removals_of(&["u1", "u2", "u3"]));
+    assert_eq!(node.set_aside_files().len(), 1);
+    assert_eq!(state::verify(&fs::read(node.state_file()).unwrap()), Ok(2));
+}
+
+#[test]
+fn a_2_gib_state_file_is_refused_from_its_size_without_being_read() {
+    let node = Node::start();
+    fs::create_dir_all(&node.state_dir).unwrap();
+    // Sparse: no disk, but 2 GiB of memory for a reader that reads first.
+    fs::File::create(node.state_file()).unwrap().set_len(2 << 30).unwrap();
+    let output = run_limited(&mut node.command(&["once", "--output", "json"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let stderr = stderr_of(&output);
+    assert!(stderr.contains("state file is corrupt"), "{}", describe(&output));
+    assert!(stderr.contains("2147483648 bytes"), "{}", describe(&output));
+    assert_eq!(removals(&output), space_removals_of(&["u1", "u2", "u3"]));
+}
+
+#[test]
+fn a_config_file_that_is_a_fifo_or_a_device_is_a_clear_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("imagegc.toml");
+    mkfifo(&fifo);
+    let device = dir.path().join("zero.toml");
+    mknod_zero(&device);
+    for (config, says) in [
+        (fifo.as_path(), "FIFO"),
+        (device.as_path(), "character device"),
+        (Path::new("/dev/zero"), "character device"),
+    ] {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_imagegc"));
+        command.arg("--config").arg(config).arg("check-config");
+        let output = run_limited(&mut command);
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+        assert!(stderr.contains(&config.display().to_string()), "{}", describe(&output));
+        assert!(stderr.contains(says), "{}", describe(&output));
+    }
+}
+
+#[test]
+fn a_second_imagegc_on_the_same_state_directory_is_refused_while_plan_still_reads() {
+    let node = Node::start();
+    let mut daemon = node
+        .command(&["run"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first cycle has run once its removals are done and the state saved.
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    while node.fake.removed().len() < 3 || !node.state_file().exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon's first cycle did not end"
+        );
+        assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    for command in [&["once"][..], &["run"]] {
+        let output = support::run(&mut node.command(command));
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(4), "{command:?}: {}", describe(&output));
+        assert!(
+            stderr.contains(&node.state_dir.display().to_string()),
+            "{}",
+            describe(&output)
+        );
+        assert!(stderr.contains("another imagegc"), "{stderr}");
+    }
+    // `plan` takes no lock: it reads the state the daemon keeps.
+    let plan = support::run(&mut node.command(&["plan"]));
+    assert_eq!(plan.status.code(), Some(0), "{}", describe(&plan));
+    assert!(!stderr_of(&plan).contains("corrupt"), "{}", describe(&plan));
+    assert!(node.set_aside_files().is_empty());
+
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let output = wait_with_deadline(daemon);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(state::verify(&fs::read(node.state_file()).unwrap()), Ok(2));
+}
+
+#[test]
+fn plan_leaves_a_corrupt_state_file_where_it_is() {
+    let node = Node::start();
+    let valid = node.old_history();
+    let torn = valid[..valid.len() / 2].to_vec();
+    node.write_state(&torn);
+    let output = support::run(&mut node.command(&["plan"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(
+        stderr_of(&output).contains("state file is corrupt"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(fs::read(node.state_file()).unwrap(), torn, "left as it was");
+    assert!(node.set_aside_files().is_empty());
+}
+
+#[test]
+fn a_symlinked_state_directory_root_owns_is_followed_and_history_is_kept() {
+    let parent = tempfile::tempdir().unwrap();
+    let real = parent.path().join("real");
+    fs::create_dir(&real).unwrap();
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+    let link = parent.path().join("state");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let node = Node::start_with_state_dir(Some(link.clone()));
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(
+        !stderr_of(&output).contains("could not save state"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(removals(&output), space_removals_of(&["u1", "u2", "u3"]));
+    // Saved through the link, into the directory it names.
+    assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(state::verify(&fs::read(real.join(state::FILE_NAME)).unwrap()), Ok(2));
+    assert_eq!(history_images(&node).len(), 3);
+}
+
+#[test]
+fn a_state_directory_others_can_write_or_own_is_refused_naming_the_fix() {
+    use std::os::unix::fs::chown;
+    type Make = fn(&Path);
+    let cases: [(&str, Make); 4] = [
+        ("world-writable", |dir| {
+            fs::create_dir(dir).unwrap();
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o777)).unwrap();
+        }),
+        ("group-writable", |dir| {
+            fs::create_dir(dir).unwrap();
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o770)).unwrap();
+        }),
+        ("owned by another user", |dir| {
+            fs::create_dir(dir).unwrap();
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).unwrap();
+            chown(dir, Some(1000), Some(1000)).unwrap();
+        }),
+        ("a link to a world-writable directory", |dir| {
+            let target = dir.with_file_name("shared");
+            fs::create_dir(&target).unwrap();
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o777)).unwrap();
+            std::os::unix::fs::symlink(&target, dir).unwrap();
+        }),
+    ];
+    for (name, make) in cases {
+        let parent = tempfile::tempdir().unwrap();
+        let state_dir = parent.path().join("state");
+        make(&state_dir);
+        let node = Node::start_with_state_dir(Some(state_dir.clone()));
+        // Something another user planted, which a reader would hang on.
+        let _ = mkfifo_if_possible(&state_dir.join(state::FILE_NAME));
+        for command in [&["once"][..], &["run"], &["plan"], &["history"]] {
+            let output = support::run(&mut node.command(command));
+            let stderr = stderr_of(&output);
+            assert_eq!(
+                output.status.code(),
+                Some(2),
+                "{name}, {command:?}: {}",
+                describe(&output)
+            );
+            assert!(stderr.contains(&state_dir.display().to_string()), "{name}: {stderr}");
+            assert!(stderr.contains("chown root:root"), "{name}: {stderr}");
+            assert!(stderr.contains("chmod 0700"), "{name}: {stderr}");
+        }
+        assert!(node.fake.removed().is_empty(), "{name}: nothing removed");
+    }
+}
+
+fn mkfifo_if_possible(path: &Path) -> bool {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    unsafe { libc::mkfifo(c.as_ptr(), 0o666) == 0 }
+}
+
+#[test]
+fn a_torn_journal_line_or_a_stray_byte_costs_only_itself() {
+    let node = Node::start();
+    fs::create_dir_all(&node.state_dir).unwrap();
+    let journal = node.state_dir.join("removals.jsonl");
+    let earlier = r#"{"time":"2026-01-01T00:00:00Z","image":"sha256:earlier","tags":[],"digests":[],"reason":"age","size_bytes":1,"freed_bytes":null,"last_used":"2025-01-01T00:00:00Z","first_seen":"2025-01-01T00:00:00Z","dry_run":false}"#;
+    let mut planted = format!("{earlier}\n").into_bytes();
+    // A line with a byte that is not UTF-8, then half a line (ENOSPC).
+    planted.extend_from_slice(b"{\"time\":\"2026-01-02T00:00:00Z\",\"image\":\"\xff\"}\n");
+    planted.extend_from_slice(b"{\"time\":\"2026-01-03T00:0");
+    fs::write(&journal, &planted).unwrap();
+
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert_eq!(removals(&output), space_removals_of(&["u1", "u2", "u3"]));
+    let ids = journaled_ids(&history_images(&node));
+    let expected: Vec<String> = ["sha256:earlier".to_string()]
+        .into_iter()
+        .chain(["u1", "u2", "u3"].map(|n| image(n, 0).id))
+        .collect();
+    assert_eq!(ids, expected);
+    // The table form too.
+    let output = support::run(&mut node.command(&["history"]));
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+}
+
+#[test]
+fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_start() {
+    let node = Node::start();
+    // Longer than the shutdown grace, inside the runtime timeout.
+    node.slow_runtime_timeout();
+    node.fake.delay("RemoveImage", Duration::from_secs(120));
+    let daemon = node
+        .command(&["run"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    while node.fake.count("RemoveImage") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no removal started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let output = wait_with_deadline(daemon);
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let u1 = image("u1", 0).id;
+    let abandoned = stderr
+        .lines()
+        .find(|l| l.contains("abandoning it"))
+        .unwrap_or_else(|| panic!("no abandon message: {stderr}"));
+    assert!(abandoned.contains(&u1), "{abandoned}");
+
+    // The runtime finished the removal after imagegc had gone.
+    node.fake.delay("RemoveImage", Duration::ZERO);
+    let removed = node.fake.remove_image_by_id(&u1).unwrap();
+    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(
+        stderr_of(&output).contains("completed after shutdown"),
+        "{}",
+        describe(&output)
+    );
+    let entries = history_images(&node);
+    assert_eq!(entries[0]["image"], u1.as_str(), "{entries:?}");
+    assert_eq!(entries[0]["note"], "completed after shutdown", "{entries:?}");
+    assert_eq!(entries[0]["reason"], "space", "{entries:?}");
+    // Then the collection went on as usual.
+    assert_eq!(removals(&output), space_removals_of(&["u2", "u3"]));
+}
+
+#[test]
+fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
+    let node = Node::start();
+    // Longer than the shutdown grace, inside the runtime timeout.
+    node.slow_runtime_timeout();
+    node.fake.delay("RemoveImage", Duration::from_secs(120));
+    let daemon = node
+        .command(&["run"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    while node.fake.count("RemoveImage") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no removal started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let output = wait_with_deadline(daemon);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+
+    // The image is still there: the next start says so and journals nothing
+    // for the abandoned attempt (this cycle removes it again, and journals that).
+    node.fake.delay("RemoveImage", Duration::ZERO);
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    assert!(stderr_of(&output).contains("was not removed"), "{}", describe(&output));
+    let entries = history_images(&node);
+    assert_eq!(journaled_ids(&entries), ["u1", "u2", "u3"].map(|n| image(n, 0).id));
+    assert!(
+        entries.iter().all(|e| e.get("note").is_none_or(|n| n.is_null())),
+        "{entries:?}"
+    );
+}
+
+#[test]
+fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
+    let node = Node::start();
+    node.fake.delay("RemoveImage", Duration::from_secs(120));
+    let mut once = node
+        .command(&["once"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    while node.fake.count("RemoveImage") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no removal started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    once.kill().unwrap();
+    once.wait().unwrap();
+
+    // The runtime completed the removal imagegc asked for before it died.
+    let u1 = image("u1", 0).id;
+    node.fake.delay("RemoveImage", Duration::ZERO);
+    let removed = node.fake.remove_image_by_id(&u1).unwrap();
+    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let entries = history_images(&node);
+    assert_eq!(
+        journaled_ids(&entries),
+        ["u1", "u2", "u3"].map(|n| image(n, 0).id),
+        "{entries:?}"
+    );
+    assert_eq!(entries[0]["note"], "completed after shutdown", "{entries:?}");
 }
