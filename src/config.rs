@@ -45,6 +45,15 @@ pub const DEFAULT_THRASH_WINDOW: Duration = Duration::from_secs(3600);
 /// The shortest interval, poll interval and CRI timeout accepted: anything
 /// shorter would keep the runtime busy for nothing.
 const MIN_PERIOD: Duration = Duration::from_secs(1);
+/// The longest interval, poll interval and CRI timeout accepted: a day
+/// between cycles is already far longer than any node should wait, and a
+/// bound keeps every deadline computed from them (liveness window, next
+/// cycle) far from overflowing.
+pub const MAX_PERIOD: Duration = Duration::from_secs(86_400);
+/// The longest age or window accepted (`gc.min_age`, `gc.max_age`,
+/// `gc.thrash_window`): a year, beyond which no image history is kept
+/// meaningfully and clock arithmetic on it could overflow.
+pub const MAX_AGE: Duration = Duration::from_secs(365 * 86_400);
 
 /// The `kind` that marks a kubelet configuration file.
 const KUBELET_KIND: &str = "KubeletConfiguration";
@@ -1002,8 +1011,8 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
         );
     }
 
-    config.gc.min_age = gc.min_age.map_or(defaults.gc.min_age, |RawDuration(d)| d);
-    config.gc.max_age = gc.max_age.map_or(defaults.gc.max_age, |RawDuration(d)| d);
+    config.gc.min_age = age(keys.min_age, gc.min_age, defaults.gc.min_age, problems);
+    config.gc.max_age = age(keys.max_age, gc.max_age, defaults.gc.max_age, problems);
     let (min_age, max_age) = (config.gc.min_age, config.gc.max_age);
     let ages_readable = !problems.has(keys.min_age) && !problems.has(keys.max_age);
     if ages_readable && !max_age.is_zero() && max_age <= min_age {
@@ -1024,7 +1033,12 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
         .filter(|path| !path.is_empty())
         .map(PathBuf::from)
         .filter(|path| check_absolute("gc.image_fs_path", path, problems));
-    config.gc.thrash_window = gc.thrash_window.map_or(defaults.gc.thrash_window, |RawDuration(d)| d);
+    config.gc.thrash_window = age(
+        "gc.thrash_window",
+        gc.thrash_window,
+        defaults.gc.thrash_window,
+        problems,
+    );
     (config.gc.high_inodes_percent, config.gc.low_inodes_percent) =
         inode_thresholds(gc.high_inodes_percent, gc.low_inodes_percent, problems);
 
@@ -1084,10 +1098,14 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
     config
 }
 
-/// A period that must be at least [`MIN_PERIOD`].
+/// A period that must be at least [`MIN_PERIOD`] and at most [`MAX_PERIOD`].
 fn period(key: &str, value: Option<RawDuration>, default: Duration, problems: &mut Problems) -> Duration {
     match value {
         None => default,
+        Some(RawDuration(d)) if d > MAX_PERIOD => {
+            problems.push(key, too_long(d, MAX_PERIOD));
+            default
+        }
         Some(RawDuration(d)) if d >= MIN_PERIOD => d,
         Some(RawDuration(d)) => {
             problems.push(
@@ -1101,6 +1119,27 @@ fn period(key: &str, value: Option<RawDuration>, default: Duration, problems: &m
             default
         }
     }
+}
+
+/// An age or window, at most [`MAX_AGE`]; the default when absent or too
+/// long (which is reported).
+fn age(key: &str, value: Option<RawDuration>, default: Duration, problems: &mut Problems) -> Duration {
+    match value {
+        None => default,
+        Some(RawDuration(d)) if d > MAX_AGE => {
+            problems.push(key, too_long(d, MAX_AGE));
+            default
+        }
+        Some(RawDuration(d)) => d,
+    }
+}
+
+fn too_long(value: Duration, max: Duration) -> String {
+    format!(
+        "{} is more than the maximum of {}",
+        format_duration(value),
+        format_duration(max)
+    )
 }
 
 /// A percentage within 0..=100; `None` when absent or out of range (which

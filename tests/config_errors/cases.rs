@@ -239,6 +239,46 @@ pub const CASES: &[Case] = &[
         "[gc]\nthrash_window = \"1 fortnight\"\n",
         "gc.thrash_window: invalid duration",
     ),
+    toml(
+        "interval-overflowing",
+        "[gc]\ninterval = \"18446744073709551615s\"\n",
+        "gc.interval: 213503982334601d7h15s is more than the maximum of 1d",
+    ),
+    toml(
+        "poll-interval-over-a-day",
+        "[gc]\ninterval = \"1d\"\nusage_poll_interval = \"25h\"\n",
+        "gc.usage_poll_interval: 1d1h is more than the maximum of 1d",
+    ),
+    toml(
+        "timeout-overflowing",
+        "[runtime]\ntimeout = \"18446744073709551615s\"\n",
+        "runtime.timeout: 213503982334601d7h15s is more than the maximum of 1d",
+    ),
+    toml(
+        "min-age-over-a-year",
+        "[gc]\nmin_age = \"366d\"\n",
+        "gc.min_age: 366d is more than the maximum of 365d",
+    ),
+    toml(
+        "max-age-overflowing",
+        "[gc]\nmax_age = \"18446744073709551615s\"\n",
+        "gc.max_age: 213503982334601d7h15s is more than the maximum of 365d",
+    ),
+    toml(
+        "thrash-window-over-a-year",
+        "[gc]\nthrash_window = \"53w\"\n",
+        "gc.thrash_window: 371d is more than the maximum of 365d",
+    ),
+    yaml(
+        "kubelet-max-age-overflowing",
+        kubelet!("imageMaximumGCAge: 18446744073709551615s\n"),
+        "imageMaximumGCAge: 213503982334601d7h15s is more than the maximum of 365d",
+    ),
+    yaml(
+        "kubelet-min-age-over-a-year",
+        kubelet!("imageMinimumGCAge: 9000h\n"),
+        "imageMinimumGCAge: 375d is more than the maximum of 365d",
+    ),
     // Paths and addresses.
     toml(
         "endpoint-tcp",
