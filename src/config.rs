@@ -628,7 +628,14 @@ struct RawKubelet {
     #[serde(rename = "imageMaximumGCAge")]
     image_maximum_gc_age: Option<RawDuration>,
     eviction_hard: Option<BTreeMap<String, String>>,
+    /// Read only for the gates of the fields above; the others are the
+    /// kubelet's business and are ignored whatever they hold.
+    feature_gates: Option<Map<String, Value>>,
 }
+
+/// The kubelet feature gate without which `imageMaximumGCAge` must be unset
+/// or zero (beta, on by default, since Kubernetes 1.30).
+const IMAGE_MAXIMUM_GC_AGE_GATE: &str = "ImageMaximumGCAge";
 
 /// An integer of any size; ranges are checked when building the `Config`,
 /// so that `-1` and `101` get "must be within" rather than a type error.
@@ -802,6 +809,34 @@ fn read_kubelet(document: Map<String, Value>, problems: &mut Problems) -> Config
         ..RawConfig::default()
     };
     let mut config = build(raw, &KUBELET_KEYS, problems);
+    let max_age_gate = match kubelet
+        .feature_gates
+        .as_ref()
+        .and_then(|gates| gates.get(IMAGE_MAXIMUM_GC_AGE_GATE))
+    {
+        None => true,
+        Some(Value::Bool(enabled)) => *enabled,
+        Some(other) => {
+            problems.push(
+                format!("featureGates.{IMAGE_MAXIMUM_GC_AGE_GATE}"),
+                format!("invalid type: {other}, expected true or false"),
+            );
+            true
+        }
+    };
+    // As the kubelet's own validation: a maximum age needs its gate.
+    if !max_age_gate && !config.gc.max_age.is_zero() && !problems.has(KUBELET_KEYS.max_age) {
+        problems.push(
+            KUBELET_KEYS.max_age,
+            format!(
+                "{} requires the {IMAGE_MAXIMUM_GC_AGE_GATE} feature gate, which featureGates turns off: the kubelet \
+                 refuses this file (\"{IMAGE_MAXIMUM_GC_AGE_GATE} feature gate is required\"); set it to 0s or \
+                 enable the gate",
+                format_duration(config.gc.max_age)
+            ),
+        );
+        config.gc.max_age = Duration::ZERO;
+    }
     let imagefs_available = kubelet
         .eviction_hard
         .as_ref()
@@ -1868,6 +1903,38 @@ staticPodPath: /etc/kubernetes/manifests
         assert_eq!(config.gc.interval, defaults.gc.interval);
         assert_eq!(config.state, defaults.state);
         assert_eq!(config.metrics, defaults.metrics);
+    }
+
+    #[test]
+    fn feature_gates_are_read_as_the_kubelet_does() {
+        // On by default (beta since 1.30), and other gates are the kubelet's business.
+        let config = load_ok(
+            "k.yaml",
+            &kubelet("featureGates:\n  SomeFutureGate: true\n  Other: 3\nimageMaximumGCAge: 1h\n"),
+        );
+        assert_eq!(config.gc.max_age, secs(3600));
+        let config = load_ok(
+            "k.yaml",
+            &kubelet("featureGates:\n  ImageMaximumGCAge: true\nimageMaximumGCAge: 1h\n"),
+        );
+        assert_eq!(config.gc.max_age, secs(3600));
+        // Off, the kubelet only accepts an unset or zero maximum age.
+        let config = load_ok(
+            "k.yaml",
+            &kubelet("featureGates:\n  ImageMaximumGCAge: false\nimageMaximumGCAge: 0s\n"),
+        );
+        assert_eq!(config.gc.max_age, Duration::ZERO);
+        let problems = rejected(
+            "k.yaml",
+            &kubelet("featureGates:\n  ImageMaximumGCAge: false\nimageMaximumGCAge: 1h\n"),
+        );
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].key, "imageMaximumGCAge");
+        assert!(
+            problems[0].message.contains("feature gate is required"),
+            "{}",
+            problems[0]
+        );
     }
 
     #[test]

@@ -401,6 +401,16 @@ pub const CASES: &[Case] = &[
         "imageMaximumGCAge: 1m must be greater than imageMinimumGCAge (2m)",
     ),
     yaml(
+        "kubelet-max-age-without-its-feature-gate",
+        kubelet!("featureGates:\n  ImageMaximumGCAge: false\nimageMinimumGCAge: 2m\nimageMaximumGCAge: 1h\n"),
+        "imageMaximumGCAge: 1h requires the ImageMaximumGCAge feature gate",
+    ),
+    yaml(
+        "kubelet-feature-gate-not-a-bool",
+        kubelet!("featureGates:\n  ImageMaximumGCAge: \"no\"\n"),
+        "featureGates.ImageMaximumGCAge: invalid type",
+    ),
+    yaml(
         "kubelet-eviction-unparsable",
         kubelet!("evictionHard:\n  imagefs.available: lots\n"),
         "evictionHard.imagefs.available: invalid quantity",
