@@ -499,7 +499,9 @@ fn looks_like_yaml(text: &str) -> bool {
 fn parse(format: Format, text: &str, problems: &mut Problems) -> Option<Map<String, Value>> {
     let parsed = match format {
         Format::Toml => toml::from_str::<Value>(text).map_err(|err| toml_syntax_error(text, &err)),
-        Format::Yaml => serde_yaml_ng::from_str::<Value>(text).map_err(|err| yaml_syntax_error(&err)),
+        Format::Yaml => serde_yaml_ng::from_str::<Tree>(text)
+            .map(|Tree(tree)| tree)
+            .map_err(|err| yaml_syntax_error(text, &err)),
     };
     match parsed {
         Ok(Value::Object(map)) => Some(map),
@@ -520,29 +522,189 @@ fn parse(format: Format, text: &str, problems: &mut Problems) -> Option<Map<Stri
 }
 
 fn toml_syntax_error(text: &str, err: &toml::de::Error) -> String {
-    let message = err.message().trim().replace('\n', "; ");
+    let mut message = err.message().trim().replace('\n', "; ");
     match err.span() {
         Some(span) => {
             let before = text.get(..span.start).unwrap_or(text);
             let line = before.matches('\n').count() + 1;
             let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            if message == "duplicate key"
+                && let Some(key) = toml_duplicate_key(text, span)
+            {
+                message = format!("duplicate key {key}");
+            }
             format!("line {line}, column {column}: {message}")
         }
         None => message,
     }
 }
 
-fn yaml_syntax_error(err: &serde_yaml_ng::Error) -> String {
-    let message = err.to_string().replace('\n', "; ");
+/// The full name of the key a TOML "duplicate key" error points at: the
+/// key as written, under the `[table]` header above it (a repeated header
+/// is named by itself).
+fn toml_duplicate_key(text: &str, span: std::ops::Range<usize>) -> Option<String> {
+    let key = text.get(span.clone())?.trim();
+    let line_start = text.get(..span.start)?.rfind('\n').map_or(0, |at| at + 1);
+    let line = text.get(line_start..)?.lines().next()?.trim_start();
+    let header = |line: &str| -> Option<String> {
+        let inner = line.trim().strip_prefix('[')?;
+        let inner = inner.strip_prefix('[').unwrap_or(inner);
+        let end = inner.find(']')?;
+        Some(inner[..end].trim().to_string())
+    };
+    if line.starts_with('[') {
+        return header(line);
+    }
+    let table = text
+        .get(..line_start)?
+        .lines()
+        .rev()
+        .find(|line| line.trim_start().starts_with('['))
+        .and_then(header);
+    Some(match table {
+        Some(table) => format!("{table}.{key}"),
+        None => key.to_string(),
+    })
+}
+
+/// A YAML document as a JSON tree, refusing a key that appears twice in
+/// one mapping (plain deserialization keeps the last silently).
+struct Tree(Value);
+
+/// Deserializes a [`Tree`] under `path`, the dotted name of its mapping.
+struct TreeSeed<'a>(&'a str);
+
+impl<'de> Deserialize<'de> for Tree {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        de::DeserializeSeed::deserialize(TreeSeed(""), deserializer)
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for TreeSeed<'_> {
+    type Value = Tree;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Tree, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TreeSeed<'_> {
+    type Value = Tree;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Tree, E> {
+        Ok(Tree(Value::Bool(value)))
+    }
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Tree, E> {
+        Ok(Tree(Value::from(value)))
+    }
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Tree, E> {
+        Ok(Tree(Value::from(value)))
+    }
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Tree, E> {
+        Ok(Tree(
+            serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number),
+        ))
+    }
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<Tree, E> {
+        Ok(Tree(Value::String(value.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, value: String) -> Result<Tree, E> {
+        Ok(Tree(Value::String(value)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Tree, E> {
+        Ok(Tree(Value::Null))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Tree, E> {
+        Ok(Tree(Value::Null))
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Tree, D::Error> {
+        de::DeserializeSeed::deserialize(self, deserializer)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+        let mut list = Vec::new();
+        let mut index = 0;
+        while let Some(Tree(item)) = seq.next_element_seed(TreeSeed(&format!("{}[{index}]", self.0)))? {
+            list.push(item);
+            index += 1;
+        }
+        Ok(Tree(Value::Array(list)))
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, mut access: A) -> Result<Tree, A::Error> {
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            let path = join_key(self.0, &key);
+            if map.contains_key(&key) {
+                return Err(de::Error::custom(format!("{DUPLICATE_KEY}{path}")));
+            }
+            let Tree(value) = access.next_value_seed(TreeSeed(&path))?;
+            map.insert(key, value);
+        }
+        Ok(Tree(Value::Object(map)))
+    }
+}
+
+/// How a duplicate YAML key is reported; serde_yaml_ng puts its own path
+/// before it, which [`yaml_syntax_error`] drops.
+const DUPLICATE_KEY: &str = "duplicate key ";
+
+fn yaml_syntax_error(text: &str, err: &serde_yaml_ng::Error) -> String {
+    let mut message = err.to_string().replace('\n', "; ");
+    let duplicate = message.find(DUPLICATE_KEY);
+    if let Some(at) = duplicate {
+        message.drain(..at);
+    }
     match err.location() {
         Some(at) => {
             let (line, column) = (at.line(), at.column());
             // libyaml repeats the location in its message.
             let message = message.replacen(&format!(" at line {line} column {column}"), "", 1);
+            // A duplicate is reported at the start of its mapping: point at
+            // the second occurrence instead, when it can be found.
+            let (line, column) = match message.strip_prefix(DUPLICATE_KEY) {
+                Some(path) if duplicate.is_some() => {
+                    second_occurrence(text, line, column, path).unwrap_or((line, column))
+                }
+                _ => (line, column),
+            };
             format!("line {line}, column {column}: {message}")
         }
         None => message,
     }
+}
+
+/// Where a key of the block mapping that starts at `line`, `column` appears
+/// for the second time. The key is the end of `path` (a key may itself hold
+/// dots, so every suffix is tried). `None` for flow mappings and anything
+/// this plain reading of the lines cannot follow.
+fn second_occurrence(text: &str, line: usize, column: usize, path: &str) -> Option<(usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = column.checked_sub(1)?;
+    let mut suffixes: Vec<&str> = path.match_indices('.').map(|(at, _)| &path[at + 1..]).collect();
+    suffixes.push(path);
+    for key in suffixes {
+        let forms = [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")];
+        let mut seen = 0;
+        for (index, text_line) in lines.iter().enumerate().skip(line.checked_sub(1)?) {
+            let content = text_line.trim_start();
+            let this_indent = text_line.len() - content.len();
+            if content.is_empty() || content.starts_with('#') {
+                continue;
+            }
+            if this_indent < indent && index >= line {
+                break;
+            }
+            if this_indent == indent && forms.iter().any(|form| content.starts_with(form.as_str())) {
+                seen += 1;
+                if seen == 2 {
+                    return Some((index + 1, column));
+                }
+            }
+        }
+    }
+    None
 }
 
 // ---------------------------------------------------------------------------

@@ -358,6 +358,31 @@ pub const CASES: &[Case] = &[
         "gc:\n  high_threshold_percent: 150\n",
         "gc.high_threshold_percent: must be within",
     ),
+    yaml(
+        "yaml-duplicate-key",
+        "gc:\n  dry_run: true\n  high_threshold_percent: 90\n  dry_run: false\n",
+        "line 4, column 3: duplicate key gc.dry_run",
+    ),
+    yaml(
+        "yaml-duplicate-section",
+        "gc:\n  dry_run: true\nstate:\n  dir: /var/lib/imagegc\ngc:\n  dry_run: false\n",
+        "line 5, column 1: duplicate key gc",
+    ),
+    yaml(
+        "kubelet-duplicate-field",
+        kubelet!("imageGCHighThresholdPercent: 85\nimageGCHighThresholdPercent: 100\n"),
+        "line 4, column 1: duplicate key imageGCHighThresholdPercent",
+    ),
+    toml(
+        "toml-duplicate-key-named",
+        "[gc]\ndry_run = true\nhigh_threshold_percent = 90\ndry_run = false\n",
+        "line 4, column 1: duplicate key gc.dry_run",
+    ),
+    toml(
+        "toml-duplicate-section-named",
+        "[gc]\ndry_run = true\n[state]\ndir = \"/x\"\n[gc]\ndry_run = false\n",
+        "line 5, column 2: duplicate key gc",
+    ),
     yaml("yaml-top-level-list", "- gc\n- runtime\n", "expected a mapping"),
     yaml(
         "yaml-unsupported-kind",
