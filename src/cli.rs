@@ -210,20 +210,14 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
             state_dir: cli.state_dir.clone(),
             dry_run: matches!(cli.command, Command::Run { dry_run: true }),
         };
+        let reloading = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(async move {
             loop {
                 let code = tokio::select! {
                     _ = term.recv() => 128 + libc::SIGTERM,
                     _ = int.recv() => 128 + libc::SIGINT,
                     _ = hup.recv() => {
-                        match config::load(config_path.as_deref(), &overrides) {
-                            Ok(new) => { let _ = reload_tx.send(Arc::new(new)); }
-                            Err(err) => {
-                                for problem in &err.problems {
-                                    tracing::error!(%problem, "configuration reload rejected; keeping the running configuration");
-                                }
-                            }
-                        }
+                        reload(config_path.clone(), overrides.clone(), reload_tx.clone(), &reloading);
                         continue;
                     }
                 };
@@ -278,6 +272,42 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
     signals.abort();
     tracing::info!("stopped");
     Ok(0)
+}
+
+/// Reloads the configuration for SIGHUP on a blocking thread, and hands a
+/// valid one to the daemon loop through `reloads`. Reading and parsing never
+/// run on the runtime thread: a file that is slow to read (a FIFO, a hung
+/// network mount) or to parse must not stop cycles, probes or shutdown. One
+/// reload at a time: a SIGHUP during a reload is ignored with a warning.
+fn reload(
+    path: Option<PathBuf>,
+    overrides: Overrides,
+    reloads: tokio::sync::mpsc::UnboundedSender<Arc<Config>>,
+    reloading: &Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering;
+    if reloading.swap(true, Ordering::SeqCst) {
+        tracing::warn!("SIGHUP ignored: the previous configuration reload is still reading the file");
+        return;
+    }
+    let reloading = Arc::clone(reloading);
+    tokio::spawn(async move {
+        let file = path.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+        tracing::info!(file, "SIGHUP: reloading the configuration");
+        let loaded = tokio::task::spawn_blocking(move || config::load(path.as_deref(), &overrides)).await;
+        reloading.store(false, Ordering::SeqCst);
+        match loaded {
+            Ok(Ok(new)) => {
+                let _ = reloads.send(Arc::new(new));
+            }
+            Ok(Err(err)) => {
+                for problem in &err.problems {
+                    tracing::error!(%problem, "configuration reload rejected; keeping the running configuration");
+                }
+            }
+            Err(err) => tracing::error!(error = %err, "configuration reload failed; keeping the running configuration"),
+        }
+    });
 }
 
 /// How long the loop may go without a heartbeat before /healthz fails: a

@@ -55,6 +55,13 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(86_400);
 /// meaningfully and clock arithmetic on it could overflow.
 pub const MAX_AGE: Duration = Duration::from_secs(365 * 86_400);
 
+/// The largest configuration file parsed, in bytes: real ones are a few
+/// kilobytes, and parsing cost must stay small whatever the file holds.
+pub const MAX_FILE_BYTES: usize = 1024 * 1024;
+/// The deepest nesting of `[` and `{` parsed: real files nest a few levels,
+/// and YAML and TOML parsers spend time quadratic in the depth.
+pub const MAX_NESTING: usize = 32;
+
 /// The `kind` that marks a kubelet configuration file.
 const KUBELET_KIND: &str = "KubeletConfiguration";
 /// The kubelet configuration API version whose fields imagegc knows.
@@ -469,7 +476,11 @@ fn detect_format(path: &Path, text: &str) -> Format {
     match extension.as_deref() {
         Some("toml") => Format::Toml,
         Some("yaml" | "yml" | "json") => Format::Yaml,
-        _ if toml::from_str::<toml::Table>(text).is_err() && looks_like_yaml(text) => Format::Yaml,
+        // Sniffing parses: input refused before parsing stays TOML, whose
+        // parse then reports the refusal.
+        _ if check_cost(text).is_ok() && toml::from_str::<toml::Table>(text).is_err() && looks_like_yaml(text) => {
+            Format::Yaml
+        }
         _ => Format::Toml,
     }
 }
@@ -497,6 +508,10 @@ fn looks_like_yaml(text: &str) -> bool {
 /// Parses the text into a mapping of keys; a syntax error becomes one
 /// problem with its line and column.
 fn parse(format: Format, text: &str, problems: &mut Problems) -> Option<Map<String, Value>> {
+    if let Err(message) = check_cost(text) {
+        problems.push("", message);
+        return None;
+    }
     let parsed = match format {
         Format::Toml => toml::from_str::<Value>(text).map_err(|err| toml_syntax_error(text, &err)),
         Format::Yaml => serde_yaml_ng::from_str::<Tree>(text)
@@ -519,6 +534,56 @@ fn parse(format: Format, text: &str, problems: &mut Problems) -> Option<Map<Stri
             None
         }
     }
+}
+
+/// Refuses, in one linear pass and before any parser sees it, text that
+/// would cost a parser far more than a configuration file should: more than
+/// [`MAX_FILE_BYTES`], or `[` / `{` nested deeper than [`MAX_NESTING`]
+/// outside strings and comments (a daemon reloading on SIGHUP must not spend
+/// seconds on a file of `[` characters).
+fn check_cost(text: &str) -> Result<(), String> {
+    if text.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "the file is {} bytes, more than the maximum of {MAX_FILE_BYTES} (1 MiB)",
+            text.len()
+        ));
+    }
+    let (mut depth, mut line, mut column) = (0usize, 1usize, 0usize);
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut comment = false;
+    let mut previous = '\n';
+    for c in text.chars() {
+        column += 1;
+        if c == '\n' {
+            (line, column, comment) = (line + 1, 0, false);
+        }
+        match quote {
+            _ if comment => {}
+            Some('"') if escaped => escaped = false,
+            Some('"') if c == '\\' => escaped = true,
+            Some(open) if c == open => quote = None,
+            Some(_) => {}
+            None => match c {
+                '#' if previous.is_whitespace() => comment = true,
+                '"' => quote = Some('"'),
+                // An apostrophe inside a word (YAML's `it's`) opens nothing.
+                '\'' if previous.is_whitespace() || "[{,:=".contains(previous) => quote = Some('\''),
+                '[' | '{' => {
+                    depth += 1;
+                    if depth > MAX_NESTING {
+                        return Err(format!(
+                            "line {line}, column {column}: more than {MAX_NESTING} levels of nesting ([ and {{)"
+                        ));
+                    }
+                }
+                ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+        previous = c;
+    }
+    Ok(())
 }
 
 fn toml_syntax_error(text: &str, err: &toml::de::Error) -> String {
@@ -2065,6 +2130,18 @@ staticPodPath: /etc/kubernetes/manifests
         assert_eq!(config.gc.interval, defaults.gc.interval);
         assert_eq!(config.state, defaults.state);
         assert_eq!(config.metrics, defaults.metrics);
+    }
+
+    #[test]
+    fn brackets_in_strings_and_comments_are_not_nesting() {
+        let many = "[".repeat(MAX_NESTING * 2);
+        let toml = format!("# {many}\n[protect]\nimages = [\"{many}\", '{many}'] # {many}\n");
+        assert!(check_cost(&toml).is_ok());
+        let yaml = format!("# {many}\nprotect:\n  images: [\"a\\\"{many}\", '{many}', it's]\n");
+        assert!(check_cost(&yaml).is_ok());
+        let nested = format!("a = {}{}", "[".repeat(MAX_NESTING), "]".repeat(MAX_NESTING));
+        assert!(check_cost(&nested).is_ok(), "{MAX_NESTING} levels are allowed");
+        assert!(check_cost(&format!("a = [{nested}]")).is_err());
     }
 
     #[test]

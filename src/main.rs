@@ -33,6 +33,9 @@ fn main() -> ExitCode {
             _ => imagegc::cli::execute(&cli, config).await,
         }
     });
+    // A configuration reload may still be blocked reading its file: leave
+    // it behind rather than wait for it.
+    runtime.shutdown_background();
     match result {
         Ok(code) => ExitCode::from(code),
         Err(err) => {

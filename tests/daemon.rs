@@ -1072,3 +1072,43 @@ async fn plan_json_gives_when_a_young_image_becomes_removable_as_a_time() {
         "{plan:#}"
     );
 }
+
+#[tokio::test]
+async fn a_reload_stuck_reading_its_file_stops_neither_cycles_nor_probes_nor_shutdown() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("app", 1000));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let addr = free_local_addr();
+    Settings {
+        listen: Some(addr),
+        ..Settings::new(dir.path())
+    }
+    .write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &dir.path().join("state"), Some(addr));
+    eventually(secs(10), "a first cycle", || {
+        (fake.count("ListImages") >= 1).then_some(())
+    })
+    .await;
+
+    // The file becomes a FIFO that nobody writes: reading it never ends.
+    std::fs::remove_file(&config).unwrap();
+    let fifo = std::ffi::CString::new(config.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    daemon.signal(libc::SIGHUP);
+
+    let listed = fake.count("ListImages");
+    eventually(secs(10), "two more cycles", || {
+        (fake.count("ListImages") >= listed + 2).then_some(())
+    })
+    .await;
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_logged("still reading", secs(5)).await;
+
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.exited_within(secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{}", daemon.stderr());
+}

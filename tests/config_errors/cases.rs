@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 pub enum Fixture {
     Text(&'static str),
     Bytes(&'static [u8]),
+    /// Text made when the case runs (too large to write out).
+    Generated(fn() -> String),
     /// Nothing: the file does not exist.
     Missing,
     /// A directory where the file should be.
@@ -31,6 +33,7 @@ impl Case {
         match self.fixture {
             Fixture::Text(text) => std::fs::write(&path, text).unwrap(),
             Fixture::Bytes(bytes) => std::fs::write(&path, bytes).unwrap(),
+            Fixture::Generated(make) => std::fs::write(&path, make()).unwrap(),
             Fixture::Missing => {}
             Fixture::Directory => std::fs::create_dir(&path).unwrap(),
         }
@@ -476,5 +479,36 @@ pub const CASES: &[Case] = &[
         extension: "toml",
         fixture: Fixture::Bytes(b"[gc]\nmin_age = \"\xff\xfe\"\n"),
         named: "cannot read the file",
+    },
+    // Input that would cost the parser far more than its size.
+    Case {
+        name: "yaml-nested-100k-deep",
+        extension: "yaml",
+        fixture: Fixture::Generated(|| format!("gc: {}", "[".repeat(100_000))),
+        named: "line 1, column 37: more than 32 levels of nesting",
+    },
+    Case {
+        name: "json-nested-100k-deep",
+        extension: "json",
+        fixture: Fixture::Generated(|| format!("{{\"gc\": {}", "{\"a\": ".repeat(100_000))),
+        named: "line 1, column 194: more than 32 levels of nesting",
+    },
+    Case {
+        name: "toml-nested-100k-deep",
+        extension: "toml",
+        fixture: Fixture::Generated(|| format!("[protect]\nimages = {}", "[".repeat(100_000))),
+        named: "line 2, column 42: more than 32 levels of nesting",
+    },
+    Case {
+        name: "sniffed-nested-100k-deep",
+        extension: "conf",
+        fixture: Fixture::Generated(|| format!("a = {}", "[".repeat(100_000))),
+        named: "line 1, column 37: more than 32 levels of nesting",
+    },
+    Case {
+        name: "larger-than-a-mebibyte",
+        extension: "toml",
+        fixture: Fixture::Generated(|| format!("[gc]\n{}", "# padding\n".repeat(120_000))),
+        named: "the file is 1200005 bytes, more than the maximum of 1048576 (1 MiB)",
     },
 ];
