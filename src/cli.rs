@@ -222,20 +222,14 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
             state_dir: cli.state_dir.clone(),
             dry_run: matches!(cli.command, Command::Run { dry_run: true }),
         };
+        let reloading = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(async move {
             loop {
                 let code = tokio::select! {
                     _ = term.recv() => 128 + libc::SIGTERM,
                     _ = int.recv() => 128 + libc::SIGINT,
                     _ = hup.recv() => {
-                        match config::load(config_path.as_deref(), &overrides) {
-                            Ok(new) => { let _ = reload_tx.send(Arc::new(new)); }
-                            Err(err) => {
-                                for problem in &err.problems {
-                                    tracing::error!(%problem, "configuration reload rejected; keeping the running configuration");
-                                }
-                            }
-                        }
+                        reload(config_path.clone(), overrides.clone(), reload_tx.clone(), &reloading);
                         continue;
                     }
                 };
@@ -290,6 +284,42 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
     signals.abort();
     tracing::info!("stopped");
     Ok(0)
+}
+
+/// Reloads the configuration for SIGHUP on a blocking thread, and hands a
+/// valid one to the daemon loop through `reloads`. Reading and parsing never
+/// run on the runtime thread: a file that is slow to read (a FIFO, a hung
+/// network mount) or to parse must not stop cycles, probes or shutdown. One
+/// reload at a time: a SIGHUP during a reload is ignored with a warning.
+fn reload(
+    path: Option<PathBuf>,
+    overrides: Overrides,
+    reloads: tokio::sync::mpsc::UnboundedSender<Arc<Config>>,
+    reloading: &Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering;
+    if reloading.swap(true, Ordering::SeqCst) {
+        tracing::warn!("SIGHUP ignored: the previous configuration reload is still reading the file");
+        return;
+    }
+    let reloading = Arc::clone(reloading);
+    tokio::spawn(async move {
+        let file = path.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+        tracing::info!(file, "SIGHUP: reloading the configuration");
+        let loaded = tokio::task::spawn_blocking(move || config::load(path.as_deref(), &overrides)).await;
+        reloading.store(false, Ordering::SeqCst);
+        match loaded {
+            Ok(Ok(new)) => {
+                let _ = reloads.send(Arc::new(new));
+            }
+            Ok(Err(err)) => {
+                for problem in &err.problems {
+                    tracing::error!(%problem, "configuration reload rejected; keeping the running configuration");
+                }
+            }
+            Err(err) => tracing::error!(error = %err, "configuration reload failed; keeping the running configuration"),
+        }
+    });
 }
 
 /// How long the loop may go without a heartbeat before /healthz fails: a
@@ -411,8 +441,8 @@ async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<
     let mut out = String::new();
     out.push_str(&format!(
         "runtime: {} {} at {}\n",
-        version.runtime_name,
-        version.runtime_version,
+        cell(&version.runtime_name),
+        cell(&version.runtime_version),
         runtime.endpoint()
     ));
     out.push_str(&fs_line(&mount_point, fs.as_ref().ok(), config));
@@ -423,6 +453,7 @@ async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<
 }
 
 fn fs_line(mount_point: &str, fs: Option<&FsStats>, config: &Config) -> String {
+    let mount_point = cell(mount_point);
     match fs {
         Some(s) => format!(
             "image filesystem: {mount_point}: {} used of {} ({}%), {} available; high {}%, low {}%\n",
@@ -494,7 +525,7 @@ async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<Exit
             "space_unreachable": outlook,
             "removals": plan.age.iter().chain(view.space_expected(&plan)).collect::<Vec<_>>(),
             "further_space_candidates": view.space_further(&plan),
-            "kept": plan.kept,
+            "kept": plan.kept.iter().map(|kept| kept_json(kept, now)).collect::<Vec<_>>(),
         }))?;
         return Ok(0);
     }
@@ -582,6 +613,18 @@ async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<Exit
     }
     print!("{out}");
     Ok(0)
+}
+
+/// A kept image as JSON, with `removable_after` (for images too young to
+/// remove) as the RFC 3339 time it becomes removable, like every other time
+/// printed, rather than a serialized `Duration`.
+fn kept_json(kept: &crate::policy::Kept<'_>, now: SystemTime) -> serde_json::Value {
+    let mut value = serde_json::to_value(kept).unwrap_or_default();
+    if let (KeepReason::TooYoung { removable_after }, Some(object)) = (&kept.why, value.as_object_mut()) {
+        let at = now.checked_add(*removable_after).unwrap_or(now);
+        object.insert("removable_after".to_string(), serde_json::json!(rfc3339(at)));
+    }
+    value
 }
 
 /// How a plan meets the current usage, for display.
@@ -748,7 +791,7 @@ fn report_text(report: &CycleReport) -> String {
         out.push_str("removed nothing\n");
     }
     for (id, err) in &report.failed {
-        out.push_str(&format!("failed to remove {}: {err}\n", short_id(id)));
+        out.push_str(&format!("failed to remove {}: {}\n", short_id(id), printable(err)));
     }
     for id in &report.unsettled {
         out.push_str(&format!(
@@ -775,7 +818,7 @@ fn report_text(report: &CycleReport) -> String {
             human_bytes(*freed_bytes),
             human_bytes(*remaining_bytes)
         )),
-        Outcome::Failed(e) => out.push_str(&format!("cycle failed: {e}\n")),
+        Outcome::Failed(e) => out.push_str(&format!("cycle failed: {}\n", printable(e))),
         Outcome::Interrupted => out.push_str("interrupted\n"),
     }
     out
@@ -870,8 +913,44 @@ pub fn human_bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// The longest cell a table prints, in characters: every real tag, id and
+/// time fits; a longer value (a runtime can report anything) is cut with an
+/// ellipsis, and the whole value stays in `--output json`.
+pub const MAX_CELL_CHARS: usize = 200;
+
+/// `text` safe to print on a terminal: control characters (newlines, escape
+/// codes) are written as escapes (`\n`, `\u{1b}`), so a runtime-supplied
+/// name can neither forge a line nor drive the terminal.
+pub fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A table cell: printable, and at most [`MAX_CELL_CHARS`] characters.
+fn cell(text: &str) -> String {
+    let text = printable(text);
+    if text.chars().count() <= MAX_CELL_CHARS {
+        return text;
+    }
+    let mut cut: String = text.chars().take(MAX_CELL_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// Left-aligned columns separated by two spaces; the first row is the header.
+/// Cells are made printable and cut to [`MAX_CELL_CHARS`].
 fn table(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows.iter().map(|row| row.iter().map(|c| cell(c)).collect()).collect();
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -882,7 +961,7 @@ fn table(rows: &[Vec<String>]) -> String {
         })
         .collect();
     let mut out = String::new();
-    for row in rows {
+    for row in &rows {
         let line: Vec<String> = row
             .iter()
             .enumerate()
@@ -934,6 +1013,22 @@ mod tests {
     fn tables_align_columns() {
         let t = table(&[vec!["A".into(), "BB".into()], vec!["long".into(), "x".into()]]);
         assert_eq!(t, "A     BB\nlong  x\n");
+    }
+
+    #[test]
+    fn a_cell_of_70000_characters_is_cut_with_an_ellipsis() {
+        let tag = format!("registry.test/app:{}", "x".repeat(70_000));
+        let t = table(&[vec!["TAGS".into(), "SIZE".into()], vec![tag, "1 KiB".into()]]);
+        let row = t.lines().nth(1).unwrap();
+        assert_eq!(row.chars().count(), MAX_CELL_CHARS + 2 + "1 KiB".len());
+        assert!(row.starts_with("registry.test/app:xxx"));
+        assert!(row.contains("x…  1 KiB"));
+    }
+
+    #[test]
+    fn control_characters_in_cells_are_escaped() {
+        let t = table(&[vec!["TAGS".into()], vec!["app:1\u{1b}[2J\nforged row".into()]]);
+        assert_eq!(t, "TAGS\napp:1\\u{1b}[2J\\nforged row\n");
     }
 
     #[test]

@@ -45,6 +45,22 @@ pub const DEFAULT_THRASH_WINDOW: Duration = Duration::from_secs(3600);
 /// The shortest interval, poll interval and CRI timeout accepted: anything
 /// shorter would keep the runtime busy for nothing.
 const MIN_PERIOD: Duration = Duration::from_secs(1);
+/// The longest interval, poll interval and CRI timeout accepted: a day
+/// between cycles is already far longer than any node should wait, and a
+/// bound keeps every deadline computed from them (liveness window, next
+/// cycle) far from overflowing.
+pub const MAX_PERIOD: Duration = Duration::from_secs(86_400);
+/// The longest age or window accepted (`gc.min_age`, `gc.max_age`,
+/// `gc.thrash_window`): a year, beyond which no image history is kept
+/// meaningfully and clock arithmetic on it could overflow.
+pub const MAX_AGE: Duration = Duration::from_secs(365 * 86_400);
+
+/// The largest configuration file parsed, in bytes: real ones are a few
+/// kilobytes, and parsing cost must stay small whatever the file holds.
+pub const MAX_FILE_BYTES: usize = 1024 * 1024;
+/// The deepest nesting of `[` and `{` parsed: real files nest a few levels,
+/// and YAML and TOML parsers spend time quadratic in the depth.
+pub const MAX_NESTING: usize = 32;
 
 /// The `kind` that marks a kubelet configuration file.
 const KUBELET_KIND: &str = "KubeletConfiguration";
@@ -472,7 +488,11 @@ fn detect_format(path: &Path, text: &str) -> Format {
     match extension.as_deref() {
         Some("toml") => Format::Toml,
         Some("yaml" | "yml" | "json") => Format::Yaml,
-        _ if toml::from_str::<toml::Table>(text).is_err() && looks_like_yaml(text) => Format::Yaml,
+        // Sniffing parses: input refused before parsing stays TOML, whose
+        // parse then reports the refusal.
+        _ if check_cost(text).is_ok() && toml::from_str::<toml::Table>(text).is_err() && looks_like_yaml(text) => {
+            Format::Yaml
+        }
         _ => Format::Toml,
     }
 }
@@ -500,9 +520,15 @@ fn looks_like_yaml(text: &str) -> bool {
 /// Parses the text into a mapping of keys; a syntax error becomes one
 /// problem with its line and column.
 fn parse(format: Format, text: &str, problems: &mut Problems) -> Option<Map<String, Value>> {
+    if let Err(message) = check_cost(text) {
+        problems.push("", message);
+        return None;
+    }
     let parsed = match format {
         Format::Toml => toml::from_str::<Value>(text).map_err(|err| toml_syntax_error(text, &err)),
-        Format::Yaml => serde_yaml_ng::from_str::<Value>(text).map_err(|err| yaml_syntax_error(&err)),
+        Format::Yaml => serde_yaml_ng::from_str::<Tree>(text)
+            .map(|Tree(tree)| tree)
+            .map_err(|err| yaml_syntax_error(text, &err)),
     };
     match parsed {
         Ok(Value::Object(map)) => Some(map),
@@ -522,30 +548,240 @@ fn parse(format: Format, text: &str, problems: &mut Problems) -> Option<Map<Stri
     }
 }
 
+/// Refuses, in one linear pass and before any parser sees it, text that
+/// would cost a parser far more than a configuration file should: more than
+/// [`MAX_FILE_BYTES`], or `[` / `{` nested deeper than [`MAX_NESTING`]
+/// outside strings and comments (a daemon reloading on SIGHUP must not spend
+/// seconds on a file of `[` characters).
+fn check_cost(text: &str) -> Result<(), String> {
+    if text.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "the file is {} bytes, more than the maximum of {MAX_FILE_BYTES} (1 MiB)",
+            text.len()
+        ));
+    }
+    let (mut depth, mut line, mut column) = (0usize, 1usize, 0usize);
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut comment = false;
+    let mut previous = '\n';
+    for c in text.chars() {
+        column += 1;
+        if c == '\n' {
+            (line, column, comment) = (line + 1, 0, false);
+        }
+        match quote {
+            _ if comment => {}
+            Some('"') if escaped => escaped = false,
+            Some('"') if c == '\\' => escaped = true,
+            Some(open) if c == open => quote = None,
+            Some(_) => {}
+            None => match c {
+                '#' if previous.is_whitespace() => comment = true,
+                '"' => quote = Some('"'),
+                // An apostrophe inside a word (YAML's `it's`) opens nothing.
+                '\'' if previous.is_whitespace() || "[{,:=".contains(previous) => quote = Some('\''),
+                '[' | '{' => {
+                    depth += 1;
+                    if depth > MAX_NESTING {
+                        return Err(format!(
+                            "line {line}, column {column}: more than {MAX_NESTING} levels of nesting ([ and {{)"
+                        ));
+                    }
+                }
+                ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+        previous = c;
+    }
+    Ok(())
+}
+
 fn toml_syntax_error(text: &str, err: &toml::de::Error) -> String {
-    let message = err.message().trim().replace('\n', "; ");
+    let mut message = err.message().trim().replace('\n', "; ");
     match err.span() {
         Some(span) => {
             let before = text.get(..span.start).unwrap_or(text);
             let line = before.matches('\n').count() + 1;
             let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            if message == "duplicate key"
+                && let Some(key) = toml_duplicate_key(text, span)
+            {
+                message = format!("duplicate key {key}");
+            }
             format!("line {line}, column {column}: {message}")
         }
         None => message,
     }
 }
 
-fn yaml_syntax_error(err: &serde_yaml_ng::Error) -> String {
-    let message = err.to_string().replace('\n', "; ");
+/// The full name of the key a TOML "duplicate key" error points at: the
+/// key as written, under the `[table]` header above it (a repeated header
+/// is named by itself).
+fn toml_duplicate_key(text: &str, span: std::ops::Range<usize>) -> Option<String> {
+    let key = text.get(span.clone())?.trim();
+    let line_start = text.get(..span.start)?.rfind('\n').map_or(0, |at| at + 1);
+    let line = text.get(line_start..)?.lines().next()?.trim_start();
+    let header = |line: &str| -> Option<String> {
+        let inner = line.trim().strip_prefix('[')?;
+        let inner = inner.strip_prefix('[').unwrap_or(inner);
+        let end = inner.find(']')?;
+        Some(inner[..end].trim().to_string())
+    };
+    if line.starts_with('[') {
+        return header(line);
+    }
+    let table = text
+        .get(..line_start)?
+        .lines()
+        .rev()
+        .find(|line| line.trim_start().starts_with('['))
+        .and_then(header);
+    Some(match table {
+        Some(table) => format!("{table}.{key}"),
+        None => key.to_string(),
+    })
+}
+
+/// A YAML document as a JSON tree, refusing a key that appears twice in
+/// one mapping (plain deserialization keeps the last silently).
+struct Tree(Value);
+
+/// Deserializes a [`Tree`] under `path`, the dotted name of its mapping.
+struct TreeSeed<'a>(&'a str);
+
+impl<'de> Deserialize<'de> for Tree {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        de::DeserializeSeed::deserialize(TreeSeed(""), deserializer)
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for TreeSeed<'_> {
+    type Value = Tree;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Tree, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TreeSeed<'_> {
+    type Value = Tree;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Tree, E> {
+        Ok(Tree(Value::Bool(value)))
+    }
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Tree, E> {
+        Ok(Tree(Value::from(value)))
+    }
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Tree, E> {
+        Ok(Tree(Value::from(value)))
+    }
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Tree, E> {
+        Ok(Tree(
+            serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number),
+        ))
+    }
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<Tree, E> {
+        Ok(Tree(Value::String(value.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, value: String) -> Result<Tree, E> {
+        Ok(Tree(Value::String(value)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Tree, E> {
+        Ok(Tree(Value::Null))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Tree, E> {
+        Ok(Tree(Value::Null))
+    }
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Tree, D::Error> {
+        de::DeserializeSeed::deserialize(self, deserializer)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+        let mut list = Vec::new();
+        let mut index = 0;
+        while let Some(Tree(item)) = seq.next_element_seed(TreeSeed(&format!("{}[{index}]", self.0)))? {
+            list.push(item);
+            index += 1;
+        }
+        Ok(Tree(Value::Array(list)))
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, mut access: A) -> Result<Tree, A::Error> {
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            let path = join_key(self.0, &key);
+            if map.contains_key(&key) {
+                return Err(de::Error::custom(format!("{DUPLICATE_KEY}{path}")));
+            }
+            let Tree(value) = access.next_value_seed(TreeSeed(&path))?;
+            map.insert(key, value);
+        }
+        Ok(Tree(Value::Object(map)))
+    }
+}
+
+/// How a duplicate YAML key is reported; serde_yaml_ng puts its own path
+/// before it, which [`yaml_syntax_error`] drops.
+const DUPLICATE_KEY: &str = "duplicate key ";
+
+fn yaml_syntax_error(text: &str, err: &serde_yaml_ng::Error) -> String {
+    let mut message = err.to_string().replace('\n', "; ");
+    let duplicate = message.find(DUPLICATE_KEY);
+    if let Some(at) = duplicate {
+        message.drain(..at);
+    }
     match err.location() {
         Some(at) => {
             let (line, column) = (at.line(), at.column());
             // libyaml repeats the location in its message.
             let message = message.replacen(&format!(" at line {line} column {column}"), "", 1);
+            // A duplicate is reported at the start of its mapping: point at
+            // the second occurrence instead, when it can be found.
+            let (line, column) = match message.strip_prefix(DUPLICATE_KEY) {
+                Some(path) if duplicate.is_some() => {
+                    second_occurrence(text, line, column, path).unwrap_or((line, column))
+                }
+                _ => (line, column),
+            };
             format!("line {line}, column {column}: {message}")
         }
         None => message,
     }
+}
+
+/// Where a key of the block mapping that starts at `line`, `column` appears
+/// for the second time. The key is the end of `path` (a key may itself hold
+/// dots, so every suffix is tried). `None` for flow mappings and anything
+/// this plain reading of the lines cannot follow.
+fn second_occurrence(text: &str, line: usize, column: usize, path: &str) -> Option<(usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = column.checked_sub(1)?;
+    let mut suffixes: Vec<&str> = path.match_indices('.').map(|(at, _)| &path[at + 1..]).collect();
+    suffixes.push(path);
+    for key in suffixes {
+        let forms = [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")];
+        let mut seen = 0;
+        for (index, text_line) in lines.iter().enumerate().skip(line.checked_sub(1)?) {
+            let content = text_line.trim_start();
+            let this_indent = text_line.len() - content.len();
+            if content.is_empty() || content.starts_with('#') {
+                continue;
+            }
+            if this_indent < indent && index >= line {
+                break;
+            }
+            if this_indent == indent && forms.iter().any(|form| content.starts_with(form.as_str())) {
+                seen += 1;
+                if seen == 2 {
+                    return Some((index + 1, column));
+                }
+            }
+        }
+    }
+    None
 }
 
 // ---------------------------------------------------------------------------
@@ -631,7 +867,14 @@ struct RawKubelet {
     #[serde(rename = "imageMaximumGCAge")]
     image_maximum_gc_age: Option<RawDuration>,
     eviction_hard: Option<BTreeMap<String, String>>,
+    /// Read only for the gates of the fields above; the others are the
+    /// kubelet's business and are ignored whatever they hold.
+    feature_gates: Option<Map<String, Value>>,
 }
+
+/// The kubelet feature gate without which `imageMaximumGCAge` must be unset
+/// or zero (beta, on by default, since Kubernetes 1.30).
+const IMAGE_MAXIMUM_GC_AGE_GATE: &str = "ImageMaximumGCAge";
 
 /// An integer of any size; ranges are checked when building the `Config`,
 /// so that `-1` and `101` get "must be within" rather than a type error.
@@ -805,6 +1048,34 @@ fn read_kubelet(document: Map<String, Value>, problems: &mut Problems) -> Config
         ..RawConfig::default()
     };
     let mut config = build(raw, &KUBELET_KEYS, problems);
+    let max_age_gate = match kubelet
+        .feature_gates
+        .as_ref()
+        .and_then(|gates| gates.get(IMAGE_MAXIMUM_GC_AGE_GATE))
+    {
+        None => true,
+        Some(Value::Bool(enabled)) => *enabled,
+        Some(other) => {
+            problems.push(
+                format!("featureGates.{IMAGE_MAXIMUM_GC_AGE_GATE}"),
+                format!("invalid type: {other}, expected true or false"),
+            );
+            true
+        }
+    };
+    // As the kubelet's own validation: a maximum age needs its gate.
+    if !max_age_gate && !config.gc.max_age.is_zero() && !problems.has(KUBELET_KEYS.max_age) {
+        problems.push(
+            KUBELET_KEYS.max_age,
+            format!(
+                "{} requires the {IMAGE_MAXIMUM_GC_AGE_GATE} feature gate, which featureGates turns off: the kubelet \
+                 refuses this file (\"{IMAGE_MAXIMUM_GC_AGE_GATE} feature gate is required\"); set it to 0s or \
+                 enable the gate",
+                format_duration(config.gc.max_age)
+            ),
+        );
+        config.gc.max_age = Duration::ZERO;
+    }
     let imagefs_available = kubelet
         .eviction_hard
         .as_ref()
@@ -1014,8 +1285,8 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
         );
     }
 
-    config.gc.min_age = gc.min_age.map_or(defaults.gc.min_age, |RawDuration(d)| d);
-    config.gc.max_age = gc.max_age.map_or(defaults.gc.max_age, |RawDuration(d)| d);
+    config.gc.min_age = age(keys.min_age, gc.min_age, defaults.gc.min_age, problems);
+    config.gc.max_age = age(keys.max_age, gc.max_age, defaults.gc.max_age, problems);
     let (min_age, max_age) = (config.gc.min_age, config.gc.max_age);
     let ages_readable = !problems.has(keys.min_age) && !problems.has(keys.max_age);
     if ages_readable && !max_age.is_zero() && max_age <= min_age {
@@ -1036,7 +1307,12 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
         .filter(|path| !path.is_empty())
         .map(PathBuf::from)
         .filter(|path| check_absolute("gc.image_fs_path", path, problems));
-    config.gc.thrash_window = gc.thrash_window.map_or(defaults.gc.thrash_window, |RawDuration(d)| d);
+    config.gc.thrash_window = age(
+        "gc.thrash_window",
+        gc.thrash_window,
+        defaults.gc.thrash_window,
+        problems,
+    );
     (config.gc.high_inodes_percent, config.gc.low_inodes_percent) =
         inode_thresholds(gc.high_inodes_percent, gc.low_inodes_percent, problems);
 
@@ -1100,10 +1376,14 @@ fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
     config
 }
 
-/// A period that must be at least [`MIN_PERIOD`].
+/// A period that must be at least [`MIN_PERIOD`] and at most [`MAX_PERIOD`].
 fn period(key: &str, value: Option<RawDuration>, default: Duration, problems: &mut Problems) -> Duration {
     match value {
         None => default,
+        Some(RawDuration(d)) if d > MAX_PERIOD => {
+            problems.push(key, too_long(d, MAX_PERIOD));
+            default
+        }
         Some(RawDuration(d)) if d >= MIN_PERIOD => d,
         Some(RawDuration(d)) => {
             problems.push(
@@ -1117,6 +1397,27 @@ fn period(key: &str, value: Option<RawDuration>, default: Duration, problems: &m
             default
         }
     }
+}
+
+/// An age or window, at most [`MAX_AGE`]; the default when absent or too
+/// long (which is reported).
+fn age(key: &str, value: Option<RawDuration>, default: Duration, problems: &mut Problems) -> Duration {
+    match value {
+        None => default,
+        Some(RawDuration(d)) if d > MAX_AGE => {
+            problems.push(key, too_long(d, MAX_AGE));
+            default
+        }
+        Some(RawDuration(d)) => d,
+    }
+}
+
+fn too_long(value: Duration, max: Duration) -> String {
+    format!(
+        "{} is more than the maximum of {}",
+        format_duration(value),
+        format_duration(max)
+    )
 }
 
 /// A percentage within 0..=100; `None` when absent or out of range (which
@@ -1864,6 +2165,50 @@ staticPodPath: /etc/kubernetes/manifests
         assert_eq!(config.gc.interval, defaults.gc.interval);
         assert_eq!(config.state, defaults.state);
         assert_eq!(config.metrics, defaults.metrics);
+    }
+
+    #[test]
+    fn brackets_in_strings_and_comments_are_not_nesting() {
+        let many = "[".repeat(MAX_NESTING * 2);
+        let toml = format!("# {many}\n[protect]\nimages = [\"{many}\", '{many}'] # {many}\n");
+        assert!(check_cost(&toml).is_ok());
+        let yaml = format!("# {many}\nprotect:\n  images: [\"a\\\"{many}\", '{many}', it's]\n");
+        assert!(check_cost(&yaml).is_ok());
+        let nested = format!("a = {}{}", "[".repeat(MAX_NESTING), "]".repeat(MAX_NESTING));
+        assert!(check_cost(&nested).is_ok(), "{MAX_NESTING} levels are allowed");
+        assert!(check_cost(&format!("a = [{nested}]")).is_err());
+    }
+
+    #[test]
+    fn feature_gates_are_read_as_the_kubelet_does() {
+        // On by default (beta since 1.30), and other gates are the kubelet's business.
+        let config = load_ok(
+            "k.yaml",
+            &kubelet("featureGates:\n  SomeFutureGate: true\n  Other: 3\nimageMaximumGCAge: 1h\n"),
+        );
+        assert_eq!(config.gc.max_age, secs(3600));
+        let config = load_ok(
+            "k.yaml",
+            &kubelet("featureGates:\n  ImageMaximumGCAge: true\nimageMaximumGCAge: 1h\n"),
+        );
+        assert_eq!(config.gc.max_age, secs(3600));
+        // Off, the kubelet only accepts an unset or zero maximum age.
+        let config = load_ok(
+            "k.yaml",
+            &kubelet("featureGates:\n  ImageMaximumGCAge: false\nimageMaximumGCAge: 0s\n"),
+        );
+        assert_eq!(config.gc.max_age, Duration::ZERO);
+        let problems = rejected(
+            "k.yaml",
+            &kubelet("featureGates:\n  ImageMaximumGCAge: false\nimageMaximumGCAge: 1h\n"),
+        );
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].key, "imageMaximumGCAge");
+        assert!(
+            problems[0].message.contains("feature gate is required"),
+            "{}",
+            problems[0]
+        );
     }
 
     #[test]

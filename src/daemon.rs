@@ -121,9 +121,9 @@ pub async fn run<R: Runtime>(
                 if shutdown.is_cancelled() {
                     break;
                 }
-                let reached = ok.unwrap_or(false);
-                note_runtime(&mut runtime_up, ok.is_some(), &health, collector.runtime().endpoint());
-                if ok.is_some() {
+                let reached = *ok.as_ref().unwrap_or(&false);
+                note_runtime(&mut runtime_up, ok.as_ref().err().map(String::as_str), &health, collector.runtime().endpoint());
+                if ok.is_ok() {
                     retry = RETRY_FIRST;
                     next_cycle = Instant::now() + config.gc.interval;
                 } else {
@@ -224,9 +224,9 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// Runs one cycle. On shutdown, a cycle with no removal in flight is
 /// abandoned at once (a runtime call it waits for may hang for the whole
 /// `runtime.timeout`); a removal in flight gets [`SHUTDOWN_GRACE`] to
-/// finish. Returns None when the runtime could not be reached, Some(low
-/// threshold reached or not needed) otherwise.
-async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &CancellationToken) -> Option<bool> {
+/// finish. Returns the runtime's error when it could not be reached (or
+/// refused the listing), Ok(low threshold reached or not needed) otherwise.
+async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &CancellationToken) -> Result<bool, String> {
     let removing = collector.removal_in_flight();
     let removing_image = collector.removal_in_flight_image();
     let image_in_flight = || {
@@ -260,7 +260,7 @@ async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &Cancella
         Ok(report) => report,
         Err(Some(None)) => {
             warn!("the cycle did not end within the shutdown grace period after its removal; abandoning it");
-            return Some(false);
+            return Ok(false);
         }
         Err(Some(Some(image))) => {
             warn!(
@@ -269,34 +269,60 @@ async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &Cancella
                 "the removal in flight did not finish within the shutdown grace period; abandoning it \
                  (the next start journals it if the runtime completes it)"
             );
-            return Some(false);
+            return Ok(false);
         }
         Err(None) => {
             info!("shutdown requested: the cycle in progress is abandoned (no removal was in flight)");
-            return Some(false);
+            return Ok(false);
         }
     };
     if !report.runtime_reached {
-        return None;
+        return Err(match report.outcome {
+            Outcome::Failed(err) => err,
+            _ => "the runtime did not answer the listing".to_string(),
+        });
     }
-    Some(!matches!(
+    Ok(!matches!(
         report.outcome,
         Outcome::LowNotReached { .. } | Outcome::Failed(_)
     ))
 }
 
-/// Logs runtime reachability once per change, and sets readiness.
-fn note_runtime(state: &mut Option<bool>, up: bool, health: &Health, endpoint: &str) {
+/// Logs runtime reachability once per change, and sets readiness. `error`
+/// is the runtime's own error when it is down: logged as it is, and said to
+/// be a refusal rather than unreachability when the runtime answered.
+fn note_runtime(state: &mut Option<bool>, error: Option<&str>, health: &Health, endpoint: &str) {
+    let up = error.is_none();
     health.set_ready(up);
     if *state == Some(up) {
         return;
     }
-    match (up, *state) {
-        (true, Some(false)) => info!(endpoint, "container runtime is reachable again; collecting"),
-        (true, _) => info!(endpoint, "connected to the container runtime"),
-        (false, _) => warn!(endpoint, "container runtime is not reachable; retrying with backoff"),
+    match (error, *state) {
+        (None, Some(false)) => info!(endpoint, "container runtime is reachable again; collecting"),
+        (None, _) => info!(endpoint, "connected to the container runtime"),
+        (Some(error), _) if runtime_answered(error) => warn!(
+            endpoint,
+            error, "container runtime refused the request; retrying with backoff"
+        ),
+        (Some(error), _) => warn!(
+            endpoint,
+            error, "container runtime is not reachable; retrying with backoff"
+        ),
     }
     *state = Some(up);
+}
+
+/// True when a runtime error is the runtime's own answer (a gRPC status
+/// such as PermissionDenied) rather than no answer: no connection, a
+/// timeout, or the transport's Unavailable. The cycle hands its error over
+/// as text, in [`crate::cri::RuntimeError`]'s words.
+fn runtime_answered(error: &str) -> bool {
+    let no_answer = [
+        tonic::Code::Unavailable,
+        tonic::Code::Cancelled,
+        tonic::Code::DeadlineExceeded,
+    ];
+    error.contains("code: '") && !no_answer.iter().any(|code| error.contains(&format!("code: '{code}'")))
 }
 
 /// Lists containers between cycles. Returns false when the runtime did not
@@ -306,12 +332,17 @@ async fn poll<R: Runtime>(collector: &mut Collector<R>, runtime_up: &mut Option<
     match collector.poll_usage().await {
         Ok(images) => {
             debug!(images_in_use = images, "container usage polled");
-            note_runtime(runtime_up, true, health, collector.runtime().endpoint());
+            note_runtime(runtime_up, None, health, collector.runtime().endpoint());
             true
         }
         Err(err) => {
             debug!(error = %err, "container poll failed");
-            note_runtime(runtime_up, false, health, collector.runtime().endpoint());
+            note_runtime(
+                runtime_up,
+                Some(&err.to_string()),
+                health,
+                collector.runtime().endpoint(),
+            );
             false
         }
     }
@@ -362,5 +393,36 @@ pub fn sd_notify(state: &str) {
     };
     if let Err(err) = result {
         debug!(error = %err, "sd_notify failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::RuntimeError;
+
+    fn rpc_error(status: tonic::Status) -> String {
+        RuntimeError::Rpc {
+            rpc: "ListImages",
+            endpoint: "unix:///run/containerd/containerd.sock".to_string(),
+            status: Box::new(status),
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn a_refusal_is_an_answer_and_a_lost_connection_is_not() {
+        assert!(runtime_answered(&rpc_error(tonic::Status::permission_denied("no"))));
+        assert!(runtime_answered(&rpc_error(tonic::Status::internal("boom"))));
+        assert!(!runtime_answered(&rpc_error(tonic::Status::unavailable(
+            "transport error"
+        ))));
+        assert!(!runtime_answered(&rpc_error(tonic::Status::deadline_exceeded("late"))));
+        let timeout = RuntimeError::Timeout {
+            rpc: "ListImages",
+            endpoint: "unix:///x".to_string(),
+            timeout: Duration::from_secs(2),
+        };
+        assert!(!runtime_answered(&timeout.to_string()));
     }
 }

@@ -8,13 +8,23 @@
 //! small and fixed: the endpoint must never be the thing that makes a node agent
 //! use memory or sockets it should not.
 //!
+//! Probes must be answered even when every connection slot is held by clients
+//! that send nothing useful (idle keep-alive connections, or slowloris heads
+//! that trickle in and never end). Connections past [`MAX_CONNECTIONS`] go to a
+//! small overflow pool: each gets one request, must send its head within
+//! [`OVERFLOW_HEADER_READ_TIMEOUT`], and is closed after its answer; when the
+//! pool is full, its oldest connection is closed to make room. A probe, which
+//! sends its head at once, is therefore answered whatever holds the slots.
+//!
 //! The caller binds the listener (port 0 in tests, the configured address in the
 //! daemon) and owns the shutdown token; [`serve`] stops accepting when the token
 //! is cancelled and gives in-flight requests [`SHUTDOWN_GRACE`] to finish.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,6 +56,14 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once. One Prometheus, a kubelet prober and a person
 /// with curl need a handful; connections beyond this are closed at once.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// Connections accepted past [`MAX_CONNECTIONS`], each for one request. When
+/// the pool is full the oldest overflow connection is closed for the newest.
+pub const MAX_OVERFLOW_CONNECTIONS: usize = 16;
+
+/// Time an overflow connection has to send its request head: a probe or a
+/// scrape sends it with the connection, so this only cuts off the slow.
+pub const OVERFLOW_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long in-flight requests may run after shutdown is requested.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -125,7 +143,12 @@ pub async fn serve(
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADERS)
         .keep_alive(true);
+    let mut overflow_http = http.clone();
+    overflow_http
+        .header_read_timeout(OVERFLOW_HEADER_READ_TIMEOUT)
+        .keep_alive(false);
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let overflow = Arc::new(Overflow::default());
 
     loop {
         let (stream, peer) = tokio::select! {
@@ -146,11 +169,6 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-            debug!(%peer, limit = MAX_CONNECTIONS, "too many HTTP connections; closing");
-            continue;
-        };
-
         let service = {
             let metrics = Arc::clone(&metrics);
             let health = Arc::clone(&health);
@@ -159,24 +177,27 @@ pub async fn serve(
                 std::future::ready(Ok::<_, Infallible>(response))
             })
         };
-        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let io = TokioIo::new(stream);
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let mut connection = std::pin::pin!(connection);
-            let result = tokio::select! {
-                result = connection.as_mut() => result,
-                () = shutdown.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut())
-                        .await
-                        .unwrap_or(Ok(()))
-                }
-            };
-            if let Err(error) = result {
-                debug!(%peer, %error, "HTTP connection ended with an error");
+        match Arc::clone(&connections).try_acquire_owned() {
+            Ok(permit) => {
+                let connection = http.serve_connection(io, service);
+                tokio::spawn(async move {
+                    drive(connection, peer, &shutdown, &CancellationToken::new()).await;
+                    drop(permit);
+                });
             }
-            drop(permit);
-        });
+            Err(_) => {
+                let (id, evicted) = overflow.admit();
+                debug!(%peer, limit = MAX_CONNECTIONS, "every HTTP connection slot is taken; serving one request");
+                let connection = overflow_http.serve_connection(io, service);
+                let overflow = Arc::clone(&overflow);
+                tokio::spawn(async move {
+                    drive(connection, peer, &shutdown, &evicted).await;
+                    overflow.release(id);
+                });
+            }
+        }
     }
 
     drop(listener);
@@ -189,7 +210,78 @@ pub async fn serve(
     {
         debug!("HTTP connections still open after the shutdown grace period");
     }
+    overflow.close_all();
     Ok(())
+}
+
+/// Serves one connection until it ends, `shutdown` has let it finish its
+/// request, or `evicted` closes it at once.
+async fn drive<S>(
+    connection: http1::Connection<TokioIo<tokio::net::TcpStream>, S>,
+    peer: SocketAddr,
+    shutdown: &CancellationToken,
+    evicted: &CancellationToken,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = Full<Bytes>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut connection = std::pin::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = evicted.cancelled() => {
+            debug!(%peer, "closing the oldest overflow HTTP connection for a newer one");
+            return;
+        }
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut())
+                .await
+                .unwrap_or(Ok(()))
+        }
+    };
+    if let Err(error) = result {
+        debug!(%peer, %error, "HTTP connection ended with an error");
+    }
+}
+
+/// The overflow pool: the connections past [`MAX_CONNECTIONS`], oldest first,
+/// each with the token that closes it.
+#[derive(Default)]
+struct Overflow {
+    open: Mutex<VecDeque<(u64, CancellationToken)>>,
+    next_id: AtomicU64,
+}
+
+impl Overflow {
+    /// Takes a place for a new connection, closing the oldest one when the
+    /// pool is full. Returns the place's id and the token that closes it.
+    fn admit(&self) -> (u64, CancellationToken) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        let mut open = self.lock();
+        while open.len() >= MAX_OVERFLOW_CONNECTIONS {
+            if let Some((_, oldest)) = open.pop_front() {
+                oldest.cancel();
+            }
+        }
+        open.push_back((id, token.clone()));
+        (id, token)
+    }
+
+    fn release(&self, id: u64) {
+        self.lock().retain(|(open, _)| *open != id);
+    }
+
+    fn close_all(&self) {
+        for (_, token) in self.lock().drain(..) {
+            token.cancel();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, CancellationToken)>> {
+        // The deque stays consistent even if a holder panicked.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Errors that concern one connection that never got going, not the listener.

@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod fs;
 pub mod http;
 pub mod journal;
+pub mod log;
 pub mod metrics;
 pub mod policy;
 pub mod records;

@@ -33,6 +33,9 @@ fn main() -> ExitCode {
             _ => imagegc::cli::execute(&cli, config).await,
         }
     });
+    // A configuration reload may still be blocked reading its file: leave
+    // it behind rather than wait for it.
+    runtime.shutdown_background();
     match result {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
@@ -55,19 +58,18 @@ fn report(err: &CliError) {
 }
 
 fn init_logging(cli: &Cli) -> Result<(), String> {
-    use tracing_subscriber::EnvFilter;
     let level = cli
         .log_level
         .clone()
         .unwrap_or_else(|| cli.command.default_log_level().to_string());
-    let filter = EnvFilter::try_new(&level).map_err(|e| format!("{level:?}: {e}"))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
+    let filter = imagegc::log::filter(&level)?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     match cli.log_format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
+        LogFormat::Json => builder.with_writer(std::io::stderr).json().flatten_event(true).init(),
+        LogFormat::Text => builder
+            .with_writer(imagegc::log::EscapingStderr)
+            .with_ansi(false)
+            .init(),
     }
     Ok(())
 }

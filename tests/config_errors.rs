@@ -53,3 +53,23 @@ fn check_config_names_the_file_and_the_key_of_every_malformed_file() {
         failures.join("\n")
     );
 }
+
+#[test]
+fn a_mistyped_log_level_exits_2_listing_the_valid_levels() {
+    for level in ["warning", "inf", "debg"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_imagegc"))
+            .env_remove("IMAGEGC_CONFIG")
+            .args(["--log-level", level, "check-config"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "--log-level {level}: {stderr}");
+        assert!(output.stdout.is_empty(), "--log-level {level} ran the command");
+        assert!(
+            stderr.starts_with("imagegc: --log-level: ")
+                && stderr.contains(&format!("{level:?}"))
+                && stderr.contains("expected one of error, warn, info, debug, trace, off"),
+            "--log-level {level}: {stderr}"
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use imagegc::http::{Health, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
+use imagegc::http::{HEADER_READ_TIMEOUT, Health, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
 use imagegc::metrics::{Metrics, Reason};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -435,4 +435,100 @@ async fn cancelling_stops_the_server_and_closes_idle_connections() {
     .expect("client thread");
     assert!(idle_closed, "idle keep-alive connection left open");
     assert!(TcpStream::connect(addr).is_err(), "still accepting after shutdown");
+}
+
+/// Opens `count` connections that each send the start of a request head and
+/// never finish it (slowloris), and waits until the server has read from each.
+fn open_slowloris(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
+    (0..count)
+        .map(|i| {
+            let mut stream = connect(addr);
+            stream
+                .write_all(format!("GET /metrics HTTP/1.1\r\nHost: node\r\nX-Slow-{i}: ").as_bytes())
+                .expect("write");
+            stream
+        })
+        .collect()
+}
+
+/// Opens `count` keep-alive connections that each completed one request and
+/// now sit idle.
+fn open_idle_keep_alive(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
+    (0..count)
+        .map(|_| {
+            let mut stream = connect(addr);
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
+                .expect("write");
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            assert_eq!(read_response(&mut reader, false).status, 200);
+            stream
+        })
+        .collect()
+}
+
+/// One probe on a fresh connection, the way the kubelet sends it; the status,
+/// or None when the server closed the connection without answering.
+fn probe(addr: SocketAddr) -> Option<u16> {
+    let mut stream = connect(addr);
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut status_line = String::new();
+    BufReader::new(stream).read_line(&mut status_line).ok()?;
+    status_line.split(' ').nth(1)?.parse().ok()
+}
+
+#[tokio::test]
+async fn health_probes_are_answered_while_slowloris_connections_fill_every_slot() {
+    let server = start().await;
+    let addr = server.addr;
+
+    let probes = tokio::task::spawn_blocking(move || {
+        let slow = open_slowloris(addr, MAX_CONNECTIONS + 40);
+        let probes: Vec<_> = (0..38).map(|_| probe(addr)).collect();
+        drop(slow);
+        probes
+    })
+    .await
+    .expect("client thread");
+
+    let answered = probes.iter().filter(|status| **status == Some(200)).count();
+    assert_eq!(answered, probes.len(), "probes answered: {probes:?}");
+}
+
+#[tokio::test]
+async fn health_probes_are_answered_while_idle_keep_alive_connections_fill_every_slot() {
+    let server = start().await;
+    let addr = server.addr;
+
+    let probes = tokio::task::spawn_blocking(move || {
+        let idle = open_idle_keep_alive(addr, MAX_CONNECTIONS);
+        let slow = open_slowloris(addr, 20);
+        let probes: Vec<_> = (0..10).map(|_| probe(addr)).collect();
+        drop((idle, slow));
+        probes
+    })
+    .await
+    .expect("client thread");
+
+    assert!(probes.iter().all(|status| *status == Some(200)), "probes: {probes:?}");
+}
+
+#[tokio::test]
+async fn a_connection_that_never_finishes_its_request_head_is_closed() {
+    let server = start().await;
+    let addr = server.addr;
+
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut slow = open_slowloris(addr, 1).pop().expect("one connection");
+        // The server's header deadline is longer than the test's socket
+        // timeout: read until the server gives up or the guard below does.
+        slow.set_read_timeout(Some(HEADER_READ_TIMEOUT * 3)).expect("timeout");
+        closed_by_server(&mut slow)
+    })
+    .await
+    .expect("client thread");
+
+    assert!(closed, "a half-sent request head held its connection open");
 }

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 pub enum Fixture {
     Text(&'static str),
     Bytes(&'static [u8]),
+    /// Text made when the case runs (too large to write out).
+    Generated(fn() -> String),
     /// Nothing: the file does not exist.
     Missing,
     /// A directory where the file should be.
@@ -31,6 +33,7 @@ impl Case {
         match self.fixture {
             Fixture::Text(text) => std::fs::write(&path, text).unwrap(),
             Fixture::Bytes(bytes) => std::fs::write(&path, bytes).unwrap(),
+            Fixture::Generated(make) => std::fs::write(&path, make()).unwrap(),
             Fixture::Missing => {}
             Fixture::Directory => std::fs::create_dir(&path).unwrap(),
         }
@@ -239,6 +242,46 @@ pub const CASES: &[Case] = &[
         "[gc]\nthrash_window = \"1 fortnight\"\n",
         "gc.thrash_window: invalid duration",
     ),
+    toml(
+        "interval-overflowing",
+        "[gc]\ninterval = \"18446744073709551615s\"\n",
+        "gc.interval: 213503982334601d7h15s is more than the maximum of 1d",
+    ),
+    toml(
+        "poll-interval-over-a-day",
+        "[gc]\ninterval = \"1d\"\nusage_poll_interval = \"25h\"\n",
+        "gc.usage_poll_interval: 1d1h is more than the maximum of 1d",
+    ),
+    toml(
+        "timeout-overflowing",
+        "[runtime]\ntimeout = \"18446744073709551615s\"\n",
+        "runtime.timeout: 213503982334601d7h15s is more than the maximum of 1d",
+    ),
+    toml(
+        "min-age-over-a-year",
+        "[gc]\nmin_age = \"366d\"\n",
+        "gc.min_age: 366d is more than the maximum of 365d",
+    ),
+    toml(
+        "max-age-overflowing",
+        "[gc]\nmax_age = \"18446744073709551615s\"\n",
+        "gc.max_age: 213503982334601d7h15s is more than the maximum of 365d",
+    ),
+    toml(
+        "thrash-window-over-a-year",
+        "[gc]\nthrash_window = \"53w\"\n",
+        "gc.thrash_window: 371d is more than the maximum of 365d",
+    ),
+    yaml(
+        "kubelet-max-age-overflowing",
+        kubelet!("imageMaximumGCAge: 18446744073709551615s\n"),
+        "imageMaximumGCAge: 213503982334601d7h15s is more than the maximum of 365d",
+    ),
+    yaml(
+        "kubelet-min-age-over-a-year",
+        kubelet!("imageMinimumGCAge: 9000h\n"),
+        "imageMinimumGCAge: 375d is more than the maximum of 365d",
+    ),
     // Paths and addresses.
     toml(
         "endpoint-tcp",
@@ -318,6 +361,31 @@ pub const CASES: &[Case] = &[
         "gc:\n  high_threshold_percent: 150\n",
         "gc.high_threshold_percent: must be within",
     ),
+    yaml(
+        "yaml-duplicate-key",
+        "gc:\n  dry_run: true\n  high_threshold_percent: 90\n  dry_run: false\n",
+        "line 4, column 3: duplicate key gc.dry_run",
+    ),
+    yaml(
+        "yaml-duplicate-section",
+        "gc:\n  dry_run: true\nstate:\n  dir: /var/lib/imagegc\ngc:\n  dry_run: false\n",
+        "line 5, column 1: duplicate key gc",
+    ),
+    yaml(
+        "kubelet-duplicate-field",
+        kubelet!("imageGCHighThresholdPercent: 85\nimageGCHighThresholdPercent: 100\n"),
+        "line 4, column 1: duplicate key imageGCHighThresholdPercent",
+    ),
+    toml(
+        "toml-duplicate-key-named",
+        "[gc]\ndry_run = true\nhigh_threshold_percent = 90\ndry_run = false\n",
+        "line 4, column 1: duplicate key gc.dry_run",
+    ),
+    toml(
+        "toml-duplicate-section-named",
+        "[gc]\ndry_run = true\n[state]\ndir = \"/x\"\n[gc]\ndry_run = false\n",
+        "line 5, column 2: duplicate key gc",
+    ),
     yaml("yaml-top-level-list", "- gc\n- runtime\n", "expected a mapping"),
     yaml(
         "yaml-unsupported-kind",
@@ -361,6 +429,16 @@ pub const CASES: &[Case] = &[
         "imageMaximumGCAge: 1m must be greater than imageMinimumGCAge (2m)",
     ),
     yaml(
+        "kubelet-max-age-without-its-feature-gate",
+        kubelet!("featureGates:\n  ImageMaximumGCAge: false\nimageMinimumGCAge: 2m\nimageMaximumGCAge: 1h\n"),
+        "imageMaximumGCAge: 1h requires the ImageMaximumGCAge feature gate",
+    ),
+    yaml(
+        "kubelet-feature-gate-not-a-bool",
+        kubelet!("featureGates:\n  ImageMaximumGCAge: \"no\"\n"),
+        "featureGates.ImageMaximumGCAge: invalid type",
+    ),
+    yaml(
         "kubelet-eviction-unparsable",
         kubelet!("evictionHard:\n  imagefs.available: lots\n"),
         "evictionHard.imagefs.available: invalid quantity",
@@ -401,5 +479,36 @@ pub const CASES: &[Case] = &[
         extension: "toml",
         fixture: Fixture::Bytes(b"[gc]\nmin_age = \"\xff\xfe\"\n"),
         named: "cannot read the file",
+    },
+    // Input that would cost the parser far more than its size.
+    Case {
+        name: "yaml-nested-100k-deep",
+        extension: "yaml",
+        fixture: Fixture::Generated(|| format!("gc: {}", "[".repeat(100_000))),
+        named: "line 1, column 37: more than 32 levels of nesting",
+    },
+    Case {
+        name: "json-nested-100k-deep",
+        extension: "json",
+        fixture: Fixture::Generated(|| format!("{{\"gc\": {}", "{\"a\": ".repeat(100_000))),
+        named: "line 1, column 194: more than 32 levels of nesting",
+    },
+    Case {
+        name: "toml-nested-100k-deep",
+        extension: "toml",
+        fixture: Fixture::Generated(|| format!("[protect]\nimages = {}", "[".repeat(100_000))),
+        named: "line 2, column 42: more than 32 levels of nesting",
+    },
+    Case {
+        name: "sniffed-nested-100k-deep",
+        extension: "conf",
+        fixture: Fixture::Generated(|| format!("a = {}", "[".repeat(100_000))),
+        named: "line 1, column 37: more than 32 levels of nesting",
+    },
+    Case {
+        name: "larger-than-a-mebibyte",
+        extension: "toml",
+        fixture: Fixture::Generated(|| format!("[gc]\n{}", "# padding\n".repeat(120_000))),
+        named: "the file is 1200005 bytes, more than the maximum of 1048576 (1 MiB)",
     },
 ];
