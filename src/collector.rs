@@ -32,13 +32,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::cri::{Container, ContainerEvent, Image, ImageFsUsage, Removed, Runtime, RuntimeError};
+use crate::cri::{Container, ContainerEvent, Image, Removed, Runtime, RuntimeError};
+use crate::daemon::Health;
 use crate::fs::{FsError, FsProbe, FsStats};
-use crate::http::Health;
 use crate::journal::{Journal, JournalEntry};
+use crate::matching::{self, InUse};
 use crate::metrics::Metrics;
-use crate::policy::{self, Candidate, Plan, Reason, Snapshot, SpaceOutlook};
-use crate::records::{self, HashMap, InUse, Records};
+use crate::policy::{self, Candidate, Plan, Reason, Snapshot, SpaceOutlook, SpaceTarget};
+use crate::records::{self, HashMap, Records};
+pub use crate::report::{CycleReport, Outcome, Removal};
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
@@ -164,25 +166,6 @@ pub async fn sandbox_images<R: Runtime>(
     images
 }
 
-/// One removal (or, in dry run, one removal that would have happened).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Removal {
-    pub id: String,
-    pub tags: Vec<String>,
-    pub digests: Vec<String>,
-    pub reason: Reason,
-    /// Size the runtime reported.
-    pub size: u64,
-    /// Bytes the filesystem gained back, measured around the removal (None
-    /// when the filesystem could not be measured, and in dry run).
-    pub freed_bytes: Option<u64>,
-    #[serde(serialize_with = "crate::time::serialize")]
-    pub first_seen: SystemTime,
-    #[serde(serialize_with = "crate::time::serialize")]
-    pub last_used: SystemTime,
-    pub dry_run: bool,
-}
-
 /// An image this collector removed, remembered for `gc.thrash_window`.
 #[derive(Debug, Clone)]
 struct RecentRemoval {
@@ -232,74 +215,6 @@ enum Step {
 /// watched for (`ImageStatus` every [`UNSETTLED_STEP`]), at most.
 const UNSETTLED_WATCH: Duration = Duration::from_secs(30);
 const UNSETTLED_STEP: Duration = Duration::from_millis(250);
-
-/// How a cycle ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Usage is at or below the low threshold, or was below the high one.
-    Success,
-    /// The space pass ran out of candidates above the low threshold.
-    LowNotReached { freed_bytes: u64, remaining_bytes: u64 },
-    /// The cycle could not run to its end (runtime or filesystem error).
-    Failed(String),
-    /// Shutdown was requested between removals.
-    Interrupted,
-}
-
-/// What one cycle did.
-#[derive(Debug, Clone)]
-pub struct CycleReport {
-    pub outcome: Outcome,
-    pub removed: Vec<Removal>,
-    pub failed: Vec<(String, String)>,
-    /// Images skipped because they came into use right before removal.
-    pub became_in_use: Vec<String>,
-    pub before: Option<FsStats>,
-    pub after: Option<FsStats>,
-    /// True when usage reached the high threshold and the space pass ran.
-    pub space_pass: bool,
-    /// Set when the space pass ran and images could not bring usage to the
-    /// low threshold.
-    pub space_unreachable: Option<SpaceOutlook>,
-    /// Candidates the space pass left because imagegc removed them within
-    /// `gc.thrash_window` while images cannot bring usage to low.
-    pub held_back: Vec<String>,
-    /// Removals whose outcome the runtime did not tell, still listed at the
-    /// end of the walk.
-    pub unsettled: Vec<String>,
-    /// True when the runtime answered the cycle's listing.
-    pub runtime_reached: bool,
-    pub duration: Duration,
-    pub dry_run: bool,
-}
-
-impl CycleReport {
-    fn new(dry_run: bool) -> Self {
-        CycleReport {
-            outcome: Outcome::Success,
-            removed: Vec::new(),
-            failed: Vec::new(),
-            became_in_use: Vec::new(),
-            before: None,
-            after: None,
-            space_pass: false,
-            space_unreachable: None,
-            held_back: Vec::new(),
-            unsettled: Vec::new(),
-            runtime_reached: false,
-            duration: Duration::ZERO,
-            dry_run,
-        }
-    }
-
-    pub fn succeeded(&self) -> bool {
-        matches!(self.outcome, Outcome::Success)
-    }
-
-    pub fn freed_bytes(&self) -> u64 {
-        self.removed.iter().filter_map(|r| r.freed_bytes).sum()
-    }
-}
 
 /// A view of the filesystem for one cycle: where it is and how to measure it.
 struct Disk {
@@ -715,16 +630,7 @@ impl<R: Runtime> Collector<R> {
             let containers = mounts.list(runtime).await?;
             Ok::<_, RuntimeError>((images, containers))
         };
-        let image_fs = async {
-            match &self.config.gc.image_fs_path {
-                Some(path) => Ok(ImageFs {
-                    path: path.clone(),
-                    image_bytes: None,
-                }),
-                None => runtime.image_fs_info().await.map(image_fs),
-            }
-        };
-        let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
+        let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs(runtime, &self.config));
         let (images, containers) = match listings {
             Ok(listings) => listings,
             Err(e) => {
@@ -848,7 +754,7 @@ impl<R: Runtime> Collector<R> {
     /// A replayed event (containerd replays recent events to a new
     /// subscriber) counts at its own time, not at its arrival.
     pub fn mark_used_by_event(&mut self, event: &ContainerEvent) {
-        let ids = records::images_named(&self.last_images, event.images.iter().map(String::as_str));
+        let ids = matching::images_named(&self.last_images, event.images.iter().map(String::as_str));
         let at = event
             .created_at
             .map_or_else(|| self.clock.now(), |stamped| self.clock.from_wall(stamped));
@@ -992,7 +898,23 @@ impl<R: Runtime> Collector<R> {
             self.save_if_due().await;
         }
 
-        // Space pass.
+        self.space_pass(config, &plan, snapshot, &disk, image_bytes, cancel, report)
+            .await
+    }
+
+    /// The space pass: when [`SpaceTarget::due`], remove space candidates in
+    /// order, re-measuring after each, until [`SpaceTarget::reached`].
+    #[allow(clippy::too_many_arguments)] // the cycle's parts, passed down as they are
+    async fn space_pass(
+        &mut self,
+        config: &Config,
+        plan: &Plan<'_>,
+        snapshot: &Snapshot,
+        disk: &Disk,
+        image_bytes: Option<u64>,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<(), String> {
         let mut stats = match disk.measure() {
             Ok(stats) => stats,
             Err(err) => {
@@ -1004,44 +926,36 @@ impl<R: Runtime> Collector<R> {
         report.after = Some(stats);
         self.publish_usage(&stats);
         self.check_eviction_threshold(config, &stats);
-        let high = config.gc.high_threshold_percent;
-        let low = config.gc.low_threshold_percent;
-        let inodes = config.gc.high_inodes_percent.zip(config.gc.low_inodes_percent);
-        let bytes_high = stats.usage_percent() >= u64::from(high);
-        let inodes_high = inodes.is_some_and(|(h, _)| stats.inode_usage_percent().is_some_and(|u| u >= u64::from(h)));
-        if !(bytes_high || inodes_high) {
+        let target = SpaceTarget::new(config);
+        if !target.due(&stats) {
             debug!(
                 usage_percent = stats.usage_percent(),
-                high, "usage below the high threshold"
+                high = target.high_percent(),
+                "usage below the high threshold"
             );
             self.note_space_outlook(None);
             return Ok(());
         }
         report.space_pass = true;
-        let outlook = SpaceOutlook::new(&stats, low, &plan.space, &snapshot.images, image_bytes);
+        let outlook = SpaceOutlook::new(&stats, target.low_percent(), &plan.space, &snapshot.images, image_bytes);
         self.note_space_outlook(Some(outlook));
         report.space_unreachable = self.space_unreachable;
-        let to_free = stats.bytes_to_free(low);
+        let to_free = target.bytes_to_free(&stats);
         info!(
             usage_percent = stats.usage_percent(),
-            high_threshold_percent = high,
-            low_threshold_percent = low,
+            high_threshold_percent = target.high_percent(),
+            low_threshold_percent = target.low_percent(),
             bytes_to_free = to_free,
             inode_usage_percent = stats.inode_usage_percent(),
             "image filesystem usage is at or above the high threshold: freeing space down to the low threshold"
         );
-        let low_reached =
-            |s: &FsStats| s.bytes_to_free(low) == 0 && inodes.is_none_or(|(_, l)| s.inodes_to_free(l) == 0);
         // Bytes still to free by reported sizes, once measuring is no longer
         // possible (dry run, or statvfs failing mid-walk).
-        let mut estimate: Option<u64> = None;
-        if config.gc.dry_run {
-            estimate = Some(to_free);
-        }
+        let mut estimate: Option<u64> = config.gc.dry_run.then_some(to_free);
         for candidate in &plan.space {
             let reached = match estimate {
                 Some(left) => left == 0,
-                None => low_reached(&stats),
+                None => target.reached(&stats),
             };
             if reached {
                 break;
@@ -1055,7 +969,7 @@ impl<R: Runtime> Collector<R> {
                 report.held_back.push(candidate.id.to_string());
                 continue;
             }
-            match self.remove(candidate, &snapshot.images, &disk, cancel, report).await? {
+            match self.remove(candidate, &snapshot.images, disk, cancel, report).await? {
                 Step::Removed => {}
                 Step::Kept => {
                     // Kept here, but someone else may have removed it (or
@@ -1080,7 +994,7 @@ impl<R: Runtime> Collector<R> {
                         error = %err,
                         "cannot re-measure the image filesystem: falling back to the runtime's image sizes (they overstate what shared layers free)"
                     );
-                    estimate = Some(stats.bytes_to_free(low).saturating_sub(candidate.size));
+                    estimate = Some(target.bytes_to_free(&stats).saturating_sub(candidate.size));
                 }
             }
         }
@@ -1088,10 +1002,10 @@ impl<R: Runtime> Collector<R> {
         self.publish_usage(&stats);
         let done = match estimate {
             Some(left) => left == 0,
-            None => low_reached(&stats),
+            None => target.reached(&stats),
         };
         if !done {
-            let remaining = estimate.unwrap_or_else(|| stats.bytes_to_free(low));
+            let remaining = estimate.unwrap_or_else(|| target.bytes_to_free(&stats));
             let freed = report
                 .before
                 .map_or(0, |b| stats.available().saturating_sub(b.available()));
@@ -1174,7 +1088,7 @@ impl<R: Runtime> Collector<R> {
             .iter()
             .filter(|i| i.id != current.id)
             .chain(std::iter::once(&current));
-        let references = records::References::new(listing, &containers, &[]);
+        let references = matching::References::new(listing, &containers, &[]);
         let mut users = Vec::new();
         references.users(&current, &mut users);
         if !users.is_empty() {
@@ -1418,17 +1332,26 @@ impl<R: Runtime> Collector<R> {
     }
 }
 
-/// The image filesystem in an ImageFsInfo answer: the first entry that
-/// names a mount point (an empty path when none does).
-fn image_fs(filesystems: Vec<ImageFsUsage>) -> ImageFs {
-    filesystems
+/// Where the image filesystem is: the configured `gc.image_fs_path`, else
+/// the first entry of the runtime's `ImageFsInfo` that names a mount point
+/// (an empty path when none does), with the bytes it says images use.
+pub async fn image_fs<R: Runtime>(runtime: &R, config: &Config) -> Result<ImageFs, RuntimeError> {
+    if let Some(path) = &config.gc.image_fs_path {
+        return Ok(ImageFs {
+            path: path.clone(),
+            image_bytes: None,
+        });
+    }
+    Ok(runtime
+        .image_fs_info()
+        .await?
         .into_iter()
         .find(|fs| !fs.mount_point.is_empty())
         .map(|fs| ImageFs {
             path: PathBuf::from(fs.mount_point),
             image_bytes: fs.used_bytes,
         })
-        .unwrap_or_default()
+        .unwrap_or_default())
 }
 
 #[cfg(test)]

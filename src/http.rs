@@ -1,7 +1,7 @@
 //! The read-only HTTP endpoint: `/metrics`, `/healthz` and `/readyz`.
 //!
-//! It owns [`Health`], the two facts the probes report: whether the daemon loop
-//! is still turning (liveness) and whether the last contact with the runtime
+//! It answers the probes from the daemon's [`Health`]: whether the loop is
+//! still turning (liveness) and whether the last contact with the runtime
 //! succeeded (readiness). It changes nothing on the node and accepts no input
 //! beyond a method and a path, so requests with a body are refused unread and
 //! every limit (header size, header count, header read time, connections) is
@@ -24,9 +24,9 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Body as _, Bytes, Incoming};
@@ -40,6 +40,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::daemon::Health;
 use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
 
 /// Largest request head (request line and headers) accepted, in bytes. A scrape
@@ -74,56 +75,6 @@ const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 const ALLOWED_METHODS: &str = "GET, HEAD";
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
-
-/// Liveness and readiness, shared as `Arc<Health>` between the daemon loop,
-/// which reports, and the HTTP endpoint, which answers probes.
-#[derive(Debug)]
-pub struct Health {
-    ready: AtomicBool,
-    last_heartbeat: Mutex<Instant>,
-    liveness_window: Duration,
-}
-
-impl Health {
-    /// Starts not ready and alive: construction counts as the first heartbeat,
-    /// so the daemon has one `liveness_window` to reach its first iteration.
-    pub fn new(liveness_window: Duration) -> Health {
-        Health {
-            ready: AtomicBool::new(false),
-            last_heartbeat: Mutex::new(Instant::now()),
-            liveness_window,
-        }
-    }
-
-    /// Set to true only when the last contact with the runtime succeeded.
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
-    }
-
-    /// The daemon loop calls this on every iteration.
-    pub fn heartbeat(&self) {
-        *self.lock_heartbeat() = Instant::now();
-    }
-
-    /// True while the last heartbeat is less than the liveness window old. Uses
-    /// the monotonic clock, so wall clock jumps neither kill nor revive the daemon.
-    pub fn is_alive(&self) -> bool {
-        self.is_alive_at(Instant::now())
-    }
-
-    fn is_alive_at(&self, now: Instant) -> bool {
-        now.saturating_duration_since(*self.lock_heartbeat()) < self.liveness_window
-    }
-
-    fn lock_heartbeat(&self) -> std::sync::MutexGuard<'_, Instant> {
-        // The guarded value is a plain Instant, valid even if a holder panicked.
-        self.last_heartbeat.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` is
 /// cancelled, then waits up to [`SHUTDOWN_GRACE`] for open requests and returns.
@@ -352,41 +303,4 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn alive_from_construction_until_the_window_passes() {
-        let health = Health::new(Duration::from_secs(60));
-        let start = *health.lock_heartbeat();
-        assert!(health.is_alive_at(start + Duration::from_secs(59)));
-        assert!(!health.is_alive_at(start + Duration::from_secs(60)));
-    }
-
-    #[test]
-    fn a_heartbeat_restarts_the_window() {
-        let health = Health::new(Duration::from_secs(60));
-        health.heartbeat();
-        let beat = *health.lock_heartbeat();
-        assert!(health.is_alive_at(beat + Duration::from_secs(59)));
-        assert!(!health.is_alive_at(beat + Duration::from_secs(61)));
-    }
-
-    #[test]
-    fn a_zero_window_is_never_alive() {
-        assert!(!Health::new(Duration::ZERO).is_alive());
-    }
-
-    #[test]
-    fn not_ready_until_told() {
-        let health = Health::new(Duration::from_secs(60));
-        assert!(!health.is_ready());
-        health.set_ready(true);
-        assert!(health.is_ready());
-        health.set_ready(false);
-        assert!(!health.is_ready());
-    }
 }

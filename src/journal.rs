@@ -31,7 +31,7 @@ use crate::safe_file::{self, Links};
 
 use serde::{Deserialize, Serialize};
 
-use crate::collector::Removal;
+use crate::report::Removal;
 use crate::time::rfc3339;
 
 pub const FILE_NAME: &str = "removals.jsonl";

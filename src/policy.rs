@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime};
 use crate::config::Config;
 use crate::cri::{Container, Image};
 use crate::fs::FsStats;
-use crate::records::{HashMap, Records, References};
+use crate::matching::References;
+use crate::records::{HashMap, Records};
 use crate::reference::{self, ProtectPattern};
 
 /// What the runtime reported in one listing.
@@ -328,6 +329,71 @@ impl Listings {
         } else {
             Listing::Only
         }
+    }
+}
+
+/// Whether a space pass is due, what it must free and when it is done: the
+/// one answer the collector, its dry-run estimate and `plan` share. Bytes
+/// use the kubelet's arithmetic (usage rounded up, see [`FsStats`]); inode
+/// thresholds, when configured, start a pass too and must be met as well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceTarget {
+    high: u8,
+    low: u8,
+    /// `gc.high_inodes_percent` and `gc.low_inodes_percent`, when set.
+    inodes: Option<(u8, u8)>,
+}
+
+impl SpaceTarget {
+    pub fn new(config: &Config) -> Self {
+        SpaceTarget {
+            high: config.gc.high_threshold_percent,
+            low: config.gc.low_threshold_percent,
+            inodes: config.gc.high_inodes_percent.zip(config.gc.low_inodes_percent),
+        }
+    }
+
+    pub fn high_percent(&self) -> u8 {
+        self.high
+    }
+
+    pub fn low_percent(&self) -> u8 {
+        self.low
+    }
+
+    /// True when usage (bytes, or inodes when configured) is at or above
+    /// the high threshold.
+    pub fn due(&self, stats: &FsStats) -> bool {
+        stats.usage_percent() >= u64::from(self.high)
+            || self
+                .inodes
+                .is_some_and(|(high, _)| stats.inode_usage_percent().is_some_and(|u| u >= u64::from(high)))
+    }
+
+    /// Bytes to free to bring usage to the low threshold.
+    pub fn bytes_to_free(&self, stats: &FsStats) -> u64 {
+        stats.bytes_to_free(self.low)
+    }
+
+    /// True when usage is at or below low, in bytes and (when configured)
+    /// in inodes.
+    pub fn reached(&self, stats: &FsStats) -> bool {
+        stats.bytes_to_free(self.low) == 0 && self.inodes.is_none_or(|(_, low)| stats.inodes_to_free(low) == 0)
+    }
+
+    /// How many of `candidates`, in order, their reported sizes say cover
+    /// `bytes` (sizes are the runtime's word: absurd ones do not overflow).
+    pub fn covering<'c>(bytes: u64, candidates: impl IntoIterator<Item = &'c Candidate<'c>>) -> usize {
+        let mut left = bytes;
+        let mut count = 0;
+        for candidate in candidates {
+            if left == 0 {
+                break;
+            }
+            left = left.saturating_sub(candidate.size);
+            count += 1;
+        }
+        count
     }
 }
 

@@ -6,7 +6,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use imagegc::http::{HEADER_READ_TIMEOUT, Health, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
+use imagegc::daemon::Health;
+use imagegc::http::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
 use imagegc::metrics::{Metrics, Reason};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;

@@ -14,16 +14,14 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use imagegc::collector::Collector;
 use imagegc::config::Config;
 use imagegc::cri::fake::{FakeRuntime, FakeServer};
 use imagegc::cri::{Container, ContainerState, Image};
+use imagegc::daemon::Health;
 use imagegc::fs::{FsError, FsProbe, FsStats};
-use imagegc::http::Health;
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;
 use imagegc::state::{Loaded, StateStore};
-use imagegc::time::Clock;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -157,25 +155,14 @@ impl InProcess {
         prepare(&state_dir);
         let mut config = Self::config(&state_dir, &server.endpoint());
         configure(&mut config);
-        let runtime = imagegc::cri::connect(&server.endpoint(), CRI_TIMEOUT).unwrap();
-        let metrics = Arc::new(Metrics::new());
         let health = Arc::new(Health::new(Duration::from_secs(600)));
-        let collector = Collector::new(
-            runtime,
-            Arc::new(config),
-            Arc::new(disk),
-            Arc::clone(&metrics),
-            Clock::start(),
-        )
-        .with_health(Arc::clone(&health));
+        let daemon = imagegc::daemon::Daemon::new(config)
+            .probe(Arc::new(disk))
+            .health(Arc::clone(&health));
+        let metrics = daemon.metrics();
         let shutdown = CancellationToken::new();
         let (reloads, reload_rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(imagegc::daemon::run(
-            collector,
-            Arc::clone(&health),
-            shutdown.clone(),
-            reload_rx,
-        ));
+        let task = tokio::spawn(daemon.run(shutdown.clone(), reload_rx));
         InProcess {
             dir,
             server: Some(server),

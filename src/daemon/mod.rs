@@ -2,9 +2,12 @@
 //! between cycles (container events where the runtime streams them, polling
 //! otherwise), configuration reloads, and graceful shutdown.
 //!
-//! Everything from outside comes in as an argument — the collector (with its
-//! runtime), the health flags, the shutdown token and the reload channel —
-//! so tests drive the loop with a fake runtime and their own token.
+//! [`Daemon`] is the composition root `imagegc run` and the tests share: it
+//! serves the HTTP endpoint on a listener it is handed, finds the runtime
+//! (with the loop's backoff), builds the collector and runs the loop.
+//! Everything from outside comes in as an argument — the listener, the
+//! filesystem probe, the shutdown token and the reload channel — so tests
+//! drive it with a fake runtime, port 0 and their own token.
 //! One cycle runs at a time. Shutdown is honoured between removals; state is
 //! saved before returning.
 
@@ -17,16 +20,23 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::collector::{Collector, Outcome};
+use crate::collector::Collector;
 use crate::config::Config;
 use crate::cri::{EventStream, Runtime};
-use crate::http::Health;
+use crate::report::Outcome;
+
+mod health;
+mod start;
+
+pub use health::Health;
+pub use start::Daemon;
 
 /// How long an in-flight cycle may take to reach its next stopping point
 /// after shutdown was requested: well inside the 30 s a DaemonSet pod gets.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
-/// Retry delays after the runtime could not be reached: doubling from the
-/// first to the cap (and never beyond the interval).
+/// Retry delays after the runtime could not be reached (at start, and for
+/// cycles and event streams later): doubling from the first to the cap (and
+/// never beyond the interval).
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_CAP: Duration = Duration::from_secs(60);
 

@@ -1,0 +1,139 @@
+//! `imagegc images`: the runtime's images with their use, the sandbox
+//! images and the image filesystem, as a table or JSON (the JSON shape is
+//! documented in README and only ever grows).
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::table::{Table, cell, fs_line, human_bytes, short_id, tags_cell, yes_no};
+use super::{CliError, ExitStatus, Output, out};
+use crate::collector::{ImageFs, MountCache, PodImages, image_fs, sandbox_images};
+use crate::config::Config;
+use crate::cri::{CriClient, Runtime};
+use crate::fs::{FsProbe, FsStats, Statvfs};
+use crate::matching::InUse;
+
+#[derive(Serialize)]
+struct ImagesView<'a> {
+    runtime: RuntimeView<'a>,
+    sandbox_image: Option<&'a String>,
+    sandbox_images: &'a [String],
+    image_filesystem: FilesystemView,
+    images: Vec<ImageView<'a>>,
+}
+
+#[derive(Serialize)]
+struct RuntimeView<'a> {
+    endpoint: &'a str,
+    name: &'a str,
+    version: &'a str,
+}
+
+/// The image filesystem as measured, or why it could not be.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum FilesystemView {
+    Measured {
+        mount_point: PathBuf,
+        capacity_bytes: u64,
+        used_bytes: u64,
+        available_bytes: u64,
+        usage_percent: u64,
+        inodes_total: u64,
+        inodes_free: u64,
+    },
+    Unmeasured {
+        mount_point: PathBuf,
+        error: String,
+    },
+}
+
+#[derive(Serialize)]
+struct ImageView<'a> {
+    id: &'a str,
+    tags: &'a [String],
+    digests: &'a [String],
+    size_bytes: u64,
+    pinned: bool,
+    in_use: bool,
+    containers: &'a [&'a str],
+}
+
+/// `images`: the inventory, with in-use marks and the filesystem.
+pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
+    let version = runtime.version().await?;
+    let images = runtime.list_images().await?;
+    let containers = MountCache::default().list(runtime).await?;
+    let from_status = runtime.status().await.ok().and_then(|s| s.sandbox_image);
+    let sandbox_images = sandbox_images(runtime, config, from_status.as_deref(), &mut PodImages::default()).await;
+    let ImageFs { path: mount_point, .. } = image_fs(runtime, config).await?;
+    let fs = Statvfs.stats(&mount_point);
+    let in_use = InUse::new(&images, &containers);
+    if output == Output::Json {
+        let image_filesystem = match &fs {
+            Ok(s) => FilesystemView::Measured {
+                mount_point,
+                capacity_bytes: s.capacity_bytes,
+                used_bytes: s.used_bytes(),
+                available_bytes: s.available(),
+                usage_percent: s.usage_percent(),
+                inodes_total: s.inodes_total,
+                inodes_free: s.inodes_free,
+            },
+            Err(err) => FilesystemView::Unmeasured {
+                mount_point,
+                error: err.to_string(),
+            },
+        };
+        out::json(&ImagesView {
+            runtime: RuntimeView {
+                endpoint: runtime.endpoint(),
+                name: &version.runtime_name,
+                version: &version.runtime_version,
+            },
+            sandbox_image: sandbox_images.first(),
+            sandbox_images: &sandbox_images,
+            image_filesystem,
+            images: images
+                .iter()
+                .map(|i| ImageView {
+                    id: &i.id,
+                    tags: &i.repo_tags,
+                    digests: &i.repo_digests,
+                    size_bytes: i.size,
+                    pinned: i.pinned,
+                    in_use: in_use.is_used(&i.id),
+                    containers: in_use.containers(&i.id),
+                })
+                .collect(),
+        })?;
+        return Ok(0);
+    }
+    let mut table = Table::new(["IMAGE ID", "TAGS", "SIZE", "PINNED", "IN USE"]);
+    for i in &images {
+        let used = in_use.containers(&i.id).len();
+        table.row([
+            short_id(&i.id),
+            tags_cell(&i.repo_tags),
+            human_bytes(i.size),
+            yes_no(i.pinned),
+            if used > 0 {
+                format!("yes ({used})")
+            } else {
+                "no".to_string()
+            },
+        ]);
+    }
+    let measured: Option<&FsStats> = fs.as_ref().ok();
+    let text = format!(
+        "runtime: {} {} at {}\n{}\n{}",
+        cell(&version.runtime_name),
+        cell(&version.runtime_version),
+        runtime.endpoint(),
+        fs_line(&mount_point.display().to_string(), measured, config),
+        table.render()
+    );
+    out::text(&text)?;
+    Ok(0)
+}

@@ -1,0 +1,255 @@
+//! The command line: subcommands and flags, the errors that end a command
+//! and their exit codes, and the dispatch to each command's module. What a
+//! command prints lives with the command (`images`, `plan`, `once`,
+//! `history`, `run`); how tables and sizes are drawn in [`table`]. Every
+//! command writes through one locked, buffered stdout ([`out`]).
+//!
+//! Exit codes, for every subcommand: 0 success; 1 runtime or IO failure;
+//! 2 configuration or usage error (an unsafe state directory included);
+//! 3 (`once`) a cycle ran but could not reach the low threshold; 4 (`run`,
+//! `once`) another imagegc holds the state directory's lock.
+//!
+//! `run` and `once` hold the state directory's exclusive lock for their
+//! whole life; `plan` and `history` take no lock and write nothing.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::{self, Config, ConfigError, Overrides};
+use crate::cri::{self, CriClient, Runtime, RuntimeError};
+use crate::state::{StateError, StateLock, StateStore};
+
+mod history;
+mod images;
+mod once;
+mod plan;
+mod run;
+pub mod table;
+
+pub use run::run_daemon;
+pub use table::{human_bytes, printable, short_id};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "imagegc",
+    version,
+    about = "A node-level container image garbage collector for CRI runtimes"
+)]
+pub struct Cli {
+    /// Configuration file: imagegc TOML or YAML, or a KubeletConfiguration YAML.
+    #[arg(long, global = true, value_name = "FILE", env = "IMAGEGC_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// CRI endpoint, e.g. unix:///run/containerd/containerd.sock (default: discover).
+    #[arg(long, global = true, value_name = "ENDPOINT")]
+    pub runtime_endpoint: Option<String>,
+    /// Where image history and the removal journal are kept.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log level or filter (error, warn, info, debug, trace). Default: info
+    /// for `run` and `once`, warn otherwise.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Output {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the collector: a cycle at start, then every gc.interval.
+    Run {
+        /// Do everything except removing images.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Run one cycle and exit (0, or 3 when the low threshold was not reached).
+    Once {
+        /// Do everything except removing images.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Show what a cycle would do now, and why. Removes nothing.
+    Plan {
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// List images with their use and the image filesystem.
+    Images {
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Validate the configuration and print it with defaults filled in.
+    CheckConfig,
+    /// Show removals from the audit journal.
+    History {
+        /// How far back, e.g. 24h or 7d (default: everything).
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+impl Command {
+    /// The default log level: the long-running and removing commands say
+    /// what they do; the read-only ones keep stderr quiet.
+    pub fn default_log_level(&self) -> &'static str {
+        match self {
+            Command::Run { .. } | Command::Once { .. } => "info",
+            _ => "warn",
+        }
+    }
+}
+
+/// Errors that end a command, each with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Runtime(#[from] RuntimeError),
+    #[error("{0}")]
+    State(#[from] StateError),
+    #[error("{0}")]
+    Other(#[from] anyhow::Error),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Config(_) | CliError::Usage(_) => 2,
+            CliError::State(StateError::Unsafe { .. }) => 2,
+            CliError::State(StateError::Locked { .. }) => 4,
+            CliError::Runtime(_) | CliError::State(_) | CliError::Other(_) => 1,
+        }
+    }
+}
+
+/// What a successful command asks the process to exit with.
+pub type ExitStatus = u8;
+
+/// Loads the configuration from the flags.
+pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
+    let dry_run = matches!(
+        cli.command,
+        Command::Run { dry_run: true } | Command::Once { dry_run: true, .. }
+    );
+    let overrides = Overrides {
+        runtime_endpoint: cli.runtime_endpoint.clone(),
+        state_dir: cli.state_dir.clone(),
+        dry_run,
+    };
+    config::load(cli.config.as_deref(), &overrides)
+}
+
+/// Runs a command other than `run` (the daemon lives in [`crate::daemon`]).
+pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> {
+    match &cli.command {
+        Command::CheckConfig => check_config(&config),
+        Command::History { since, output } => history::history(&config, since.as_deref(), *output),
+        Command::Images { output } => {
+            let runtime = runtime_client(&config).await?;
+            images::images(&runtime, &config, *output).await
+        }
+        Command::Plan { output } => {
+            StateStore::new(&config.state.dir).check_dir()?;
+            let runtime = runtime_client(&config).await?;
+            plan::plan(runtime, config, *output).await
+        }
+        Command::Once { output, .. } => {
+            let _lock = lock_state(&config)?;
+            let runtime = runtime_client(&config).await?;
+            once::once(runtime, config, *output).await
+        }
+        Command::Run { .. } => unreachable!("run is handled by the daemon"),
+    }
+}
+
+/// Takes the state directory's lock for `run` and `once` (see
+/// [`StateStore::lock`]): before anything else, so a second imagegc or an
+/// unsafe directory stops the command at start, never after it removed.
+fn lock_state(config: &Config) -> Result<StateLock, CliError> {
+    Ok(StateStore::new(&config.state.dir).lock()?)
+}
+
+/// Connects to the configured runtime or discovers one; checks it answers.
+pub async fn runtime_client(config: &Config) -> Result<CriClient, RuntimeError> {
+    let client = cri::discover(config.runtime.endpoint.as_deref(), config.runtime.timeout).await?;
+    client.version().await?;
+    Ok(client)
+}
+
+fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    out::text(&config.to_toml_string())?;
+    Ok(0)
+}
+
+/// Standard output for every command: locked once and buffered, so a large
+/// answer (`plan --output json` over 10,000 images) is a few large writes,
+/// not one per value. A closed pipe (`imagegc images | head`) is an error
+/// like any other write error.
+mod out {
+    use std::io::{BufWriter, Write};
+
+    use super::CliError;
+
+    /// Writes `value` as pretty JSON and a newline.
+    pub fn json(value: &impl serde::Serialize) -> Result<(), CliError> {
+        let mut out = BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
+        serde_json::to_writer_pretty(&mut out, value).map_err(anyhow::Error::from)?;
+        writeln!(out).map_err(anyhow::Error::from)?;
+        out.flush().map_err(anyhow::Error::from)?;
+        Ok(())
+    }
+
+    /// Writes `text` as it is.
+    pub fn text(text: &str) -> Result<(), CliError> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes()).map_err(anyhow::Error::from)?;
+        out.flush().map_err(anyhow::Error::from)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_parses_global_flags_after_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "imagegc",
+            "images",
+            "--output",
+            "json",
+            "--runtime-endpoint",
+            "unix:///x",
+        ])
+        .unwrap();
+        assert_eq!(cli.runtime_endpoint.as_deref(), Some("unix:///x"));
+        assert!(matches!(cli.command, Command::Images { output: Output::Json }));
+    }
+}

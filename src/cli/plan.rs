@@ -1,0 +1,307 @@
+//! `imagegc plan`: what a cycle would do now and why, removing and writing
+//! nothing (a corrupt state file is reported and left where it is). Whether
+//! a space pass is due and what it must free come from the same
+//! [`SpaceTarget`] the collector acts on.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use super::once::unreachable_text;
+use super::table::{Table, fs_line, human_bytes, short_id, tags_cell};
+use super::{CliError, ExitStatus, Output, out};
+use crate::collector::Collector;
+use crate::config::Config;
+use crate::cri::CriClient;
+use crate::fs::{FsProbe, FsStats, Statvfs};
+use crate::metrics::Metrics;
+use crate::policy::{Candidate, KeepReason, Kept, Plan, SpaceOutlook, SpaceTarget};
+use crate::time::{Clock, ago, rfc3339};
+
+#[derive(Serialize)]
+struct PlanJson<'a> {
+    time: String,
+    dry_run: bool,
+    image_filesystem: Option<FilesystemView<'a>>,
+    high_threshold_percent: u8,
+    low_threshold_percent: u8,
+    space_pass: bool,
+    bytes_to_free: u64,
+    space_unreachable: Option<SpaceOutlook>,
+    removals: Vec<&'a Candidate<'a>>,
+    further_space_candidates: &'a [Candidate<'a>],
+    kept: Vec<serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct FilesystemView<'a> {
+    mount_point: &'a PathBuf,
+    capacity_bytes: u64,
+    available_bytes: u64,
+    usage_percent: u64,
+}
+
+/// `plan`: what a cycle would do now.
+pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
+    let mut collector = Collector::new_read_only(
+        runtime,
+        Arc::new(config.clone()),
+        Arc::new(Statvfs),
+        Arc::new(Metrics::new()),
+        Clock::start(),
+    );
+    let (snapshot, image_fs) = collector.observe().await?;
+    let image_fs = image_fs?;
+    let fs = Statvfs.stats(&image_fs.path).ok();
+    let now = collector.clock().now();
+    let plan = collector.plan(&snapshot);
+    let view = PlanView::new(&plan, fs.as_ref(), &config);
+    let outlook = fs
+        .as_ref()
+        .filter(|_| view.space_pass)
+        .map(|fs| {
+            SpaceOutlook::new(
+                fs,
+                config.gc.low_threshold_percent,
+                plan.age.iter().chain(&plan.space),
+                &snapshot.images,
+                image_fs.image_bytes,
+            )
+        })
+        .filter(SpaceOutlook::unreachable);
+    if output == Output::Json {
+        out::json(&PlanJson {
+            time: rfc3339(now),
+            dry_run: config.gc.dry_run,
+            image_filesystem: fs.map(|s| FilesystemView {
+                mount_point: &image_fs.path,
+                capacity_bytes: s.capacity_bytes,
+                available_bytes: s.available(),
+                usage_percent: s.usage_percent(),
+            }),
+            high_threshold_percent: config.gc.high_threshold_percent,
+            low_threshold_percent: config.gc.low_threshold_percent,
+            space_pass: view.space_pass,
+            bytes_to_free: view.bytes_to_free,
+            space_unreachable: outlook,
+            removals: plan.age.iter().chain(view.space_expected(&plan)).collect(),
+            further_space_candidates: view.space_further(&plan),
+            kept: plan.kept.iter().map(|kept| kept_json(kept, now)).collect(),
+        })?;
+        return Ok(0);
+    }
+    let mut text = fs_line(&image_fs.path.display().to_string(), fs.as_ref(), &config);
+    text.push_str(&summary(&plan, &view, outlook.as_ref(), &config));
+    text.push_str(&removals_text(&plan, &view, now));
+    text.push_str(&kept_text(&plan));
+    let unused_later = if view.space_pass { 0 } else { plan.space.len() };
+    if unused_later > 0 {
+        text.push_str(&format!(
+            "\n{unused_later} unused image(s) are candidates once usage reaches {}%\n",
+            config.gc.high_threshold_percent
+        ));
+    }
+    out::text(&text)?;
+    Ok(0)
+}
+
+/// The lines before the tables: nothing to do, or what the space pass must
+/// free and whether images can.
+fn summary(plan: &Plan, view: &PlanView, outlook: Option<&SpaceOutlook>, config: &Config) -> String {
+    let mut text = String::new();
+    if plan.age.is_empty() && !view.space_pass {
+        text.push_str("nothing to remove now");
+        if config.gc.max_age.is_zero() {
+            text.push_str(" (usage below the high threshold; age-based removal is off)");
+        } else {
+            text.push_str(" (usage below the high threshold; no image unused for longer than max age)");
+        }
+        text.push('\n');
+    }
+    if view.space_pass {
+        text.push_str(&format!(
+            "usage is at or above the high threshold: {} to free to reach {}%\n",
+            human_bytes(view.bytes_to_free),
+            config.gc.low_threshold_percent
+        ));
+    }
+    if let Some(outlook) = outlook {
+        text.push_str(&unreachable_text(outlook));
+    }
+    text
+}
+
+/// The removals in order, and how many more a short estimate would take.
+fn removals_text(plan: &Plan, view: &PlanView, now: SystemTime) -> String {
+    let mut text = String::new();
+    let mut table = Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED"]);
+    for (n, c) in plan.age.iter().chain(view.space_expected(plan)).enumerate() {
+        table.row([
+            (n + 1).to_string(),
+            short_id(c.id),
+            tags_cell(c.tags),
+            human_bytes(c.size),
+            c.reason.as_str().to_string(),
+            ago(c.last_used, now),
+        ]);
+    }
+    if !table.is_empty() {
+        text.push_str("\nwould remove, in this order:\n");
+        text.push_str(&table.render());
+        if view.space_pass {
+            text.push_str(
+                "(space removals stop as soon as the measured usage reaches the low threshold; \
+                 the estimate above adds reported sizes, which overstate what shared layers free)\n",
+            );
+        }
+    }
+    let further = view.space_further(plan);
+    if view.space_pass && !further.is_empty() {
+        text.push_str(&format!(
+            "{} further candidate(s) if the estimate falls short\n",
+            further.len()
+        ));
+    }
+    text
+}
+
+fn kept_text(plan: &Plan) -> String {
+    let mut table = Table::new(["IMAGE ID", "TAGS", "SIZE", "KEPT BECAUSE"]);
+    for k in &plan.kept {
+        table.row([
+            short_id(k.id),
+            tags_cell(k.tags),
+            human_bytes(k.size),
+            keep_text(&k.why),
+        ]);
+    }
+    if table.is_empty() {
+        String::new()
+    } else {
+        format!("\nkept:\n{}", table.render())
+    }
+}
+
+/// A kept image as JSON, with `removable_after` (for images too young to
+/// remove) as the RFC 3339 time it becomes removable, like every other time
+/// printed, rather than a serialized `Duration`.
+fn kept_json(kept: &Kept<'_>, now: SystemTime) -> serde_json::Value {
+    let mut value = serde_json::to_value(kept).unwrap_or_default();
+    if let (KeepReason::TooYoung { removable_after }, Some(object)) = (&kept.why, value.as_object_mut()) {
+        let at = now.checked_add(*removable_after).unwrap_or(now);
+        object.insert("removable_after".to_string(), serde_json::json!(rfc3339(at)));
+    }
+    value
+}
+
+/// How a plan meets the current usage, for display.
+struct PlanView {
+    space_pass: bool,
+    bytes_to_free: u64,
+    /// How many space candidates the reported sizes say are needed.
+    expected: usize,
+}
+
+impl PlanView {
+    fn new(plan: &Plan, fs: Option<&FsStats>, config: &Config) -> Self {
+        let target = SpaceTarget::new(config);
+        let Some(fs) = fs.filter(|fs| target.due(fs)) else {
+            return PlanView {
+                space_pass: false,
+                bytes_to_free: 0,
+                expected: 0,
+            };
+        };
+        let bytes_to_free = target.bytes_to_free(fs);
+        // Sizes are the runtime's word: absurd ones must not overflow.
+        let age_freed = plan.age.iter().fold(0u64, |sum, c| sum.saturating_add(c.size));
+        PlanView {
+            space_pass: true,
+            bytes_to_free,
+            expected: SpaceTarget::covering(bytes_to_free.saturating_sub(age_freed), &plan.space),
+        }
+    }
+
+    fn space_expected<'p, 'a>(&self, plan: &'p Plan<'a>) -> impl Iterator<Item = &'p Candidate<'a>> + use<'p, 'a> {
+        plan.space.iter().take(self.expected)
+    }
+
+    fn space_further<'p, 'a>(&self, plan: &'p Plan<'a>) -> &'p [Candidate<'a>] {
+        if self.space_pass {
+            &plan.space[self.expected..]
+        } else {
+            &[]
+        }
+    }
+}
+
+fn keep_text(why: &KeepReason) -> String {
+    match why {
+        KeepReason::InUse { containers } if containers.is_empty() => "in use".to_string(),
+        KeepReason::InUse { containers } => format!("in use by {} container(s)", containers.len()),
+        KeepReason::Pinned => "pinned by the runtime".to_string(),
+        KeepReason::Sandbox => "the runtime's sandbox image".to_string(),
+        KeepReason::SandboxUnknown => {
+            "never used, and the sandbox image is unknown (set runtime.sandbox_image)".to_string()
+        }
+        KeepReason::Protected { pattern } => format!("protected by {pattern:?}"),
+        KeepReason::KeepRecent { repository, rank } => format!("newest #{rank} of {repository}"),
+        KeepReason::TooYoung { removable_after } => {
+            format!(
+                "younger than min age (removable in {})",
+                crate::time::short(*removable_after)
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Reason;
+
+    #[test]
+    fn plan_view_adds_absurd_sizes_without_overflow() {
+        let candidate = |id: &'static str| Candidate {
+            id,
+            tags: &[],
+            digests: &[],
+            size: u64::MAX,
+            first_seen: SystemTime::UNIX_EPOCH,
+            last_used: SystemTime::UNIX_EPOCH,
+            reason: Reason::Age,
+        };
+        let plan = Plan {
+            age: vec![candidate("a"), candidate("b")],
+            ..Default::default()
+        };
+        let fs = FsStats {
+            capacity_bytes: 100,
+            ..Default::default()
+        };
+        let view = PlanView::new(&plan, Some(&fs), &Config::default());
+        assert!(view.space_pass);
+        assert_eq!(view.expected, 0);
+    }
+
+    #[test]
+    fn plan_sees_a_space_pass_due_on_inodes_as_a_cycle_does() {
+        // Bytes at 50%, inodes at 95% against inode thresholds 90/80: the
+        // collector runs a space pass; so must the plan say.
+        let fs = FsStats {
+            capacity_bytes: 1000,
+            available_bytes: 500,
+            free_bytes: 500,
+            inodes_total: 100,
+            inodes_free: 5,
+        };
+        let mut config = Config::default();
+        config.gc.high_inodes_percent = Some(90);
+        config.gc.low_inodes_percent = Some(80);
+        let view = PlanView::new(&Plan::default(), Some(&fs), &config);
+        assert!(view.space_pass, "a cycle would run a space pass on inodes");
+        assert!(SpaceTarget::new(&config).due(&fs), "and the collector's target agrees");
+    }
+}

@@ -1,0 +1,182 @@
+//! How the commands draw for people: aligned tables with printable, bounded
+//! cells, short ids, sizes in binary units, and the image filesystem line.
+
+use crate::config::Config;
+use crate::fs::FsStats;
+
+/// `sha256:0123456789ab…` → `0123456789ab`.
+pub fn short_id(id: &str) -> String {
+    crate::reference::bare_id(id).chars().take(12).collect()
+}
+
+pub fn tags_cell(tags: &[String]) -> String {
+    match tags {
+        [] => "<none>".to_string(),
+        [one] => one.clone(),
+        [first, rest @ ..] => format!("{first} (+{})", rest.len()),
+    }
+}
+
+pub fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
+}
+
+/// Sizes for people: `512 B`, `1.5 KiB`, `230.0 MiB`, `1.2 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// The longest cell a table prints, in characters: every real tag, id and
+/// time fits; a longer value (a runtime can report anything) is cut with an
+/// ellipsis, and the whole value stays in `--output json`.
+pub const MAX_CELL_CHARS: usize = 200;
+
+/// `text` safe to print on a terminal: control characters (newlines, escape
+/// codes) are written as escapes (`\n`, `\u{1b}`), so a runtime-supplied
+/// name can neither forge a line nor drive the terminal.
+pub fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A table cell: printable, and at most [`MAX_CELL_CHARS`] characters.
+pub fn cell(text: &str) -> String {
+    let text = printable(text);
+    if text.chars().count() <= MAX_CELL_CHARS {
+        return text;
+    }
+    let mut cut: String = text.chars().take(MAX_CELL_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// Left-aligned columns separated by two spaces; the first row is the header.
+/// Cells are made printable and cut to [`MAX_CELL_CHARS`].
+pub fn table(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows.iter().map(|row| row.iter().map(|c| cell(c)).collect()).collect();
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A table under construction: a header and rows, drawn by [`table`].
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new<const N: usize>(header: [&str; N]) -> Self {
+        Table {
+            rows: vec![header.iter().map(|h| h.to_string()).collect()],
+        }
+    }
+
+    pub fn row(&mut self, cells: impl IntoIterator<Item = String>) {
+        self.rows.push(cells.into_iter().collect());
+    }
+
+    /// True when only the header is there.
+    pub fn is_empty(&self) -> bool {
+        self.rows.len() == 1
+    }
+
+    pub fn render(&self) -> String {
+        table(&self.rows)
+    }
+}
+
+/// The image filesystem, its usage and the thresholds, on one line.
+pub fn fs_line(mount_point: &str, fs: Option<&FsStats>, config: &Config) -> String {
+    let mount_point = cell(mount_point);
+    match fs {
+        Some(s) => format!(
+            "image filesystem: {mount_point}: {} used of {} ({}%), {} available; high {}%, low {}%\n",
+            human_bytes(s.used_bytes()),
+            human_bytes(s.capacity_bytes),
+            s.usage_percent(),
+            human_bytes(s.available()),
+            config.gc.high_threshold_percent,
+            config.gc.low_threshold_percent
+        ),
+        None => format!("image filesystem: {mount_point}: cannot be measured\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(230 * 1024 * 1024), "230.0 MiB");
+    }
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&[vec!["A".into(), "BB".into()], vec!["long".into(), "x".into()]]);
+        assert_eq!(t, "A     BB\nlong  x\n");
+    }
+
+    #[test]
+    fn a_cell_of_70000_characters_is_cut_with_an_ellipsis() {
+        let tag = format!("registry.test/app:{}", "x".repeat(70_000));
+        let t = table(&[vec!["TAGS".into(), "SIZE".into()], vec![tag, "1 KiB".into()]]);
+        let row = t.lines().nth(1).unwrap();
+        assert_eq!(row.chars().count(), MAX_CELL_CHARS + 2 + "1 KiB".len());
+        assert!(row.starts_with("registry.test/app:xxx"));
+        assert!(row.contains("x…  1 KiB"));
+    }
+
+    #[test]
+    fn control_characters_in_cells_are_escaped() {
+        let t = table(&[vec!["TAGS".into()], vec!["app:1\u{1b}[2J\nforged row".into()]]);
+        assert_eq!(t, "TAGS\napp:1\\u{1b}[2J\\nforged row\n");
+    }
+
+    #[test]
+    fn short_ids() {
+        assert_eq!(
+            short_id("sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+            "0123456789ab"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The daemon's composition root: from a validated configuration and the
+//! edges handed in (an already bound listener, a filesystem probe, a
+//! shutdown token, a reload channel) to a running loop. Signals, the state
+//! lock and the configuration file stay with the caller (`imagegc run`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{Health, RETRY_CAP, RETRY_FIRST};
+use crate::collector::Collector;
+use crate::config::Config;
+use crate::cri::{self, CriClient};
+use crate::fs::{FsProbe, Statvfs};
+use crate::metrics::Metrics;
+use crate::time::Clock;
+
+/// The daemon, assembled: what `imagegc run` starts, and what tests start
+/// with a fake runtime and a simulated disk.
+pub struct Daemon {
+    config: Config,
+    listener: Option<TcpListener>,
+    probe: Arc<dyn FsProbe>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+impl Daemon {
+    /// A daemon measuring the real filesystem, with fresh metrics and a
+    /// liveness window fit for the configuration, serving no HTTP.
+    pub fn new(config: Config) -> Self {
+        let health = Arc::new(Health::new(liveness_window(&config)));
+        Daemon {
+            config,
+            listener: None,
+            probe: Arc::new(Statvfs),
+            metrics: Arc::new(Metrics::new()),
+            health,
+        }
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (bound by
+    /// the caller: the configured address, or port 0 in tests).
+    pub fn listener(mut self, listener: TcpListener) -> Self {
+        self.listener = Some(listener);
+        self
+    }
+
+    /// Measures the image filesystem with `probe` instead of `statvfs(2)`.
+    pub fn probe(mut self, probe: Arc<dyn FsProbe>) -> Self {
+        self.probe = probe;
+        self
+    }
+
+    /// Reports liveness and readiness to `health`.
+    pub fn health(mut self, health: Arc<Health>) -> Self {
+        self.health = health;
+        self
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// Runs until `shutdown` is cancelled: serves HTTP, waits for the
+    /// runtime, then runs the loop, which saves the state before returning.
+    pub async fn run(self, shutdown: CancellationToken, reloads: mpsc::UnboundedReceiver<Arc<Config>>) {
+        let server = self.listener.map(|listener| {
+            if let Ok(address) = listener.local_addr() {
+                info!(%address, "serving /metrics, /healthz and /readyz");
+            }
+            tokio::spawn(crate::http::serve(
+                listener,
+                Arc::clone(&self.metrics),
+                Arc::clone(&self.health),
+                shutdown.clone(),
+            ))
+        });
+        if let Some(runtime) = find_runtime(&self.config, &self.metrics, &self.health, &shutdown).await {
+            let collector = Collector::new(
+                runtime,
+                Arc::new(self.config),
+                self.probe,
+                Arc::clone(&self.metrics),
+                Clock::start(),
+            )
+            .with_health(Arc::clone(&self.health));
+            super::run(collector, self.health, shutdown.clone(), reloads).await;
+        }
+        shutdown.cancel();
+        if let Some(server) = server {
+            let _ = server.await;
+        }
+    }
+}
+
+/// Finds the runtime, retrying with the loop's backoff while it is not
+/// there (a node agent may start before the runtime does). `None` when
+/// shutdown came first.
+async fn find_runtime(
+    config: &Config,
+    metrics: &Metrics,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Option<CriClient> {
+    let mut delay = RETRY_FIRST;
+    let mut warned = false;
+    loop {
+        match cri::discover(config.runtime.endpoint.as_deref(), config.runtime.timeout).await {
+            Ok(client) => return Some(client),
+            Err(err) => {
+                metrics.set_runtime_up(false);
+                if !std::mem::replace(&mut warned, true) {
+                    warn!(error = %err, "container runtime not found; retrying with backoff");
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(delay) => {}
+        }
+        health.heartbeat();
+        delay = (delay * 2).min(RETRY_CAP);
+    }
+}
+
+/// How long the loop may go without a heartbeat before /healthz fails: a
+/// cycle step is bounded by the runtime timeout, and the loop wakes at least
+/// every interval.
+fn liveness_window(config: &Config) -> Duration {
+    (config.gc.interval * 2 + config.runtime.timeout * 3).max(Duration::from_secs(600))
+}

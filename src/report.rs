@@ -1,0 +1,96 @@
+//! What a cycle did, as the collector reports it and everything downstream
+//! reads it: each removal ([`Removal`], also what the journal records), how
+//! the cycle ended ([`Outcome`]) and why one could not run ([`CycleError`]).
+//! Data only: no IO.
+
+use std::time::{Duration, SystemTime};
+
+use crate::fs::FsStats;
+use crate::policy::{Reason, SpaceOutlook};
+
+/// One removal (or, in dry run, one removal that would have happened).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Removal {
+    pub id: String,
+    pub tags: Vec<String>,
+    pub digests: Vec<String>,
+    pub reason: Reason,
+    /// Size the runtime reported.
+    pub size: u64,
+    /// Bytes the filesystem gained back, measured around the removal (None
+    /// when the filesystem could not be measured, and in dry run).
+    pub freed_bytes: Option<u64>,
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub first_seen: SystemTime,
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub last_used: SystemTime,
+    pub dry_run: bool,
+}
+
+/// How a cycle ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Usage is at or below the low threshold, or was below the high one.
+    Success,
+    /// The space pass ran out of candidates above the low threshold.
+    LowNotReached { freed_bytes: u64, remaining_bytes: u64 },
+    /// The cycle could not run to its end (runtime or filesystem error).
+    Failed(String),
+    /// Shutdown was requested between removals.
+    Interrupted,
+}
+
+/// What one cycle did.
+#[derive(Debug, Clone)]
+pub struct CycleReport {
+    pub outcome: Outcome,
+    pub removed: Vec<Removal>,
+    pub failed: Vec<(String, String)>,
+    /// Images skipped because they came into use right before removal.
+    pub became_in_use: Vec<String>,
+    pub before: Option<FsStats>,
+    pub after: Option<FsStats>,
+    /// True when usage reached the high threshold and the space pass ran.
+    pub space_pass: bool,
+    /// Set when the space pass ran and images could not bring usage to the
+    /// low threshold.
+    pub space_unreachable: Option<SpaceOutlook>,
+    /// Candidates the space pass left because imagegc removed them within
+    /// `gc.thrash_window` while images cannot bring usage to low.
+    pub held_back: Vec<String>,
+    /// Removals whose outcome the runtime did not tell, still listed at the
+    /// end of the walk.
+    pub unsettled: Vec<String>,
+    /// True when the runtime answered the cycle's listing.
+    pub runtime_reached: bool,
+    pub duration: Duration,
+    pub dry_run: bool,
+}
+
+impl CycleReport {
+    pub(crate) fn new(dry_run: bool) -> Self {
+        CycleReport {
+            outcome: Outcome::Success,
+            removed: Vec::new(),
+            failed: Vec::new(),
+            became_in_use: Vec::new(),
+            before: None,
+            after: None,
+            space_pass: false,
+            space_unreachable: None,
+            held_back: Vec::new(),
+            unsettled: Vec::new(),
+            runtime_reached: false,
+            duration: Duration::ZERO,
+            dry_run,
+        }
+    }
+
+    pub fn succeeded(&self) -> bool {
+        matches!(self.outcome, Outcome::Success)
+    }
+
+    pub fn freed_bytes(&self) -> u64 {
+        self.removed.iter().filter_map(|r| r.freed_bytes).sum()
+    }
+}
