@@ -40,6 +40,7 @@ use crate::matching::{self, InUse};
 use crate::metrics::Metrics;
 use crate::policy::{self, Candidate, Plan, Reason, Snapshot, SpaceOutlook, SpaceTarget};
 use crate::records::{self, HashMap, Records};
+use crate::report::CycleError;
 pub use crate::report::{CycleReport, Outcome, Removal};
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
@@ -809,7 +810,7 @@ impl<R: Runtime> Collector<R> {
         let span = tracing::info_span!("cycle", dry_run = config.gc.dry_run);
         let _enter = span.enter();
         if let Err(err) = self.run_cycle(&config, cancel, &mut report).await {
-            report.outcome = Outcome::Failed(err);
+            report.outcome = Outcome::Failed(err.to_string());
         }
         self.save_if_due().await;
         report.duration = started.elapsed();
@@ -823,8 +824,8 @@ impl<R: Runtime> Collector<R> {
         config: &Config,
         cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> Result<(), String> {
-        let (snapshot, image_fs) = self.observe().await.map_err(|e| e.to_string())?;
+    ) -> Result<(), CycleError> {
+        let (snapshot, image_fs) = self.observe().await.map_err(CycleError::Listing)?;
         self.settle_pending_removal(&snapshot.images).await;
         let result = self.execute(config, &snapshot, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
@@ -841,15 +842,13 @@ impl<R: Runtime> Collector<R> {
         image_fs: Result<ImageFs, RuntimeError>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> Result<(), String> {
+    ) -> Result<(), CycleError> {
         report.runtime_reached = true;
         self.heartbeat();
         if let Some(err) = &self.sandbox_unknown {
             // containerd 1.6 neither pins its pause image nor lists it under a
             // container: without Status it would look unused.
-            return Err(format!(
-                "cannot learn the runtime's sandbox image ({err}); nothing is removed until Status answers"
-            ));
+            return Err(CycleError::SandboxUnknown(err.clone()));
         }
         let now = self.clock.now();
         let plan = policy::plan(snapshot, &self.records, config, now, self.clock.started());
@@ -914,12 +913,12 @@ impl<R: Runtime> Collector<R> {
         image_bytes: Option<u64>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> Result<(), String> {
+    ) -> Result<(), CycleError> {
         let mut stats = match disk.measure() {
             Ok(stats) => stats,
             Err(err) => {
                 self.metrics.set_usage_ratio(0.0);
-                return Err(format!("{err}; space-based collection skipped this cycle"));
+                return Err(CycleError::Filesystem(err));
             }
         };
         report.before.get_or_insert(stats);
@@ -1063,18 +1062,26 @@ impl<R: Runtime> Collector<R> {
         disk: &Disk,
         cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> Result<Step, String> {
+    ) -> Result<Step, CycleError> {
         debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
             .mounts
             .list(&self.runtime)
             .await
-            .map_err(|e| format!("cannot re-check containers before removing {}: {e}", candidate.id))?;
+            .map_err(|source| CycleError::Recheck {
+                what: "containers",
+                image: candidate.id.to_string(),
+                source,
+            })?;
         let current = self
             .runtime
             .image_status(candidate.id)
             .await
-            .map_err(|e| format!("cannot re-check image {} before removing it: {e}", candidate.id))?;
+            .map_err(|source| CycleError::Recheck {
+                what: "the image",
+                image: candidate.id.to_string(),
+                source,
+            })?;
         let Some(current) = current else {
             info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
             self.records.remove(candidate.id);

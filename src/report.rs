@@ -5,7 +5,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::fs::FsStats;
+use crate::cri::RuntimeError;
+use crate::fs::{FsError, FsStats};
 use crate::policy::{Reason, SpaceOutlook};
 
 /// One removal (or, in dry run, one removal that would have happened).
@@ -93,4 +94,28 @@ impl CycleReport {
     pub fn freed_bytes(&self) -> u64 {
         self.removed.iter().filter_map(|r| r.freed_bytes).sum()
     }
+}
+
+/// Why a cycle could not run to its end. Its text is what
+/// [`Outcome::Failed`] carries, for logs and `once`.
+#[derive(Debug, thiserror::Error)]
+pub enum CycleError {
+    /// The listing failed: the runtime is down or refused.
+    #[error("{0}")]
+    Listing(RuntimeError),
+    /// `Status` failed before the sandbox image was ever learnt: it could
+    /// not be told from an unused image, so nothing is removed.
+    #[error("cannot learn the runtime's sandbox image ({0}); nothing is removed until Status answers")]
+    SandboxUnknown(String),
+    /// The containers or the image could not be re-checked right before a
+    /// removal: when in doubt, keep.
+    #[error("cannot re-check {what} before removing {image}: {source}")]
+    Recheck {
+        what: &'static str,
+        image: String,
+        source: RuntimeError,
+    },
+    /// The image filesystem could not be measured.
+    #[error("{0}; space-based collection skipped this cycle")]
+    Filesystem(FsError),
 }
