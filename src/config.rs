@@ -1627,10 +1627,6 @@ pub fn format_duration(duration: Duration) -> String {
 }
 
 #[cfg(test)]
-#[path = "../tests/config_errors/cases.rs"]
-mod error_cases;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -2441,39 +2437,6 @@ staticPodPath: /etc/kubernetes/manifests
             problems[0]
         );
         assert!(!problems[0].message.contains('\n'));
-    }
-
-    #[test]
-    fn every_malformed_file_names_its_file_and_key() {
-        let dir = tempfile::tempdir().unwrap();
-        assert!(error_cases::CASES.len() >= 30);
-        let mut failures = Vec::new();
-        for case in error_cases::CASES {
-            let path = case.create_in(dir.path());
-            let expected = case.expected_line_start(&path);
-            match load(Some(&path), &Overrides::default()) {
-                Ok(_) => failures.push(format!("{}: loaded without problems", case.name)),
-                Err(err) => {
-                    let lines: Vec<String> = err.problems.iter().map(ToString::to_string).collect();
-                    let named = lines.len() == 1 && lines[0].starts_with(&expected);
-                    if !named || err.problems[0].file != path.display().to_string() {
-                        failures.push(format!(
-                            "{}: expected one line starting {expected:?}, got {lines:#?}",
-                            case.name
-                        ));
-                    }
-                }
-            }
-        }
-        assert!(failures.is_empty(), "{}", failures.join("\n"));
-    }
-
-    #[test]
-    fn error_case_names_are_unique() {
-        let mut names: Vec<_> = error_cases::CASES.iter().map(|case| case.name).collect();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), error_cases::CASES.len());
     }
 
     // Durations.
