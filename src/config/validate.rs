@@ -14,8 +14,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{RawConfig, RawDuration, RawInt};
-use super::{Config, Problems};
+use super::raw::{RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawMetrics, RawProtect, RawRuntime, RawState};
+use super::{Config, GcConfig, MetricsConfig, Problems, ProtectConfig, RuntimeConfig, StateConfig};
 use crate::time::format_duration;
 
 /// What `check-config` and `run` say when container events are on.
@@ -60,28 +60,57 @@ pub(super) const KUBELET_KEYS: KeyNames = KeyNames {
     max_age: "imageMaximumGCAge",
 };
 
-/// Fills in the defaults and checks every rule, reporting each broken one.
-/// A key that already has a problem keeps its default and is left out of the
-/// rules comparing it with other keys.
+/// Fills in the defaults and checks every rule, section by section,
+/// reporting each broken one.
 pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
     let defaults = Config::default();
-    let mut config = Config::default();
+    let mut warnings = Vec::new();
+    let runtime = runtime_section(raw.runtime, &defaults.runtime, &mut warnings, problems);
+    let gc = gc_section(raw.gc, &defaults.gc, keys, problems);
+    let protect = protect_section(raw.protect, &mut warnings, problems);
+    let state = state_section(raw.state, &defaults.state, problems);
+    let metrics = metrics_section(raw.metrics, &defaults.metrics, problems);
+    let kubelet_config = kubelet_section(raw.kubelet, problems);
+    Config {
+        runtime,
+        gc,
+        protect,
+        state,
+        metrics,
+        kubelet_config,
+        warnings,
+        ..defaults
+    }
+}
 
-    // [runtime]
-    if let Some(endpoint) = &raw.runtime.endpoint {
-        config.runtime.endpoint = check_endpoint("runtime.endpoint", endpoint, problems);
+/// `[runtime]`.
+fn runtime_section(
+    raw: RawRuntime,
+    defaults: &RuntimeConfig,
+    warnings: &mut Vec<String>,
+    problems: &mut Problems,
+) -> RuntimeConfig {
+    let endpoint = match &raw.endpoint {
+        Some(endpoint) => check_endpoint("runtime.endpoint", endpoint, problems),
+        None => defaults.endpoint.clone(),
+    };
+    let timeout = period("runtime.timeout", raw.timeout, defaults.timeout, problems);
+    let container_events = raw.container_events.unwrap_or(false);
+    if container_events {
+        warnings.push(CONTAINER_EVENTS_WARNING.to_string());
     }
-    config.runtime.timeout = period(
-        "runtime.timeout",
-        raw.runtime.timeout,
-        defaults.runtime.timeout,
-        problems,
-    );
-    config.runtime.container_events = raw.runtime.container_events.unwrap_or(false);
-    if config.runtime.container_events {
-        config.warnings.push(CONTAINER_EVENTS_WARNING.to_string());
+    RuntimeConfig {
+        endpoint,
+        timeout,
+        container_events,
+        sandbox_image: sandbox_image(raw.sandbox_image.as_deref(), problems),
     }
-    config.runtime.sandbox_image = match raw.runtime.sandbox_image.as_deref().map(str::trim) {
+}
+
+/// `runtime.sandbox_image`: `None` when absent or blank (learnt from the
+/// runtime), or when it cannot be an image reference (which is reported).
+fn sandbox_image(image: Option<&str>, problems: &mut Problems) -> Option<String> {
+    match image.map(str::trim) {
         None | Some("") => None,
         Some(image) if image.chars().any(|c| c.is_whitespace() || c.is_control()) => {
             problems.push(
@@ -91,50 +120,109 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
             None
         }
         Some(image) => Some(image.to_string()),
-    };
+    }
+}
 
-    // [gc]
-    let gc = raw.gc;
-    config.gc.interval = period("gc.interval", gc.interval, defaults.gc.interval, problems);
-    config.gc.usage_poll_interval = match gc.usage_poll_interval {
+/// `[gc]`, or a KubeletConfiguration's image GC fields (named by `keys`).
+fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut Problems) -> GcConfig {
+    let (interval, usage_poll_interval) = intervals(raw.interval, raw.usage_poll_interval, defaults, problems);
+    let (high_threshold_percent, low_threshold_percent) = thresholds(
+        raw.high_threshold_percent,
+        raw.low_threshold_percent,
+        defaults,
+        keys,
+        problems,
+    );
+    let (min_age, max_age) = ages(raw.min_age, raw.max_age, defaults, keys, problems);
+    let image_fs_path = raw
+        .image_fs_path
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .filter(|path| check_absolute("gc.image_fs_path", path, problems));
+    let thrash_window = age("gc.thrash_window", raw.thrash_window, defaults.thrash_window, problems);
+    let (high_inodes_percent, low_inodes_percent) =
+        inode_thresholds(raw.high_inodes_percent, raw.low_inodes_percent, problems);
+    GcConfig {
+        interval,
+        usage_poll_interval,
+        high_threshold_percent,
+        low_threshold_percent,
+        min_age,
+        max_age,
+        dry_run: raw.dry_run.unwrap_or(defaults.dry_run),
+        image_fs_path,
+        thrash_window,
+        high_inodes_percent,
+        low_inodes_percent,
+    }
+}
+
+/// `gc.interval`, and `gc.usage_poll_interval`, which must not be longer.
+fn intervals(
+    interval: Option<RawDuration>,
+    poll: Option<RawDuration>,
+    defaults: &GcConfig,
+    problems: &mut Problems,
+) -> (Duration, Duration) {
+    let interval = period("gc.interval", interval, defaults.interval, problems);
+    let poll = match poll {
         // Polling less often than collecting would make the poll pointless.
-        None => defaults.gc.usage_poll_interval.min(config.gc.interval),
+        None => defaults.usage_poll_interval.min(interval),
         Some(poll) => {
             let poll = period(
                 "gc.usage_poll_interval",
                 Some(poll),
-                defaults.gc.usage_poll_interval,
+                defaults.usage_poll_interval,
                 problems,
             );
-            if !problems.has("gc.usage_poll_interval") && !problems.has("gc.interval") && poll > config.gc.interval {
+            if !problems.has("gc.usage_poll_interval") && !problems.has("gc.interval") && poll > interval {
                 problems.push(
                     "gc.usage_poll_interval",
                     format!(
                         "{} must not be longer than gc.interval ({})",
                         format_duration(poll),
-                        format_duration(config.gc.interval)
+                        format_duration(interval)
                     ),
                 );
             }
             poll
         }
     };
+    (interval, poll)
+}
 
-    let high = percent(keys.high_threshold_percent, gc.high_threshold_percent, problems);
-    let low = percent(keys.low_threshold_percent, gc.low_threshold_percent, problems);
-    config.gc.high_threshold_percent = high.unwrap_or(defaults.gc.high_threshold_percent);
-    config.gc.low_threshold_percent = low.unwrap_or(defaults.gc.low_threshold_percent);
-    let (high, low) = (config.gc.high_threshold_percent, config.gc.low_threshold_percent);
+/// The high and low space thresholds: low must be less than high.
+fn thresholds(
+    high: Option<RawInt>,
+    low: Option<RawInt>,
+    defaults: &GcConfig,
+    keys: &KeyNames,
+    problems: &mut Problems,
+) -> (u8, u8) {
+    let high = percent(keys.high_threshold_percent, high, problems);
+    let low = percent(keys.low_threshold_percent, low, problems);
+    let high = high.unwrap_or(defaults.high_threshold_percent);
+    let low = low.unwrap_or(defaults.low_threshold_percent);
     if !problems.has(keys.low_threshold_percent) && !problems.has(keys.high_threshold_percent) && low >= high {
         problems.push(
             keys.low_threshold_percent,
             format!("{low} must be less than {} ({high})", keys.high_threshold_percent),
         );
     }
+    (high, low)
+}
 
-    config.gc.min_age = age(keys.min_age, gc.min_age, defaults.gc.min_age, problems);
-    config.gc.max_age = age(keys.max_age, gc.max_age, defaults.gc.max_age, problems);
-    let (min_age, max_age) = (config.gc.min_age, config.gc.max_age);
+/// The minimum and maximum ages: a maximum, unless 0 (off), must be greater
+/// than the minimum.
+fn ages(
+    min_age: Option<RawDuration>,
+    max_age: Option<RawDuration>,
+    defaults: &GcConfig,
+    keys: &KeyNames,
+    problems: &mut Problems,
+) -> (Duration, Duration) {
+    let min_age = age(keys.min_age, min_age, defaults.min_age, problems);
+    let max_age = age(keys.max_age, max_age, defaults.max_age, problems);
     let ages_readable = !problems.has(keys.min_age) && !problems.has(keys.max_age);
     if ages_readable && !max_age.is_zero() && max_age <= min_age {
         problems.push(
@@ -147,80 +235,67 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
             ),
         );
     }
+    (min_age, max_age)
+}
 
-    config.gc.dry_run = gc.dry_run.unwrap_or(defaults.gc.dry_run);
-    config.gc.image_fs_path = gc
-        .image_fs_path
-        .filter(|path| !path.is_empty())
-        .map(PathBuf::from)
-        .filter(|path| check_absolute("gc.image_fs_path", path, problems));
-    config.gc.thrash_window = age(
-        "gc.thrash_window",
-        gc.thrash_window,
-        defaults.gc.thrash_window,
-        problems,
-    );
-    (config.gc.high_inodes_percent, config.gc.low_inodes_percent) =
-        inode_thresholds(gc.high_inodes_percent, gc.low_inodes_percent, problems);
-
-    // [protect]
-    let images = raw.protect.images.unwrap_or_default();
+/// `[protect]`: no blank pattern; a pattern that can match no image is
+/// allowed but warned about.
+fn protect_section(raw: RawProtect, warnings: &mut Vec<String>, problems: &mut Problems) -> ProtectConfig {
+    let mut protect = ProtectConfig::default();
+    let images = raw.images.unwrap_or_default();
     for (index, image) in images.iter().enumerate() {
         if image.trim().is_empty() {
             problems.push(format!("protect.images[{index}]"), "must not be empty");
         } else if let Some(problem) = crate::reference::ProtectPattern::problem(image) {
-            config
-                .warnings
-                .push(format!("protect.images[{index}] {image:?}: {problem}"));
+            warnings.push(format!("protect.images[{index}] {image:?}: {problem}"));
         }
     }
-    config.protect.images = images;
-    if let Some(RawInt(keep)) = raw.protect.keep_recent_per_repository {
+    protect.images = images;
+    if let Some(RawInt(keep)) = raw.keep_recent_per_repository {
         const KEY: &str = "protect.keep_recent_per_repository";
         match u32::try_from(keep) {
-            Ok(keep) => config.protect.keep_recent_per_repository = keep,
+            Ok(keep) => protect.keep_recent_per_repository = keep,
             Err(_) if keep < 0 => problems.push(KEY, format!("must not be negative, got {keep}")),
             Err(_) => problems.push(KEY, format!("must be at most {}, got {keep}", u32::MAX)),
         }
     }
+    protect
+}
 
-    // [state]
-    if let Some(dir) = raw.state.dir {
-        let dir = PathBuf::from(dir);
-        if check_absolute("state.dir", &dir, problems) {
-            config.state.dir = dir;
-        }
+/// `[state]`: an absolute directory.
+fn state_section(raw: RawState, defaults: &StateConfig, problems: &mut Problems) -> StateConfig {
+    match raw.dir.map(PathBuf::from) {
+        Some(dir) if check_absolute("state.dir", &dir, problems) => StateConfig { dir },
+        _ => defaults.clone(),
     }
+}
 
-    // [metrics]
-    if let Some(listen) = raw.metrics.listen {
-        config.metrics.listen = match listen.as_str() {
-            "" => None,
-            text => match parse_listen(text) {
-                Some(addr) => Some(addr),
-                None => {
-                    problems.push(
-                        "metrics.listen",
-                        format!(
-                            "expected an address such as \"127.0.0.1:9105\", \"[::1]:9105\", \"localhost:9105\" or \
-                             \":9105\" (all interfaces), or \"\" to disable, got {text:?}"
-                        ),
-                    );
-                    defaults.metrics.listen
-                }
-            },
-        };
-    }
+/// `[metrics]`: an address to listen on, or `""` for none.
+fn metrics_section(raw: RawMetrics, defaults: &MetricsConfig, problems: &mut Problems) -> MetricsConfig {
+    let listen = match raw.listen.as_deref() {
+        None => defaults.listen,
+        Some("") => None,
+        Some(text) => match parse_listen(text) {
+            Some(addr) => Some(addr),
+            None => {
+                problems.push(
+                    "metrics.listen",
+                    format!(
+                        "expected an address such as \"127.0.0.1:9105\", \"[::1]:9105\", \"localhost:9105\" or \
+                         \":9105\" (all interfaces), or \"\" to disable, got {text:?}"
+                    ),
+                );
+                defaults.listen
+            }
+        },
+    };
+    MetricsConfig { listen }
+}
 
-    // [kubelet]
-    if let Some(path) = raw.kubelet.config.filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(path);
-        if check_absolute("kubelet.config", &path, problems) {
-            config.kubelet_config = Some(path);
-        }
-    }
-
-    config
+/// `[kubelet]`: the node's KubeletConfiguration, an absolute path.
+fn kubelet_section(raw: RawKubeletRef, problems: &mut Problems) -> Option<PathBuf> {
+    let path = PathBuf::from(raw.config.filter(|p| !p.is_empty())?);
+    check_absolute("kubelet.config", &path, problems).then_some(path)
 }
 
 /// A period that must be at least [`MIN_PERIOD`] and at most [`MAX_PERIOD`].
