@@ -118,13 +118,24 @@ pub(crate) const NEGATIVE_DURATION: &str = "must not be negative";
 /// `10us`, `10µs`, `5ns`), or a plain `0`. A negative duration (`-1s`) gives
 /// the error `"must not be negative"`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if let Some(rest) = text.strip_prefix('-') {
-        return match parse_duration(rest)? {
-            zero if zero.is_zero() => Ok(zero),
-            _ => Err(NEGATIVE_DURATION.to_owned()),
-        };
+    // Every leading minus sign is read in this loop, not by recursion: a
+    // file may hold a megabyte of them, and a frame each would overflow
+    // the stack.
+    let mut text = text.trim();
+    let mut negative = false;
+    while let Some(rest) = text.strip_prefix('-') {
+        negative = true;
+        text = rest.trim();
     }
+    match parse_magnitude(text)? {
+        nonzero if negative && !nonzero.is_zero() => Err(NEGATIVE_DURATION.to_owned()),
+        duration => Ok(duration),
+    }
+}
+
+/// A duration without its minus signs: an optional `+`, then numbers each
+/// followed by a unit, or a plain `0`.
+fn parse_magnitude(text: &str) -> Result<Duration, String> {
     let text = text.strip_prefix('+').unwrap_or(text);
     if text.is_empty() {
         return Err("empty duration".to_owned());
@@ -312,6 +323,24 @@ mod tests {
         assert_eq!(parse_duration("-0s"), Ok(Duration::ZERO));
         assert_ne!(parse_duration("-abc"), Err(NEGATIVE_DURATION.to_owned()));
         assert!(parse_duration("5").unwrap_err().contains("missing unit"));
+    }
+
+    /// One sign at a time, a duration behind a megabyte of minus signs (as
+    /// a configuration file may hold) would take a stack frame for each.
+    #[test]
+    fn a_duration_behind_a_million_minus_signs_is_negative_without_overflowing_the_stack() {
+        let minus = "-".repeat(1_000_000);
+        assert_eq!(parse_duration(&format!("{minus}1m")), Err(NEGATIVE_DURATION.to_owned()));
+        assert_eq!(parse_duration(&format!("{minus}0s")), Ok(Duration::ZERO));
+        assert_eq!(
+            parse_duration(&format!("{minus} - 2m")),
+            Err(NEGATIVE_DURATION.to_owned())
+        );
+        assert!(
+            parse_duration(&format!("{minus}x"))
+                .unwrap_err()
+                .contains("expected a number")
+        );
     }
 
     #[test]

@@ -300,6 +300,15 @@ mod tests {
     }
 
     #[test]
+    fn a_duration_behind_a_million_minus_signs_is_a_problem_named_by_its_key_not_a_crash() {
+        let text = format!("[gc]\nmin_age = \"{}1m\"\n", "-".repeat(1_000_000));
+        let problems = rejected("a.toml", &text);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].key, "gc.min_age");
+        assert!(problems[0].message.starts_with("must not be negative"));
+    }
+
+    #[test]
     fn durations_in_files() {
         let config = load_ok("a.toml", "[gc]\nmin_age = 0\nmax_age = \"1h0m0s\"\n");
         assert_eq!((config.gc.min_age, config.gc.max_age), (Duration::ZERO, secs(3600)));
