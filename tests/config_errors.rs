@@ -1,11 +1,14 @@
 //! `imagegc check-config` on malformed configuration files: each one exits
 //! with status 2, prints nothing on stdout, and reports on stderr a line
-//! naming the file and the key, without panicking.
+//! naming the file and the key, without panicking. `config::load` on the
+//! same files gives exactly that one problem.
 
 #[path = "config_errors/cases.rs"]
 mod cases;
 
 use std::process::Command;
+
+use imagegc::config::{self, Overrides};
 
 #[test]
 fn check_config_names_the_file_and_the_key_of_every_malformed_file() {
@@ -72,4 +75,37 @@ fn a_mistyped_log_level_exits_2_listing_the_valid_levels() {
             "--log-level {level}: {stderr}"
         );
     }
+}
+
+#[test]
+fn every_malformed_file_names_its_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(cases::CASES.len() >= 30);
+    let mut failures = Vec::new();
+    for case in cases::CASES {
+        let path = case.create_in(dir.path());
+        let expected = case.expected_line_start(&path);
+        match config::load(Some(&path), &Overrides::default()) {
+            Ok(_) => failures.push(format!("{}: loaded without problems", case.name)),
+            Err(err) => {
+                let lines: Vec<String> = err.problems.iter().map(ToString::to_string).collect();
+                let named = lines.len() == 1 && lines[0].starts_with(&expected);
+                if !named || err.problems[0].file != path.display().to_string() {
+                    failures.push(format!(
+                        "{}: expected one line starting {expected:?}, got {lines:#?}",
+                        case.name
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn error_case_names_are_unique() {
+    let mut names: Vec<_> = cases::CASES.iter().map(|case| case.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), cases::CASES.len());
 }

@@ -1,6 +1,6 @@
 //! Malformed configuration files, each with the one problem it must produce:
 //! the text that follows `FILE: ` on the problem's line (the key as the user
-//! wrote it, or where the file is broken). Shared by the unit tests of
+//! wrote it, or where the file is broken). Shared by the tests of
 //! `config::load` and the `check-config` integration test.
 
 use std::path::{Path, PathBuf};

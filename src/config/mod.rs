@@ -1,0 +1,614 @@
+//! Configuration: a raw serde form that rejects unknown keys, converted into
+//! a validated [`Config`] that every other module reads. Nothing downstream
+//! sees the raw form.
+//!
+//! Three inputs are accepted by `--config FILE`: imagegc's TOML schema, the
+//! same schema in YAML, and a kubelet `KubeletConfiguration` YAML whose image
+//! GC fields are honoured (other kubelet fields are ignored).
+//!
+//! Loading never stops at the first mistake. The file is parsed into a
+//! generic tree, then every key is deserialized on its own into the raw
+//! section it belongs to, so each unknown key and each value of the wrong
+//! type becomes its own [`Problem`]; the values that passed are then checked
+//! against each other. Every problem names the file and the key as the user
+//! wrote it (`gc.high_threshold_percent`, or `imageGCHighThresholdPercent` in
+//! a kubelet file). This module reads files and nothing else: it does not
+//! touch the runtime, the image filesystem or the state directory.
+//!
+//! This file owns the validated types, their defaults, the effective
+//! configuration printed by `check-config`, and [`load`], which runs the
+//! steps below in order; it holds no parsing or checking rule of its own.
+//! - `parse`: text to a generic tree (TOML or YAML), with its cost bounded;
+//! - `raw`: the raw serde forms, read one key at a time;
+//! - `kubelet`: the KubeletConfiguration reader and its cross-checks;
+//! - `validate`: raw values to a validated [`Config`], every rule checked.
+//!
+//! Durations are read and written by [`crate::time`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+mod kubelet;
+mod parse;
+mod raw;
+#[cfg(test)]
+mod tests_support;
+mod validate;
+
+pub use crate::time::{format_duration, parse_duration};
+pub use parse::{MAX_FILE_BYTES, MAX_NESTING};
+pub use validate::{MAX_AGE, MAX_PERIOD};
+
+/// The kubelet's period between image GC runs.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
+/// How often containers are polled between cycles when the runtime does not
+/// stream container events.
+pub const DEFAULT_USAGE_POLL_INTERVAL: Duration = Duration::from_secs(30);
+/// Per CRI call deadline: the kubelet's default runtime request timeout.
+pub const DEFAULT_RUNTIME_TIMEOUT: Duration = Duration::from_secs(120);
+/// The kubelet's `imageMinimumGCAge` default.
+pub const DEFAULT_MIN_AGE: Duration = Duration::from_secs(120);
+/// A removed image that comes back within this window counts as a re-pull.
+pub const DEFAULT_THRASH_WINDOW: Duration = Duration::from_secs(3600);
+/// The `file` of problems found in command-line overrides.
+const COMMAND_LINE: &str = "command line";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub runtime: RuntimeConfig,
+    pub gc: GcConfig,
+    pub protect: ProtectConfig,
+    pub state: StateConfig,
+    pub metrics: MetricsConfig,
+    /// The kubelet's hard eviction threshold for the image filesystem
+    /// (`evictionHard["imagefs.available"]`), when read from a
+    /// KubeletConfiguration.
+    pub eviction_imagefs_available: Option<EvictionThreshold>,
+    /// The node's KubeletConfiguration (`kubelet.config`), read only to check
+    /// that the kubelet's own image GC is off and that its eviction threshold
+    /// leaves room for imagegc's high threshold.
+    pub kubelet_config: Option<PathBuf>,
+    /// The file this configuration was read from, if any.
+    pub source: Option<PathBuf>,
+    /// Non-fatal findings (for example: the kubelet would evict before the
+    /// high threshold is reached). Printed by `check-config`, logged by `run`.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfig {
+    /// `None`: discover among the default endpoints.
+    pub endpoint: Option<String>,
+    pub timeout: Duration,
+    /// Follow `GetContainerEvents` between cycles instead of polling
+    /// `ListContainers`. Off by default: containerd 1.7 and CRI-O 1.26 split
+    /// one event queue between subscribers, so a second subscriber takes
+    /// events away from the kubelet's Evented PLEG.
+    pub container_events: bool,
+    /// The sandbox (pause) image, named outright: protected whatever the
+    /// runtime reports (`None`: learnt from the runtime).
+    pub sandbox_image: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GcConfig {
+    pub interval: Duration,
+    pub usage_poll_interval: Duration,
+    pub high_threshold_percent: u8,
+    pub low_threshold_percent: u8,
+    pub min_age: Duration,
+    /// Zero disables age-based removal.
+    pub max_age: Duration,
+    pub dry_run: bool,
+    /// `None`: the runtime's ImageFsInfo mount point.
+    pub image_fs_path: Option<PathBuf>,
+    pub thrash_window: Duration,
+    pub high_inodes_percent: Option<u8>,
+    pub low_inodes_percent: Option<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProtectConfig {
+    /// Glob patterns on tags, digests or ids; matches are never removed.
+    pub images: Vec<String>,
+    /// Keep the newest N images of each repository; 0 is off.
+    pub keep_recent_per_repository: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateConfig {
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsConfig {
+    /// `None`: the HTTP endpoint is disabled.
+    pub listen: Option<SocketAddr>,
+}
+
+/// A kubelet hard eviction threshold on available space: the kubelet evicts
+/// pods when less than this is available.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EvictionThreshold {
+    /// Percent of the filesystem's capacity (`"15%"`).
+    Percent(f64),
+    /// An absolute quantity (`"10Gi"`), in bytes.
+    Bytes(u64),
+}
+
+impl EvictionThreshold {
+    /// The bytes that must stay available on a filesystem of
+    /// `capacity_bytes` (a percentage is truncated to whole bytes, as the
+    /// kubelet does).
+    pub fn min_available_bytes(&self, capacity_bytes: u64) -> u64 {
+        match *self {
+            EvictionThreshold::Percent(percent) => (capacity_bytes as f64 * percent / 100.0) as u64,
+            EvictionThreshold::Bytes(bytes) => bytes,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            runtime: RuntimeConfig {
+                endpoint: None,
+                timeout: DEFAULT_RUNTIME_TIMEOUT,
+                container_events: false,
+                sandbox_image: None,
+            },
+            gc: GcConfig {
+                interval: DEFAULT_INTERVAL,
+                usage_poll_interval: DEFAULT_USAGE_POLL_INTERVAL,
+                high_threshold_percent: 85,
+                low_threshold_percent: 80,
+                min_age: DEFAULT_MIN_AGE,
+                max_age: Duration::ZERO,
+                dry_run: false,
+                image_fs_path: None,
+                thrash_window: DEFAULT_THRASH_WINDOW,
+                high_inodes_percent: None,
+                low_inodes_percent: None,
+            },
+            protect: ProtectConfig::default(),
+            state: StateConfig {
+                dir: PathBuf::from("/var/lib/imagegc"),
+            },
+            metrics: MetricsConfig {
+                listen: Some(SocketAddr::from(([127, 0, 0, 1], 9105))),
+            },
+            eviction_imagefs_available: None,
+            kubelet_config: None,
+            source: None,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// True when neither space nor age collection can ever remove anything
+    /// (the kubelet's "disabled": high = 100 and max age 0).
+    pub fn collection_disabled(&self) -> bool {
+        self.gc.high_threshold_percent >= 100 && self.gc.max_age.is_zero() && self.gc.high_inodes_percent.is_none()
+    }
+
+    /// The effective configuration in imagegc's TOML schema: every key, with
+    /// the defaults filled in. Loading the text back gives an equal `Config`
+    /// (apart from `source`, `warnings` and `eviction_imagefs_available`,
+    /// which the schema does not carry).
+    pub fn to_toml_string(&self) -> String {
+        let runtime = &self.runtime;
+        let gc = &self.gc;
+        let protect = &self.protect;
+        let images: Vec<String> = protect.images.iter().map(|image| toml_string(image)).collect();
+        let path = |path: Option<&Path>| toml_string(&path.map(|p| p.to_string_lossy()).unwrap_or_default());
+        format!(
+            r#"[runtime]
+endpoint = {endpoint}
+timeout = "{timeout}"
+container_events = {container_events}
+sandbox_image = {sandbox_image}
+
+[gc]
+interval = "{interval}"
+usage_poll_interval = "{usage_poll_interval}"
+high_threshold_percent = {high}
+low_threshold_percent = {low}
+min_age = "{min_age}"
+max_age = "{max_age}"
+dry_run = {dry_run}
+image_fs_path = {image_fs_path}
+thrash_window = "{thrash_window}"
+high_inodes_percent = {high_inodes}
+low_inodes_percent = {low_inodes}
+
+[protect]
+images = [{images}]
+keep_recent_per_repository = {keep_recent}
+
+[state]
+dir = {state_dir}
+
+[metrics]
+listen = {listen}
+
+[kubelet]
+config = {kubelet_config}
+"#,
+            endpoint = toml_string(runtime.endpoint.as_deref().unwrap_or("")),
+            timeout = format_duration(runtime.timeout),
+            container_events = runtime.container_events,
+            sandbox_image = toml_string(runtime.sandbox_image.as_deref().unwrap_or("")),
+            interval = format_duration(gc.interval),
+            usage_poll_interval = format_duration(gc.usage_poll_interval),
+            high = gc.high_threshold_percent,
+            low = gc.low_threshold_percent,
+            min_age = format_duration(gc.min_age),
+            max_age = format_duration(gc.max_age),
+            dry_run = gc.dry_run,
+            image_fs_path = path(gc.image_fs_path.as_deref()),
+            thrash_window = format_duration(gc.thrash_window),
+            high_inodes = gc.high_inodes_percent.unwrap_or(0),
+            low_inodes = gc.low_inodes_percent.unwrap_or(0),
+            images = images.join(", "),
+            keep_recent = protect.keep_recent_per_repository,
+            state_dir = path(Some(&self.state.dir)),
+            listen = toml_string(&self.metrics.listen.map(|addr| addr.to_string()).unwrap_or_default()),
+            kubelet_config = path(self.kubelet_config.as_deref()),
+        )
+    }
+}
+
+/// A TOML basic string, quoted and escaped.
+fn toml_string(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
+}
+
+/// Command-line values that override the file. Problems with them are
+/// reported with the file `command line` and the flag as the key
+/// (`--runtime-endpoint`, `--state-dir`).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub runtime_endpoint: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub dry_run: bool,
+}
+
+/// One configuration problem: the file, the key as the user wrote it, and
+/// what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file: String,
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(f, "{}: {}: {}", self.file, self.key, self.message)
+        }
+    }
+}
+
+/// Every problem found, reported together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError {
+    pub problems: Vec<Problem>,
+}
+
+/// Reads, validates and applies overrides. `path = None` gives the defaults
+/// (with overrides applied and validated). Every problem in the file and in
+/// the overrides is returned at once.
+pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let mut config = match path {
+        None => Config::default(),
+        Some(path) => {
+            let mut found = Problems::new(path.display().to_string());
+            let config = read_file(path, &mut found);
+            // By key, so that the problems of one section read together.
+            found.list.sort_by(|a, b| a.key.cmp(&b.key));
+            problems.extend(found.list);
+            config
+        }
+    };
+    let mut found = Problems::new(COMMAND_LINE);
+    apply_overrides(&mut config, overrides, &mut found);
+    problems.extend(found.list);
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError { problems })
+    }
+}
+
+/// The problems found in one source, each tagged with its name.
+struct Problems {
+    file: String,
+    list: Vec<Problem>,
+}
+
+impl Problems {
+    fn new(file: impl Into<String>) -> Self {
+        Problems {
+            file: file.into(),
+            list: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.list.push(Problem {
+            file: self.file.clone(),
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    /// True when `key` already has a problem: rules that compare it with
+    /// another key are then skipped rather than reported twice.
+    fn has(&self, key: &str) -> bool {
+        self.list.iter().any(|problem| problem.key == key)
+    }
+}
+
+/// The most a configuration file may hold: far beyond any real one, and
+/// small enough that a wrong path (a log, a device) costs nothing.
+const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A configuration file's text: a regular file only (a FIFO or a device
+/// such as /dev/zero is refused without blocking; links are followed, as a
+/// mounted ConfigMap is one), at most [`MAX_CONFIG_BYTES`], UTF-8.
+fn read_text(path: &Path) -> std::io::Result<String> {
+    let bytes = crate::safe_file::read_bounded(path, crate::safe_file::Links::Follow, MAX_CONFIG_BYTES)?;
+    String::from_utf8(bytes).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text"))
+}
+
+/// The configuration in the file at `path`: its own schema, or a
+/// KubeletConfiguration and the kubelet file `kubelet.config` names.
+fn read_file(path: &Path, problems: &mut Problems) -> Config {
+    let unread = Config {
+        source: Some(path.to_path_buf()),
+        ..Config::default()
+    };
+    let text = match read_text(path) {
+        Ok(text) => text,
+        Err(err) => {
+            problems.push("", format!("cannot read the file: {err}"));
+            return unread;
+        }
+    };
+    let Some(document) = parse::parse(parse::detect_format(path, &text), &text, problems) else {
+        return unread;
+    };
+    let mut config = if document.get("kind").and_then(Value::as_str) == Some(kubelet::KUBELET_KIND) {
+        kubelet::read_kubelet(document, problems)
+    } else {
+        let raw = raw::read_imagegc(document, problems);
+        let mut config = validate::build(raw, &validate::IMAGEGC_KEYS, problems);
+        if let Some(kubelet_path) = config.kubelet_config.clone() {
+            kubelet::cross_check_kubelet(&mut config, &kubelet_path, problems);
+        }
+        config
+    };
+    config.source = Some(path.to_path_buf());
+    config
+}
+
+/// The command-line flags, over whatever the file said.
+fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Problems) {
+    if let Some(endpoint) = &overrides.runtime_endpoint {
+        config.runtime.endpoint = validate::check_endpoint("--runtime-endpoint", endpoint, problems);
+    }
+    if let Some(dir) = &overrides.state_dir {
+        validate::check_absolute("--state-dir", dir, problems);
+        config.state.dir = dir.clone();
+    }
+    config.gc.dry_run |= overrides.dry_run;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::*;
+    use super::*;
+
+    #[test]
+    fn every_default() {
+        let config = load(None, &Overrides::default()).unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.runtime.endpoint, None);
+        assert_eq!(config.runtime.timeout, secs(120));
+        assert_eq!(config.gc.interval, secs(300));
+        assert_eq!(config.gc.usage_poll_interval, secs(30));
+        assert_eq!(config.gc.high_threshold_percent, 85);
+        assert_eq!(config.gc.low_threshold_percent, 80);
+        assert_eq!(config.gc.min_age, secs(120));
+        assert_eq!(config.gc.max_age, Duration::ZERO);
+        assert!(!config.gc.dry_run);
+        assert_eq!(config.gc.image_fs_path, None);
+        assert_eq!(config.gc.thrash_window, secs(3600));
+        assert_eq!(config.gc.high_inodes_percent, None);
+        assert_eq!(config.gc.low_inodes_percent, None);
+        assert!(config.protect.images.is_empty());
+        assert_eq!(config.protect.keep_recent_per_repository, 0);
+        assert_eq!(config.state.dir, PathBuf::from("/var/lib/imagegc"));
+        assert_eq!(config.metrics.listen, Some("127.0.0.1:9105".parse().unwrap()));
+        assert_eq!(config.eviction_imagefs_available, None);
+        assert_eq!(config.source, None);
+        assert!(config.warnings.is_empty());
+        assert!(!config.collection_disabled());
+    }
+
+    #[test]
+    fn empty_files_give_the_defaults_and_remember_their_source() {
+        for (name, text) in [
+            ("a.toml", ""),
+            ("b.yaml", ""),
+            ("c.yaml", "# nothing here\n"),
+            ("d", "\n"),
+        ] {
+            let config = load_ok(name, text);
+            assert!(config.source.as_ref().unwrap().ends_with(name));
+            assert_eq!(without_source(config), Config::default(), "{name}");
+        }
+    }
+
+    #[test]
+    fn every_key_is_read_from_toml() {
+        let config = load_ok("imagegc.toml", EVERY_KEY_TOML);
+        assert_eq!(config.runtime.endpoint.as_deref(), Some("unix:///run/crio/crio.sock"));
+        assert_eq!(config.runtime.timeout, secs(30));
+        assert_eq!(config.gc.interval, secs(600));
+        assert_eq!(config.gc.usage_poll_interval, secs(60));
+        assert_eq!(config.gc.high_threshold_percent, 70);
+        assert_eq!(config.gc.low_threshold_percent, 50);
+        assert_eq!(config.gc.min_age, secs(3600));
+        assert_eq!(config.gc.max_age, secs(14 * 86_400));
+        assert!(config.gc.dry_run);
+        assert_eq!(config.gc.image_fs_path, Some(PathBuf::from("/var/lib/containers")));
+        assert_eq!(config.gc.thrash_window, secs(7200));
+        assert_eq!(config.gc.high_inodes_percent, Some(90));
+        assert_eq!(config.gc.low_inodes_percent, Some(85));
+        assert_eq!(config.protect.images, ["registry.k8s.io/pause:*", "sha256:abc*"]);
+        assert_eq!(config.protect.keep_recent_per_repository, 2);
+        assert_eq!(config.state.dir, PathBuf::from("/run/imagegc"));
+        assert_eq!(config.metrics.listen, Some("0.0.0.0:9200".parse().unwrap()));
+        assert!(config.warnings.is_empty());
+    }
+
+    #[test]
+    fn the_same_schema_in_yaml_gives_the_same_config() {
+        let toml = load_ok("imagegc.toml", EVERY_KEY_TOML);
+        let yaml = load_ok("imagegc.yaml", EVERY_KEY_YAML);
+        assert_eq!(without_source(yaml), without_source(toml));
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let overrides = Overrides {
+            runtime_endpoint: Some("unix:///run/other.sock".to_owned()),
+            state_dir: Some(PathBuf::from("/tmp/state")),
+            dry_run: true,
+        };
+        let (_, config) = load_named("a.toml", EVERY_KEY_TOML, &overrides);
+        let config = config.unwrap();
+        assert_eq!(config.runtime.endpoint.as_deref(), Some("unix:///run/other.sock"));
+        assert_eq!(config.state.dir, PathBuf::from("/tmp/state"));
+        assert!(config.gc.dry_run);
+
+        let no_dry_run = Overrides::default();
+        let (_, config) = load_named("a.toml", EVERY_KEY_TOML, &no_dry_run);
+        assert!(config.unwrap().gc.dry_run, "dry_run from the file stays on");
+
+        let without_file = load(None, &overrides).unwrap();
+        assert_eq!(without_file.runtime.endpoint.as_deref(), Some("unix:///run/other.sock"));
+        assert!(without_file.gc.dry_run);
+    }
+
+    #[test]
+    fn bad_flags_are_reported_with_the_file_problems() {
+        let overrides = Overrides {
+            runtime_endpoint: Some("tcp://10.0.0.1:1234".to_owned()),
+            state_dir: Some(PathBuf::from("state")),
+            dry_run: false,
+        };
+        let (file, result) = load_named("a.toml", "[gc]\ninterval = \"0s\"\n", &overrides);
+        let lines: Vec<String> = result.unwrap_err().problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            lines,
+            [
+                format!("{file}: gc.interval: must be at least 1s, got 0s"),
+                "command line: --runtime-endpoint: only unix:// endpoints are supported, got \"tcp://10.0.0.1:1234\""
+                    .to_owned(),
+                "command line: --state-dir: must be an absolute path, got \"state\"".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = "[gc]\nhigh_threshold_percent = 101\nmin_age = \"soon\"\n[metrics]\nlisten = \"nowhere\"\n";
+        let keys = problem_keys("a.toml", text);
+        assert_eq!(keys, ["gc.high_threshold_percent", "gc.min_age", "metrics.listen"]);
+    }
+
+    #[test]
+    fn the_effective_configuration_loads_back_equal() {
+        let mut custom = load_ok("imagegc.toml", EVERY_KEY_TOML);
+        custom.protect.images.push("quote \" and backslash \\".to_owned());
+        custom.gc.min_age = Duration::from_millis(1500);
+        custom.metrics.listen = Some("[::1]:9105".parse().unwrap());
+        let mut off = Config::default();
+        off.metrics.listen = None;
+        for config in [Config::default(), without_source(custom), off] {
+            let text = config.to_toml_string();
+            let mut loaded = load_ok("effective.toml", &text);
+            // The odd pattern is warned about (it can match no image); the
+            // warnings are not part of the effective configuration.
+            loaded.warnings.clear();
+            assert_eq!(without_source(loaded), config, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_effective_configuration_names_every_key() {
+        let text = Config::default().to_toml_string();
+        let table: toml::Table = toml::from_str(&text).unwrap();
+        let mut keys = Vec::new();
+        for (section, value) in &table {
+            for key in value.as_table().unwrap().keys() {
+                keys.push(format!("{section}.{key}"));
+            }
+        }
+        assert_eq!(keys.len(), 20, "{keys:?}");
+        assert!(text.contains("container_events = false\n"));
+        assert!(text.contains("sandbox_image = \"\"\n"));
+        assert!(text.contains("endpoint = \"\"\n"));
+        assert!(text.contains("max_age = \"0s\"\n"));
+        assert!(text.contains("high_inodes_percent = 0\n"));
+        assert!(text.contains("listen = \"127.0.0.1:9105\"\n"));
+    }
+
+    #[test]
+    fn a_kubelet_configuration_prints_in_imagegc_schema() {
+        let config = load_ok("config.yaml", KUBELET_FILE);
+        let loaded = load_ok("effective.toml", &config.to_toml_string());
+        assert_eq!(loaded.gc, config.gc);
+    }
+
+    fn example(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("config").join(name)
+    }
+
+    #[test]
+    fn the_example_imagegc_toml_holds_the_defaults() {
+        let path = example("imagegc.toml");
+        let config = load(Some(&path), &Overrides::default()).unwrap();
+        assert_eq!(config.source.as_deref(), Some(path.as_path()));
+        assert_eq!(without_source(config), Config::default());
+    }
+
+    #[test]
+    fn the_example_kubelet_config_loads() {
+        let path = example("kubelet-config.yaml");
+        let config = load(Some(&path), &Overrides::default()).unwrap();
+        assert_eq!(config.gc.high_threshold_percent, 85);
+        assert_eq!(config.gc.low_threshold_percent, 80);
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(10.0))
+        );
+        assert_eq!(
+            config.warnings.len(),
+            1,
+            "only the kubelet still collecting: {:?}",
+            config.warnings
+        );
+    }
+}
