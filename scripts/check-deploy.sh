@@ -356,6 +356,15 @@ helm_crds() {
     "$PY" deploy/tests/check_helm.py crds deploy/prometheusrule.yaml "$CRD_DIR" PrometheusRule
 }
 
+helm_package() {
+    # What users install is the package: it must carry files/ and render the
+    # same as the directory.
+    "$HELM" package "$CHART" --destination "$HELM_WORK/package" || return 1
+    "$HELM" template other "$HELM_WORK"/package/imagegc-*.tgz --namespace gc-system --kube-version 1.26.0 \
+        --values "$CHART/ci/everything-values.yaml" >"$HELM_WORK/packaged.yaml" || return 1
+    diff -u "$HELM_WORK/everything-1.26.0.yaml" "$HELM_WORK/packaged.yaml"
+}
+
 helm_vs_kustomize() {
     kubectl kustomize deploy >"$HELM_WORK/kustomized.yaml" || return 1
     "$PY" deploy/tests/check_helm.py default "$HELM_WORK/kustomized.yaml" "$HELM_WORK/default-1.26.0.yaml" deploy
@@ -416,6 +425,7 @@ helm_section() {
         skip "helm template (defaults) and kustomize build deploy/ agree" "no kubectl here"
     fi
     run "helm template (ci/everything-values.yaml) carries its values" helm_values
+    run "helm package: the packaged chart renders the same" helm_package
     run "helm template refuses bad values, naming them" helm_refusals
     HELM_BIN=
     for candidate in "$BIN" "$ROOT/target/release/imagegc" "$ROOT/target/debug/imagegc"; do
