@@ -21,6 +21,9 @@ against the values they were rendered from.
       imagegc.toml says what deploy/imagegc.toml says). Only what Helm
       legitimately changes is normalised: the labels it adds, resource
       names, and the pod's config checksum annotation.
+  check_helm.py monitors PODMONITOR_RENDER SERVICEMONITOR_RENDER DEPLOY_DIR
+      the chart's PodMonitor is deploy/podmonitor.yaml (less Helm's labels),
+      and its ServiceMonitor's endpoint relabels as that PodMonitor does.
   check_helm.py readme CHART_DIR
       every value of values.yaml (down to the leaves values.schema.json
       describes) has its row in the chart's README.md, and the README names
@@ -319,6 +322,24 @@ def values(render, values_file, deploy):
     return report(problems)
 
 
+def monitors(pod_render, service_render, deploy):
+    problems = Problems()
+    (want,) = load(os.path.join(deploy, "podmonitor.yaml"))
+    pods = [d for d in load(pod_render) if d["kind"] == "PodMonitor"]
+    services = [d for d in load(service_render) if d["kind"] == "ServiceMonitor"]
+    if not problems.check(len(pods) == 1 and len(services) == 1, "expected one PodMonitor and one ServiceMonitor"):
+        return report(problems)
+    spec = copy.deepcopy(pods[0]["spec"])
+    spec["selector"]["matchLabels"] = without_helm_labels(spec["selector"]["matchLabels"])
+    problems.same("PodMonitor spec", spec, want["spec"], "deploy/podmonitor.yaml has")
+    (endpoint,) = services[0]["spec"]["endpoints"]
+    (wanted,) = want["spec"]["podMetricsEndpoints"]
+    for key in ("port", "path", "relabelings", "metricRelabelings"):
+        problems.same(f"ServiceMonitor endpoint {key}", endpoint.get(key), wanted.get(key),
+                      "deploy/podmonitor.yaml has")
+    return report(problems)
+
+
 def value_paths(schema, values, prefix=""):
     """Dotted paths of values.yaml, down to where the schema stops naming
     properties (free-form maps such as resources are one value)."""
@@ -359,7 +380,7 @@ def report(problems):
 
 
 def main(argv):
-    commands = {"readme": (readme, 1), "split": (split, 2), "config": (config, 2), "default": (default, 3), "values": (values, 3)}
+    commands = {"monitors": (monitors, 3), "readme": (readme, 1), "split": (split, 2), "config": (config, 2), "default": (default, 3), "values": (values, 3)}
     if len(argv) >= 3 and argv[0] == "crds":
         return crds(argv[1], argv[2], argv[3:])
     if not argv or argv[0] not in commands or len(argv) - 1 != commands[argv[0]][1]:
