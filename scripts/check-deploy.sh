@@ -260,6 +260,189 @@ else
     skip "dashboard and rules against a real scrape" "no binary ran and IMAGEGC_METRICS_FILE is unset"
 fi
 
+# --- Helm chart (deploy/helm/imagegc) ---------------------------------------
+#
+# helm from its Go module (built once into the cache), then: lint and render
+# the chart with the default values and with each ci/*-values.yaml, for each
+# Kubernetes version; every core resource through kubernetes-validate
+# --strict, every PodMonitor/ServiceMonitor/PrometheusRule against the
+# prometheus-operator's own CRD schemas (from its Go module); the default
+# render against `kustomize build deploy/`; the non-default renders against
+# their values; bad values refused; the rendered imagegc.toml through
+# `imagegc check-config`.
+
+CHART=deploy/helm/imagegc
+HELM_VERSION=v3.22.0
+PROMETHEUS_OPERATOR_MODULE=github.com/prometheus-operator/prometheus-operator
+PROMETHEUS_OPERATOR_VERSION=v0.85.0
+HELM="$CACHE/helm-$HELM_VERSION/helm"
+HELM_WORK="$WORK/helm"
+# name:release:namespace:values file (empty: the defaults). The default
+# render uses release and namespace "imagegc", as deploy/ does.
+HELM_SETS="default:imagegc:imagegc: everything:other:gc-system:$CHART/ci/everything-values.yaml podmonitor:imagegc:monitoring:$CHART/ci/podmonitor-values.yaml"
+
+install_helm() {
+    [ -x "$HELM" ] && { "$HELM" version --short; return 0; }
+    # From a scratch directory: no go.mod around to take part.
+    (cd "$WORK" && GOBIN="$(dirname "$HELM")" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
+        go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION") || return 1
+    "$HELM" version --short
+}
+
+operator_crds() {
+    local dir
+    dir=$(cd "$WORK" && GOFLAGS=-mod=mod go mod download -json \
+        "$PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    CRD_DIR="$dir/example/prometheus-operator-crd"
+    [ -f "$CRD_DIR/monitoring.coreos.com_podmonitors.yaml" ] || { echo "no CRDs in $CRD_DIR"; return 1; }
+}
+
+helm_copies() {
+    # helm package does not follow symlinks: the chart keeps copies.
+    local ok=0 f
+    for f in prometheus-rules.yaml grafana-dashboard.json; do
+        cmp "deploy/$f" "$CHART/files/$f" ||
+            { echo "$CHART/files/$f differs from deploy/$f: cp deploy/$f $CHART/files/$f"; ok=1; }
+    done
+    return $ok
+}
+
+# helm_each FUNCTION: FUNCTION NAME RELEASE NAMESPACE VALUES_FLAG... for each
+# values set.
+helm_each() {
+    local fn=$1 set name release namespace values flags
+    for set in $HELM_SETS; do
+        IFS=: read -r name release namespace values <<<"$set"
+        flags=()
+        [ -n "$values" ] && flags=(--values "$values")
+        "$fn" "$name" "$release" "$namespace" "${flags[@]}" || return 1
+    done
+}
+
+lint_one() {
+    local name=$1 version
+    shift 3
+    for version in $K8S_VERSIONS; do
+        echo "== $name, k8s $version"
+        "$HELM" lint --strict --kube-version "$version" "$CHART" "$@" || return 1
+    done
+}
+
+render_one() {
+    local name=$1 release=$2 namespace=$3 version out
+    shift 3
+    for version in $K8S_VERSIONS; do
+        out="$HELM_WORK/$name-$version.yaml"
+        "$HELM" template "$release" "$CHART" --namespace "$namespace" --kube-version "$version" "$@" >"$out" || return 1
+        echo "== $name, k8s $version"
+        "$PY" deploy/tests/check_helm.py split "$out" "$out.core" || return 1
+        kubernetes-validate --strict --kubernetes-version "$version" "$out.core" || return 1
+    done
+}
+
+helm_crds() {
+    local version
+    for version in $K8S_VERSIONS; do
+        # Each set must render the operator kinds it turns on.
+        "$PY" deploy/tests/check_helm.py crds "$HELM_WORK/default-$version.yaml" "$CRD_DIR" || return 1
+        "$PY" deploy/tests/check_helm.py crds "$HELM_WORK/everything-$version.yaml" "$CRD_DIR" \
+            ServiceMonitor PrometheusRule || return 1
+        "$PY" deploy/tests/check_helm.py crds "$HELM_WORK/podmonitor-$version.yaml" "$CRD_DIR" \
+            PodMonitor PrometheusRule || return 1
+    done
+    # deploy/'s own operator extras, which kubectl apply -k does not cover.
+    "$PY" deploy/tests/check_helm.py crds deploy/podmonitor.yaml "$CRD_DIR" PodMonitor || return 1
+    "$PY" deploy/tests/check_helm.py crds deploy/prometheusrule.yaml "$CRD_DIR" PrometheusRule
+}
+
+helm_package() {
+    # What users install is the package: it must carry files/ and render the
+    # same as the directory.
+    "$HELM" package "$CHART" --destination "$HELM_WORK/package" || return 1
+    "$HELM" template other "$HELM_WORK"/package/imagegc-*.tgz --namespace gc-system --kube-version 1.26.0 \
+        --values "$CHART/ci/everything-values.yaml" >"$HELM_WORK/packaged.yaml" || return 1
+    diff -u "$HELM_WORK/everything-1.26.0.yaml" "$HELM_WORK/packaged.yaml"
+}
+
+helm_vs_kustomize() {
+    kubectl kustomize deploy >"$HELM_WORK/kustomized.yaml" || return 1
+    "$PY" deploy/tests/check_helm.py default "$HELM_WORK/kustomized.yaml" "$HELM_WORK/default-1.26.0.yaml" deploy
+}
+
+helm_monitors() {
+    "$PY" deploy/tests/check_helm.py monitors "$HELM_WORK/podmonitor-1.26.0.yaml" "$HELM_WORK/everything-1.26.0.yaml" deploy
+}
+
+helm_values() {
+    "$PY" deploy/tests/check_helm.py values "$HELM_WORK/everything-1.26.0.yaml" "$CHART/ci/everything-values.yaml" deploy
+}
+
+# refused WHAT MESSAGE SET...: helm template with --set SET... must fail and
+# say MESSAGE.
+refused() {
+    local what=$1 message=$2
+    shift 2
+    if "$HELM" template imagegc "$CHART" --kube-version 1.26.0 "$@" >"$HELM_WORK/refused.out" 2>&1; then
+        echo "$what: rendered, expected a refusal"
+        return 1
+    fi
+    grep -qF -- "$message" "$HELM_WORK/refused.out" ||
+        { echo "$what: the error does not say '$message':"; cat "$HELM_WORK/refused.out"; return 1; }
+    echo "$what: $(grep -F -- "$message" "$HELM_WORK/refused.out" | head -n1)"
+}
+helm_refusals() {
+    refused "a misspelt key" "additional properties 'dryrun' not allowed" --set gc.dryrun=true &&
+        refused "a percentage above 100" "/gc/highThresholdPercent" --set gc.highThresholdPercent=101 &&
+        refused "low at or above high" "gc.lowThresholdPercent (90) must be less than gc.highThresholdPercent (85)" \
+            --set gc.lowThresholdPercent=90 &&
+        refused "an endpoint outside the mounted directory" "runtime.endpoint" --set runtime.socketDir=/run/crio &&
+        refused "one inode threshold" "set both or neither" --set gc.highInodesPercent=90 &&
+        refused "two monitors" "pick one" --set podMonitor.enabled=true --set serviceMonitor.enabled=true
+}
+
+config_one() {
+    local name=$1
+    "$PY" deploy/tests/check_helm.py config "$HELM_WORK/$name-1.26.0.yaml" "$HELM_WORK/$name.toml" || return 1
+    echo "== $name"
+    "$HELM_BIN" check-config --config "$HELM_WORK/$name.toml"
+}
+
+helm_section() {
+    mkdir -p "$HELM_WORK" || return 1
+    export PATH="$PATH:/usr/local/go/bin"
+    if ! command -v go >/dev/null; then
+        skip "helm chart checks" "no Go here (/usr/local/go/bin) to build helm $HELM_VERSION"
+        return
+    fi
+    run "helm: go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION (once)" install_helm || return
+    run "helm: files/ are deploy/'s rules and dashboard" helm_copies
+    run "helm: every value has its row in the chart's README" "$PY" deploy/tests/check_helm.py readme "$CHART"
+    run "helm lint --strict (defaults, ci/*-values.yaml; k8s $K8S_VERSIONS)" helm_each lint_one
+    run "helm template: core resources, kubernetes-validate --strict" helm_each render_one || return
+    if run "prometheus-operator $PROMETHEUS_OPERATOR_VERSION CRDs (go mod download)" operator_crds; then
+        run "helm template, deploy/: PodMonitor, ServiceMonitor, PrometheusRule vs CRDs" helm_crds
+    fi
+    if command -v kubectl >/dev/null; then
+        run "helm template (defaults) and kustomize build deploy/ agree" helm_vs_kustomize
+    else
+        skip "helm template (defaults) and kustomize build deploy/ agree" "no kubectl here"
+    fi
+    run "helm template (ci/everything-values.yaml) carries its values" helm_values
+    run "helm template: PodMonitor and ServiceMonitor scrape as deploy/podmonitor.yaml" helm_monitors
+    run "helm package: the packaged chart renders the same" helm_package
+    run "helm template refuses bad values, naming them" helm_refusals
+    HELM_BIN=
+    for candidate in "$BIN" "$ROOT/target/release/imagegc" "$ROOT/target/debug/imagegc"; do
+        [ -n "$candidate" ] && [ -x "$candidate" ] && { HELM_BIN=$candidate; break; }
+    done
+    if [ -n "$HELM_BIN" ]; then
+        run "imagegc check-config on the chart's rendered imagegc.toml" helm_each config_one
+    else
+        skip "imagegc check-config on the chart's rendered imagegc.toml" "no imagegc binary"
+    fi
+}
+helm_section
+
 # --- systemd ----------------------------------------------------------------
 
 verify_unit() {

@@ -1,0 +1,118 @@
+{{/*
+The name of every resource: fullnameOverride, else the release name when it
+contains "imagegc" (so `helm install imagegc` gives the names of deploy/),
+else "<release>-imagegc".
+*/}}
+{{- define "imagegc.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels the pods are selected by; never change on upgrade. */}}
+{{- define "imagegc.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The labels of every resource. */}}
+{{- define "imagegc.labels" -}}
+{{ include "imagegc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name (.Chart.Version | replace "+" "_") }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "imagegc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "imagegc.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the state directory is mounted in the container (state.dir). */}}
+{{- define "imagegc.stateDir" -}}/var/lib/imagegc{{- end -}}
+
+{{/* gc.image_fs_path: the image filesystem's mount, or the state directory. */}}
+{{- define "imagegc.imageFsPath" -}}
+{{- .Values.gc.imageFsHostPath | default (include "imagegc.stateDir" .) -}}
+{{- end -}}
+
+{{/*
+Cross-field rules the schema cannot express, failing with the value's name.
+*/}}
+{{- define "imagegc.validate" -}}
+{{- $dir := trimSuffix "/" .Values.runtime.socketDir -}}
+{{- if not (hasPrefix (printf "unix://%s/" $dir) .Values.runtime.endpoint) -}}
+{{- fail (printf "runtime.endpoint %q is not a socket inside runtime.socketDir %q, the only runtime directory the pod mounts" .Values.runtime.endpoint .Values.runtime.socketDir) -}}
+{{- end -}}
+{{- if and .Values.gc.imageFsHostPath (or (eq .Values.gc.imageFsHostPath (include "imagegc.stateDir" .)) (eq .Values.gc.imageFsHostPath "/etc/imagegc") (eq (trimSuffix "/" .Values.gc.imageFsHostPath) $dir)) -}}
+{{- fail (printf "gc.imageFsHostPath %q collides with a path the pod already mounts (/var/lib/imagegc, /etc/imagegc, runtime.socketDir)" .Values.gc.imageFsHostPath) -}}
+{{- end -}}
+{{- if ge (int .Values.gc.lowThresholdPercent) (int .Values.gc.highThresholdPercent) -}}
+{{- fail (printf "gc.lowThresholdPercent (%d) must be less than gc.highThresholdPercent (%d)" (int .Values.gc.lowThresholdPercent) (int .Values.gc.highThresholdPercent)) -}}
+{{- end -}}
+{{- if ne (kindIs "invalid" .Values.gc.highInodesPercent) (kindIs "invalid" .Values.gc.lowInodesPercent) -}}
+{{- fail "gc.highInodesPercent and gc.lowInodesPercent: set both or neither" -}}
+{{- end -}}
+{{- if and .Values.podMonitor.enabled .Values.serviceMonitor.enabled -}}
+{{- fail "podMonitor.enabled and serviceMonitor.enabled: pick one, or every node is scraped twice" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+imagegc.toml, rendered from the values. With the default values it says
+what deploy/imagegc.toml says (scripts/check-deploy.sh compares the two).
+Strings go through toJson: a JSON string is a valid TOML basic string.
+*/}}
+{{- define "imagegc.config" -}}
+# imagegc configuration, rendered by the imagegc Helm chart from its values.
+# Edit the values, not this ConfigMap: `helm upgrade` restarts the pods when
+# it changes (the pod template carries its checksum).
+
+[runtime]
+# The DaemonSet passes --runtime-endpoint for the socket it mounts.
+endpoint = ""
+timeout = {{ .Values.runtime.timeout | toJson }}
+{{- if .Values.runtime.containerEvents }}
+container_events = true
+{{- end }}
+{{- with .Values.runtime.sandboxImage }}
+sandbox_image = {{ . | toJson }}
+{{- end }}
+
+[gc]
+interval = {{ .Values.gc.interval | toJson }}
+usage_poll_interval = {{ .Values.gc.usagePollInterval | toJson }}
+high_threshold_percent = {{ int .Values.gc.highThresholdPercent }}
+low_threshold_percent = {{ int .Values.gc.lowThresholdPercent }}
+min_age = {{ .Values.gc.minAge | toJson }}
+max_age = {{ .Values.gc.maxAge | toJson }}
+dry_run = {{ .Values.gc.dryRun }}
+image_fs_path = {{ include "imagegc.imageFsPath" . | toJson }}
+thrash_window = {{ .Values.gc.thrashWindow | toJson }}
+{{- if not (kindIs "invalid" .Values.gc.highInodesPercent) }}
+high_inodes_percent = {{ int .Values.gc.highInodesPercent }}
+low_inodes_percent = {{ int .Values.gc.lowInodesPercent }}
+{{- end }}
+
+[protect]
+images = {{ .Values.protect.images | toJson }}
+keep_recent_per_repository = {{ int .Values.protect.keepRecentPerRepository }}
+
+[state]
+dir = {{ include "imagegc.stateDir" . | toJson }}
+
+[metrics]
+# The pod IP only (hostNetwork is off); the NetworkPolicy narrows who may
+# connect.
+listen = "0.0.0.0:{{ int .Values.metrics.port }}"
+{{- end -}}

@@ -1,0 +1,394 @@
+#!/usr/bin/env python3
+"""Checks the Helm chart's renders (deploy/helm/imagegc) against deploy/ and
+against the values they were rendered from.
+
+  check_helm.py split RENDER CORE_OUT
+      writes the resources of core Kubernetes kinds to CORE_OUT (for
+      kubernetes-validate) and lists the Prometheus Operator ones; fails on
+      any other kind, so nothing goes unvalidated.
+  check_helm.py crds RENDER CRD_DIR [KIND...]
+      validates every PodMonitor, ServiceMonitor and PrometheusRule against
+      the openAPIV3Schema of the operator's own CRD (CRD_DIR holds
+      monitoring.coreos.com_*.yaml), strictly: a field the schema does not
+      name is an error, as the API server would drop it silently. The KINDs
+      listed must be present.
+  check_helm.py config RENDER OUT
+      writes the imagegc.toml of the render's ConfigMap to OUT.
+  check_helm.py default KUSTOMIZED RENDER DEPLOY_DIR
+      the chart's default render and `kustomize build deploy/` agree: the
+      DaemonSet's pod spec, its update strategy, the ServiceAccount, the
+      NetworkPolicy, the ResourceQuota, and the configuration (the rendered
+      imagegc.toml says what deploy/imagegc.toml says). Only what Helm
+      legitimately changes is normalised: the labels it adds, resource
+      names, and the pod's config checksum annotation.
+  check_helm.py monitors PODMONITOR_RENDER SERVICEMONITOR_RENDER DEPLOY_DIR
+      the chart's PodMonitor is deploy/podmonitor.yaml (less Helm's labels),
+      and its ServiceMonitor's endpoint relabels as that PodMonitor does.
+  check_helm.py readme CHART_DIR
+      every value of values.yaml (down to the leaves values.schema.json
+      describes) has its row in the chart's README.md, and the README names
+      no value the chart does not have.
+  check_helm.py values RENDER VALUES DEPLOY_DIR
+      a non-default render carries its values: image, runtime socket,
+      ports, paths, configuration, scrape namespace, resources, monitoring
+      resources, and the rules and dashboard of deploy/ verbatim.
+"""
+
+import copy
+import json
+import os
+import sys
+import tomllib
+
+import jsonschema
+import yaml
+
+CORE_KINDS = {"ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota", "Service", "ServiceAccount"}
+OPERATOR_KINDS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitors",
+                  "PrometheusRule": "prometheusrules"}
+# Labels the chart adds to deploy/'s app.kubernetes.io/name.
+HELM_LABELS = {"app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
+               "helm.sh/chart"}
+
+
+class Problems(list):
+    def check(self, ok, message):
+        if not ok:
+            self.append(message)
+        return ok
+
+    def same(self, what, got, want, theirs="expected"):
+        """Reports each path where got (the chart's) differs from want."""
+        for path, g, w in differences(got, want):
+            self.append(f"{what}: {path or '.'}: the chart has {json.dumps(g)}, {theirs} {json.dumps(w)}")
+
+
+def differences(got, want, path=""):
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want), key=str):
+            yield from differences(got.get(key), want.get(key), f"{path}.{key}")
+    elif isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        for i, (g, w) in enumerate(zip(got, want)):
+            yield from differences(g, w, f"{path}[{i}]")
+    elif got != want:
+        yield path, got, want
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def by_kind(docs):
+    out = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+def node_config_map(docs):
+    maps = [d for d in docs if d["kind"] == "ConfigMap" and "imagegc.toml" in d.get("data", {})]
+    if len(maps) != 1:
+        raise SystemExit(f"expected one ConfigMap with imagegc.toml, found {len(maps)}")
+    return maps[0]
+
+
+def split(render, out):
+    docs = load(render)
+    core = [d for d in docs if d["kind"] in CORE_KINDS]
+    other = sorted({d["kind"] for d in docs} - CORE_KINDS - set(OPERATOR_KINDS))
+    if other:
+        print(f"{render}: kinds neither validated as core nor as operator CRDs: {other}")
+        return 1
+    with open(out, "w", encoding="utf-8") as f:
+        yaml.safe_dump_all(core, f, sort_keys=False)
+    print(f"{len(core)} core resources: {sorted(d['kind'] for d in core)}")
+    print(f"operator resources: {sorted(d['kind'] for d in docs if d['kind'] in OPERATOR_KINDS)}")
+    return 0
+
+
+def strict(schema):
+    """The CRD's schema with additionalProperties false wherever it names
+    properties and does not allow others (what kubeconform --strict does)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if ("properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+def crd_schema(crd_dir, kind, version):
+    path = os.path.join(crd_dir, f"monitoring.coreos.com_{OPERATOR_KINDS[kind]}.yaml")
+    (crd,) = load(path)
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            schema = strict(v["schema"]["openAPIV3Schema"])
+            # metadata is the API server's ObjectMeta, which the CRD leaves open.
+            schema["properties"]["metadata"] = {"type": "object"}
+            return schema
+    raise SystemExit(f"{path}: no version {version}")
+
+
+def crds(render, crd_dir, expected):
+    problems = Problems()
+    docs = [d for d in load(render) if d["kind"] in OPERATOR_KINDS]
+    for kind in expected:
+        problems.check(any(d["kind"] == kind for d in docs), f"{render}: no {kind}")
+    for d in docs:
+        group, version = d["apiVersion"].split("/")
+        if not problems.check(group == "monitoring.coreos.com", f"{d['kind']}: apiVersion {d['apiVersion']}"):
+            continue
+        validator = jsonschema.Draft7Validator(crd_schema(crd_dir, d["kind"], version))
+        errors = sorted(validator.iter_errors(d), key=lambda e: list(e.absolute_path))
+        for e in errors:
+            path = ".".join(str(p) for p in e.absolute_path)
+            problems.append(f"{d['kind']}/{d['metadata']['name']}: {path}: {e.message}")
+        if not errors:
+            print(f"{d['kind']}/{d['metadata']['name']} matches the {version} CRD schema")
+    return report(problems)
+
+
+def config(render, out):
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(node_config_map(load(render))["data"]["imagegc.toml"])
+    return 0
+
+
+def without_helm_labels(labels):
+    """The labels deploy/ would have: the chart's, less those Helm adds."""
+    return {k: v for k, v in (labels or {}).items() if k not in HELM_LABELS}
+
+
+def pod_spec(ds, name):
+    spec = copy.deepcopy(ds["spec"]["template"]["spec"])
+    spec["serviceAccountName"] = spec["serviceAccountName"].replace(name, "NAME")
+    for v in spec.get("volumes", []):
+        if "configMap" in v:
+            v["configMap"]["name"] = v["configMap"]["name"].replace(name, "NAME")
+    return spec
+
+
+def default(kustomized, render, deploy):
+    problems = Problems()
+
+    def agree(what, chart_has, kustomize_has):
+        problems.same(what, chart_has, kustomize_has, "kustomize has")
+
+    kust, chart = by_kind(load(kustomized)), by_kind(load(render))
+    for kind in ("ServiceAccount", "ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota"):
+        problems.check(len(chart.get(kind, [])) == 1, f"the default render has {len(chart.get(kind, []))} {kind}")
+        problems.check(len(kust.get(kind, [])) == 1, f"the kustomize build has {len(kust.get(kind, []))} {kind}")
+    for kind in set(chart) - {"ServiceAccount", "ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota"}:
+        problems.append(f"the default render has a {kind}, which `kubectl apply -k deploy/` does not create")
+    if problems:
+        return report(problems)
+
+    k_ds, c_ds = kust["DaemonSet"][0], chart["DaemonSet"][0]
+    k_name, c_name = k_ds["metadata"]["name"], c_ds["metadata"]["name"]
+    agree("DaemonSet pod spec (image, args, env, ports, probes, resources, securityContext, "
+                  "volumes, mounts, tolerations, nodeSelector, priorityClassName)",
+                  pod_spec(c_ds, c_name), pod_spec(k_ds, k_name))
+    agree("DaemonSet updateStrategy", c_ds["spec"]["updateStrategy"], k_ds["spec"]["updateStrategy"])
+    for what, c, k in (("DaemonSet labels", c_ds["metadata"]["labels"], k_ds["metadata"]["labels"]),
+                       ("pod labels", c_ds["spec"]["template"]["metadata"]["labels"],
+                        k_ds["spec"]["template"]["metadata"]["labels"]),
+                       ("selector", c_ds["spec"]["selector"]["matchLabels"], k_ds["spec"]["selector"]["matchLabels"])):
+        agree(what + " (without Helm's)", without_helm_labels(c), k)
+    c_ann = dict(c_ds["spec"]["template"]["metadata"].get("annotations", {}))
+    problems.check(len(c_ann.pop("checksum/config", "")) == 64, "the pod template has no checksum/config annotation")
+    agree("pod annotations", c_ann, k_ds["spec"]["template"]["metadata"].get("annotations", {}))
+
+    agree("ServiceAccount automountServiceAccountToken",
+                  chart["ServiceAccount"][0].get("automountServiceAccountToken"),
+                  kust["ServiceAccount"][0].get("automountServiceAccountToken"))
+    c_np = copy.deepcopy(chart["NetworkPolicy"][0]["spec"])
+    c_np["podSelector"]["matchLabels"] = without_helm_labels(c_np["podSelector"]["matchLabels"])
+    agree("NetworkPolicy spec", c_np, kust["NetworkPolicy"][0]["spec"])
+    agree("ResourceQuota spec", chart["ResourceQuota"][0]["spec"], kust["ResourceQuota"][0]["spec"])
+
+    # The configuration: same settings (the comments differ).
+    with open(os.path.join(deploy, "imagegc.toml"), "rb") as f:
+        want = tomllib.load(f)
+    got = tomllib.loads(node_config_map(load(render))["data"]["imagegc.toml"])
+    agree("imagegc.toml settings", got, want)
+    for kind in ("ConfigMap", "DaemonSet"):
+        agree(f"{kind} namespace", chart[kind][0]["metadata"]["namespace"], kust[kind][0]["metadata"]["namespace"])
+    return report(problems)
+
+
+def values(render, values_file, deploy):
+    problems = Problems()
+    with open(values_file, encoding="utf-8") as f:
+        v = yaml.safe_load(f)
+    docs = by_kind(load(render))
+
+    def one(kind):
+        found = docs.get(kind, [])
+        if len(found) != 1:
+            problems.append(f"{render}: {len(found)} {kind}, expected one")
+            report(problems)
+            raise SystemExit(1)
+        return found
+
+    (ds,) = docs["DaemonSet"]
+    pod = ds["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    port = v["metrics"]["port"]
+    problems.same("image", c["image"], f"{v['image']['repository']}:{v['image']['tag']}")
+    problems.same("imagePullPolicy", c["imagePullPolicy"], v["image"]["pullPolicy"])
+    problems.same("imagePullSecrets", pod["spec"].get("imagePullSecrets"), v["imagePullSecrets"])
+    args = c["args"]
+    problems.same("--runtime-endpoint", args[args.index("--runtime-endpoint") + 1], v["runtime"]["endpoint"])
+    problems.same("extra args", args[-len(v["extraArgs"]):], v["extraArgs"])
+    problems.same("containerPort", c["ports"][0]["containerPort"], port)
+    problems.same("prometheus.io/port", pod["metadata"]["annotations"].get("prometheus.io/port"), str(port))
+    for key, value in v["podAnnotations"].items():
+        problems.same(f"pod annotation {key}", pod["metadata"]["annotations"].get(key), value)
+    for key, value in v["podLabels"].items():
+        problems.same(f"pod label {key}", pod["metadata"]["labels"].get(key), value)
+    problems.same("resources", c["resources"], v["resources"])
+    problems.same("tolerations", pod["spec"]["tolerations"], v["tolerations"])
+    problems.same("nodeSelector", pod["spec"]["nodeSelector"], v["nodeSelector"])
+    volumes = {x["name"]: x for x in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    problems.same("runtime socket hostPath", volumes["runtime-socket-dir"]["hostPath"]["path"], v["runtime"]["socketDir"])
+    problems.same("runtime socket mount", mounts["runtime-socket-dir"]["mountPath"], v["runtime"]["socketDir"])
+    problems.same("state hostPath", volumes["state"]["hostPath"]["path"], v["stateHostPath"])
+    image_fs = v["gc"]["imageFsHostPath"]
+    problems.same("image filesystem hostPath", volumes.get("image-fs", {}).get("hostPath", {}).get("path"), image_fs)
+    problems.same("image filesystem mount", mounts.get("image-fs", {}).get("mountPath"), image_fs)
+    problems.check(mounts.get("image-fs", {}).get("readOnly") is True, "the image filesystem is mounted writable")
+    for d in [x for kind in docs.values() for x in kind]:
+        for key, value in v["commonLabels"].items():
+            problems.same(f"{d['kind']} label {key}", d["metadata"]["labels"].get(key), value)
+
+    toml = tomllib.loads(node_config_map(load(render))["data"]["imagegc.toml"])
+    gc = v["gc"]
+    want = {
+        "runtime": {"endpoint": "", "timeout": v["runtime"]["timeout"], "sandbox_image": v["runtime"]["sandboxImage"]},
+        "gc": {"interval": gc["interval"], "usage_poll_interval": "30s",
+               "high_threshold_percent": gc["highThresholdPercent"], "low_threshold_percent": gc["lowThresholdPercent"],
+               "min_age": gc["minAge"], "max_age": gc["maxAge"], "dry_run": gc["dryRun"], "image_fs_path": image_fs,
+               "thrash_window": "1h", "high_inodes_percent": gc["highInodesPercent"],
+               "low_inodes_percent": gc["lowInodesPercent"]},
+        "protect": {"images": v["protect"]["images"],
+                    "keep_recent_per_repository": v["protect"]["keepRecentPerRepository"]},
+        "state": {"dir": "/var/lib/imagegc"},
+        "metrics": {"listen": f"0.0.0.0:{port}"},
+    }
+    problems.same("imagegc.toml", toml, want)
+    problems.check(mounts["state"]["mountPath"] == toml["state"]["dir"], "state.dir is not the state mount")
+
+    (np,) = one("NetworkPolicy")
+    (peer,) = np["spec"]["ingress"][0]["from"]
+    problems.same("scrape namespace", peer["namespaceSelector"]["matchLabels"],
+                  {"kubernetes.io/metadata.name": v["networkPolicy"]["scrapeNamespace"]})
+    problems.same("scrape pods", peer.get("podSelector", {}).get("matchLabels"), v["networkPolicy"]["scrapePodLabels"])
+    problems.same("NetworkPolicy port", np["spec"]["ingress"][0]["ports"], [{"protocol": "TCP", "port": port}])
+
+    if v.get("serviceMonitor", {}).get("enabled"):
+        (svc,) = one("Service")
+        problems.same("Service port", svc["spec"]["ports"][0]["port"], port)
+        problems.same("Service selector", svc["spec"]["selector"], ds["spec"]["selector"]["matchLabels"])
+        (sm,) = one("ServiceMonitor")
+        problems.same("ServiceMonitor selector", sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"]
+                      and {k: svc["metadata"]["labels"][k] for k in sm["spec"]["selector"]["matchLabels"]})
+        for key, value in v["serviceMonitor"]["labels"].items():
+            problems.same(f"ServiceMonitor label {key}", sm["metadata"]["labels"].get(key), value)
+    if v.get("prometheusRule", {}).get("enabled"):
+        (rule,) = one("PrometheusRule")
+        with open(os.path.join(deploy, "prometheus-rules.yaml"), encoding="utf-8") as f:
+            problems.check(rule["spec"] == yaml.safe_load(f),
+                           "the PrometheusRule's spec is not deploy/prometheus-rules.yaml")
+        for key, value in v["prometheusRule"]["labels"].items():
+            problems.same(f"PrometheusRule label {key}", rule["metadata"]["labels"].get(key), value)
+    if v.get("grafanaDashboard", {}).get("enabled"):
+        (dash,) = [d for d in docs["ConfigMap"] if "imagegc.toml" not in d["data"]]
+        problems.same("dashboard namespace", dash["metadata"]["namespace"], v["grafanaDashboard"]["namespace"])
+        problems.same("dashboard sidecar label", dash["metadata"]["labels"].get("grafana_dashboard"), "1")
+        with open(os.path.join(deploy, "grafana-dashboard.json"), encoding="utf-8") as f:
+            problems.check(json.loads(dash["data"]["imagegc.json"]) == json.load(f),
+                           "the dashboard ConfigMap does not carry deploy/grafana-dashboard.json")
+    return report(problems)
+
+
+def monitors(pod_render, service_render, deploy):
+    problems = Problems()
+    (want,) = load(os.path.join(deploy, "podmonitor.yaml"))
+    pods = [d for d in load(pod_render) if d["kind"] == "PodMonitor"]
+    services = [d for d in load(service_render) if d["kind"] == "ServiceMonitor"]
+    if not problems.check(len(pods) == 1 and len(services) == 1, "expected one PodMonitor and one ServiceMonitor"):
+        return report(problems)
+    spec = copy.deepcopy(pods[0]["spec"])
+    spec["selector"]["matchLabels"] = without_helm_labels(spec["selector"]["matchLabels"])
+    problems.same("PodMonitor spec", spec, want["spec"], "deploy/podmonitor.yaml has")
+    (endpoint,) = services[0]["spec"]["endpoints"]
+    (wanted,) = want["spec"]["podMetricsEndpoints"]
+    for key in ("port", "path", "relabelings", "metricRelabelings"):
+        problems.same(f"ServiceMonitor endpoint {key}", endpoint.get(key), wanted.get(key),
+                      "deploy/podmonitor.yaml has")
+    return report(problems)
+
+
+def value_paths(schema, values, prefix=""):
+    """Dotted paths of values.yaml, down to where the schema stops naming
+    properties (free-form maps such as resources are one value)."""
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        sub = schema.get("properties", {}).get(key, {})
+        if isinstance(value, dict) and "properties" in sub:
+            yield from value_paths(sub, value, path + ".")
+        else:
+            yield path
+
+
+def readme(chart):
+    problems = Problems()
+    with open(os.path.join(chart, "values.yaml"), encoding="utf-8") as f:
+        values = yaml.safe_load(f)
+    with open(os.path.join(chart, "values.schema.json"), encoding="utf-8") as f:
+        schema = json.load(f)
+    with open(os.path.join(chart, "README.md"), encoding="utf-8") as f:
+        rows = [line for line in f if line.startswith("| `")]
+    documented = set()
+    for row in rows:
+        first = row.split("|")[1]
+        documented.update(part.strip().strip("`") for part in first.split(","))
+    paths = set(value_paths(schema, values))
+    for path in sorted(paths - documented):
+        problems.append(f"README.md has no row for the value {path}")
+    for path in sorted(documented - paths):
+        problems.append(f"README.md documents {path}, which values.yaml does not have")
+    print(f"{len(paths)} values, each with its README row")
+    return report(problems)
+
+
+def report(problems):
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+def main(argv):
+    commands = {"monitors": (monitors, 3), "readme": (readme, 1), "split": (split, 2), "config": (config, 2), "default": (default, 3), "values": (values, 3)}
+    if len(argv) >= 3 and argv[0] == "crds":
+        return crds(argv[1], argv[2], argv[3:])
+    if not argv or argv[0] not in commands or len(argv) - 1 != commands[argv[0]][1]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    function, _ = commands[argv[0]]
+    return function(*argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
