@@ -68,10 +68,6 @@ impl<'a> InUse<'a> {
     pub fn len(&self) -> usize {
         self.by_image.len()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_image.is_empty()
-    }
 }
 
 /// The containers' references to images (and the runtime's sandbox images),

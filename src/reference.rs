@@ -17,6 +17,7 @@ const OFFICIAL_NAMESPACE: &str = "library";
 /// `nginx` → `docker.io/library/nginx:latest`,
 /// `user/app:1` → `docker.io/user/app:1`,
 /// `ghcr.io/o/app@sha256:…` unchanged. Ids (`sha256:…`) are returned as is.
+#[cfg(test)]
 pub fn normalize(reference: &str) -> String {
     normalized(reference).into_owned()
 }
@@ -238,11 +239,6 @@ impl ProtectPattern {
             }
         }
         ProtectPattern { globs }
-    }
-
-    /// The forms matched, the pattern as written first.
-    pub fn forms(&self) -> impl Iterator<Item = &str> {
-        self.globs.iter().map(Glob::as_str)
     }
 
     /// True when any form matches the image (see [`Glob::matches_image`]).
