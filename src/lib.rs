@@ -1,4 +1,25 @@
 //! imagegc: a node-level container image garbage collector for CRI runtimes.
+//!
+//! # Layout
+//!
+//! Data flows from the runtime to the removals, each step in one module:
+//!
+//! - [`cri`]: the runtime boundary (the [`cri::Runtime`] trait, the CRI v1
+//!   client, the fake server for tests); `matching` reads how a container
+//!   names an image, in every runtime's dialect.
+//! - [`records`]: first seen and last used per image, persisted by [`state`]
+//!   (crash-safe, locked) through `safe_file`.
+//! - [`policy`]: the pure planner (no IO, no clock): which images go, in
+//!   which order, and why every other one stays; `SpaceTarget` and
+//!   `SpaceOutlook` say whether a space pass is due and can succeed.
+//! - [`collector`]: one cycle, executed; its report (`report`) feeds the
+//!   [`journal`], [`metrics`] and the logs.
+//! - [`daemon`]: the loop, health and the composition root; [`http`] serves
+//!   metrics and probes; [`cli`] is each command and what it prints.
+//! - [`config`]: raw files to a validated configuration; [`time`], [`fs`] and
+//!   [`log`] are the clock, the filesystem probe and logging.
+//!
+//! README.md's "Development" section lists the files.
 pub mod cli;
 pub mod collector;
 pub mod config;
