@@ -1021,6 +1021,44 @@ async fn newlines_and_escape_codes_from_the_runtime_cannot_forge_log_lines() {
     );
 }
 
+/// CRI-O 1.26 with no pod running names its sandbox image nowhere and pins
+/// nothing: the operator is told once, at start, to set
+/// `runtime.sandbox_image`, not once per cycle, and meanwhile nothing that
+/// no container ever used is removed.
+#[tokio::test]
+async fn an_unnamed_sandbox_image_is_warned_about_once_naming_runtime_sandbox_image() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Crio126);
+    fake.set_sandbox_image(None);
+    fake.add_image(image("pause", 1000));
+    fake.add_image(image("fresh", 1000));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    Settings::new(dir.path()).remove_everything().write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &dir.path().join("state"), None);
+
+    eventually(secs(10), "three cycles", || {
+        (fake.count("ListImages") >= 3).then_some(())
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.exited_within(secs(10)).await.is_some());
+
+    let log = daemon.stderr();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("set runtime.sandbox_image"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning in three cycles:\n{log}");
+    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+    assert!(
+        fake.removed().is_empty(),
+        "never-used images are kept: {:?}",
+        fake.removed()
+    );
+}
+
 #[tokio::test]
 async fn a_runtime_that_refuses_the_listing_is_logged_with_its_own_error() {
     let fake = FakeRuntime::new();
