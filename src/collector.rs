@@ -1395,7 +1395,7 @@ mod tests {
 
     impl SimHandle {
         fn with(&self, f: impl FnOnce(&mut Sim)) {
-            f(&mut self.0.lock().unwrap())
+            f(&mut self.0.lock().unwrap());
         }
         fn removed(&self) -> Vec<String> {
             self.0.lock().unwrap().removed.clone()

@@ -800,8 +800,8 @@ mod tests {
             last_used: t(last),
             size,
             pinned,
-            tags: tags.iter().map(|s| s.to_string()).collect(),
-            digests: digests.iter().map(|s| s.to_string()).collect(),
+            tags: tags.iter().map(ToString::to_string).collect(),
+            digests: digests.iter().map(ToString::to_string).collect(),
             from_history: true,
         };
         let map = HashMap::from([

@@ -104,7 +104,7 @@ pub struct Table {
 impl Table {
     pub fn new<const N: usize>(header: [&str; N]) -> Self {
         Table {
-            rows: vec![header.iter().map(|h| h.to_string()).collect()],
+            rows: vec![header.iter().map(ToString::to_string).collect()],
         }
     }
 

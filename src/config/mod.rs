@@ -298,7 +298,7 @@ impl std::fmt::Display for Problem {
 
 /// Every problem found, reported together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))]
+#[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigError {
     pub problems: Vec<Problem>,
 }
