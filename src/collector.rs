@@ -541,6 +541,8 @@ impl<R: Runtime> Collector<R> {
         }
     }
 
+    /// The configuration in force: the one given at start, or the last reload
+    /// (see [`Collector::set_config`]).
     pub fn config(&self) -> &Arc<Config> {
         &self.config
     }
@@ -553,18 +555,22 @@ impl<R: Runtime> Collector<R> {
         self.config = config;
     }
 
+    /// The per-image records as of the last listing (saved to the state file).
     pub fn records(&self) -> &Records {
         &self.records
     }
 
+    /// The runtime the collector talks to.
     pub fn runtime(&self) -> &R {
         &self.runtime
     }
 
+    /// The clock the collector reads `now` from.
     pub fn clock(&self) -> &Clock {
         &self.clock
     }
 
+    /// The metric families this collector updates.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

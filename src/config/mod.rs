@@ -335,7 +335,8 @@ pub struct Problem {
     pub file: String,
     /// The key as the user wrote it (`gc.high_threshold_percent`,
     /// `imageGCHighThresholdPercent`, `--state-dir`); empty when the problem is
-    /// the whole file (unreadable, not TOML or YAML).
+    /// the whole file (unreadable, a syntax error, too large or too deep, not a
+    /// mapping of keys).
     pub key: String,
     /// What is wrong, for a person: the expected form and the value found.
     pub message: String,
