@@ -47,7 +47,7 @@ use crate::time::{Clock, rfc3339};
 
 /// The longest the state file goes unsaved while only last-used times of
 /// images in use move: it bounds how late age removals can come after a
-/// crash (see [`Collector::save_if_due`]).
+/// crash (see `Collector::save_if_due`).
 pub const STATE_REFRESH: Duration = Duration::from_secs(30 * 60);
 
 /// `ContainerStatus` calls in flight at once while learning new

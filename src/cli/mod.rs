@@ -2,7 +2,7 @@
 //! and their exit codes, and the dispatch to each command's module. What a
 //! command prints lives with the command (`images`, `plan`, `once`,
 //! `history`, `run`); how tables and sizes are drawn in [`table`]. Every
-//! command writes through one locked, buffered stdout ([`out`]).
+//! command writes through one locked, buffered stdout (`out`).
 //!
 //! Exit codes, for every subcommand: 0 success; 1 runtime or IO failure;
 //! 2 configuration or usage error (an unsafe state directory included);
