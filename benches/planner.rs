@@ -127,7 +127,7 @@ fn bench_plan(c: &mut Criterion<ThreadCpuTime>) {
             group.sample_size(10);
         }
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| policy::plan(black_box(&snapshot), &records, &config, now, started))
+            b.iter(|| policy::plan(black_box(&snapshot), &records, &config, now, started));
         });
     }
     group.finish();

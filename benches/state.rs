@@ -67,7 +67,7 @@ fn main() {
         b.iter_with_large_drop(|| match store.load(now, Duration::from_secs(300)) {
             Loaded::Records { records, .. } => records,
             other => panic!("{other:?}"),
-        })
+        });
     });
     group.bench_function("encode_10k", |b| b.iter(|| state::encode(black_box(&records), now)));
     group.finish();

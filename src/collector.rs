@@ -47,7 +47,7 @@ use crate::time::{Clock, rfc3339};
 
 /// The longest the state file goes unsaved while only last-used times of
 /// images in use move: it bounds how late age removals can come after a
-/// crash (see [`Collector::save_if_due`]).
+/// crash (see `Collector::save_if_due`).
 pub const STATE_REFRESH: Duration = Duration::from_secs(30 * 60);
 
 /// `ContainerStatus` calls in flight at once while learning new
@@ -541,6 +541,8 @@ impl<R: Runtime> Collector<R> {
         }
     }
 
+    /// The configuration in force: the one given at start, or the last reload
+    /// (see [`Collector::set_config`]).
     pub fn config(&self) -> &Arc<Config> {
         &self.config
     }
@@ -553,18 +555,22 @@ impl<R: Runtime> Collector<R> {
         self.config = config;
     }
 
+    /// The per-image records as of the last listing (saved to the state file).
     pub fn records(&self) -> &Records {
         &self.records
     }
 
+    /// The runtime the collector talks to.
     pub fn runtime(&self) -> &R {
         &self.runtime
     }
 
+    /// The clock the collector reads `now` from.
     pub fn clock(&self) -> &Clock {
         &self.clock
     }
 
+    /// The metric families this collector updates.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -1395,7 +1401,7 @@ mod tests {
 
     impl SimHandle {
         fn with(&self, f: impl FnOnce(&mut Sim)) {
-            f(&mut self.0.lock().unwrap())
+            f(&mut self.0.lock().unwrap());
         }
         fn removed(&self) -> Vec<String> {
             self.0.lock().unwrap().removed.clone()

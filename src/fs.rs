@@ -12,23 +12,37 @@ use std::path::Path;
 /// One measurement of the image filesystem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct FsStats {
+    /// Total size of the filesystem in bytes (`f_blocks * f_frsize`).
     pub capacity_bytes: u64,
     /// Bytes available to unprivileged users (`f_bavail`), as the kubelet reads it.
     pub available_bytes: u64,
     /// Free bytes including reserved blocks (`f_bfree`); `df` reports
     /// capacity minus this as used.
     pub free_bytes: u64,
+    /// Total inodes (`f_files`); 0 when the filesystem does not count inodes.
     pub inodes_total: u64,
+    /// Free inodes (`f_ffree`).
     pub inodes_free: u64,
 }
 
 /// A filesystem that reports zero capacity cannot be reasoned about.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
+    /// `statvfs(2)` failed (the path is missing or not reachable).
     #[error("cannot measure the image filesystem at {path}: {source}")]
-    Io { path: String, source: io::Error },
+    Io {
+        /// The path measured: `gc.image_fs_path` or the runtime's mount point.
+        path: String,
+        /// The error `statvfs(2)` returned.
+        source: io::Error,
+    },
+    /// The filesystem reports no capacity (a pseudo filesystem, or a path
+    /// that is not the image filesystem).
     #[error("the image filesystem at {path} reports a capacity of 0 bytes")]
-    ZeroCapacity { path: String },
+    ZeroCapacity {
+        /// The path measured.
+        path: String,
+    },
 }
 
 impl FsStats {
@@ -89,6 +103,8 @@ impl FsStats {
 
 /// Measures a filesystem. [`Statvfs`] is the real one.
 pub trait FsProbe: Send + Sync {
+    /// Measures the filesystem that holds `path`. A zero capacity is
+    /// [`FsError::ZeroCapacity`].
     fn stats(&self, path: &Path) -> Result<FsStats, FsError>;
 }
 

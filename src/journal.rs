@@ -34,6 +34,8 @@ use serde::{Deserialize, Serialize};
 use crate::report::Removal;
 use crate::time::rfc3339;
 
+/// The journal's name inside the state directory: `<state.dir>/removals.jsonl`
+/// (rotated to `removals.jsonl.1`).
 pub const FILE_NAME: &str = "removals.jsonl";
 /// The journal rotates when it passes this size; one rotated file is kept,
 /// so the journal takes at most twice this on disk (~40,000 removals).
@@ -51,24 +53,40 @@ const IN_FLIGHT_MAX_BYTES: u64 = 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read the removal journal {path}: {source}")]
 pub struct JournalError {
+    /// The journal file that could not be read (`removals.jsonl` or its rotated
+    /// `removals.jsonl.1`).
     pub path: PathBuf,
+    /// The I/O error, or why the file was refused (not a regular file, a link).
     pub source: io::Error,
 }
 
 /// One line of the journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournalEntry {
+    /// When the removal was journaled, RFC 3339 in UTC.
     pub time: String,
+    /// The image id, as the runtime listed it.
     pub image: String,
+    /// The image's tags when it was removed (absent in old entries: empty).
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The image's repository digests when it was removed (absent in old
+    /// entries: empty).
     #[serde(default)]
     pub digests: Vec<String>,
+    /// Why it was removed: `"age"` or `"space"`.
     pub reason: String,
+    /// The size the runtime reported, in bytes.
     pub size_bytes: u64,
+    /// Bytes the filesystem gained back, measured around the removal; `null`
+    /// in dry run or when the filesystem could not be measured.
     pub freed_bytes: Option<u64>,
+    /// When a container was last seen using the image, RFC 3339 in UTC.
     pub last_used: String,
+    /// When imagegc first saw the image, RFC 3339 in UTC.
     pub first_seen: String,
+    /// True when nothing was removed: the entry records what a dry run would
+    /// have done.
     pub dry_run: bool,
     /// How the removal became known, when not as it happened: `completed
     /// after shutdown` for a removal found done at the next start.
@@ -77,6 +95,7 @@ pub struct JournalEntry {
 }
 
 impl JournalEntry {
+    /// The entry for `removal`, journaled at `now`.
     pub fn from_removal(removal: &Removal, now: SystemTime) -> Self {
         JournalEntry {
             time: rfc3339(now),
@@ -108,6 +127,7 @@ pub struct Journal {
 }
 
 impl Journal {
+    /// The journal files of `state_dir` (nothing is opened until used).
     pub fn new(state_dir: &Path) -> Self {
         Journal {
             path: state_dir.join(FILE_NAME),
@@ -116,6 +136,7 @@ impl Journal {
         }
     }
 
+    /// The current journal file, `<state dir>/removals.jsonl`.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -22,7 +22,10 @@ use crate::reference::{self, ProtectPattern};
 /// What the runtime reported in one listing.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
+    /// Every image the runtime lists (`ListImages`), one entry per id.
     pub images: Vec<Image>,
+    /// Every container in every state (`ListContainers`), with the images
+    /// they mount as volumes filled in; each keeps the images it names in use.
     pub containers: Vec<Container>,
     /// The sandbox (pause) images: `runtime.sandbox_image`, and what the
     /// runtime names in its status or its pods' statuses. Empty when none
@@ -51,6 +54,7 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The lowercase name used in logs, metric labels and JSON (`"age"`, `"space"`).
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Age => "age",
@@ -64,7 +68,10 @@ impl Reason {
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum KeepReason<'a> {
     /// Referenced by these containers (any state).
-    InUse { containers: Vec<&'a str> },
+    InUse {
+        /// The ids of the containers that name the image.
+        containers: Vec<&'a str>,
+    },
     /// The runtime marks it pinned.
     Pinned,
     /// The runtime's sandbox (pause) image.
@@ -73,11 +80,22 @@ pub enum KeepReason<'a> {
     /// image is its sandbox image: it may be that image.
     SandboxUnknown,
     /// Matched by a `protect.images` pattern.
-    Protected { pattern: &'a str },
+    Protected {
+        /// The first `protect.images` pattern that matched, as configured.
+        pattern: &'a str,
+    },
     /// Among the newest `keep_recent_per_repository` of its repository.
-    KeepRecent { repository: &'a str, rank: u32 },
+    KeepRecent {
+        /// The repository, as its tag names it (`docker.io/library/nginx`).
+        repository: &'a str,
+        /// Its place among that repository's images, newest first seen = 1.
+        rank: u32,
+    },
     /// First seen less than `gc.min_age` ago: not yet removable for space.
-    TooYoung { removable_after: Duration },
+    TooYoung {
+        /// How much longer until it is `gc.min_age` old.
+        removable_after: Duration,
+    },
 }
 
 impl KeepReason<'_> {
@@ -104,23 +122,36 @@ impl KeepReason<'_> {
 /// copies no names.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Candidate<'a> {
+    /// The image id, as the runtime lists it; what `RemoveImage` is called with.
     pub id: &'a str,
+    /// The image's tags, as the runtime lists them (may be empty: a dangling image).
     pub tags: &'a [String],
+    /// The image's repository digests, as the runtime lists them.
     pub digests: &'a [String],
+    /// The size the runtime reports, in bytes (shared layers count in every
+    /// image, so sizes overstate what a removal frees).
     pub size: u64,
+    /// When imagegc first saw the image (from its records).
     #[serde(serialize_with = "crate::time::serialize")]
     pub first_seen: SystemTime,
+    /// When a container last used the image, as far as imagegc saw; the first
+    /// sight when none ever did.
     #[serde(serialize_with = "crate::time::serialize")]
     pub last_used: SystemTime,
+    /// Why it may be removed: age or space.
     pub reason: Reason,
 }
 
 /// An image the cycle keeps, with why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Kept<'a> {
+    /// The image id, as the runtime lists it.
     pub id: &'a str,
+    /// The image's tags, as the runtime lists them (may be empty).
     pub tags: &'a [String],
+    /// The size the runtime reports, in bytes.
     pub size: u64,
+    /// Why it is kept; serialized as `reason` and that reason's own fields.
     #[serde(flatten)]
     pub why: KeepReason<'a>,
 }
@@ -141,6 +172,7 @@ pub struct Plan<'a> {
 }
 
 impl Plan<'_> {
+    /// How many kept images are in use by a container.
     pub fn in_use_count(&self) -> usize {
         self.kept
             .iter()
@@ -148,6 +180,8 @@ impl Plan<'_> {
             .count()
     }
 
+    /// How many kept images are kept whatever the usage (pinned, sandbox,
+    /// protected, keep-recent; see [`KeepReason::is_protection`]).
     pub fn protected_count(&self) -> usize {
         self.kept.iter().filter(|k| k.why.is_protection()).count()
     }
@@ -345,6 +379,8 @@ pub struct SpaceTarget {
 }
 
 impl SpaceTarget {
+    /// The thresholds from `config.gc`: high and low percent of bytes, and the
+    /// inode pair when both are set.
     pub fn new(config: &Config) -> Self {
         SpaceTarget {
             high: config.gc.high_threshold_percent,
@@ -353,10 +389,14 @@ impl SpaceTarget {
         }
     }
 
+    /// The disk usage, in percent of capacity, at which a space pass starts
+    /// (`gc.high_threshold_percent`).
     pub fn high_percent(&self) -> u8 {
         self.high
     }
 
+    /// The disk usage, in percent of capacity, that a space pass frees down to
+    /// (`gc.low_threshold_percent`).
     pub fn low_percent(&self) -> u8 {
         self.low
     }

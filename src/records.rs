@@ -32,11 +32,20 @@ pub const VANISHED_GRACE: std::time::Duration = std::time::Duration::from_secs(1
 /// What imagegc knows about one image.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// When imagegc first saw the image listed (kept across restarts by the
+    /// state file).
     pub first_seen: SystemTime,
+    /// When a container (any state) was last seen naming the image; equal to
+    /// `first_seen` until one does.
     pub last_used: SystemTime,
+    /// The size the runtime last reported, in bytes.
     pub size: u64,
+    /// The runtime's pinned flag, as last listed.
     pub pinned: bool,
+    /// The image's tags, as last listed (kept so `history` and the journal can
+    /// name an image after it is gone).
     pub tags: Vec<String>,
+    /// The image's repository digests, as last listed.
     pub digests: Vec<String>,
     /// True when the record came from the state file (or survived a cycle
     /// that was itself loaded from it): its times span a previous process.
@@ -84,10 +93,13 @@ impl PartialEq for Records {
 impl Eq for Records {}
 
 impl Records {
+    /// No records: a fresh start.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Records from `(image id, record)` pairs, all counted as listed now (none
+    /// vanished, none known to be in use by this process).
     pub fn from_map(map: impl IntoIterator<Item = (String, Record)>) -> Self {
         Records {
             map: map.into_iter().collect(),
@@ -101,6 +113,8 @@ impl Records {
         Records { map, ..Self::default() }
     }
 
+    /// The record of the image with this id, when it is listed (records of
+    /// vanished images are not returned).
     pub fn get(&self, id: &str) -> Option<&Record> {
         self.map.get(id)
     }
@@ -114,10 +128,12 @@ impl Records {
         self.used.contains_key(id) || self.map.get(id).is_some_and(|r| r.last_used > r.first_seen)
     }
 
+    /// How many listed images have a record (vanished ones not counted).
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// True when no listed image has a record.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -12,19 +12,26 @@ use crate::policy::{Reason, SpaceOutlook};
 /// One removal (or, in dry run, one removal that would have happened).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Removal {
+    /// The image id, as the runtime lists it.
     pub id: String,
+    /// The image's tags when it was removed.
     pub tags: Vec<String>,
+    /// The image's repository digests when it was removed.
     pub digests: Vec<String>,
+    /// Why it was removed: age or space.
     pub reason: Reason,
     /// Size the runtime reported.
     pub size: u64,
     /// Bytes the filesystem gained back, measured around the removal (None
     /// when the filesystem could not be measured, and in dry run).
     pub freed_bytes: Option<u64>,
+    /// When imagegc first saw the image.
     #[serde(serialize_with = "crate::time::serialize")]
     pub first_seen: SystemTime,
+    /// When a container was last seen using the image.
     #[serde(serialize_with = "crate::time::serialize")]
     pub last_used: SystemTime,
+    /// True when nothing was removed: the cycle ran in dry run.
     pub dry_run: bool,
 }
 
@@ -34,7 +41,12 @@ pub enum Outcome {
     /// Usage is at or below the low threshold, or was below the high one.
     Success,
     /// The space pass ran out of candidates above the low threshold.
-    LowNotReached { freed_bytes: u64, remaining_bytes: u64 },
+    LowNotReached {
+        /// Bytes the filesystem gained back during the cycle, measured.
+        freed_bytes: u64,
+        /// Bytes that still had to go to reach the low threshold.
+        remaining_bytes: u64,
+    },
     /// The cycle could not run to its end (runtime or filesystem error).
     Failed(String),
     /// Shutdown was requested between removals.
@@ -44,12 +56,19 @@ pub enum Outcome {
 /// What one cycle did.
 #[derive(Debug, Clone)]
 pub struct CycleReport {
+    /// How the cycle ended.
     pub outcome: Outcome,
+    /// The images removed (or, in dry run, that would have been), in order.
     pub removed: Vec<Removal>,
+    /// Removals that failed: `(image id, error message)`; the image stays.
     pub failed: Vec<(String, String)>,
     /// Images skipped because they came into use right before removal.
     pub became_in_use: Vec<String>,
+    /// The image filesystem measured at the start of the cycle; `None` when it
+    /// could not be measured.
     pub before: Option<FsStats>,
+    /// The image filesystem as last measured: after the age pass, then after
+    /// each space removal; `None` when it could not be measured.
     pub after: Option<FsStats>,
     /// True when usage reached the high threshold and the space pass ran.
     pub space_pass: bool,
@@ -64,7 +83,10 @@ pub struct CycleReport {
     pub unsettled: Vec<String>,
     /// True when the runtime answered the cycle's listing.
     pub runtime_reached: bool,
+    /// How long the cycle took (wall-clock time).
     pub duration: Duration,
+    /// True when the cycle removed nothing by configuration (`gc.dry_run` or
+    /// `--dry-run`).
     pub dry_run: bool,
 }
 
@@ -87,10 +109,13 @@ impl CycleReport {
         }
     }
 
+    /// True when the outcome is [`Outcome::Success`].
     pub fn succeeded(&self) -> bool {
         matches!(self.outcome, Outcome::Success)
     }
 
+    /// Bytes the filesystem gained back over all removals, as measured around
+    /// each; removals that could not be measured count nothing.
     pub fn freed_bytes(&self) -> u64 {
         self.removed.iter().filter_map(|r| r.freed_bytes).sum()
     }

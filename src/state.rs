@@ -68,6 +68,7 @@ use serde::{Deserialize, Serialize};
 use crate::records::{self, Record, Records};
 use crate::time::{from_unix_millis, to_unix_millis};
 
+/// The state file's name inside the state directory: `<state.dir>/records.state`.
 pub const FILE_NAME: &str = "records.state";
 /// The lock file: `run` and `once` hold an exclusive `flock` on it.
 pub const LOCK_FILE_NAME: &str = ".lock";
@@ -78,48 +79,103 @@ const VERSION: u32 = 2;
 /// (a million images take about 300 MiB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
 
+/// Why the state directory could not be used or the state could not be saved.
+/// Each names the directory or file. An unsafe directory is a configuration
+/// error (exit status 2); a locked one exits with 4.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
+    /// The state directory could not be created, or not inspected.
     #[error("cannot create the state directory {path}: {source}")]
-    CreateDir { path: PathBuf, source: io::Error },
+    CreateDir {
+        /// The state directory.
+        path: PathBuf,
+        /// The error from creating or inspecting it.
+        source: io::Error,
+    },
+    /// Saving failed (temp file, fsync, rename or the directory's fsync); the
+    /// state file on disk is still the previous save.
     #[error("cannot write the state file {path}: {source}")]
-    Write { path: PathBuf, source: io::Error },
+    Write {
+        /// The state file.
+        path: PathBuf,
+        /// The error from the step that failed.
+        source: io::Error,
+    },
+    /// The state directory is not safe to trust: not owned by the effective user,
+    /// writable by group or others, or a symbolic link another user owns.
     #[error(
         "refusing the state directory {path}: {problem}; another user could plant files in it that imagegc \
          reads and writes. Fix it with `chown {owner} {path} && chmod 0700 {path}`"
     )]
     Unsafe {
+        /// The state directory.
         path: PathBuf,
+        /// What is wrong with it (owner, mode, kind of file).
         problem: String,
         /// `root:root`, or the effective uid:gid when not running as root.
         owner: String,
     },
+    /// Another imagegc holds the state directory's lock.
     #[error(
         "another imagegc is using the state directory {path} (it holds the lock on {path}/{LOCK_FILE_NAME}); \
          one imagegc per state directory: stop the other one or give this one its own state.dir"
     )]
-    Locked { path: PathBuf },
+    Locked {
+        /// The state directory.
+        path: PathBuf,
+    },
+    /// The lock file could not be opened or locked, for a reason other than
+    /// another holder.
     #[error("cannot lock the state directory {path}: {source}")]
-    Lock { path: PathBuf, source: io::Error },
+    Lock {
+        /// The state directory.
+        path: PathBuf,
+        /// The error from opening or locking `.lock` in it.
+        source: io::Error,
+    },
+    /// A save was asked of a store opened with [`StateStore::read_only`].
     #[error("the state in {path} is opened read-only here; nothing is written")]
-    ReadOnly { path: PathBuf },
+    ReadOnly {
+        /// The state directory.
+        path: PathBuf,
+    },
 }
 
 /// Why a state file was not believed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Corruption {
+    /// The file could not be read: the I/O error, or why it was refused (not a
+    /// regular file, a symbolic link, larger than any state file imagegc writes).
     #[error("cannot read it: {0}")]
     Unreadable(String),
+    /// The file has no bytes.
     #[error("it is empty")]
     Empty,
+    /// The first line is not an imagegc state header.
     #[error("it has no valid header")]
     BadHeader,
+    /// The header names a format version this imagegc does not read (the
+    /// version as written in the file).
     #[error("it is version {0}, this imagegc reads versions 1 to {VERSION}")]
     WrongVersion(String),
+    /// The header's payload length does not match the bytes that follow.
     #[error("it is truncated or has extra bytes (header says {expected} payload bytes, found {found})")]
-    Length { expected: usize, found: usize },
+    Length {
+        /// Payload bytes the header announces.
+        expected: usize,
+        /// Payload bytes the file holds.
+        found: usize,
+    },
+    /// The CRC-32 in the header does not match the payload's.
     #[error("its checksum does not match (header {expected:08x}, payload {found:08x})")]
-    Checksum { expected: u32, found: u32 },
+    Checksum {
+        /// The CRC-32 the header records.
+        expected: u32,
+        /// The CRC-32 of the payload as read.
+        found: u32,
+    },
+    /// The payload passed the checks but does not decode into records (the
+    /// decoder's message).
     #[error("its payload is not valid: {0}")]
     Payload(String),
 }
@@ -130,11 +186,19 @@ pub enum Loaded {
     /// No state file: a fresh start.
     Fresh,
     /// Records from the file, each marked `from_history`.
-    Records { records: Records, saved_at: SystemTime },
+    Records {
+        /// Every image the file remembers, keyed by image id.
+        records: Records,
+        /// When the file was saved, as recorded in it (never later than `now`).
+        saved_at: SystemTime,
+    },
     /// The file was corrupt; it was moved to `moved_to` (None when even the
     /// rename failed) and the collector starts fresh.
     Corrupt {
+        /// Why the file was not believed.
         reason: Corruption,
+        /// Where the file was moved aside (`records.state.corrupt-<unix seconds>`);
+        /// `None` when the rename failed or the store is read-only.
         moved_to: Option<PathBuf>,
     },
 }
@@ -199,6 +263,8 @@ pub struct StateLock {
 }
 
 impl StateStore {
+    /// A store for `dir` (the state directory, `state.dir`); touches nothing on
+    /// disk until it is locked, loaded or saved.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         let dir = dir.into();
         let path = dir.join(FILE_NAME);
@@ -216,6 +282,7 @@ impl StateStore {
         self
     }
 
+    /// True for a store made by [`StateStore::read_only`].
     pub fn is_read_only(&self) -> bool {
         self.read_only
     }
@@ -265,10 +332,12 @@ impl StateStore {
         Ok(StateLock { _file: Some(file) })
     }
 
+    /// The state directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// The state file: `<dir>/records.state`.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -800,8 +869,8 @@ mod tests {
             last_used: t(last),
             size,
             pinned,
-            tags: tags.iter().map(|s| s.to_string()).collect(),
-            digests: digests.iter().map(|s| s.to_string()).collect(),
+            tags: tags.iter().map(ToString::to_string).collect(),
+            digests: digests.iter().map(ToString::to_string).collect(),
             from_history: true,
         };
         let map = HashMap::from([

@@ -70,6 +70,8 @@ pub fn to_unix_millis(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_millis().min(u64::MAX as u128) as u64)
 }
 
+/// The time `ms` milliseconds after the Unix epoch (the inverse of
+/// [`to_unix_millis`] for times after it).
 pub fn from_unix_millis(ms: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
 }

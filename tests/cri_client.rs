@@ -617,9 +617,8 @@ async fn discover_uses_the_configured_endpoint() {
     assert_eq!(client.timeout(), TIMEOUT);
     client.version().await.unwrap();
 
-    let err = match discover(Some("tcp://127.0.0.1:1"), TIMEOUT).await {
-        Ok(_) => panic!("a tcp endpoint was accepted"),
-        Err(err) => err,
+    let Err(err) = discover(Some("tcp://127.0.0.1:1"), TIMEOUT).await else {
+        panic!("a tcp endpoint was accepted")
     };
     assert!(matches!(err, RuntimeError::BadEndpoint { .. }), "{err:?}");
 }

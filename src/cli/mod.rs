@@ -30,6 +30,7 @@ pub mod table;
 pub use run::run_daemon;
 pub use table::{human_bytes, printable, short_id};
 
+/// The command line: global flags and one subcommand.
 #[derive(Debug, Parser)]
 #[command(
     name = "imagegc",
@@ -53,23 +54,39 @@ pub struct Cli {
     /// for `run` and `once`, warn otherwise.
     #[arg(long, global = true, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// How log lines are written to stderr (`--log-format`).
+// `help = None`: the variant docs are for readers of the code; `--help` keeps
+// listing the values on one line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// One human-readable line per event, control characters escaped.
+    #[value(help = None::<&str>)]
     Text,
+    /// One JSON object per event, its fields flattened, for log collectors.
+    #[value(help = None::<&str>)]
     Json,
 }
 
+/// How a command prints its result on stdout (`--output`).
+// `help = None`: the variant docs are for readers of the code; `--help` keeps
+// listing the values on one line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum Output {
+    /// Aligned columns for a person (the default).
     #[default]
+    #[value(help = None::<&str>)]
     Table,
+    /// One JSON document for scripts; fields are only ever added.
+    #[value(help = None::<&str>)]
     Json,
 }
 
+/// What to run: one variant per `imagegc` subcommand, with its own flags.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the collector: a cycle at start, then every gc.interval.
@@ -83,16 +100,19 @@ pub enum Command {
         /// Do everything except removing images.
         #[arg(long)]
         dry_run: bool,
+        /// Output format.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Show what a cycle would do now, and why. Removes nothing.
     Plan {
+        /// Output format.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// List images with their use and the image filesystem.
     Images {
+        /// Output format.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -103,6 +123,7 @@ pub enum Command {
         /// How far back, e.g. 24h or 7d (default: everything).
         #[arg(long, value_name = "DURATION")]
         since: Option<String>,
+        /// Output format.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -122,19 +143,29 @@ impl Command {
 /// Errors that end a command, each with its exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
+    /// The configuration is invalid: every problem, each naming file and key
+    /// (exit status 2).
     #[error("{0}")]
     Config(#[from] ConfigError),
+    /// A flag or argument is invalid (exit status 2).
     #[error("{0}")]
     Usage(String),
+    /// The runtime could not be reached or refused a call (exit status 1).
     #[error("{0}")]
     Runtime(#[from] RuntimeError),
+    /// The state directory is unusable: unsafe (2), locked by another imagegc
+    /// (4), or failing (1).
     #[error("{0}")]
     State(#[from] StateError),
+    /// Anything else (exit status 1).
     #[error("{0}")]
     Other(#[from] anyhow::Error),
 }
 
 impl CliError {
+    /// The process exit status for this error: 2 for configuration and usage
+    /// errors (an unsafe state directory included), 4 when another imagegc
+    /// holds the state directory, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Config(_) | CliError::Usage(_) => 2,

@@ -9,6 +9,8 @@ pub fn short_id(id: &str) -> String {
     crate::reference::bare_id(id).chars().take(12).collect()
 }
 
+/// A tags column cell: the first tag and how many more (`nginx:1.27 (+2)`),
+/// or `<none>` for an untagged image.
 pub fn tags_cell(tags: &[String]) -> String {
     match tags {
         [] => "<none>".to_string(),
@@ -17,6 +19,7 @@ pub fn tags_cell(tags: &[String]) -> String {
     }
 }
 
+/// A boolean as a table cell: `yes` or `no`.
 pub fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_string()
 }
@@ -102,12 +105,15 @@ pub struct Table {
 }
 
 impl Table {
+    /// A table with this header row.
     pub fn new<const N: usize>(header: [&str; N]) -> Self {
         Table {
-            rows: vec![header.iter().map(|h| h.to_string()).collect()],
+            rows: vec![header.iter().map(ToString::to_string).collect()],
         }
     }
 
+    /// Adds a row; each cell is made printable and bounded when drawn (see
+    /// [`cell`]).
     pub fn row(&mut self, cells: impl IntoIterator<Item = String>) {
         self.rows.push(cells.into_iter().collect());
     }
@@ -117,6 +123,8 @@ impl Table {
         self.rows.len() == 1
     }
 
+    /// The table as text: one line per row, the header first, columns
+    /// left-aligned and two spaces apart, trailing spaces trimmed.
     pub fn render(&self) -> String {
         table(&self.rows)
     }

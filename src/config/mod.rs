@@ -56,12 +56,22 @@ pub const DEFAULT_THRASH_WINDOW: Duration = Duration::from_secs(3600);
 /// The `file` of problems found in command-line overrides.
 const COMMAND_LINE: &str = "command line";
 
+/// The validated configuration every other module reads: the file's values (TOML,
+/// YAML or a KubeletConfiguration) with the defaults filled in and the
+/// command-line overrides applied. Built only by [`load`] (or [`Config::default`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// The `[runtime]` section: which CRI endpoint to talk to and how long to wait.
     pub runtime: RuntimeConfig,
+    /// The `[gc]` section (or a KubeletConfiguration's image GC fields): when
+    /// cycles run and what they may remove.
     pub gc: GcConfig,
+    /// The `[protect]` section: images that are never removed.
     pub protect: ProtectConfig,
+    /// The `[state]` section: where image history and the removal journal live.
     pub state: StateConfig,
+    /// The `[metrics]` section: the HTTP endpoint for `/metrics`, `/healthz`
+    /// and `/readyz`.
     pub metrics: MetricsConfig,
     /// The kubelet's hard eviction threshold for the image filesystem
     /// (`evictionHard["imagefs.available"]`), when read from a
@@ -78,10 +88,13 @@ pub struct Config {
     pub warnings: Vec<String>,
 }
 
+/// `[runtime]`: how imagegc reaches the container runtime.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuntimeConfig {
     /// `None`: discover among the default endpoints.
     pub endpoint: Option<String>,
+    /// Deadline of each CRI call (`runtime.timeout`, default 2m, the
+    /// kubelet's runtime request timeout); a call that passes it fails the cycle.
     pub timeout: Duration,
     /// Follow `GetContainerEvents` between cycles instead of polling
     /// `ListContainers`. Off by default: containerd 1.7 and CRI-O 1.26 split
@@ -93,23 +106,49 @@ pub struct RuntimeConfig {
     pub sandbox_image: Option<String>,
 }
 
+/// `[gc]`: when collection runs and what it may remove. A KubeletConfiguration
+/// sets the thresholds and the ages from its `imageGC*` fields instead.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GcConfig {
+    /// Time between cycles (`gc.interval`, default 5m, at least 1s).
     pub interval: Duration,
+    /// How often containers are listed between cycles to keep last-used times
+    /// current (`gc.usage_poll_interval`, default 30s, at most `interval`).
     pub usage_poll_interval: Duration,
+    /// Disk usage of the image filesystem, in percent of its capacity, at which
+    /// a space pass starts (`gc.high_threshold_percent` or
+    /// `imageGCHighThresholdPercent`, default 85, 0..=100; 100 with a zero
+    /// `max_age` disables collection).
     pub high_threshold_percent: u8,
+    /// Disk usage, in percent of capacity, that a space pass frees down to
+    /// (`gc.low_threshold_percent` or `imageGCLowThresholdPercent`, default 80,
+    /// below `high_threshold_percent`).
     pub low_threshold_percent: u8,
+    /// Unused images first seen less than this long ago are kept by the space
+    /// pass (`gc.min_age` or `imageMinimumGCAge`, default 2m).
     pub min_age: Duration,
     /// Zero disables age-based removal.
     pub max_age: Duration,
+    /// Plan, log and journal, but remove nothing (`gc.dry_run`, default false;
+    /// also set by `--dry-run`).
     pub dry_run: bool,
     /// `None`: the runtime's ImageFsInfo mount point.
     pub image_fs_path: Option<PathBuf>,
+    /// An image removed and pulled again within this window counts as a re-pull
+    /// (`gc.thrash_window`, default 1h).
     pub thrash_window: Duration,
+    /// Inode usage of the image filesystem, in percent, at which a space pass
+    /// also starts (`gc.high_inodes_percent`, 1..=100; `None` when unset or 0:
+    /// inodes are not watched). Set together with `low_inodes_percent`.
     pub high_inodes_percent: Option<u8>,
+    /// Inode usage, in percent, that a space pass started by either threshold
+    /// goes on freeing down to, beside the byte low mark
+    /// (`gc.low_inodes_percent`, below the high one; `None` when unset or 0).
     pub low_inodes_percent: Option<u8>,
 }
 
+/// `[protect]`: images that are never removed, whatever their age or the
+/// disk usage.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProtectConfig {
     /// Glob patterns on tags, digests or ids; matches are never removed.
@@ -118,11 +157,16 @@ pub struct ProtectConfig {
     pub keep_recent_per_repository: u32,
 }
 
+/// `[state]`: where imagegc keeps what it must remember across restarts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StateConfig {
+    /// The state directory (`state.dir` or `--state-dir`, default
+    /// `/var/lib/imagegc`, an absolute path): image history and the removal
+    /// journal; `run` and `once` hold its lock.
     pub dir: PathBuf,
 }
 
+/// `[metrics]`: the HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricsConfig {
     /// `None`: the HTTP endpoint is disabled.
@@ -272,8 +316,13 @@ fn toml_string(text: &str) -> String {
 /// (`--runtime-endpoint`, `--state-dir`).
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
+    /// `--runtime-endpoint`: replaces `runtime.endpoint` (`unix:///absolute/path`;
+    /// `""` discovers the runtime).
     pub runtime_endpoint: Option<String>,
+    /// `--state-dir`: replaces `state.dir` (an absolute path).
     pub state_dir: Option<PathBuf>,
+    /// `--dry-run` of `run` or `once`: forces `gc.dry_run` on (false leaves the
+    /// file's value).
     pub dry_run: bool,
 }
 
@@ -281,8 +330,15 @@ pub struct Overrides {
 /// what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
+    /// Where the problem is: the configuration file's path as given, or
+    /// `command line` for an override.
     pub file: String,
+    /// The key as the user wrote it (`gc.high_threshold_percent`,
+    /// `imageGCHighThresholdPercent`, `--state-dir`); empty when the problem is
+    /// the whole file (unreadable, a syntax error, too large or too deep, not a
+    /// mapping of keys).
     pub key: String,
+    /// What is wrong, for a person: the expected form and the value found.
     pub message: String,
 }
 
@@ -298,8 +354,10 @@ impl std::fmt::Display for Problem {
 
 /// Every problem found, reported together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))]
+#[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigError {
+    /// Every problem, the file's sorted by key, then the command line's; never
+    /// empty.
     pub problems: Vec<Problem>,
 }
 

@@ -65,11 +65,11 @@ pub(super) const KUBELET_KEYS: KeyNames = KeyNames {
 pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) -> Config {
     let defaults = Config::default();
     let mut warnings = Vec::new();
-    let runtime = runtime_section(raw.runtime, &defaults.runtime, &mut warnings, problems);
+    let runtime = runtime_section(&raw.runtime, &defaults.runtime, &mut warnings, problems);
     let gc = gc_section(raw.gc, &defaults.gc, keys, problems);
     let protect = protect_section(raw.protect, &mut warnings, problems);
     let state = state_section(raw.state, &defaults.state, problems);
-    let metrics = metrics_section(raw.metrics, &defaults.metrics, problems);
+    let metrics = metrics_section(&raw.metrics, &defaults.metrics, problems);
     let kubelet_config = kubelet_section(raw.kubelet, problems);
     Config {
         runtime,
@@ -85,7 +85,7 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
 
 /// `[runtime]`.
 fn runtime_section(
-    raw: RawRuntime,
+    raw: &RawRuntime,
     defaults: &RuntimeConfig,
     warnings: &mut Vec<String>,
     problems: &mut Problems,
@@ -271,7 +271,7 @@ fn state_section(raw: RawState, defaults: &StateConfig, problems: &mut Problems)
 }
 
 /// `[metrics]`: an address to listen on, or `""` for none.
-fn metrics_section(raw: RawMetrics, defaults: &MetricsConfig, problems: &mut Problems) -> MetricsConfig {
+fn metrics_section(raw: &RawMetrics, defaults: &MetricsConfig, problems: &mut Problems) -> MetricsConfig {
     let listen = match raw.listen.as_deref() {
         None => defaults.listen,
         Some("") => None,

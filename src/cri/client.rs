@@ -111,7 +111,7 @@ pub async fn discover(configured: Option<&str>, timeout: Duration) -> Result<Cri
         }
     }
     Err(RuntimeError::NoneAnswered {
-        tried: DEFAULT_ENDPOINTS.iter().map(|s| s.to_string()).collect(),
+        tried: DEFAULT_ENDPOINTS.iter().map(ToString::to_string).collect(),
     })
 }
 

@@ -583,7 +583,7 @@ impl FakeRuntime {
 
     /// The RPCs received so far, in order, including failed ones.
     pub fn calls(&self) -> Vec<String> {
-        self.lock().calls.iter().map(|c| c.to_string()).collect()
+        self.lock().calls.iter().map(ToString::to_string).collect()
     }
 
     /// The ids of the images `RemoveImage` removed, in order.

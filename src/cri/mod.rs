@@ -34,13 +34,20 @@ pub struct Image {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ContainerState {
+    /// Created but not started yet.
     Created,
+    /// Running.
     Running,
+    /// Exited (or stopped); the container still exists and still keeps its image.
     Exited,
+    /// A state the runtime reports as unknown, or a value this CRI version does not
+    /// know.
     Unknown,
 }
 
 impl ContainerState {
+    /// The state for a CRI `ContainerState` number; any value outside the four
+    /// known ones is [`ContainerState::Unknown`].
     pub fn from_cri(value: i32) -> Self {
         match proto::ContainerState::try_from(value) {
             Ok(proto::ContainerState::ContainerCreated) => Self::Created,
@@ -50,6 +57,7 @@ impl ContainerState {
         }
     }
 
+    /// The lowercase name used in logs and JSON output (`"running"`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Created => "created",
@@ -63,8 +71,12 @@ impl ContainerState {
 /// A container in any state. Every listed container keeps its image in use.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Container {
+    /// The runtime's container id (full length, as `ListContainers` gives it).
     pub id: String,
+    /// The id of the pod sandbox the container belongs to.
     pub pod_sandbox_id: String,
+    /// The container's name from its metadata (the name in the pod spec); may
+    /// be empty.
     pub name: String,
     /// The image as requested in the container spec (often a tag).
     pub image: String,
@@ -72,6 +84,8 @@ pub struct Container {
     pub image_ref: String,
     /// The image id, where the runtime sets it (CRI 1.31+).
     pub image_id: String,
+    /// The container's state; `None` when unknown to the caller (hand-built
+    /// containers). Whatever the state, the container keeps its image in use.
     pub state: Option<ContainerState>,
     /// Images mounted into the container as volumes (CRI `Mount.image`,
     /// KEP-4639): a name on containerd, an id on CRI-O. `ListContainers`
@@ -85,8 +99,11 @@ pub struct Container {
 /// The runtime's name and version, from the CRI `Version` call.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct RuntimeVersion {
+    /// The runtime's name (`containerd`, `cri-o`).
     pub runtime_name: String,
+    /// The runtime's own version string (`v2.0.4`, `1.31.1`).
     pub runtime_version: String,
+    /// The CRI API version the runtime speaks (`v1`).
     pub runtime_api_version: String,
 }
 
@@ -101,14 +118,21 @@ pub struct RuntimeStatus {
 /// One entry of the CRI `ImageFsInfo` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct ImageFsUsage {
+    /// The mount point of the image filesystem, as the runtime sees it; empty
+    /// when the runtime does not name one.
     pub mount_point: String,
+    /// Bytes the runtime says its images use on that filesystem; `None` when
+    /// not reported.
     pub used_bytes: Option<u64>,
+    /// Inodes the runtime says its images use on that filesystem; `None` when
+    /// not reported.
     pub inodes_used: Option<u64>,
 }
 
 /// What a container event tells: something about this container changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerEvent {
+    /// The id of the container the event is about.
     pub container_id: String,
     /// Images named by the event's container statuses (spec image, ref, id,
     /// image volumes).
@@ -124,31 +148,59 @@ pub struct ContainerEvent {
 /// sandbox (pause) container runs, where the runtime names it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodSandbox {
+    /// The pod sandbox's id.
     pub id: String,
+    /// The sandbox (pause) image the runtime names for this pod; `None` when
+    /// its status does not say.
     pub sandbox_image: Option<String>,
 }
 
 /// Errors from the runtime, each naming the RPC and the endpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// The runtime could not be reached: its socket is missing or refuses
+    /// connections, or the connection broke during the call.
     #[error("cannot connect to the container runtime at {endpoint}: {message}")]
-    Connect { endpoint: String, message: String },
+    Connect {
+        /// The endpoint tried.
+        endpoint: String,
+        /// The RPC and why the connection failed (`ListImages: connection refused`).
+        message: String,
+    },
+    /// The runtime answered the call with a gRPC error.
     #[error("CRI {rpc} on {endpoint} failed: {status}")]
     Rpc {
+        /// The CRI call (`ListImages`, `RemoveImage`, ...).
         rpc: &'static str,
+        /// The endpoint the call went to (`unix:///run/containerd/containerd.sock`).
         endpoint: String,
+        /// The gRPC status the runtime answered with.
         status: Box<tonic::Status>,
     },
+    /// The call had no answer within the runtime timeout (`runtime.timeout`).
     #[error("CRI {rpc} on {endpoint} timed out after {}", humantime::format_duration(*timeout))]
     Timeout {
+        /// The CRI call (`ListImages`, `RemoveImage`, ...).
         rpc: &'static str,
+        /// The endpoint the call went to.
         endpoint: String,
+        /// How long the call was given.
         timeout: Duration,
     },
+    /// No endpoint was configured and none of the default ones answered.
     #[error("no container runtime answered; tried {}", tried.join(", "))]
-    NoneAnswered { tried: Vec<String> },
+    NoneAnswered {
+        /// The endpoints tried, in order.
+        tried: Vec<String>,
+    },
+    /// The endpoint is not `unix:///absolute/path` (or a bare absolute path).
     #[error("invalid runtime endpoint {endpoint:?}: {reason}")]
-    BadEndpoint { endpoint: String, reason: String },
+    BadEndpoint {
+        /// The endpoint as configured.
+        endpoint: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl RuntimeError {
@@ -247,10 +299,18 @@ pub type EventStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = Result<
 pub trait Runtime: Send + Sync {
     /// The endpoint this runtime is reached at, for messages.
     fn endpoint(&self) -> &str;
+    /// The runtime's name and versions (CRI `Version`); also how discovery tells
+    /// that an endpoint answers.
     fn version(&self) -> impl Future<Output = Result<RuntimeVersion, RuntimeError>> + Send;
+    /// What the verbose CRI `Status` says that imagegc uses: the sandbox image.
     fn status(&self) -> impl Future<Output = Result<RuntimeStatus, RuntimeError>> + Send;
+    /// Every image the runtime holds (CRI `ListImages`), one entry per id (see
+    /// [`merge_listings`]).
     fn list_images(&self) -> impl Future<Output = Result<Vec<Image>, RuntimeError>> + Send;
+    /// Every container in every state (CRI `ListContainers` with no filter);
+    /// `mounted_images` is left empty.
     fn list_containers(&self) -> impl Future<Output = Result<Vec<Container>, RuntimeError>> + Send;
+    /// The image filesystems the runtime uses (CRI `ImageFsInfo`); usually one.
     fn image_fs_info(&self) -> impl Future<Output = Result<Vec<ImageFsUsage>, RuntimeError>> + Send;
     /// Removes an image by id. An image the runtime no longer has is
     /// [`Removed::AlreadyGone`]: someone else removed it, and it is not this

@@ -31,6 +31,8 @@ impl Health {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
+    /// True when the last contact with the runtime succeeded: `/readyz`
+    /// answers 200 then, 503 otherwise.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }

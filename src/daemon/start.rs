@@ -62,6 +62,8 @@ impl Daemon {
         self
     }
 
+    /// The metric families the daemon updates and serves on `/metrics` (shared:
+    /// tests read them while it runs).
     pub fn metrics(&self) -> Arc<Metrics> {
         Arc::clone(&self.metrics)
     }

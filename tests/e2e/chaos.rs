@@ -826,7 +826,7 @@ fn bundle_layouts(tarballs: &[&Path], out: &Path) -> std::io::Result<()> {
     builder
         .into_inner()?
         .into_inner()
-        .map_err(|e| e.into_error())?
+        .map_err(std::io::IntoInnerError::into_error)?
         .sync_all()
 }
 

@@ -161,7 +161,7 @@ impl<'a> Imagegc<'a> {
     fn run(&self, args: &[&str]) -> Run {
         let output = self.command(args).output().expect("running imagegc");
         Run {
-            args: args.iter().map(|a| a.to_string()).collect(),
+            args: args.iter().map(ToString::to_string).collect(),
             code: output.status.code(),
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),

@@ -394,7 +394,10 @@ impl ImageSpec {
         out.append_data(&mut layout_header, "oci-layout", &layout_bytes[..])?;
         let mut index_header = header(tar::EntryType::Regular, 0o644, index_bytes.len() as u64);
         out.append_data(&mut index_header, "index.json", index_bytes.as_slice())?;
-        out.into_inner()?.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        out.into_inner()?
+            .into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?
+            .sync_all()?;
 
         Ok(built)
     }

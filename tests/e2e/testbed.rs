@@ -306,7 +306,7 @@ impl TestBed {
         run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image));
         fs::create_dir(&self.root).expect("creating the mount point");
         let device = {
-            let _guard = LOOP_SETUP.lock().unwrap_or_else(|e| e.into_inner());
+            let _guard = LOOP_SETUP.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             run(Command::new("losetup").args(["--find", "--show"]).arg(&image))
         };
         self.loop_device = Some(device.trim().to_string());
@@ -431,10 +431,7 @@ disabled_plugins = [
                     self.log_tail(40)
                 );
             }
-            let error = match client.version().await {
-                Ok(_) => break,
-                Err(e) => e,
-            };
+            let Err(error) = client.version().await else { break };
             if Instant::now() > deadline {
                 panic!(
                     "containerd did not answer CRI Version on {} within {READY_TIMEOUT:?} ({error}); \
@@ -733,7 +730,7 @@ disabled_plugins = [
             .runtime_service()
             .run_pod_sandbox(request)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("RunPodSandbox", name, s));
+            .unwrap_or_else(|s| self.rpc_failed("RunPodSandbox", name, &s));
         let id = PodId(response.into_inner().pod_sandbox_id);
         self.pods.lock().unwrap().insert(id.clone(), config);
         id
@@ -743,7 +740,7 @@ disabled_plugins = [
     pub async fn create_container(&self, pod: &PodId, image: &str) -> ContainerId {
         self.try_create_container(pod, image)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, s))
+            .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, &s))
     }
 
     /// Creates and starts a container running `image` with `volume`, another
@@ -764,7 +761,7 @@ disabled_plugins = [
         let container = self
             .create(pod, image, vec![mount])
             .await
-            .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, s));
+            .unwrap_or_else(|s| self.rpc_failed("CreateContainer", image, &s));
         self.start_container(&container).await;
         container
     }
@@ -816,7 +813,7 @@ disabled_plugins = [
         self.runtime_service()
             .start_container(request)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("StartContainer", &container.0, s));
+            .unwrap_or_else(|s| self.rpc_failed("StartContainer", &container.0, &s));
     }
 
     /// Creates and starts a container; returns once it is running.
@@ -835,7 +832,7 @@ disabled_plugins = [
         self.runtime_service()
             .stop_container(request)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("StopContainer", &container.0, s));
+            .unwrap_or_else(|s| self.rpc_failed("StopContainer", &container.0, &s));
     }
 
     pub async fn remove_container(&self, container: &ContainerId) {
@@ -845,7 +842,7 @@ disabled_plugins = [
         self.runtime_service()
             .remove_container(request)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("RemoveContainer", &container.0, s));
+            .unwrap_or_else(|s| self.rpc_failed("RemoveContainer", &container.0, &s));
     }
 
     /// Stops the pod's sandbox and its containers (they stay listed, exited).
@@ -856,7 +853,7 @@ disabled_plugins = [
         self.runtime_service()
             .stop_pod_sandbox(request)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("StopPodSandbox", &pod.0, s));
+            .unwrap_or_else(|s| self.rpc_failed("StopPodSandbox", &pod.0, &s));
     }
 
     /// Removes a (stopped) pod and its containers.
@@ -867,7 +864,7 @@ disabled_plugins = [
         self.runtime_service()
             .remove_pod_sandbox(request)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("RemovePodSandbox", &pod.0, s));
+            .unwrap_or_else(|s| self.rpc_failed("RemovePodSandbox", &pod.0, &s));
         self.pods.lock().unwrap().remove(pod);
     }
 
@@ -925,7 +922,7 @@ disabled_plugins = [
         self.image_service()
             .remove_image(request)
             .await
-            .unwrap_or_else(|s| self.rpc_failed("RemoveImage", image, s));
+            .unwrap_or_else(|s| self.rpc_failed("RemoveImage", image, &s));
     }
 
     /// Stops containerd (SIGTERM, SIGKILL after a grace period) and waits
@@ -962,7 +959,7 @@ disabled_plugins = [
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    fn rpc_failed(&self, rpc: &str, subject: &str, status: tonic::Status) -> ! {
+    fn rpc_failed(&self, rpc: &str, subject: &str, status: &tonic::Status) -> ! {
         panic!(
             "CRI {rpc} ({subject}) on {} failed: {status}\nruntime log:\n{}",
             self.endpoint,

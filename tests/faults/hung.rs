@@ -57,7 +57,7 @@ async fn a_hung_list_images_fails_the_cycle_within_the_timeout_and_the_next_cycl
     assert!(took < BOUND, "the cycle took {took:?} against a hung ListImages");
     match &report.outcome {
         Outcome::Failed(err) => {
-            assert!(err.contains("ListImages") && err.contains("timed out"), "{err}")
+            assert!(err.contains("ListImages") && err.contains("timed out"), "{err}");
         }
         other => panic!("expected a failed cycle, got {other:?}"),
     }

@@ -90,7 +90,7 @@ fn dangling(name: &str, size: u64) -> Image {
 
 fn with_tags(name: &str, tags: &[&str]) -> Image {
     Image {
-        repo_tags: tags.iter().map(|t| t.to_string()).collect(),
+        repo_tags: tags.iter().map(ToString::to_string).collect(),
         ..image(name, 100)
     }
 }

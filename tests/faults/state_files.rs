@@ -164,7 +164,7 @@ fn removals(output: &Output) -> Vec<(String, String)> {
                 .iter()
                 .chain([&IN_USE])
                 .find(|n| image(n, 0).id == id)
-                .map_or(id.to_string(), |n| n.to_string());
+                .map_or(id.to_string(), ToString::to_string);
             (name, r["reason"].as_str().unwrap().to_string())
         })
         .collect()
@@ -839,7 +839,9 @@ fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
     let entries = history_images(&node);
     assert_eq!(journaled_ids(&entries), ["u1", "u2", "u3"].map(|n| image(n, 0).id));
     assert!(
-        entries.iter().all(|e| e.get("note").is_none_or(|n| n.is_null())),
+        entries
+            .iter()
+            .all(|e| e.get("note").is_none_or(serde_json::Value::is_null)),
         "{entries:?}"
     );
 }
