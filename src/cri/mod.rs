@@ -144,17 +144,6 @@ pub struct ContainerEvent {
     pub created_at: Option<std::time::SystemTime>,
 }
 
-/// What imagegc reads from a pod sandbox's verbose status: the image its
-/// sandbox (pause) container runs, where the runtime names it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PodSandbox {
-    /// The pod sandbox's id.
-    pub id: String,
-    /// The sandbox (pause) image the runtime names for this pod; `None` when
-    /// its status does not say.
-    pub sandbox_image: Option<String>,
-}
-
 /// Errors from the runtime, each naming the RPC and the endpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
