@@ -39,7 +39,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{history, selected_cases};
+use common::selected_cases;
 use imagegc::collector::{Collector, Outcome};
 use imagegc::config::Config;
 use imagegc::cri::{self, CriClient, Runtime, proto};
@@ -47,6 +47,7 @@ use imagegc::fs::Statvfs;
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;
 use imagegc::state::StateStore;
+use imagegc::testing::history;
 use imagegc::time::Clock;
 use oci::{ImageSpec, Layer};
 use testbed::{CRI_NAMESPACE, TestBed};

@@ -41,12 +41,13 @@ use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{history, imagegc_binary, selected_cases};
+use common::{imagegc_binary, selected_cases};
 use imagegc::cri::Runtime;
 use imagegc::cri::proto;
 use imagegc::fs::{FsStats, statvfs};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
+use imagegc::testing::history;
 use oci::{ImageSpec, Layer};
 use testbed::TestBed;
 

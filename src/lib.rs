@@ -14,4 +14,6 @@ pub mod records;
 pub mod reference;
 pub mod safe_file;
 pub mod state;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod time;
