@@ -27,15 +27,7 @@
 //! builds it). `cargo bench --bench reclaim [-- SCENARIO...]`, scenarios
 //! `shared` and `unshared`.
 
-// Bench targets are built with cfg(test) but without the test harness: the
-// unit tests of these modules are left out and their imports go unused.
 mod common;
-#[path = "../tests/e2e/oci.rs"]
-#[allow(dead_code, unused_imports)]
-mod oci;
-#[path = "../tests/e2e/testbed.rs"]
-#[allow(dead_code, unused_imports)]
-mod testbed;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
@@ -48,6 +40,7 @@ use imagegc::fs::{FsStats, statvfs};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
 use imagegc::testing::history;
+use imagegc::testing::{oci, testbed};
 use oci::{ImageSpec, Layer};
 use testbed::TestBed;
 

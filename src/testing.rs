@@ -1,14 +1,16 @@
 //! What every test of imagegc builds its world from: images and containers
 //! as a runtime lists them, records as a previous process saved them, a
 //! simulated image filesystem, the value of one series in a metrics scrape,
-//! and the `imagegc` binary with the flags every process-level test passes.
+//! and the `imagegc` binary with the flags every process-level test passes;
+//! and, for the end-to-end tests, the benches and the demo, a private real
+//! runtime ([`testbed`]) and the OCI images it imports ([`oci`]).
 //!
-//! The unit tests, the integration tests, the benches, the example and the
-//! fuzz targets all use this one module (and the fake runtime in
-//! [`crate::cri::fake`]), so a fixture means the same thing everywhere.
-//! It is compiled only for tests and under the `testing` feature, which the
-//! package's own dev-dependency turns on: a release build has none of it.
-//! It must never be reached from the daemon's own code.
+//! The unit tests, the integration tests, the benches and the example all
+//! use this one module (and the fake runtime in [`crate::cri::fake`]), so a
+//! fixture means the same thing everywhere. It is compiled only for tests
+//! and under the `testing` feature, which the package's own dev-dependency
+//! turns on: a release build has none of it. The daemon's own code must
+//! never reach it.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -20,6 +22,11 @@ use crate::cri::fake::RemoveEffect;
 use crate::cri::{Container, Image};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::records::{Record, Records};
+
+#[cfg(feature = "testing")]
+pub mod oci;
+#[cfg(feature = "testing")]
+pub mod testbed;
 
 /// An image with one tag (`registry.example.com/team/<name>:1.0`) and one
 /// digest, named after `name`, with the id [`image_id`] gives it.

@@ -237,8 +237,7 @@ impl Http {
     /// The value of an unlabelled sample in `/metrics`.
     fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = self.get("/metrics")?;
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        imagegc::testing::metric(&body, name)
     }
 }
 
