@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use crate::cri::fake::RemoveEffect;
-use crate::cri::{Container, Image};
+use crate::cri::{Container, Image, proto};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::records::{Record, Records};
 
@@ -71,6 +71,22 @@ pub fn library_image(id: &str, size: u64) -> Image {
         repo_digests: Vec::new(),
         size,
         pinned: false,
+    }
+}
+
+/// What `ListImages` answers for `images` on the wire, to measure its size.
+pub fn list_images_response(images: &[Image]) -> proto::ListImagesResponse {
+    proto::ListImagesResponse {
+        images: images
+            .iter()
+            .map(|i| proto::Image {
+                id: i.id.clone(),
+                repo_tags: i.repo_tags.clone(),
+                repo_digests: i.repo_digests.clone(),
+                size: i.size,
+                ..Default::default()
+            })
+            .collect(),
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use imagegc::cri::fake::{Dialect, Events, FakeRuntime, FakeServer};
 use imagegc::cri::proto;
 use imagegc::cri::{Container, ContainerState, CriClient, Image, Runtime, RuntimeError, connect, discover};
-use imagegc::testing::tagged_image;
+use imagegc::testing::{list_images_response, tagged_image};
 use prost::Message;
 use tokio_stream::StreamExt;
 
@@ -168,19 +168,7 @@ async fn fifty_thousand_images_pass_the_grpc_default_message_limit() {
             pinned: false,
         });
     }
-    let answer = proto::ListImagesResponse {
-        images: fake
-            .images()
-            .iter()
-            .map(|i| proto::Image {
-                id: i.id.clone(),
-                repo_tags: i.repo_tags.clone(),
-                repo_digests: i.repo_digests.clone(),
-                size: i.size,
-                ..Default::default()
-            })
-            .collect(),
-    };
+    let answer = list_images_response(&fake.images());
     assert!(
         answer.encoded_len() > GRPC_DEFAULT_LIMIT,
         "{} bytes",
