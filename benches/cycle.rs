@@ -22,15 +22,7 @@
 //! Needs root and containerd (like the end-to-end tests).
 //! `cargo bench --bench cycle [-- idle|removals]`
 
-// Bench targets are built with cfg(test) but without the test harness: the
-// unit tests of these modules are left out and their imports go unused.
 mod common;
-#[path = "../tests/e2e/oci.rs"]
-#[allow(dead_code, unused_imports)]
-mod oci;
-#[path = "../tests/e2e/testbed.rs"]
-#[allow(dead_code, unused_imports)]
-mod testbed;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -39,7 +31,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{history, selected_cases};
+use common::selected_cases;
 use imagegc::collector::{Collector, Outcome};
 use imagegc::config::Config;
 use imagegc::cri::{self, CriClient, Runtime, proto};
@@ -47,6 +39,8 @@ use imagegc::fs::Statvfs;
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;
 use imagegc::state::StateStore;
+use imagegc::testing::history;
+use imagegc::testing::{oci, testbed};
 use imagegc::time::Clock;
 use oci::{ImageSpec, Layer};
 use testbed::{CRI_NAMESPACE, TestBed};

@@ -21,26 +21,13 @@ use imagegc::collector::Collector;
 use imagegc::config::Config;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, ContainerState, Image};
-use imagegc::fs::{FsError, FsProbe, FsStats};
 use imagegc::metrics::Metrics;
+use imagegc::testing::SimDisk;
 use imagegc::time::Clock;
 
 const CONTAINERS: usize = 1_000;
 const REPLACED: usize = 50;
 const RUNS: usize = 5;
-
-struct Roomy;
-
-impl FsProbe for Roomy {
-    fn stats(&self, _: &std::path::Path) -> Result<FsStats, FsError> {
-        Ok(FsStats {
-            capacity_bytes: 1 << 40,
-            available_bytes: 1 << 39,
-            free_bytes: 1 << 39,
-            ..Default::default()
-        })
-    }
-}
 
 fn container(n: usize, generation: u64) -> Container {
     Container {
@@ -104,7 +91,8 @@ fn main() {
             let mut collector = Collector::new(
                 client,
                 Arc::new(config),
-                Arc::new(Roomy),
+                // 1 TiB, half of it free: never a space pass.
+                Arc::new(SimDisk::new(1 << 40, 1 << 39)),
                 Arc::new(Metrics::new()),
                 Clock::start(),
             );

@@ -11,7 +11,8 @@
 //! `cargo bench --bench planner`
 
 mod common;
-use common::{hex, history, node_history, node_image};
+use common::{hex, node_history, node_image};
+use imagegc::testing::history;
 
 use std::collections::HashMap;
 use std::hint::black_box;

@@ -27,26 +27,20 @@
 //! builds it). `cargo bench --bench reclaim [-- SCENARIO...]`, scenarios
 //! `shared` and `unshared`.
 
-// Bench targets are built with cfg(test) but without the test harness: the
-// unit tests of these modules are left out and their imports go unused.
 mod common;
-#[path = "../tests/e2e/oci.rs"]
-#[allow(dead_code, unused_imports)]
-mod oci;
-#[path = "../tests/e2e/testbed.rs"]
-#[allow(dead_code, unused_imports)]
-mod testbed;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{history, imagegc_binary, selected_cases};
+use common::{imagegc_binary, selected_cases};
 use imagegc::cri::Runtime;
 use imagegc::cri::proto;
 use imagegc::fs::{FsStats, statvfs};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
+use imagegc::testing::history;
+use imagegc::testing::{oci, testbed};
 use oci::{ImageSpec, Layer};
 use testbed::TestBed;
 

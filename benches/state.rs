@@ -10,7 +10,8 @@
 //! under `$TMPDIR`, so the fsyncs hit that filesystem).
 
 mod common;
-use common::{history, node_history, node_image};
+use common::{node_history, node_image};
+use imagegc::testing::history;
 
 use std::hint::black_box;
 use std::time::{Duration, SystemTime};

@@ -11,23 +11,17 @@
 //! Run it as root with `scripts/demo.sh`, which installs what is missing and
 //! builds this example next to the `imagegc` binary it runs.
 
-#[allow(dead_code)]
-#[path = "../tests/e2e/oci.rs"]
-mod oci;
-#[allow(dead_code)]
-#[path = "../tests/e2e/testbed.rs"]
-mod testbed;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
 
 use imagegc::cri::Runtime;
+use imagegc::testing::{oci, testbed};
 use serde_json::Value;
 
-use crate::oci::{BuiltImage, ImageSpec, Layer};
-use crate::testbed::{FsUsage, TestBed};
+use oci::{BuiltImage, ImageSpec, Layer};
+use testbed::{FsUsage, TestBed};
 
 const MIB: u64 = 1024 * 1024;
 /// The throwaway filesystem containerd keeps its images on.

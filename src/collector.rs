@@ -1488,7 +1488,7 @@ mod tests {
     }
 
     fn image(id: &str, size: u64) -> Image {
-        crate::records::tests::image(id, size)
+        crate::testing::library_image(id, size)
     }
 
     fn collector(sim: &SimHandle, configure: impl FnOnce(&mut Config)) -> (Collector<SimHandle>, tempfile::TempDir) {
@@ -1538,7 +1538,7 @@ mod tests {
         let sim = SimHandle::default();
         sim.with(|s| {
             s.images = vec![image("a", 10), image("b", 10)];
-            s.containers = vec![crate::records::tests::container("c", "a")];
+            s.containers = vec![crate::testing::container_naming("c", "a")];
             (s.capacity, s.available) = (1000, 900);
         });
         let (mut c, _dir) = collector(&sim, |_| {});
@@ -1667,7 +1667,7 @@ mod tests {
             (s.capacity, s.available) = (1000, 0);
             // Cycle lists once, then re-checks before each removal: the
             // container appears right before "a" would go.
-            s.appear_at_list = Some((2, crate::records::tests::container("late", "a")));
+            s.appear_at_list = Some((2, crate::testing::container_naming("late", "a")));
         });
         let (mut c, _dir) = collector(&sim, |_| {});
         let report = cycle(&mut c).await;

@@ -37,4 +37,7 @@ pub(crate) mod reference;
 pub(crate) mod report;
 pub(crate) mod safe_file;
 pub mod state;
+#[cfg(any(test, feature = "testing"))]
+#[allow(missing_docs)] // test support: documented where it is not obvious, not item by item
+pub mod testing;
 pub mod time;

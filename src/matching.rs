@@ -343,7 +343,7 @@ impl<'a> ReferenceSet<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::tests::{container, image};
+    use crate::testing::{container_naming as container, library_image as image};
 
     #[test]
     fn containers_match_by_id_ref_digest_or_familiar_tag() {

@@ -516,7 +516,7 @@ fn keep_recent<'a>(snapshot: &'a Snapshot, records: &Records, keep: u32) -> Hash
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::tests::{container, image};
+    use crate::testing::{container_naming as container, library_image as image};
 
     const MIN: Duration = Duration::from_secs(60);
 

@@ -261,28 +261,10 @@ impl Records {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::testing::{container_naming as container, library_image as image};
     use std::time::Duration;
-
-    pub fn image(id: &str, size: u64) -> Image {
-        Image {
-            id: id.to_string(),
-            repo_tags: vec![format!("docker.io/library/{id}:latest")],
-            repo_digests: Vec::new(),
-            size,
-            pinned: false,
-        }
-    }
-
-    pub fn container(id: &str, image_ref: &str) -> Container {
-        Container {
-            id: id.to_string(),
-            image: image_ref.to_string(),
-            image_ref: image_ref.to_string(),
-            ..Default::default()
-        }
-    }
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)

@@ -805,7 +805,7 @@ pub fn verify(bytes: &[u8]) -> Result<usize, Corruption> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::tests::image;
+    use crate::testing::library_image as image;
     use std::collections::HashMap;
 
     fn t(secs: u64) -> SystemTime {

@@ -11,23 +11,14 @@ use std::time::{Duration, Instant};
 use imagegc::cri::fake::{Dialect, Events, FakeRuntime, FakeServer};
 use imagegc::cri::proto;
 use imagegc::cri::{Container, ContainerState, CriClient, Image, Runtime, RuntimeError, connect, discover};
+use imagegc::testing::{list_images_response, tagged_image};
 use prost::Message;
 use tokio_stream::StreamExt;
 
 /// Long enough for a slow CI machine, short enough to notice a hang.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-fn image(id: &str, tag: &str) -> Image {
-    let name = tag.split(':').next().unwrap_or(tag);
-    Image {
-        id: id.to_string(),
-        repo_tags: vec![tag.to_string()],
-        repo_digests: vec![format!("{name}@{id}")],
-        size: 1_000_000,
-        pinned: false,
-    }
-}
-
+/// Every field distinct, so a field the client drops or swaps shows.
 fn container(id: &str, image: &str, state: ContainerState) -> Container {
     Container {
         id: id.to_string(),
@@ -70,10 +61,10 @@ impl Served {
 #[tokio::test]
 async fn lists_images_and_containers_with_their_states() {
     let fake = FakeRuntime::new();
-    let nginx = image("sha256:aaa", "docker.io/library/nginx:1.27");
+    let nginx = tagged_image("sha256:aaa", "docker.io/library/nginx:1.27");
     let redis = Image {
         pinned: true,
-        ..image("sha256:bbb", "docker.io/library/redis:7")
+        ..tagged_image("sha256:bbb", "docker.io/library/redis:7")
     };
     fake.add_image(nginx.clone());
     fake.add_image(redis.clone());
@@ -147,7 +138,7 @@ async fn reads_version_sandbox_image_and_image_filesystem() {
         "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs"
     );
     served.fake.set_image_fs_mount(served.dir.path());
-    served.fake.add_image(image("sha256:aaa", "nginx:1.27"));
+    served.fake.add_image(tagged_image("sha256:aaa", "nginx:1.27"));
     let filesystems = served.client.image_fs_info().await.unwrap();
     assert_eq!(filesystems[0].mount_point, served.dir.path().to_str().unwrap());
     assert_eq!(filesystems[0].used_bytes, Some(1_000_000));
@@ -177,19 +168,7 @@ async fn fifty_thousand_images_pass_the_grpc_default_message_limit() {
             pinned: false,
         });
     }
-    let answer = proto::ListImagesResponse {
-        images: fake
-            .images()
-            .iter()
-            .map(|i| proto::Image {
-                id: i.id.clone(),
-                repo_tags: i.repo_tags.clone(),
-                repo_digests: i.repo_digests.clone(),
-                size: i.size,
-                ..Default::default()
-            })
-            .collect(),
-    };
+    let answer = list_images_response(&fake.images());
     assert!(
         answer.encoded_len() > GRPC_DEFAULT_LIMIT,
         "{} bytes",
@@ -237,7 +216,7 @@ async fn a_hung_runtime_times_out_naming_the_rpc_and_the_endpoint() {
 #[tokio::test]
 async fn a_failed_removal_names_the_rpc_the_endpoint_and_the_message() {
     let fake = FakeRuntime::new();
-    fake.add_image(image("sha256:aaa", "nginx:1.27"));
+    fake.add_image(tagged_image("sha256:aaa", "nginx:1.27"));
     fake.fail_next(
         "RemoveImage",
         tonic::Status::failed_precondition("image is being pulled"),
@@ -262,8 +241,8 @@ async fn a_failed_removal_names_the_rpc_the_endpoint_and_the_message() {
 #[tokio::test]
 async fn a_removal_failing_for_one_image_leaves_the_others_removable() {
     let fake = FakeRuntime::new();
-    fake.add_image(image("sha256:aaa", "nginx:1.27"));
-    fake.add_image(image("sha256:bbb", "redis:7"));
+    fake.add_image(tagged_image("sha256:aaa", "nginx:1.27"));
+    fake.add_image(tagged_image("sha256:bbb", "redis:7"));
     fake.fail_remove("sha256:aaa", tonic::Code::PermissionDenied);
     let served = Served::start(fake).await;
 
@@ -295,10 +274,10 @@ async fn removal_by_tag_or_digest_removes_the_whole_image() {
     let fake = FakeRuntime::new();
     let nginx = Image {
         repo_tags: vec!["nginx:1.27".to_string(), "nginx:latest".to_string()],
-        ..image("sha256:aaa", "nginx:1.27")
+        ..tagged_image("sha256:aaa", "nginx:1.27")
     };
     fake.add_image(nginx);
-    fake.add_image(image("sha256:bbb", "redis:7"));
+    fake.add_image(tagged_image("sha256:bbb", "redis:7"));
     let served = Served::start(fake).await;
 
     served.client.remove_image("nginx:latest").await.unwrap();
@@ -310,7 +289,7 @@ async fn removal_by_tag_or_digest_removes_the_whole_image() {
 #[tokio::test]
 async fn like_containerd_the_runtime_removes_an_image_a_container_uses() {
     let fake = FakeRuntime::new();
-    fake.add_image(image("sha256:aaa", "nginx:1.27"));
+    fake.add_image(tagged_image("sha256:aaa", "nginx:1.27"));
     fake.add_container(container("c1", "nginx:1.27", ContainerState::Running));
     let served = Served::start(fake).await;
 
@@ -322,7 +301,7 @@ async fn like_containerd_the_runtime_removes_an_image_a_container_uses() {
 #[tokio::test]
 async fn the_remove_hook_runs_before_the_removal_and_the_effect_after() {
     let fake = FakeRuntime::new();
-    fake.add_image(image("sha256:aaa", "nginx:1.27"));
+    fake.add_image(tagged_image("sha256:aaa", "nginx:1.27"));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let in_hook = fake.clone();
     let hook_seen = Arc::clone(&seen);
@@ -401,7 +380,7 @@ async fn a_runtime_that_is_down_is_a_connect_error_until_it_comes_back() {
     assert!(err.to_string().contains(&endpoint), "{err}");
 
     let fake = FakeRuntime::new();
-    fake.add_image(image("sha256:aaa", "nginx:1.27"));
+    fake.add_image(tagged_image("sha256:aaa", "nginx:1.27"));
     let server = fake.clone().serve(&socket).await.unwrap();
     assert_eq!(server.endpoint(), endpoint);
     assert_eq!(client.list_images().await.unwrap().len(), 1);
@@ -417,7 +396,7 @@ async fn a_runtime_that_is_down_is_a_connect_error_until_it_comes_back() {
 #[tokio::test]
 async fn a_restarted_runtime_keeps_its_state_and_answers_the_same_client() {
     let fake = FakeRuntime::new();
-    fake.add_image(image("sha256:aaa", "nginx:1.27"));
+    fake.add_image(tagged_image("sha256:aaa", "nginx:1.27"));
     let served = Served::start(fake).await;
     served.client.version().await.unwrap();
 
@@ -536,7 +515,7 @@ async fn crio_ids_are_prefixed_when_read_and_bare_when_removed() {
     let fake = FakeRuntime::new();
     fake.set_dialect(Dialect::Crio136);
     let hex = "8238e0f45fe9".repeat(5) + "abcd";
-    fake.add_image(image(&format!("sha256:{hex}"), "docker.io/library/app:1"));
+    fake.add_image(tagged_image(&format!("sha256:{hex}"), "docker.io/library/app:1"));
     fake.add_container(Container {
         id: "c1".to_string(),
         image: "docker.io/library/app:1".to_string(),

@@ -15,8 +15,8 @@ use imagegc::cri::proto::ContainerEventType;
 use imagegc::records::{Record, Records};
 use imagegc::state::{Loaded, StateStore};
 use support::{
-    Daemon, InProcess, Settings, SimDisk, container, eventually, free_local_addr, image, imagegc_json, load_records,
-    metric,
+    Daemon, InProcess, Settings, SimDisk, container_using, eventually, free_local_addr, image, imagegc_json,
+    load_records, metric,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -48,7 +48,7 @@ async fn a_restart_keeps_the_time_each_image_was_last_used() {
     let idle = image("idle", 1000);
     fake.add_image(web.clone());
     fake.add_image(idle.clone());
-    fake.add_container(container("c-web", &web));
+    fake.add_container(container_using("c-web", &web));
     let started = SystemTime::now();
     let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
 
@@ -120,7 +120,7 @@ async fn images_without_history_wait_for_max_age_while_old_history_goes_at_once(
     fake.add_image(fresh.clone());
     fake.add_image(old.clone());
     let disk = roomy_disk();
-    disk.frees_on_remove(&fake);
+    fake.on_remove(Some(disk.free_listed_size_on_remove()));
     let hour_ago = SystemTime::now() - secs(3600);
     let history = Records::from_map(HashMap::from([(
         old.id.clone(),
@@ -206,7 +206,7 @@ async fn without_container_events_containers_are_polled_between_cycles() {
     );
 
     // A container that runs between cycles is seen by the next poll.
-    fake.add_container(container("c-app", &app));
+    fake.add_container(container_using("c-app", &app));
     let added = SystemTime::now();
     let polls = fake.count("ListContainers");
     eventually(secs(5), "a poll that sees the container", || {
@@ -458,7 +458,7 @@ async fn with_container_events_nothing_is_polled_and_an_event_triggers_a_relist(
     tokio::time::sleep(secs(3)).await;
     assert_eq!(fake.count("ListContainers"), before, "no polling while events stream");
 
-    fake.add_container(container("c-app", &app));
+    fake.add_container(container_using("c-app", &app));
     emit_when_streaming(
         &fake,
         "c-app",
@@ -732,7 +732,7 @@ async fn metrics_after_a_cycle_that_removes_two_images_by_space() {
     for i in [&a, &b, &web] {
         fake.add_image(i.clone());
     }
-    fake.add_container(container("c-web", &web));
+    fake.add_container(container_using("c-web", &web));
     let dir = tempfile::tempdir().unwrap();
     let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
     let config = dir.path().join("imagegc.toml");

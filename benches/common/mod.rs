@@ -1,13 +1,12 @@
-//! What the benches share: the deterministic node they build their worlds
-//! from, records as a previous process saved them, the release binary, and
-//! the choice of cases on the command line. Each bench uses part of it.
+//! What the benches share beyond `imagegc::testing`: the deterministic node
+//! they build their worlds from, the release binary, and the choice of cases
+//! on the command line. Each bench uses part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use imagegc::cri::Image;
-use imagegc::records::Record;
 
 /// A deterministic 64-hex digest for `n` in namespace `kind` (splitmix64
 /// rounds): ids and digests that look like a runtime's, the same every run.
@@ -44,20 +43,6 @@ pub fn node_image(i: usize) -> Image {
 pub fn node_history(i: usize, now: SystemTime) -> (SystemTime, SystemTime) {
     let age = Duration::from_secs((i as u64).wrapping_mul(7919) % (30 * 86_400));
     (now - age - Duration::from_secs(3600), now - age)
-}
-
-/// A record of `image` as a previous process would have saved it.
-pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> (String, Record) {
-    let record = Record {
-        first_seen,
-        last_used,
-        size: image.size,
-        pinned: image.pinned,
-        tags: image.repo_tags.clone(),
-        digests: image.repo_digests.clone(),
-        from_history: true,
-    };
-    (image.id.clone(), record)
 }
 
 /// The release build of the daemon, which the process benches run.

@@ -1240,11 +1240,8 @@ mod tests {
 
     fn image(id: &str, tag: &str, digest: &str) -> Image {
         Image {
-            id: id.to_string(),
-            repo_tags: vec![tag.to_string()],
             repo_digests: vec![digest.to_string()],
-            size: 10,
-            pinned: false,
+            ..crate::testing::tagged_image(id, tag)
         }
     }
 

@@ -1,5 +1,6 @@
-//! What the daemon tests share: image and container builders, a simulated
-//! image filesystem, the daemon loop run in-process against the fake runtime,
+//! What the daemon tests share beyond `imagegc::testing` (image and
+//! container builders, the simulated image filesystem and `metric`,
+//! re-exported here): the daemon loop run in-process against the fake runtime,
 //! the `imagegc` binary run as a child process, and raw HTTP.
 //!
 //! Every test runs on a current-thread tokio runtime that also serves the
@@ -11,81 +12,22 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use imagegc::config::Config;
 use imagegc::cri::fake::{FakeRuntime, FakeServer};
-use imagegc::cri::{Container, ContainerState, Image};
 use imagegc::daemon::Health;
-use imagegc::fs::{FsError, FsProbe, FsStats};
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;
 use imagegc::state::{Loaded, StateStore};
-use sha2::{Digest, Sha256};
+pub use imagegc::testing::{SimDisk, container_using, image, metric};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The deadline of every CRI call: long enough for a loaded CI machine.
 pub const CRI_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// An image named `name` (tag `registry.test/<name>:1`) with a realistic id.
-pub fn image(name: &str, size: u64) -> Image {
-    let digest = format!("{:x}", Sha256::digest(name.as_bytes()));
-    Image {
-        id: format!("sha256:{digest}"),
-        repo_tags: vec![format!("registry.test/{name}:1")],
-        repo_digests: vec![format!("registry.test/{name}@sha256:{digest}")],
-        size,
-        pinned: false,
-    }
-}
-
-/// A running container of `image`, referring to it the way containerd does.
-pub fn container(id: &str, image: &Image) -> Container {
-    Container {
-        id: id.to_string(),
-        pod_sandbox_id: format!("pod-{id}"),
-        name: id.to_string(),
-        image: image.repo_tags[0].clone(),
-        image_ref: image.id.clone(),
-        image_id: image.id.clone(),
-        state: Some(ContainerState::Running),
-        mounted_images: Vec::new(),
-    }
-}
-
-/// A simulated image filesystem. [`SimDisk::frees_on_remove`] ties it to a
-/// fake runtime, so removing an image gives its size back.
-#[derive(Clone)]
-pub struct SimDisk(Arc<Mutex<(u64, u64)>>);
-
-impl SimDisk {
-    pub fn new(capacity: u64, available: u64) -> Self {
-        SimDisk(Arc::new(Mutex::new((capacity, available))))
-    }
-
-    pub fn frees_on_remove(&self, fake: &FakeRuntime) {
-        let disk = self.clone();
-        fake.on_remove(Some(Arc::new(move |image: &Image| {
-            let mut state = disk.0.lock().unwrap();
-            state.1 = (state.1 + image.size).min(state.0);
-        })));
-    }
-}
-
-impl FsProbe for SimDisk {
-    fn stats(&self, _: &Path) -> Result<FsStats, FsError> {
-        let (capacity, available) = *self.0.lock().unwrap();
-        Ok(FsStats {
-            capacity_bytes: capacity,
-            available_bytes: available,
-            free_bytes: available,
-            ..Default::default()
-        })
-    }
-}
 
 /// Polls `check` every 50 ms until it gives a value; panics naming `what`
 /// after `within`.
@@ -262,19 +204,7 @@ pub fn free_local_addr() -> SocketAddr {
 }
 
 fn imagegc(config: &Path, endpoint: &str, state_dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_imagegc"));
-    command
-        .env_remove("IMAGEGC_CONFIG")
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("RUST_LOG")
-        .arg("--config")
-        .arg(config)
-        .arg("--runtime-endpoint")
-        .arg(endpoint)
-        .arg("--state-dir")
-        .arg(state_dir)
-        .stdin(Stdio::null());
-    command
+    imagegc::testing::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
 }
 
 /// Runs a short-lived `imagegc` command to completion, off the runtime
@@ -443,12 +373,4 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
     })
     .await
     .unwrap()
-}
-
-/// The value of `series` (name and labels, exactly as exposed) in a scrape.
-pub fn metric(body: &str, series: &str) -> Option<f64> {
-    body.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        value.trim().parse().ok()
-    })
 }

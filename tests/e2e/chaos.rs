@@ -30,6 +30,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use imagegc::cri::proto;
+use imagegc::testing::imagegc_command;
 use serde_json::Value;
 
 use crate::oci::{BuiltImage, ImageSpec, Layer};
@@ -900,19 +901,18 @@ impl Daemon {
         let config_path = dir.path().join("imagegc.toml");
         fs::write(&config_path, config).expect("writing the daemon's configuration");
         let stderr = fs::File::create(dir.path().join("stderr.log")).expect("creating the daemon's log");
-        let child = Command::new(env!("CARGO_BIN_EXE_imagegc"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config_path)
-            .args(["--runtime-endpoint", endpoint])
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(["--log-format", "json", "--log-level", "debug"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting imagegc run: {e}"));
+        let child = imagegc_command(
+            env!("CARGO_BIN_EXE_imagegc"),
+            &config_path,
+            endpoint,
+            &dir.path().join("state"),
+        )
+        .arg("run")
+        .args(["--log-format", "json", "--log-level", "debug"])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting imagegc run: {e}"));
         Daemon {
             child: Some(child),
             dir: Some(dir),

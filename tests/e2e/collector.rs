@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+use imagegc::testing::imagegc_command;
 use serde_json::Value;
 
 use crate::oci::{BuiltImage, ImageSpec, Layer};
@@ -146,15 +147,13 @@ impl<'a> Imagegc<'a> {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_imagegc"));
-        command
-            .args(args)
-            .arg("--config")
-            .arg(self.config_path())
-            .args(["--runtime-endpoint", self.bed.endpoint()])
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .stdin(Stdio::null());
+        let mut command = imagegc_command(
+            env!("CARGO_BIN_EXE_imagegc"),
+            &self.config_path(),
+            self.bed.endpoint(),
+            &self.state_dir(),
+        );
+        command.args(args);
         command
     }
 

@@ -166,15 +166,10 @@ impl InUseScenario {
     /// Builds the scenario and checks it over CRI: the test bed must really
     /// produce containers in those three states.
     async fn start(bed: &TestBed) -> Self {
-        let image = |name: &str, seed: u64| {
-            ImageSpec::new(&format!("docker.io/library/{name}:1"))
-                .layer(Layer::shared_base(2 * MIB))
-                .layer(Layer::random(seed, MIB))
-        };
-        let running = bed.import(&image("running", 11)).await;
-        let created = bed.import(&image("created", 12)).await;
-        let exited = bed.import(&image("exited", 13)).await;
-        let unused = bed.import(&image("unused", 14)).await;
+        let running = bed.import(&ImageSpec::small("running", 11)).await;
+        let created = bed.import(&ImageSpec::small("created", 12)).await;
+        let exited = bed.import(&ImageSpec::small("exited", 13)).await;
+        let unused = bed.import(&ImageSpec::small("unused", 14)).await;
 
         let web = bed.run_pod("web").await;
         let running_container = bed.run_container(&web, running.name()).await;

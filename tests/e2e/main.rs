@@ -5,8 +5,8 @@
 //! [`on_every_runtime!`] as `<scenario>::containerd_1_6`,
 //! `<scenario>::containerd_2` and `<scenario>::crio` (so `cargo test --test
 //! e2e crio` runs the CRI-O suite). Each run starts its own runtime on its
-//! own small loop-mounted ext4 filesystem ([`testbed::TestBed`]), imports
-//! images built in the test ([`oci::ImageSpec`]), runs pods and containers
+//! own small loop-mounted ext4 filesystem ([`testbed::TestBed`], in
+//! `imagegc::testing`), imports images built in the test ([`oci::ImageSpec`]), runs pods and containers
 //! over CRI, and checks what imagegc sees and does. They need root, the
 //! runtimes scripts/testbed-runtimes.sh builds, and the tools
 //! scripts/testbed-deps.sh installs; when anything is missing they fail
@@ -61,8 +61,5 @@ mod chaos;
 mod collector;
 mod inventory;
 mod runtime_restart;
-// The support modules offer more than any one set of tests uses.
-#[allow(dead_code)]
-mod oci;
-#[allow(dead_code)]
-mod testbed;
+
+use imagegc::testing::{oci, testbed};

@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 use imagegc::cri::ContainerState;
 
 use crate::chaos::Daemon;
-use crate::oci::{ImageSpec, Layer};
+use crate::oci::ImageSpec;
 use crate::testbed::{Kind, TestBed};
 
-const MIB: u64 = 1024 * 1024;
 /// How long the daemon may take to notice that the runtime is gone (it
 /// polls containers every second).
 const NOTICE_DOWN: Duration = Duration::from_secs(10);
@@ -27,13 +26,8 @@ const REACHABLE_AGAIN: &str = "container runtime is reachable again";
 
 async fn the_daemon_waits_out_a_runtime_restart_and_collects_again(kind: Kind) {
     let mut bed = TestBed::start(kind, 300).await;
-    let image = |name: &str, seed: u64| {
-        ImageSpec::new(&format!("docker.io/library/{name}:1"))
-            .layer(Layer::shared_base(2 * MIB))
-            .layer(Layer::random(seed, MIB))
-    };
-    let running = bed.import(&image("restart-running", 0x5e57_0001)).await;
-    let before_outage = bed.import(&image("restart-unused-1", 0x5e57_0002)).await;
+    let running = bed.import(&ImageSpec::small("restart-running", 0x5e57_0001)).await;
+    let before_outage = bed.import(&ImageSpec::small("restart-unused-1", 0x5e57_0002)).await;
     let pod = bed.run_pod("restart").await;
     let container = bed.run_container(&pod, running.name()).await;
 
@@ -71,7 +65,7 @@ listen = "127.0.0.1:{port}"
 
     // Imported after the first cycle: only a cycle after the restart can
     // remove it.
-    let after_outage = bed.import(&image("restart-unused-2", 0x5e57_0003)).await;
+    let after_outage = bed.import(&ImageSpec::small("restart-unused-2", 0x5e57_0003)).await;
     bed.stop_containerd();
     let stopped = Instant::now();
     wait_for("readiness and runtime_up to drop", NOTICE_DOWN, &mut daemon, || {
@@ -237,8 +231,7 @@ impl Http {
     /// The value of an unlabelled sample in `/metrics`.
     fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = self.get("/metrics")?;
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        imagegc::testing::metric(&body, name)
     }
 }
 

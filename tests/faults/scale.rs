@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use imagegc::collector::Outcome;
 use imagegc::cri::fake::FakeRuntime;
-use imagegc::cri::{Container, Image, connect, proto};
+use imagegc::cri::{Container, Image, connect};
 use imagegc::policy::{self, Snapshot};
 use imagegc::records::Records;
 use prost::Message;
@@ -108,19 +108,7 @@ fn child() {
         for image in &images {
             fake.add_image(image.clone());
         }
-        let list_images_bytes = proto::ListImagesResponse {
-            images: images
-                .iter()
-                .map(|i| proto::Image {
-                    id: i.id.clone(),
-                    repo_tags: i.repo_tags.clone(),
-                    repo_digests: i.repo_digests.clone(),
-                    size: i.size,
-                    ..Default::default()
-                })
-                .collect(),
-        }
-        .encoded_len();
+        let list_images_bytes = imagegc::testing::list_images_response(&images).encoded_len();
         assert!(list_images_bytes > GRPC_DEFAULT_LIMIT, "{list_images_bytes} bytes");
         // 95% used, 80% to reach, 60,000 bytes per unused image: a full
         // space pass, three removals, each re-checking 20,000 containers.

@@ -1,169 +1,28 @@
-//! What the fault tests share: image and container builders, a simulated
-//! image filesystem, a collector wired to it, the fake runtime served on its
-//! own thread (for tests that run the `imagegc` binary against it), tmpfs
-//! mounts that unmount themselves, and re-running this test binary as a
-//! child process.
+//! What the fault tests share beyond `imagegc::testing` (image and
+//! container builders, records, the simulated image filesystem and
+//! `metric`, re-exported here): a collector wired to the simulated
+//! filesystem, the fake runtime served on its own thread (for tests that run
+//! the `imagegc` binary against it), tmpfs mounts that unmount themselves,
+//! and re-running this test binary as a child process.
 
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use imagegc::collector::Collector;
 use imagegc::config::Config;
-use imagegc::cri::fake::{FakeRuntime, RemoveEffect};
-use imagegc::cri::{Container, Image, Runtime};
-use imagegc::fs::{FsError, FsProbe, FsStats};
+use imagegc::cri::Runtime;
+use imagegc::cri::fake::FakeRuntime;
 use imagegc::metrics::Metrics;
-use imagegc::records::{Record, Records};
+pub use imagegc::testing::{SimDisk, container_using, history, image, image_id, metric, records};
 use imagegc::time::Clock;
 
 /// Long enough for a slow CI machine, short enough to notice a hang.
 pub const PATIENCE: Duration = Duration::from_secs(30);
-
-/// An image with one tag and one digest, named after `name`.
-pub fn image(name: &str, size: u64) -> Image {
-    let id = image_id(name);
-    Image {
-        repo_tags: vec![format!("registry.example.com/team/{name}:1.0")],
-        repo_digests: vec![format!("registry.example.com/team/{name}@{id}")],
-        id,
-        size,
-        pinned: false,
-    }
-}
-
-/// A stable `sha256:` id for a short name: its bytes in hex, padded with
-/// zeros (so ids sort like names and short ids differ).
-pub fn image_id(name: &str) -> String {
-    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex:0<64}")
-}
-
-/// A running container whose spec names `image`'s tag and whose
-/// `image_ref` is its id, as containerd reports them.
-pub fn container_using(id: &str, image: &Image) -> Container {
-    Container {
-        id: id.to_string(),
-        pod_sandbox_id: format!("pod-{id}"),
-        name: id.to_string(),
-        image: image.repo_tags.first().cloned().unwrap_or_default(),
-        image_ref: image.id.clone(),
-        image_id: String::new(),
-        state: None,
-        mounted_images: Vec::new(),
-    }
-}
-
-/// A record as a previous process would have saved it.
-pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> (String, Record) {
-    (
-        image.id.clone(),
-        Record {
-            first_seen,
-            last_used,
-            size: image.size,
-            pinned: image.pinned,
-            tags: image.repo_tags.clone(),
-            digests: image.repo_digests.clone(),
-            from_history: true,
-        },
-    )
-}
-
-pub fn records(entries: impl IntoIterator<Item = (String, Record)>) -> Records {
-    Records::from_map(entries)
-}
-
-/// A simulated image filesystem: capacity, available bytes, and how many
-/// bytes each image really occupies (given back when the runtime removes it).
-#[derive(Clone, Default)]
-pub struct SimDisk(Arc<Mutex<DiskState>>);
-
-#[derive(Default)]
-struct DiskState {
-    capacity: u64,
-    available: u64,
-    on_disk: HashMap<String, u64>,
-    zero_capacity: bool,
-    measurements: usize,
-}
-
-impl SimDisk {
-    pub fn new(capacity: u64, available: u64) -> Self {
-        let disk = SimDisk::default();
-        disk.set(capacity, available);
-        disk
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, DiskState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn set(&self, capacity: u64, available: u64) {
-        let mut state = self.lock();
-        state.capacity = capacity;
-        state.available = available;
-    }
-
-    pub fn set_available(&self, available: u64) {
-        self.lock().available = available;
-    }
-
-    pub fn available(&self) -> u64 {
-        self.lock().available
-    }
-
-    /// The image really occupies `bytes` (whatever size the runtime reports).
-    pub fn occupy(&self, image_id: &str, bytes: u64) {
-        self.lock().on_disk.insert(image_id.to_string(), bytes);
-    }
-
-    /// statvfs answers a capacity of 0 (the real probe turns it into
-    /// [`FsError::ZeroCapacity`]).
-    pub fn report_zero_capacity(&self) {
-        self.lock().zero_capacity = true;
-    }
-
-    pub fn measurements(&self) -> usize {
-        self.lock().measurements
-    }
-
-    /// The effect to give [`FakeRuntime::on_remove`]: a removed image
-    /// frees what it occupied.
-    pub fn free_on_remove(&self) -> RemoveEffect {
-        let disk = self.clone();
-        Arc::new(move |image: &Image| disk.release(&image.id))
-    }
-
-    pub fn release(&self, image_id: &str) {
-        let mut state = self.lock();
-        let freed = state.on_disk.remove(image_id).unwrap_or(0);
-        state.available = (state.available + freed).min(state.capacity);
-    }
-}
-
-impl FsProbe for SimDisk {
-    fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
-        let mut state = self.lock();
-        state.measurements += 1;
-        if state.zero_capacity || state.capacity == 0 {
-            return Err(FsError::ZeroCapacity {
-                path: path.display().to_string(),
-            });
-        }
-        Ok(FsStats {
-            capacity_bytes: state.capacity,
-            available_bytes: state.available,
-            free_bytes: state.available,
-            ..Default::default()
-        })
-    }
-}
 
 /// The configuration the library-level tests start from: the kubelet's
 /// 90/80 thresholds, no minimum age, the state in `state_dir`, and the image
@@ -192,14 +51,6 @@ pub fn collector_with_clock<R: Runtime>(runtime: R, disk: &SimDisk, config: Conf
         Arc::new(Metrics::new()),
         clock,
     )
-}
-
-/// The value of one metric line (`name{labels}`) in the text exposition.
-pub fn metric(encoded: &str, series: &str) -> Option<f64> {
-    encoded.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        value.parse().ok()
-    })
 }
 
 /// The fake runtime served on a thread of its own, so that a test can run
@@ -255,16 +106,7 @@ impl Drop for ServedOnThread {
 
 /// The `imagegc` binary with the flags every process-level test passes.
 pub fn imagegc(config: &Path, endpoint: &str, state_dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_imagegc"));
-    command
-        .arg("--config")
-        .arg(config)
-        .arg("--runtime-endpoint")
-        .arg(endpoint)
-        .arg("--state-dir")
-        .arg(state_dir)
-        .stdin(Stdio::null());
-    command
+    imagegc::testing::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
 }
 
 /// Runs a command to its end, failing the test if it takes longer than

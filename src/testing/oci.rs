@@ -288,6 +288,15 @@ impl ImageSpec {
         }
     }
 
+    /// `docker.io/library/<name>:1`, a small image: the 2 MiB base that
+    /// such images share, and 1 MiB of its own made from `seed`.
+    pub fn small(name: &str, seed: u64) -> Self {
+        const MIB: u64 = 1024 * 1024;
+        Self::new(&format!("docker.io/library/{name}:1"))
+            .layer(Layer::shared_base(2 * MIB))
+            .layer(Layer::random(seed, MIB))
+    }
+
     /// Adds a layer on top.
     pub fn layer(mut self, layer: Layer) -> Self {
         self.layers.push(layer);
