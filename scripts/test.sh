@@ -23,6 +23,8 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
+echo "==> cargo check without the testing feature (the daemon never uses test support)"
+cargo check --locked --lib --bins
 echo "==> cargo test (unit and integration tests, benches and examples as tests)"
 targets=()
 for test in tests/*.rs; do
