@@ -198,6 +198,21 @@ def check_dashboard(path, checker, emitted):
             checker.check_expr(f"{where} variable ${name}", expr)
             check_datasource(f"{where} variable ${name}", v.get("datasource"))
 
+    # A variable that panels filter on and that depends on another one
+    # must not have a custom "All" value such as ".*": All would then
+    # match every series, whatever the other variable selects.
+    panel_exprs = json.dumps(dash.get("panels", []))
+    for name, v in variables.items():
+        query = v.get("query")
+        query = query.get("query") if isinstance(query, dict) else query
+        depends = VARIABLE.search(query or "")
+        used = re.search(r"\$(\{)?" + re.escape(name) + r"\b", panel_exprs)
+        if depends and used and v.get("includeAll") and v.get("allValue"):
+            checker.problem(
+                f"{where} variable ${name}",
+                f"depends on another variable but its All value {v['allValue']!r} ignores it",
+            )
+
     ids = set()
     cells = {}
     panels = []
