@@ -161,7 +161,8 @@ impl Metrics {
         let removed = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "image_garbage_collected",
-            "Images removed by garbage collection, by reason (same name as the kubelet's metric)",
+            "Images removed by garbage collection, by reason (age or space): what the kubelet counts \
+             as kubelet_image_garbage_collected_total{reason}, under that name without its kubelet_ prefix",
             removed.clone(),
         );
         let freed_bytes = Family::<ReasonLabels, Counter>::default();
