@@ -89,7 +89,7 @@ pub fn state(dir: &Path, data: &[u8]) {
     std::fs::write(store.path(), &file).expect("writing the input");
     let now = SystemTime::now();
     match store.load(now, Duration::from_secs(300)) {
-        Loaded::Records { records, saved_at } => {
+        Loaded::Records { records, saved_at, .. } => {
             assert_eq!(records.len(), count, "load and verify disagree on the count");
             assert!(saved_at <= now);
             for (id, record) in records.iter() {

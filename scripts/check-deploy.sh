@@ -443,6 +443,56 @@ helm_section() {
 }
 helm_section
 
+# --- live Prometheus: alerts and dashboard against a running imagegc -------
+# Debian's prometheus scrapes two `imagegc run` on a fake CRI runtime (the
+# example examples/fake_runtime.rs) and evaluates deploy/prometheus-rules.yaml
+# with its windows scaled from minutes to seconds; deploy/tests/
+# live_prometheus.py drives each condition and checks that each alert fires
+# and resolves, that nothing fires while all is well, and that every
+# dashboard query returns data. About 2.5 minutes. Needs root (a tmpfs).
+
+live_prometheus_tools() {
+    # The server binary out of Debian's package, like promtool above,
+    # without installing the package and its service.
+    command -v prometheus >/dev/null && return 0
+    [ -x "$CACHE/bin/prometheus" ] && return 0
+    [ -n "$APT_UPDATED" ] || { apt-get update -q >/dev/null && APT_UPDATED=1; } || return 1
+    mkdir -p "$WORK/prometheus-deb" || return 1
+    (cd "$WORK/prometheus-deb" && apt-get download -q prometheus >/dev/null 2>&1) || return 1
+    dpkg-deb -x "$WORK"/prometheus-deb/prometheus_*.deb "$WORK/prometheus-deb/root" || return 1
+    install -m 0755 "$WORK/prometheus-deb/root/usr/bin/prometheus" "$CACHE/bin/prometheus"
+}
+
+live_prometheus() {
+    local fake
+    cargo build --profile "$PROFILE" --locked --example fake_runtime || return 1
+    fake="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE_DIR/examples/fake_runtime"
+    "$PY" deploy/tests/live_prometheus.py --imagegc "$BIN" --fake-runtime "$fake" \
+        --rules deploy/prometheus-rules.yaml --dashboard deploy/grafana-dashboard.json
+}
+
+# The daemon's scrape above asked for no format: the classic text format,
+# which promtool reads. (promtool 2.42 reads only that format; the
+# OpenMetrics one is read by Prometheus itself in the live test.)
+classic_scrape_lints() {
+    if grep -q '^# EOF' "$WORK/scrape"; then
+        echo "a scrape without an Accept header got OpenMetrics"
+        return 1
+    fi
+    promtool check metrics <"$WORK/scrape"
+}
+if [ -s "$WORK/scrape" ]; then
+    run "promtool check metrics: the daemon's scrape (classic text format)" classic_scrape_lints
+fi
+
+if [ -z "$BIN" ]; then
+    skip "live Prometheus: alerts fire and resolve, dashboard queries" "no static binary"
+elif [ "$(id -u)" -ne 0 ]; then
+    skip "live Prometheus: alerts fire and resolve, dashboard queries" "not root (mounts a tmpfs)"
+elif run "live Prometheus: prometheus binary (Debian package)" live_prometheus_tools; then
+    CHECK_DEPLOY_VERBOSE=1 run "live Prometheus: alerts fire and resolve, dashboard queries" live_prometheus
+fi
+
 # --- systemd ----------------------------------------------------------------
 
 verify_unit() {

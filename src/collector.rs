@@ -368,7 +368,14 @@ impl<R: Runtime> Collector<R> {
                 info!(path = %store.path().display(), "no state file: starting with no history");
                 Records::new()
             }
-            Loaded::Records { records, saved_at } => {
+            Loaded::Records {
+                records,
+                saved_at,
+                last_success,
+            } => {
+                if let Some(at) = last_success {
+                    metrics.restore_last_success(at);
+                }
                 info!(
                     path = %store.path().display(),
                     records = records.len(),
@@ -774,7 +781,9 @@ impl<R: Runtime> Collector<R> {
         let store = self.store.clone();
         let records = self.records.clone();
         let now = self.clock.now();
-        let result = tokio::task::spawn_blocking(move || store.save(&records, now)).await;
+        let last_success = self.metrics.last_success();
+        let result =
+            tokio::task::spawn_blocking(move || store.save_with_last_success(&records, now, last_success)).await;
         match result {
             Ok(Ok(())) => {
                 debug!(records = self.records.len(), "state saved");
@@ -929,7 +938,7 @@ impl<R: Runtime> Collector<R> {
         };
         report.before.get_or_insert(stats);
         report.after = Some(stats);
-        self.publish_usage(&stats);
+        self.publish_usage(config, &stats);
         self.check_eviction_threshold(config, &stats);
         let target = SpaceTarget::new(config);
         if !target.due(&stats) {
@@ -1004,7 +1013,7 @@ impl<R: Runtime> Collector<R> {
             }
         }
         report.after = Some(stats);
-        self.publish_usage(&stats);
+        self.publish_usage(config, &stats);
         let done = match estimate {
             Some(left) => left == 0,
             None => target.reached(&stats),
@@ -1045,9 +1054,10 @@ impl<R: Runtime> Collector<R> {
         }
     }
 
-    fn publish_usage(&self, stats: &FsStats) {
+    fn publish_usage(&self, config: &Config, stats: &FsStats) {
         self.metrics.set_usage_ratio(stats.usage_ratio());
         self.metrics.set_filesystem(stats.capacity_bytes, stats.available());
+        self.metrics.set_space_pass_due(SpaceTarget::new(config).due(stats));
     }
 
     /// Removes one candidate after re-checking that it is not in use.
@@ -1567,6 +1577,70 @@ mod tests {
         sim.with(|s| s.images.retain(|i| i.id != "b"));
         cycle(&mut c).await;
         assert_ne!(read(), third);
+    }
+
+    fn sample(c: &Collector<SimHandle>, name: &str) -> Option<String> {
+        let text = c.metrics().encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ').map(str::to_owned))
+    }
+
+    #[tokio::test]
+    async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pass_due() {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            s.images = vec![image("a", 10)];
+            s.containers = vec![crate::testing::container_naming("c", "a")];
+            // 69.55 % used: the exact ratio is under 70 %, the kubelet's
+            // whole percent is 70.
+            (s.capacity, s.available) = (10_000, 3_045);
+        });
+        let (mut c, _dir) = collector(&sim, |config| {
+            config.gc.high_threshold_percent = 70;
+            config.gc.low_threshold_percent = 50;
+        });
+        let report = cycle(&mut c).await;
+        assert!(report.space_pass, "imagegc itself runs the space pass");
+        assert_eq!(sample(&c, "imagegc_space_pass_due").as_deref(), Some("1"));
+
+        // Freed to 69 % (rounded up): no pass due any more.
+        sim.with(|s| s.available = 3_150);
+        cycle(&mut c).await;
+        assert_eq!(sample(&c, "imagegc_space_pass_due").as_deref(), Some("0"));
+    }
+
+    #[tokio::test]
+    async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
+        let sim = SimHandle::default();
+        sim.with(|s| (s.capacity, s.available) = (1000, 900));
+        let (mut c, dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert_eq!(report.outcome, Outcome::Success);
+        let before = c.metrics().last_success().expect("a success");
+        c.save().await;
+        drop(c);
+
+        let restarted = Collector::new(
+            sim.clone(),
+            Arc::new({
+                let mut config = Config::default();
+                config.state.dir = dir.path().to_path_buf();
+                config
+            }),
+            Arc::new(sim.clone()),
+            Arc::new(Metrics::new()),
+            Clock::starting_at(SystemTime::now()),
+        );
+        let restored = restarted
+            .metrics()
+            .last_success()
+            .expect("restored from the state file");
+        let millis = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis();
+        assert_eq!(millis(restored), millis(before));
+        assert_ne!(
+            sample(&restarted, "imagegc_last_success_timestamp_seconds").as_deref(),
+            Some("0.0")
+        );
     }
 
     // KUBELET.md scenario 9: below the low threshold nothing is removed.

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::daemon::Health;
-use crate::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
+use crate::metrics::{CLASSIC_CONTENT_TYPE, Metrics, OPENMETRICS_CONTENT_TYPE};
 
 /// Largest request head (request line and headers) accepted, in bytes. A scrape
 /// or a probe sends a few hundred; larger heads get 431.
@@ -280,10 +280,19 @@ fn route(request: &Request<Incoming>, has_body: bool, metrics: &Metrics, health:
     }
     match path {
         "/metrics" => {
-            let mut response = Response::new(Full::new(Bytes::from(metrics.encode())));
+            let accept = request.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok());
+            let (body, content_type) = if wants_openmetrics(accept.unwrap_or("")) {
+                (metrics.encode(), OPENMETRICS_CONTENT_TYPE)
+            } else {
+                (metrics.encode_classic(), CLASSIC_CONTENT_TYPE)
+            };
+            let mut response = Response::new(Full::new(Bytes::from(body)));
             response
                 .headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE));
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            response
+                .headers_mut()
+                .insert(header::VARY, HeaderValue::from_static("Accept"));
             response
         }
         "/healthz" if health.is_alive() => text(StatusCode::OK, "ok\n"),
@@ -296,6 +305,30 @@ fn route(request: &Request<Incoming>, has_body: bool, metrics: &Metrics, health:
     }
 }
 
+/// True when an `Accept` header asks for OpenMetrics at least as much as
+/// for the classic text format (`text/plain`, `text/*` or `*/*`). No header,
+/// or one that does not name OpenMetrics, gets the classic format, which
+/// every Prometheus and `promtool check metrics` read.
+fn wants_openmetrics(accept: &str) -> bool {
+    let mut openmetrics = 0.0_f32;
+    let mut classic = 0.0_f32;
+    for range in accept.split(',') {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok())
+            .unwrap_or(0.0);
+        match media.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" | "text/*" | "*/*" => classic = classic.max(q),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= classic
+}
+
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
@@ -303,4 +336,23 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_only_when_asked_for_at_least_as_much_as_text() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+                          text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(wants_openmetrics(prometheus));
+        assert!(wants_openmetrics("application/openmetrics-text; version=1.0.0"));
+        assert!(!wants_openmetrics(""));
+        assert!(!wants_openmetrics("*/*"));
+        assert!(!wants_openmetrics("text/plain;version=0.0.4"));
+        assert!(!wants_openmetrics("text/plain;q=1,application/openmetrics-text;q=0.5"));
+        assert!(!wants_openmetrics("application/openmetrics-text;q=0"));
+        assert!(!wants_openmetrics("application/openmetrics-text;q=oops"));
+    }
 }

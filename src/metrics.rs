@@ -87,6 +87,11 @@ struct BuildLabels {
     version: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
 type GaugeF64 = Gauge<f64, AtomicU64>;
 
 /// The metric families imagegc exports. Create one with [`Metrics::new`] and share
@@ -109,6 +114,8 @@ pub struct Metrics {
     repulled: Counter,
     candidates: Gauge,
     space_unreachable: Gauge,
+    space_pass_due: Gauge,
+    node_info: Family<NodeLabels, Gauge>,
 }
 
 /// The families a finished cycle updates, kept together so a [`CycleTimer`] can
@@ -118,6 +125,7 @@ struct CycleFamilies {
     total: Family<ResultLabels, Counter>,
     duration: Histogram,
     last_success: GaugeF64,
+    consecutive_failures: Gauge,
 }
 
 impl CycleFamilies {
@@ -131,6 +139,9 @@ impl CycleFamilies {
         self.duration.observe(duration.as_secs_f64());
         if success {
             self.last_success.set(unix_now_seconds());
+            self.consecutive_failures.set(0);
+        } else {
+            self.consecutive_failures.inc();
         }
     }
 }
@@ -150,7 +161,8 @@ impl Metrics {
         let removed = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "image_garbage_collected",
-            "Images removed by garbage collection, by reason (same name as the kubelet's metric)",
+            "Images removed by garbage collection, by reason (age or space): what the kubelet counts \
+             as kubelet_image_garbage_collected_total{reason}, under that name without its kubelet_ prefix",
             removed.clone(),
         );
         let freed_bytes = Family::<ReasonLabels, Counter>::default();
@@ -176,6 +188,7 @@ impl Metrics {
             total: Family::default(),
             duration: Histogram::new(CYCLE_DURATION_BUCKETS_SECONDS),
             last_success: GaugeF64::default(),
+            consecutive_failures: Gauge::default(),
         };
         registry.register(
             "imagegc_cycles",
@@ -193,10 +206,24 @@ impl Metrics {
         );
         registry.register_with_unit(
             "imagegc_last_success_timestamp",
-            "Unix time at which the last successful cycle finished (0 before the first)",
+            "Unix time at which the last successful cycle finished, restored from the state file \
+             at start (0 before the first success this state directory has seen)",
             Unit::Seconds,
             cycles.last_success.clone(),
         );
+        registry.register(
+            "imagegc_consecutive_failed_cycles",
+            "Cycles that failed in a row since the last successful one (0 after a success)",
+            cycles.consecutive_failures.clone(),
+        );
+        let start_time = GaugeF64::default();
+        registry.register_with_unit(
+            "imagegc_start_time",
+            "Unix time at which this imagegc process started",
+            Unit::Seconds,
+            start_time.clone(),
+        );
+        start_time.set(unix_now_seconds());
 
         let usage_ratio = GaugeF64::default();
         registry.register_with_unit(
@@ -269,11 +296,26 @@ impl Metrics {
              (the image filesystem is full of data that is not images), 0 otherwise",
             space_unreachable.clone(),
         );
+        let space_pass_due = Gauge::default();
+        registry.register(
+            "imagegc_space_pass_due",
+            "1 while image filesystem usage, rounded up to a whole percent as the kubelet does, \
+             is at or above the high threshold (bytes or inodes), so a cycle removes images for space; \
+             0 otherwise",
+            space_pass_due.clone(),
+        );
         let candidates = Gauge::default();
         registry.register(
             "imagegc_removal_candidates",
-            "Images the last plan selected for removal",
+            "Unused images the last plan found removable: old enough for removal by age, or \
+             removable for space should usage reach the high threshold (not all are removed)",
             candidates.clone(),
+        );
+        let node_info = Family::<NodeLabels, Gauge>::default();
+        registry.register(
+            "imagegc_node_info",
+            "Always 1; the node label names the node imagegc runs on (NODE_NAME, else the host name)",
+            node_info.clone(),
         );
 
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -305,6 +347,8 @@ impl Metrics {
             repulled,
             candidates,
             space_unreachable,
+            space_pass_due,
+            node_info,
         }
     }
 
@@ -387,7 +431,40 @@ impl Metrics {
         self.space_unreachable.set(i64::from(unreachable));
     }
 
-    /// How many images the last plan selected for removal.
+    /// Whether usage, as the kubelet rounds it, is at or above the high
+    /// threshold: what decides that a cycle runs the space pass.
+    pub fn set_space_pass_due(&self, due: bool) {
+        self.space_pass_due.set(i64::from(due));
+    }
+
+    /// The node imagegc runs on, as `imagegc_node_info{node}`. Only the last
+    /// name set is exported.
+    pub fn set_node(&self, node: &str) {
+        self.node_info.clear();
+        self.node_info
+            .get_or_create(&NodeLabels { node: node.to_owned() })
+            .set(1);
+    }
+
+    /// The last successful cycle as the state file remembers it, from before
+    /// this process started. Ignored when the gauge already holds a later
+    /// time (a success of this process).
+    pub fn restore_last_success(&self, at: SystemTime) {
+        let seconds = at.duration_since(UNIX_EPOCH).map_or(0.0, |since| since.as_secs_f64());
+        if seconds > self.cycles.last_success.get() {
+            self.cycles.last_success.set(seconds);
+        }
+    }
+
+    /// When the last successful cycle finished, if any is known (this
+    /// process's or one restored from the state file).
+    pub fn last_success(&self) -> Option<SystemTime> {
+        // To the millisecond, as the state file keeps it.
+        let millis = (self.cycles.last_success.get() * 1000.0).round();
+        (millis > 0.0 && millis.is_finite()).then(|| UNIX_EPOCH + Duration::from_millis(millis as u64))
+    }
+
+    /// How many unused images the last plan found removable.
     pub fn set_candidates(&self, candidates: usize) {
         self.candidates.set(saturating_i64(candidates as u64));
     }
@@ -404,10 +481,60 @@ impl Metrics {
         }
         out
     }
+
+    /// The whole exposition in Prometheus's classic text format 0.0.4, for
+    /// clients that do not ask for OpenMetrics. Serve it with
+    /// [`CLASSIC_CONTENT_TYPE`].
+    pub fn encode_classic(&self) -> String {
+        openmetrics_to_classic(&self.encode())
+    }
 }
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The content type of [`Metrics::encode_classic`]'s output: Prometheus's
+/// classic text format.
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Rewrites an OpenMetrics exposition in the classic text format 0.0.4: the
+/// same samples, with the metadata of a counter under its `_total` name (the
+/// name its samples carry), no `# UNIT` lines (the classic format has none)
+/// and no `# EOF`. HELP texts are unescaped from OpenMetrics (`\"`) to the
+/// classic escaping, which knows only `\\` and `\n`.
+fn openmetrics_to_classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let metadata = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|prefix| line.strip_prefix(prefix).map(|rest| (prefix, rest)));
+        match metadata {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let suffix = if counters.contains(name) { "_total" } else { "" };
+                let tail = if prefix == "# HELP " {
+                    tail.replace("\\\"", "\"")
+                } else {
+                    tail.to_owned()
+                };
+                let _ = writeln!(out, "{prefix}{name}{suffix} {tail}");
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
 
 /// Measures one cycle from [`Metrics::cycle_timer`] until [`CycleTimer::finish`],
 /// or until it is dropped, which counts as a failure.
@@ -600,6 +727,77 @@ mod tests {
         assert_has(&metrics, "imagegc_dry_run 1");
         assert_has(&metrics, "imagegc_removal_candidates 4");
         assert_has(&metrics, "imagegc_repulled_after_removal_total 1");
+    }
+
+    #[test]
+    fn failed_cycles_in_a_row_count_up_and_a_success_resets_them() {
+        let metrics = Metrics::new();
+        assert_has(&metrics, "imagegc_consecutive_failed_cycles 0");
+        metrics.cycle_finished(false, Duration::from_secs(1));
+        metrics.cycle_finished(false, Duration::from_secs(1));
+        assert_has(&metrics, "imagegc_consecutive_failed_cycles 2");
+        metrics.cycle_finished(true, Duration::from_secs(1));
+        assert_has(&metrics, "imagegc_consecutive_failed_cycles 0");
+    }
+
+    #[test]
+    fn a_restored_last_success_shows_until_a_later_one() {
+        let metrics = Metrics::new();
+        assert_eq!(metrics.last_success(), None);
+        metrics.restore_last_success(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        assert_has(&metrics, "imagegc_last_success_timestamp_seconds 1700000000.0");
+        metrics.cycle_finished(true, Duration::from_secs(1));
+        let now = metrics.last_success().expect("a success");
+        metrics.restore_last_success(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        assert_eq!(metrics.last_success(), Some(now));
+    }
+
+    #[test]
+    fn the_process_start_and_the_node_are_exported() {
+        let metrics = Metrics::new();
+        let start: f64 = sample_lines(&metrics)
+            .iter()
+            .find_map(|l| l.strip_prefix("imagegc_start_time_seconds "))
+            .expect("start time")
+            .parse()
+            .expect("a number");
+        assert!(start > 1_600_000_000.0, "not a Unix time: {start}");
+        metrics.set_node("node-a");
+        metrics.set_node("worker-1");
+        assert_has(&metrics, r#"imagegc_node_info{node="worker-1"} 1"#);
+        assert!(!metrics.encode().contains("node-a"));
+    }
+
+    #[test]
+    fn the_classic_format_names_counters_with_total_and_has_no_openmetrics_lines() {
+        let metrics = Metrics::new();
+        metrics.removed(Reason::Space, 10);
+        let classic = metrics.encode_classic();
+        let lines: Vec<&str> = classic.lines().collect();
+        for line in [
+            "# TYPE image_garbage_collected_total counter",
+            "# TYPE imagegc_freed_bytes_total counter",
+            "# TYPE imagegc_cycles_total counter",
+            "# TYPE imagegc_cycle_duration_seconds histogram",
+            "# TYPE imagegc_runtime_up gauge",
+            r#"imagegc_freed_bytes_total{reason="space"} 10"#,
+        ] {
+            assert!(lines.contains(&line), "missing {line:?} in:\n{classic}");
+        }
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("# HELP imagegc_removal_failures_total Image removals"))
+        );
+        assert!(!lines.iter().any(|l| l.starts_with("# UNIT ") || *l == "# EOF"));
+        // Every sample of the OpenMetrics form is there, unchanged.
+        let samples = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&classic), samples(&metrics.encode()));
     }
 
     #[test]

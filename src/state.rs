@@ -4,13 +4,15 @@
 //!
 //! ```text
 //! imagegc-state v2 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
-//! {"saved_at":<unix ms>,"records":<how many lines follow>}\n
+//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>]}\n
 //! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...]]\n
 //! ...
 //! ```
 //!
-//! The payload is one JSON value a line: the time of the save and the number
-//! of records, then one array per image, sorted by id. Strings are JSON
+//! The payload is one JSON value a line: the time of the save, the number
+//! of records and, when one is known, the time of the last successful cycle
+//! (so `imagegc_last_success_timestamp_seconds` survives a restart; files
+//! without it still load), then one array per image, sorted by id. Strings are JSON
 //! strings, whose escapes never leave a newline inside a line, so
 //! `tail -n +3 records.state | jq -c` reads the records. The CRC-32 of the
 //! payload and its length are in the header, so a torn or altered file is
@@ -191,6 +193,9 @@ pub enum Loaded {
         records: Records,
         /// When the file was saved, as recorded in it (never later than `now`).
         saved_at: SystemTime,
+        /// The last successful cycle the file remembers (never later than
+        /// `now`); `None` for files written before it was kept.
+        last_success: Option<SystemTime>,
     },
     /// The file was corrupt; it was moved to `moved_to` (None when even the
     /// rename failed) and the collector starts fresh.
@@ -210,6 +215,10 @@ struct Head {
     saved_at: u64,
     /// The number of record lines that follow.
     records: usize,
+    /// When the last successful cycle finished (unix ms); absent in files
+    /// written before it was kept, or before any cycle succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_success: Option<u64>,
 }
 
 /// A record line of version 2 as [`encode`] writes it: id, first seen, last
@@ -242,6 +251,7 @@ struct StoredRecordV1 {
 /// their times as stored.
 struct Decoded {
     saved_at: u64,
+    last_success: Option<u64>,
     /// Keyed the records' own way, so loading builds the map once.
     records: records::HashMap<String, Record>,
 }
@@ -354,8 +364,13 @@ impl StateStore {
             Err(err) => return self.set_aside(Corruption::Unreadable(err.to_string())),
         };
         match decode(&bytes) {
-            Ok(Decoded { saved_at, mut records }) => {
+            Ok(Decoded {
+                saved_at,
+                last_success,
+                mut records,
+            }) => {
                 let saved_at = from_unix_millis(saved_at).min(now);
+                let last_success = last_success.map(|ms| from_unix_millis(ms).min(now));
                 let shift = now
                     .duration_since(saved_at)
                     .unwrap_or_default()
@@ -367,6 +382,7 @@ impl StateStore {
                 Loaded::Records {
                     records: Records::from_loaded(records),
                     saved_at,
+                    last_success,
                 }
             }
             Err(reason) => self.set_aside(reason),
@@ -394,13 +410,24 @@ impl StateStore {
     /// to the file a chunk at a time as it is encoded, each chunk handed to
     /// the disk at once, so the final fsync has little left to wait for.
     pub fn save(&self, records: &Records, now: SystemTime) -> Result<(), StateError> {
+        self.save_with_last_success(records, now, None)
+    }
+
+    /// [`StateStore::save`], remembering also when the last successful cycle
+    /// finished.
+    pub fn save_with_last_success(
+        &self,
+        records: &Records,
+        now: SystemTime,
+        last_success: Option<SystemTime>,
+    ) -> Result<(), StateError> {
         if self.read_only {
             return Err(StateError::ReadOnly { path: self.dir.clone() });
         }
         self.write_atomic(|mut file| {
             file.write_all(&[b' '; HEADER_BYTES])?;
             let mut at = HEADER_BYTES;
-            let (crc, len) = encode_payload(records, now, |chunk| {
+            let (crc, len) = encode_payload(records, now, last_success, |chunk| {
                 file.write_all(chunk)?;
                 start_writeback(file, at, chunk.len());
                 at += chunk.len();
@@ -597,7 +624,7 @@ const CHUNK_BYTES: usize = 256 * 1024;
 /// The file's bytes for these records.
 pub fn encode(records: &Records, now: SystemTime) -> Vec<u8> {
     let mut bytes = vec![b' '; HEADER_BYTES];
-    let (crc, len) = encode_payload(records, now, |chunk| {
+    let (crc, len) = encode_payload(records, now, None, |chunk| {
         bytes.extend_from_slice(chunk);
         Ok(())
     })
@@ -611,6 +638,7 @@ pub fn encode(records: &Records, now: SystemTime) -> Vec<u8> {
 fn encode_payload(
     records: &Records,
     now: SystemTime,
+    last_success: Option<SystemTime>,
     mut out: impl FnMut(&[u8]) -> io::Result<()>,
 ) -> io::Result<(u32, usize)> {
     let mut sorted: Vec<(&String, &Record)> = records.iter().collect();
@@ -629,6 +657,7 @@ fn encode_payload(
     let head = Head {
         saved_at: to_unix_millis(now),
         records: sorted.len(),
+        last_success: last_success.map(to_unix_millis),
     };
     serde_json::to_writer(&mut chunk, &head).expect(json);
     chunk.push(b'\n');
@@ -749,6 +778,7 @@ fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
         .collect();
     Ok(Decoded {
         saved_at: payload.saved_at,
+        last_success: None,
         records,
     })
 }
@@ -792,6 +822,7 @@ fn decode_v2(payload: &[u8]) -> Result<Decoded, Corruption> {
     }
     Ok(Decoded {
         saved_at: head.saved_at,
+        last_success: head.last_success,
         records,
     })
 }
@@ -819,11 +850,53 @@ mod tests {
     }
 
     #[test]
+    fn the_last_successful_cycle_survives_a_save_and_a_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state"));
+        store.save_with_last_success(&sample(), t(5), Some(t(4))).unwrap();
+        let Loaded::Records { last_success, .. } = store.load(t(6), Duration::from_secs(300)) else {
+            panic!("not loaded")
+        };
+        assert_eq!(last_success, Some(t(4)));
+        let head = fs::read_to_string(store.path()).unwrap();
+        assert!(
+            head.lines().nth(1).unwrap().contains(r#""last_success":1700000004000"#),
+            "{head}"
+        );
+    }
+
+    #[test]
+    fn a_state_file_without_a_last_success_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state"));
+        store.save(&sample(), t(5)).unwrap();
+        assert!(!fs::read_to_string(store.path()).unwrap().contains("last_success"));
+        let Loaded::Records {
+            records, last_success, ..
+        } = store.load(t(6), Duration::from_secs(300))
+        else {
+            panic!("not loaded")
+        };
+        assert_eq!((records.len(), last_success), (2, None));
+    }
+
+    #[test]
+    fn a_last_success_from_the_future_is_brought_back_to_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state"));
+        store.save_with_last_success(&sample(), t(5), Some(t(500))).unwrap();
+        let Loaded::Records { last_success, .. } = store.load(t(6), Duration::from_secs(300)) else {
+            panic!("not loaded")
+        };
+        assert_eq!(last_success, Some(t(6)));
+    }
+
+    #[test]
     fn save_and_load_round_trip_marks_history() {
         let dir = tempfile::tempdir().unwrap();
         let store = StateStore::new(dir.path().join("state"));
         store.save(&sample(), t(5)).unwrap();
-        let Loaded::Records { records, saved_at } = store.load(t(6), Duration::from_secs(300)) else {
+        let Loaded::Records { records, saved_at, .. } = store.load(t(6), Duration::from_secs(300)) else {
             panic!("not loaded")
         };
         assert_eq!(saved_at, t(5));
@@ -916,7 +989,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = StateStore::new(dir.path());
         fs::write(store.path(), bytes).unwrap();
-        let Loaded::Records { records, saved_at } = store.load(t(60), Duration::MAX) else {
+        let Loaded::Records { records, saved_at, .. } = store.load(t(60), Duration::MAX) else {
             panic!("not loaded")
         };
         assert_eq!(saved_at, t(60));
@@ -934,7 +1007,7 @@ mod tests {
         // One line for the header, one for the save time, one a record:
         // the escapes keep every newline in a name out of the file.
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 2 + 4);
-        let Loaded::Records { records, saved_at } = store.load(t(60), Duration::MAX) else {
+        let Loaded::Records { records, saved_at, .. } = store.load(t(60), Duration::MAX) else {
             panic!("not loaded")
         };
         assert_eq!(saved_at, t(60));
@@ -1088,7 +1161,8 @@ mod tests {
         let store = StateStore::new(dir.path());
         store.save(&sample(), t(1000)).unwrap();
         // The clock went back 1000 s: nothing may look used in the future.
-        let Loaded::Records { records, saved_at } = store.load(t(0) - Duration::from_secs(500), Duration::ZERO) else {
+        let Loaded::Records { records, saved_at, .. } = store.load(t(0) - Duration::from_secs(500), Duration::ZERO)
+        else {
             panic!()
         };
         let now = t(0) - Duration::from_secs(500);

@@ -770,6 +770,55 @@ async fn metrics_after_a_cycle_that_removes_two_images_by_space() {
     assert_eq!(daemon.get("/healthz").await.0, 200);
 }
 
+#[tokio::test]
+async fn a_restarted_daemon_reports_the_last_success_of_the_one_before_and_its_node() {
+    let fake = FakeRuntime::new();
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let endpoint = server.endpoint();
+    let config = dir.path().join("imagegc.toml");
+    let addr = free_local_addr();
+    Settings {
+        interval: "1h",
+        listen: Some(addr),
+        ..Settings::new(dir.path())
+    }
+    .write(&config);
+    let state = dir.path().join("state");
+    let node = [("NODE_NAME", "worker-7")];
+
+    let mut daemon = Daemon::spawn_with_env(&config, &endpoint, &state, Some(addr), &node);
+    let deadline = Instant::now() + secs(10);
+    let before = loop {
+        let stamp = daemon.metric("imagegc_last_success_timestamp_seconds").await;
+        if let Some(stamp) = stamp.filter(|s| *s > 0.0) {
+            break stamp;
+        }
+        assert!(Instant::now() < deadline, "no successful cycle:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(daemon.metric(r#"imagegc_node_info{node="worker-7"}"#).await, Some(1.0));
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.exited_within(secs(10)).await.is_some_and(|s| s.success()));
+
+    // The runtime is down: the restarted daemon's cycles cannot succeed.
+    server.shutdown().await;
+    let mut daemon = Daemon::spawn_with_env(&config, &endpoint, &state, Some(addr), &node);
+    let deadline = Instant::now() + secs(10);
+    while daemon.metric(r#"imagegc_cycles_total{result="failure"}"#).await < Some(1.0) {
+        assert!(Instant::now() < deadline, "no failed cycle:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = daemon
+        .metric("imagegc_last_success_timestamp_seconds")
+        .await
+        .expect("the last success");
+    assert!(
+        (after - before).abs() < 0.002,
+        "last success {after} after the restart, {before} before it"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Signals.
 

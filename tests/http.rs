@@ -140,13 +140,24 @@ fn closed_by_server(stream: &mut TcpStream) -> bool {
     }
 }
 
+/// The `Accept` header Prometheus 2.x sends on every scrape.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+async fn get_accepting(addr: SocketAddr, path: &str, accept: &str) -> Response {
+    exchange(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: node\r\nAccept: {accept}\r\n\r\n"),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn metrics_are_served_in_the_openmetrics_format() {
     let server = start().await;
     server.metrics.removed(Reason::Space, 4096);
     server.metrics.removed(Reason::Space, 4096);
 
-    let response = get(server.addr, "/metrics").await;
+    let response = get_accepting(server.addr, "/metrics", PROMETHEUS_ACCEPT).await;
 
     assert_eq!(response.status, 200);
     assert_eq!(
@@ -165,6 +176,48 @@ async fn metrics_are_served_in_the_openmetrics_format() {
         );
     }
     assert!(response.body.ends_with("# EOF\n"));
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_ask_for_openmetrics_gets_the_classic_text_format() {
+    let server = start().await;
+    server.metrics.removed(Reason::Age, 100);
+
+    for accept in [None, Some("text/plain;version=0.0.4"), Some("*/*")] {
+        let response = match accept {
+            Some(accept) => get_accepting(server.addr, "/metrics", accept).await,
+            None => get(server.addr, "/metrics").await,
+        };
+
+        assert_eq!(response.status, 200);
+        assert_eq!(
+            response.header("content-type"),
+            Some("text/plain; version=0.0.4; charset=utf-8"),
+            "Accept: {accept:?}"
+        );
+        let lines: Vec<&str> = response.body.lines().collect();
+        for line in [
+            "# TYPE image_garbage_collected_total counter",
+            "# TYPE imagegc_freed_bytes_total counter",
+            "# TYPE imagegc_runtime_up gauge",
+            r#"image_garbage_collected_total{reason="age"} 1"#,
+            r#"imagegc_freed_bytes_total{reason="age"} 100"#,
+        ] {
+            assert!(lines.contains(&line), "missing {line:?} in:\n{}", response.body);
+        }
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("# HELP image_garbage_collected_total ")),
+            "a counter's help is not under its _total name:\n{}",
+            response.body
+        );
+        assert!(
+            !lines.iter().any(|l| *l == "# EOF" || l.starts_with("# UNIT ")),
+            "OpenMetrics-only lines in the classic format:\n{}",
+            response.body
+        );
+    }
 }
 
 #[tokio::test]

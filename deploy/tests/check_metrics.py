@@ -49,8 +49,15 @@ EXPORTED = {
     "imagegc_dry_run": {},
     "imagegc_repulled_after_removal_total": {},
     "imagegc_removal_candidates": {},
+    "imagegc_space_unreachable": {},
+    "imagegc_space_pass_due": {},
+    "imagegc_consecutive_failed_cycles": {},
+    "imagegc_start_time_seconds": {},
+    "imagegc_node_info": {"node": None},  # any value
     "imagegc_build_info": {"version": None},  # any value
 }
+# Series Prometheus itself adds for every target, which rules may use.
+PROMETHEUS_SERIES = {"up": {}}
 HISTOGRAMS = {"imagegc_cycle_duration_seconds"}
 
 # Grafana's variables, replaced by something PromQL can parse.
@@ -191,6 +198,21 @@ def check_dashboard(path, checker, emitted):
             checker.check_expr(f"{where} variable ${name}", expr)
             check_datasource(f"{where} variable ${name}", v.get("datasource"))
 
+    # A variable that panels filter on and that depends on another one
+    # must not have a custom "All" value such as ".*": All would then
+    # match every series, whatever the other variable selects.
+    panel_exprs = json.dumps(dash.get("panels", []))
+    for name, v in variables.items():
+        query = v.get("query")
+        query = query.get("query") if isinstance(query, dict) else query
+        depends = VARIABLE.search(query or "")
+        used = re.search(r"\$(\{)?" + re.escape(name) + r"\b", panel_exprs)
+        if depends and used and v.get("includeAll") and v.get("allValue"):
+            checker.problem(
+                f"{where} variable ${name}",
+                f"depends on another variable but its All value {v['allValue']!r} ignores it",
+            )
+
     ids = set()
     cells = {}
     panels = []
@@ -238,7 +260,21 @@ def check_dashboard(path, checker, emitted):
             emitted.append(concrete)
 
 
+RUNBOOK = "https://github.com/imagegc/imagegc/blob/main/docs/runbook.md#"
+
+
+def runbook_sections(rules_path):
+    """The alert names docs/runbook.md has a `## Name` section for."""
+    runbook = os.path.join(os.path.dirname(os.path.abspath(rules_path)), "..", "docs", "runbook.md")
+    try:
+        with open(runbook, encoding="utf-8") as f:
+            return {line[3:].strip() for line in f if line.startswith("## ")}
+    except OSError:
+        return set()
+
+
 def check_rules(path, checker):
+    sections = runbook_sections(path)
     with open(path, encoding="utf-8") as f:
         doc = yaml.safe_load(f)
     if doc.get("kind") == "PrometheusRule":
@@ -253,9 +289,21 @@ def check_rules(path, checker):
                 annotations = rule.get("annotations", {})
                 if labels.get("severity") not in ("info", "warning", "critical"):
                     checker.problem(f"{where} {name}", "needs a severity label: info, warning or critical")
-                for key in ("summary", "description"):
-                    if "$labels.instance" not in annotations.get(key, ""):
-                        checker.problem(f"{where} {name}", f"annotation {key} should name $labels.instance")
+                # An alert about one imagegc names its node, or its
+                # instance where the scrape adds no node label; absent()
+                # has neither.
+                if not str(rule.get("expr", "")).startswith("absent("):
+                    for key in ("summary", "description"):
+                        text = annotations.get(key, "")
+                        if "$labels.instance" not in text or "$labels.node" not in text:
+                            checker.problem(f"{where} {name}", f"annotation {key} should name $labels.node and $labels.instance")
+                if name not in sections:
+                    checker.problem(f"{where} {name}", "docs/runbook.md has no section for it")
+                if annotations.get("runbook_url") != RUNBOOK + name.lower():
+                    checker.problem(f"{where} {name}", f"runbook_url should be {RUNBOOK + name.lower()}")
+                for key, text in annotations.items():
+                    if re.search(r"\b\d+ (seconds|minutes|hours)\b|last hour", text):
+                        checker.problem(f"{where} {name}", f"annotation {key} names a window, which users scale: {text}")
 
 
 def main():
@@ -284,6 +332,7 @@ def main():
             for name, labels in scraped.items()
         }
 
+    series.update(PROMETHEUS_SERIES)
     checker = Checker(series)
     emitted = []
     check_dashboard(args.dashboard, checker, emitted)

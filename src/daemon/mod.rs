@@ -63,6 +63,22 @@ enum UsageSource {
     Reconnect(Instant, Duration),
 }
 
+/// The node's name for `imagegc_node_info`: `NODE_NAME` (the DaemonSet sets
+/// it from `spec.nodeName`), else the host name (a systemd install).
+fn node_name() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 /// Runs the collector until `shutdown` is cancelled. Returns after the state
 /// was saved.
 pub async fn run<R: Runtime>(
@@ -78,6 +94,7 @@ pub async fn run<R: Runtime>(
              imagegc still tracks image use and serves metrics"
         );
     }
+    collector.metrics().set_node(&node_name());
     sd_notify("READY=1");
     let mut next_cycle = Instant::now();
     let mut next_poll = Instant::now() + config.gc.usage_poll_interval;

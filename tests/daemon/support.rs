@@ -246,9 +246,22 @@ impl Daemon {
     /// Starts `imagegc run` with the configuration at `config`, its log
     /// (debug for imagegc itself) going to `<config>.stderr`.
     pub fn spawn(config: &Path, endpoint: &str, state_dir: &Path, addr: Option<SocketAddr>) -> Daemon {
+        Daemon::spawn_with_env(config, endpoint, state_dir, addr, &[])
+    }
+
+    /// [`Daemon::spawn`] with environment variables set, such as the
+    /// `NODE_NAME` the DaemonSet sets.
+    pub fn spawn_with_env(
+        config: &Path,
+        endpoint: &str,
+        state_dir: &Path,
+        addr: Option<SocketAddr>,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let stderr_path = config.with_extension("stderr");
         let stderr = File::create(&stderr_path).unwrap();
         let child = imagegc(config, endpoint, state_dir)
+            .envs(env.iter().copied())
             .args(["--log-level", "info,imagegc=debug", "run"])
             .stdout(Stdio::null())
             .stderr(stderr)

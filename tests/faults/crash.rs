@@ -90,7 +90,7 @@ fn sigkill_during_saves_never_leaves_a_torn_state() {
                 assert_eq!(latest, 0, "{what}: the state vanished after generation {latest}");
                 fresh += 1;
             }
-            Loaded::Records { records, saved_at } => {
+            Loaded::Records { records, saved_at, .. } => {
                 let g = to_unix_millis(saved_at);
                 assert!(g >= latest, "{what}: the state went back from {latest} to {g}");
                 assert_eq!(
