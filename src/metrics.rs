@@ -99,22 +99,40 @@ type GaugeF64 = Gauge<f64, AtomicU64>;
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    removals: RemovalFamilies,
+    cycles: CycleFamilies,
+    filesystem: FilesystemFamilies,
+    node: NodeFamilies,
+}
+
+/// What removals did: counted, measured, refused, undone by a re-pull.
+#[derive(Debug)]
+struct RemovalFamilies {
     removed: Family<ReasonLabels, Counter>,
     freed_bytes: Family<ReasonLabels, Counter>,
     removal_failures: Counter,
-    cycles: CycleFamilies,
+    repulled: Counter,
+}
+
+/// The image filesystem, the thresholds and what the collector decides on.
+#[derive(Debug)]
+struct FilesystemFamilies {
     usage_ratio: GaugeF64,
     capacity_bytes: Gauge,
     available_bytes: Gauge,
     high_threshold_ratio: GaugeF64,
     low_threshold_ratio: GaugeF64,
+    space_unreachable: Gauge,
+    space_pass_due: Gauge,
+}
+
+/// The node's images, the runtime, and this process.
+#[derive(Debug)]
+struct NodeFamilies {
     images: Family<StateLabels, Gauge>,
     runtime_up: Gauge,
     dry_run: Gauge,
-    repulled: Counter,
     candidates: Gauge,
-    space_unreachable: Gauge,
-    space_pass_due: Gauge,
     node_info: Family<NodeLabels, Gauge>,
 }
 
@@ -152,12 +170,8 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    /// Registers every family. Labelled series that are known in advance are
-    /// created at zero, so `rate()` and absence alerts work before the first event.
-    pub fn new() -> Metrics {
-        let mut registry = Registry::default();
-
+impl RemovalFamilies {
+    fn register(registry: &mut Registry) -> Self {
         let removed = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "image_garbage_collected",
@@ -184,6 +198,25 @@ impl Metrics {
             removal_failures.clone(),
         );
 
+        let repulled = Counter::default();
+        registry.register(
+            "imagegc_repulled_after_removal",
+            "Images pulled again soon after imagegc removed them (a sign of thrashing)",
+            repulled.clone(),
+        );
+        RemovalFamilies {
+            removed,
+            freed_bytes,
+            removal_failures,
+            repulled,
+        }
+    }
+}
+
+impl CycleFamilies {
+    /// The cycle families, and the process start time beside them (what
+    /// restart-aware alerts compare the last success with).
+    fn register(registry: &mut Registry) -> Self {
         let cycles = CycleFamilies {
             total: Family::default(),
             duration: Histogram::new(CYCLE_DURATION_BUCKETS_SECONDS),
@@ -225,6 +258,12 @@ impl Metrics {
         );
         start_time.set(unix_now_seconds());
 
+        cycles
+    }
+}
+
+impl FilesystemFamilies {
+    fn register(registry: &mut Registry) -> Self {
         let usage_ratio = GaugeF64::default();
         registry.register_with_unit(
             "imagegc_image_filesystem_usage",
@@ -261,6 +300,36 @@ impl Metrics {
             low_threshold_ratio.clone(),
         );
 
+        let space_unreachable = Gauge::default();
+        registry.register(
+            "imagegc_space_unreachable",
+            "1 while removing every removable image could not bring usage to the low threshold \
+             (the image filesystem is full of data that is not images), 0 otherwise",
+            space_unreachable.clone(),
+        );
+        let space_pass_due = Gauge::default();
+        registry.register(
+            "imagegc_space_pass_due",
+            "1 while image filesystem usage, rounded up to a whole percent as the kubelet does, \
+             is at or above the high threshold (bytes or inodes), so a cycle removes images for space; \
+             0 otherwise",
+            space_pass_due.clone(),
+        );
+        FilesystemFamilies {
+            usage_ratio,
+            capacity_bytes,
+            available_bytes,
+            high_threshold_ratio,
+            low_threshold_ratio,
+            space_unreachable,
+            space_pass_due,
+        }
+    }
+}
+
+impl NodeFamilies {
+    /// The node's families, and `imagegc_build_info`.
+    fn register(registry: &mut Registry) -> Self {
         let images = Family::<StateLabels, Gauge>::default();
         registry.register(
             "imagegc_images",
@@ -282,27 +351,6 @@ impl Metrics {
             "imagegc_dry_run",
             "1 if imagegc only reports what it would remove, 0 if it removes",
             dry_run.clone(),
-        );
-        let repulled = Counter::default();
-        registry.register(
-            "imagegc_repulled_after_removal",
-            "Images pulled again soon after imagegc removed them (a sign of thrashing)",
-            repulled.clone(),
-        );
-        let space_unreachable = Gauge::default();
-        registry.register(
-            "imagegc_space_unreachable",
-            "1 while removing every removable image could not bring usage to the low threshold \
-             (the image filesystem is full of data that is not images), 0 otherwise",
-            space_unreachable.clone(),
-        );
-        let space_pass_due = Gauge::default();
-        registry.register(
-            "imagegc_space_pass_due",
-            "1 while image filesystem usage, rounded up to a whole percent as the kubelet does, \
-             is at or above the high threshold (bytes or inodes), so a cycle removes images for space; \
-             0 otherwise",
-            space_pass_due.clone(),
         );
         let candidates = Gauge::default();
         registry.register(
@@ -330,25 +378,31 @@ impl Metrics {
             })
             .set(1);
 
-        Metrics {
-            registry,
-            removed,
-            freed_bytes,
-            removal_failures,
-            cycles,
-            usage_ratio,
-            capacity_bytes,
-            available_bytes,
-            high_threshold_ratio,
-            low_threshold_ratio,
+        NodeFamilies {
             images,
             runtime_up,
             dry_run,
-            repulled,
             candidates,
-            space_unreachable,
-            space_pass_due,
             node_info,
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every family. Labelled series that are known in advance are
+    /// created at zero, so `rate()` and absence alerts work before the first event.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let removals = RemovalFamilies::register(&mut registry);
+        let cycles = CycleFamilies::register(&mut registry);
+        let filesystem = FilesystemFamilies::register(&mut registry);
+        let node = NodeFamilies::register(&mut registry);
+        Metrics {
+            registry,
+            removals,
+            cycles,
+            filesystem,
+            node,
         }
     }
 
@@ -356,13 +410,13 @@ impl Metrics {
     /// image filesystem.
     pub fn removed(&self, reason: Reason, freed_bytes: u64) {
         let labels = ReasonLabels { reason };
-        self.removed.get_or_create(&labels).inc();
-        self.freed_bytes.get_or_create(&labels).inc_by(freed_bytes);
+        self.removals.removed.get_or_create(&labels).inc();
+        self.removals.freed_bytes.get_or_create(&labels).inc_by(freed_bytes);
     }
 
     /// The runtime failed to remove an image.
     pub fn removal_failed(&self) {
-        self.removal_failures.inc();
+        self.removals.removal_failures.inc();
     }
 
     /// A cycle ended. Prefer [`Metrics::cycle_timer`], which cannot forget to call this.
@@ -382,20 +436,22 @@ impl Metrics {
 
     /// Used fraction of the image filesystem, 0 to 1.
     pub fn set_usage_ratio(&self, ratio: f64) {
-        self.usage_ratio.set(ratio);
+        self.filesystem.usage_ratio.set(ratio);
     }
 
     /// Capacity and available bytes of the image filesystem.
     pub fn set_filesystem(&self, capacity_bytes: u64, available_bytes: u64) {
-        self.capacity_bytes.set(saturating_i64(capacity_bytes));
-        self.available_bytes.set(saturating_i64(available_bytes));
+        self.filesystem.capacity_bytes.set(saturating_i64(capacity_bytes));
+        self.filesystem.available_bytes.set(saturating_i64(available_bytes));
     }
 
     /// The configured thresholds, in percent as in the configuration; exported as
     /// ratios so they share an axis with the usage ratio.
     pub fn set_thresholds(&self, high_percent: u8, low_percent: u8) {
-        self.high_threshold_ratio.set(f64::from(high_percent) / 100.0);
-        self.low_threshold_ratio.set(f64::from(low_percent) / 100.0);
+        self.filesystem
+            .high_threshold_ratio
+            .set(f64::from(high_percent) / 100.0);
+        self.filesystem.low_threshold_ratio.set(f64::from(low_percent) / 100.0);
     }
 
     /// How many images the last snapshot had in each state.
@@ -405,7 +461,8 @@ impl Metrics {
             (ImageState::Unused, unused),
             (ImageState::Protected, protected),
         ] {
-            self.images
+            self.node
+                .images
                 .get_or_create(&StateLabels { state })
                 .set(saturating_i64(count as u64));
         }
@@ -413,35 +470,36 @@ impl Metrics {
 
     /// Whether the last call to the runtime succeeded.
     pub fn set_runtime_up(&self, up: bool) {
-        self.runtime_up.set(i64::from(up));
+        self.node.runtime_up.set(i64::from(up));
     }
 
     /// Whether imagegc runs in dry-run mode.
     pub fn set_dry_run(&self, dry_run: bool) {
-        self.dry_run.set(i64::from(dry_run));
+        self.node.dry_run.set(i64::from(dry_run));
     }
 
     /// An image imagegc removed was pulled again.
     pub fn repulled(&self) {
-        self.repulled.inc();
+        self.removals.repulled.inc();
     }
 
     /// Whether images can bring usage to the low threshold.
     pub fn set_space_unreachable(&self, unreachable: bool) {
-        self.space_unreachable.set(i64::from(unreachable));
+        self.filesystem.space_unreachable.set(i64::from(unreachable));
     }
 
     /// Whether usage, as the kubelet rounds it, is at or above the high
     /// threshold: what decides that a cycle runs the space pass.
     pub fn set_space_pass_due(&self, due: bool) {
-        self.space_pass_due.set(i64::from(due));
+        self.filesystem.space_pass_due.set(i64::from(due));
     }
 
     /// The node imagegc runs on, as `imagegc_node_info{node}`. Only the last
     /// name set is exported.
     pub fn set_node(&self, node: &str) {
-        self.node_info.clear();
-        self.node_info
+        self.node.node_info.clear();
+        self.node
+            .node_info
             .get_or_create(&NodeLabels { node: node.to_owned() })
             .set(1);
     }
@@ -466,7 +524,7 @@ impl Metrics {
 
     /// How many unused images the last plan found removable.
     pub fn set_candidates(&self, candidates: usize) {
-        self.candidates.set(saturating_i64(candidates as u64));
+        self.node.candidates.set(saturating_i64(candidates as u64));
     }
 
     /// The whole exposition in the OpenMetrics text format, `# EOF` included. Serve
