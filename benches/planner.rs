@@ -21,8 +21,9 @@ use std::time::{Duration, SystemTime};
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use imagegc::config::Config;
+use imagegc::cri::Snapshot;
 use imagegc::cri::{Container, ContainerState, Image};
-use imagegc::policy::{self, Snapshot};
+use imagegc::policy;
 use imagegc::records::Records;
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];

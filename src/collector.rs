@@ -32,13 +32,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
+use crate::cri::Snapshot;
 use crate::cri::{Container, ContainerEvent, Image, Removed, Runtime, RuntimeError};
 use crate::daemon::Health;
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::journal::{Journal, JournalEntry};
 use crate::matching::{self, InUse};
 use crate::metrics::Metrics;
-use crate::policy::{self, Candidate, Plan, Reason, Snapshot, SpaceOutlook, SpaceTarget};
+use crate::policy::{self, Candidate, Plan, Reason, SpaceOutlook, SpaceTarget};
 use crate::records::{self, HashMap, Records};
 use crate::report::CycleError;
 pub use crate::report::{CycleReport, Outcome, Removal};

@@ -13,35 +13,11 @@ use std::collections::hash_map::Entry;
 use std::time::{Duration, SystemTime};
 
 use crate::config::Config;
-use crate::cri::{Container, Image};
+use crate::cri::{Image, Snapshot};
 use crate::fs::FsStats;
 use crate::matching::References;
 use crate::records::{HashMap, Records};
 use crate::reference::{self, ProtectPattern};
-
-/// What the runtime reported in one listing.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// Every image the runtime lists (`ListImages`), one entry per id.
-    pub images: Vec<Image>,
-    /// Every container in every state (`ListContainers`), with the images
-    /// they mount as volumes filled in; each keeps the images it names in use.
-    pub containers: Vec<Container>,
-    /// The sandbox (pause) images: `runtime.sandbox_image`, and what the
-    /// runtime names in its status or its pods' statuses. Empty when none
-    /// of them tells (see [`Snapshot::sandbox_unknown`]).
-    pub sandbox_images: Vec<String>,
-}
-
-impl Snapshot {
-    /// True when nothing tells which image is the sandbox image: no source
-    /// names it, and the runtime pins no image (containerd 2.x and CRI-O
-    /// 1.36 pin their sandbox image, which protects it; CRI-O 1.26 pins
-    /// nothing). Then no image that no container has ever used is removed.
-    pub fn sandbox_unknown(&self) -> bool {
-        self.sandbox_images.is_empty() && !self.images.iter().any(|i| i.pinned)
-    }
-}
 
 /// Why an image is removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -516,6 +492,7 @@ fn keep_recent<'a>(snapshot: &'a Snapshot, records: &Records, keep: u32) -> Hash
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cri::Container;
     use crate::testing::{container_naming as container, library_image as image};
 
     const MIN: Duration = Duration::from_secs(60);

@@ -98,6 +98,30 @@ pub struct Container {
     pub mounted_images: Vec<String>,
 }
 
+/// What the runtime reported in one listing.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Every image the runtime lists (`ListImages`), one entry per id.
+    pub images: Vec<Image>,
+    /// Every container in every state (`ListContainers`), with the images
+    /// they mount as volumes filled in; each keeps the images it names in use.
+    pub containers: Vec<Container>,
+    /// The sandbox (pause) images: `runtime.sandbox_image`, and what the
+    /// runtime names in its status or its pods' statuses. Empty when none
+    /// of them tells (see [`Snapshot::sandbox_unknown`]).
+    pub sandbox_images: Vec<String>,
+}
+
+impl Snapshot {
+    /// True when nothing tells which image is the sandbox image: no source
+    /// names it, and the runtime pins no image (containerd 2.x and CRI-O
+    /// 1.36 pin their sandbox image, which protects it; CRI-O 1.26 pins
+    /// nothing). Then no image that no container has ever used is removed.
+    pub fn sandbox_unknown(&self) -> bool {
+        self.sandbox_images.is_empty() && !self.images.iter().any(|i| i.pinned)
+    }
+}
+
 /// The runtime's name and version, from the CRI `Version` call.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct RuntimeVersion {

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use imagegc::collector::Outcome;
+use imagegc::cri::Snapshot;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
-use imagegc::policy::{self, KeepReason, Reason, Snapshot};
+use imagegc::policy::{self, KeepReason, Reason};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
 use tokio_util::sync::CancellationToken;
