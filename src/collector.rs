@@ -920,6 +920,9 @@ impl<R: Runtime> Collector<R> {
     /// The space pass: when [`SpaceTarget::due`], remove space candidates in
     /// order, re-measuring after each, until [`SpaceTarget::reached`].
     #[allow(clippy::too_many_arguments)] // the cycle's parts, passed down as they are
+    // Long on purpose: the walk measures, decides and removes in one loop,
+    // so the stopping rule (measured low, or the estimate when measuring is
+    // not possible) stays in one place.
     async fn space_pass(
         &mut self,
         config: &Config,
@@ -1061,25 +1064,16 @@ impl<R: Runtime> Collector<R> {
         self.metrics.set_space_pass_due(SpaceTarget::new(config).due(stats));
     }
 
-    /// Removes one candidate after re-checking that it is not in use.
-    /// A runtime error while re-checking ends the cycle: when in doubt, keep.
-    ///
-    /// The re-check lists the containers, then asks the runtime for the
-    /// image as it is now: a name it gained since the cycle's listing (a
-    /// pull, a tag) counts, so a container created under that name keeps
-    /// it. Only what really went is counted and journaled: `NotFound` (a
-    /// second collector, `crictl rmi`) is not this collector's removal, a
-    /// runtime that answers OK and still lists the image did not remove it,
-    /// and a call that timed out or broke is watched until the image is gone
-    /// or the outcome stays unknown (see [`Step::Unknown`]).
-    async fn remove(
+    /// The re-check right before a removal: the image as the runtime holds
+    /// it now, when no container uses it under any of its current names and
+    /// the runtime did not pin it meanwhile; `None` when it is to be kept
+    /// (or is gone already). An error means the check could not be made.
+    async fn recheck(
         &mut self,
         candidate: &Candidate<'_>,
         images: &[Image],
-        disk: &Disk,
-        cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> Result<Step, CycleError> {
+    ) -> Result<Option<Image>, CycleError> {
         debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
             .mounts
@@ -1102,7 +1096,7 @@ impl<R: Runtime> Collector<R> {
         let Some(current) = current else {
             info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
             self.records.remove(candidate.id);
-            return Ok(Step::Kept);
+            return Ok(None);
         };
         // The listing's other images tell which containers' ids and digests
         // name an image exactly (a container whose digest names another
@@ -1119,12 +1113,40 @@ impl<R: Runtime> Collector<R> {
             info!(image = %candidate.id, tags = ?current.repo_tags, "image came into use; keeping it");
             self.records.mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());
-            return Ok(Step::Kept);
+            return Ok(None);
         }
         if current.pinned {
             info!(image = %candidate.id, tags = ?current.repo_tags, "the runtime pinned the image since the listing; keeping it");
-            return Ok(Step::Kept);
+            return Ok(None);
         }
+        Ok(Some(current))
+    }
+
+    /// Removes one candidate after re-checking that it is not in use.
+    /// A runtime error while re-checking ends the cycle: when in doubt, keep.
+    ///
+    /// The re-check lists the containers, then asks the runtime for the
+    /// image as it is now: a name it gained since the cycle's listing (a
+    /// pull, a tag) counts, so a container created under that name keeps
+    /// it. Only what really went is counted and journaled: `NotFound` (a
+    /// second collector, `crictl rmi`) is not this collector's removal, a
+    /// runtime that answers OK and still lists the image did not remove it,
+    /// and a call that timed out or broke is watched until the image is gone
+    /// or the outcome stays unknown (see [`Step::Unknown`]).
+    // Long on purpose: every outcome of `RemoveImage` (done, already gone,
+    // OK but still listed, refused, unknown) is handled in one match, inside
+    // the in-flight guard and the intent note that must cover all of them.
+    async fn remove(
+        &mut self,
+        candidate: &Candidate<'_>,
+        images: &[Image],
+        disk: &Disk,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<Step, CycleError> {
+        let Some(current) = self.recheck(candidate, images, report).await? else {
+            return Ok(Step::Kept);
+        };
         let dry_run = report.dry_run;
         let mut removal = Removal {
             id: candidate.id.to_string(),

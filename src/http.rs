@@ -82,6 +82,8 @@ const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 /// Each connection runs in its own task on the current runtime. Accept errors
 /// are logged and retried rather than returned: a full file descriptor table
 /// is a reason to answer later, not to stop exporting metrics.
+// Long on purpose: the accept loop and its connection limits (slots, the
+// overflow pool, shutdown) are one piece of state machine.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,

@@ -166,6 +166,9 @@ impl Plan<'_> {
 /// Computes the plan. `running_since` is when this process started observing
 /// (the kubelet's guard: images it has no history for are not removed by age
 /// before the collector has run longer than max age).
+// Long on purpose: the rules are tried in their order of precedence (in
+// use, sandbox, pinned, protected, keep-recent, unknown sandbox, age, min
+// age), one image at a time in one pass, and read top to bottom.
 pub fn plan<'a>(
     snapshot: &'a Snapshot,
     records: &Records,

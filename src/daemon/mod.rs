@@ -81,6 +81,9 @@ fn node_name() -> String {
 
 /// Runs the collector until `shutdown` is cancelled. Returns after the state
 /// was saved.
+// Long on purpose: one `select!` over every source of work (shutdown,
+// reloads, cycles, polls, events, reconnects), so that what may wait on
+// what is read in one place; its steps are the functions below.
 pub async fn run<R: Runtime>(
     mut collector: Collector<R>,
     health: Arc<Health>,
