@@ -424,6 +424,26 @@ async fn a_stream_that_ends_at_once_falls_back_to_polling() {
     );
 }
 
+/// The loop following container events (no cycle for an hour), once its
+/// event stream is open.
+async fn following_events(fake: &FakeRuntime) -> InProcess {
+    let daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| {
+            c.runtime.container_events = true;
+            c.gc.interval = secs(3600);
+        },
+    )
+    .await;
+    eventually(secs(5), "the event stream opened", || {
+        (fake.count("GetContainerEvents") >= 1).then_some(())
+    })
+    .await;
+    daemon
+}
+
 /// Emits one event once the daemon's event stream is subscribed: an event
 /// emitted before that reaches no one.
 async fn emit_when_streaming(fake: &FakeRuntime, container_id: &str, kind: ContainerEventType, images: &[&str]) {
@@ -439,21 +459,7 @@ async fn with_container_events_nothing_is_polled_and_an_event_triggers_a_relist(
     fake.events_unimplemented(false);
     let app = image("app", 1000);
     fake.add_image(app.clone());
-    let _daemon = InProcess::start(
-        fake.clone(),
-        roomy_disk(),
-        |_| {},
-        |c| {
-            c.runtime.container_events = true;
-            c.gc.interval = secs(3600);
-        },
-    )
-    .await;
-
-    eventually(secs(5), "the event stream opened", || {
-        (fake.count("GetContainerEvents") >= 1).then_some(())
-    })
-    .await;
+    let _daemon = following_events(&fake).await;
     let before = fake.count("ListContainers");
     tokio::time::sleep(secs(3)).await;
     assert_eq!(fake.count("ListContainers"), before, "no polling while events stream");
@@ -483,20 +489,7 @@ async fn an_image_used_only_between_listings_is_marked_used_by_its_event() {
     fake.events_unimplemented(false);
     let job = image("job", 1000);
     fake.add_image(job.clone());
-    let mut daemon = InProcess::start(
-        fake.clone(),
-        roomy_disk(),
-        |_| {},
-        |c| {
-            c.runtime.container_events = true;
-            c.gc.interval = secs(3600);
-        },
-    )
-    .await;
-    eventually(secs(5), "the event stream opened", || {
-        (fake.count("GetContainerEvents") >= 1).then_some(())
-    })
-    .await;
+    let mut daemon = following_events(&fake).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // A short job: created, run and deleted before imagegc lists containers.
@@ -528,20 +521,7 @@ async fn the_event_stream_is_reopened_after_the_runtime_restarts() {
     fake.events_unimplemented(false);
     let app = image("app", 1000);
     fake.add_image(app.clone());
-    let mut daemon = InProcess::start(
-        fake.clone(),
-        roomy_disk(),
-        |_| {},
-        |c| {
-            c.runtime.container_events = true;
-            c.gc.interval = secs(3600);
-        },
-    )
-    .await;
-    eventually(secs(5), "the event stream opened", || {
-        (fake.count("GetContainerEvents") >= 1).then_some(())
-    })
-    .await;
+    let mut daemon = following_events(&fake).await;
 
     let server = daemon.server.take().unwrap();
     daemon.server = Some(server.restart().await.unwrap());
