@@ -1094,8 +1094,7 @@ impl<R: Runtime> Collector<R> {
                 source,
             })?;
         let Some(current) = current else {
-            info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
-            self.records.remove(candidate.id);
+            self.gone_already(candidate);
             return Ok(None);
         };
         // The listing's other images tell which containers' ids and digests
@@ -1175,8 +1174,7 @@ impl<R: Runtime> Collector<R> {
         match self.runtime.remove_image(candidate.id).await {
             Ok(Removed::AlreadyGone) => {
                 self.end_intent().await;
-                info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
-                self.records.remove(candidate.id);
+                self.gone_already(candidate);
                 return Ok(Step::Kept);
             }
             Ok(Removed::Done) => {
@@ -1262,6 +1260,13 @@ impl<R: Runtime> Collector<R> {
                 () = cancel.cancelled() => {}
             }
         }
+    }
+
+    /// Someone else removed the candidate (another collector, `crictl
+    /// rmi`): not this collector's removal, so neither counted nor journaled.
+    fn gone_already(&mut self, candidate: &Candidate<'_>) {
+        info!(image = %candidate.id, tags = ?candidate.tags, "image is already gone: someone else removed it");
+        self.records.remove(candidate.id);
     }
 
     /// A runtime answered OK to `RemoveImage` and still lists the image.

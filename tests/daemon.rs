@@ -397,16 +397,7 @@ async fn a_stream_that_ends_at_once_falls_back_to_polling() {
     fake.set_dialect(Dialect::Crio136);
     fake.set_events(Events::EndAtOnce);
     fake.add_image(image("app", 1000));
-    let _daemon = InProcess::start(
-        fake.clone(),
-        roomy_disk(),
-        |_| {},
-        |c| {
-            c.runtime.container_events = true;
-            c.gc.interval = secs(3600);
-        },
-    )
-    .await;
+    let _daemon = start_following_events(&fake).await;
     eventually(secs(15), "three empty streams", || {
         (fake.count("GetContainerEvents") >= 3).then_some(())
     })
@@ -424,10 +415,9 @@ async fn a_stream_that_ends_at_once_falls_back_to_polling() {
     );
 }
 
-/// The loop following container events (no cycle for an hour), once its
-/// event stream is open.
-async fn following_events(fake: &FakeRuntime) -> InProcess {
-    let daemon = InProcess::start(
+/// The loop set to follow container events, with no cycle for an hour.
+async fn start_following_events(fake: &FakeRuntime) -> InProcess {
+    InProcess::start(
         fake.clone(),
         roomy_disk(),
         |_| {},
@@ -436,7 +426,12 @@ async fn following_events(fake: &FakeRuntime) -> InProcess {
             c.gc.interval = secs(3600);
         },
     )
-    .await;
+    .await
+}
+
+/// [`start_following_events`], once its event stream is open.
+async fn following_events(fake: &FakeRuntime) -> InProcess {
+    let daemon = start_following_events(fake).await;
     eventually(secs(5), "the event stream opened", || {
         (fake.count("GetContainerEvents") >= 1).then_some(())
     })

@@ -420,17 +420,7 @@ async fn connections_over_the_limit_are_closed() {
     let (over_limit_closed, after_one_left) = tokio::task::spawn_blocking(move || {
         // Fill every slot with a keep-alive connection the server has accepted
         // (it answered on it).
-        let mut open: Vec<_> = (0..MAX_CONNECTIONS)
-            .map(|_| {
-                let mut stream = connect(addr);
-                stream
-                    .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
-                    .expect("write");
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                assert_eq!(read_response(&mut reader, false).status, 200);
-                stream
-            })
-            .collect();
+        let mut open = open_idle_keep_alive(addr, MAX_CONNECTIONS);
 
         let mut extra = connect(addr);
         let over_limit_closed = closed_by_server(&mut extra);

@@ -55,6 +55,11 @@ impl Bed {
         }
     }
 
+    /// [`Bed::start`] on a full 1000-byte disk, with the default settings.
+    async fn full(images: &[Image]) -> Bed {
+        Bed::start(images, SimDisk::new(1000, 0), support::PATIENCE, |_| {}).await
+    }
+
     async fn cycle(&mut self) -> imagegc::collector::CycleReport {
         self.collector.cycle(&CancellationToken::new()).await
     }
@@ -125,7 +130,7 @@ async fn when_images_cannot_reach_low_an_image_removed_for_space_is_not_removed_
 #[tokio::test]
 async fn a_disk_images_can_fix_is_not_an_episode() {
     let images: Vec<Image> = NAMES.iter().map(|n| image(n, 200)).collect();
-    let mut bed = Bed::start(&images, SimDisk::new(1000, 0), support::PATIENCE, |_| {}).await;
+    let mut bed = Bed::full(&images).await;
     let report = bed.cycle().await;
     assert_eq!(report.outcome, Outcome::Success);
     assert!(report.space_unreachable.is_none());
@@ -196,13 +201,7 @@ async fn a_removal_whose_outcome_stays_unknown_stops_the_space_pass_and_is_journ
 #[tokio::test]
 async fn an_image_that_gains_a_name_right_before_its_removal_is_kept_for_a_container_using_that_name() {
     let a = image("a", 500);
-    let mut bed = Bed::start(
-        std::slice::from_ref(&a),
-        SimDisk::new(1000, 0),
-        support::PATIENCE,
-        |_| {},
-    )
-    .await;
+    let mut bed = Bed::full(std::slice::from_ref(&a)).await;
     // Between the cycle's listing and the re-check before the removal, the
     // node tags the image anew and starts a container that names it only
     // by that tag (no id, no digest).
@@ -260,7 +259,7 @@ async fn an_id_listed_twice_is_planned_with_what_every_listing_says() {
 
 #[tokio::test]
 async fn an_image_listed_with_no_id_is_never_asked_to_be_removed() {
-    let mut bed = Bed::start(&[], SimDisk::new(1000, 0), support::PATIENCE, |_| {}).await;
+    let mut bed = Bed::full(&[]).await;
     bed.fake.add_listing(Image {
         id: String::new(),
         repo_tags: vec!["registry.example.com/team/noid:1".to_string()],
@@ -276,13 +275,7 @@ async fn an_image_listed_with_no_id_is_never_asked_to_be_removed() {
 async fn an_image_someone_else_removed_first_is_neither_counted_nor_journaled() {
     let a = image("a", 500);
     let b = image("b", 500);
-    let mut bed = Bed::start(
-        &[a.clone(), b.clone()],
-        SimDisk::new(1000, 0),
-        support::PATIENCE,
-        |_| {},
-    )
-    .await;
+    let mut bed = Bed::full(&[a.clone(), b.clone()]).await;
     // A second collector removes `a` while this one's RemoveImage is on
     // its way: the runtime answers NotFound.
     let fake = bed.fake.clone();
@@ -306,13 +299,7 @@ async fn an_image_someone_else_removed_first_is_neither_counted_nor_journaled() 
 #[tokio::test]
 async fn a_runtime_that_answers_ok_and_keeps_the_image_is_not_believed() {
     let a = image("a", 500);
-    let mut bed = Bed::start(
-        std::slice::from_ref(&a),
-        SimDisk::new(1000, 0),
-        support::PATIENCE,
-        |_| {},
-    )
-    .await;
+    let mut bed = Bed::full(std::slice::from_ref(&a)).await;
     bed.fake.remove_keeps_image(true);
 
     for _ in 0..3 {

@@ -762,16 +762,14 @@ fn a_torn_journal_line_or_a_stray_byte_costs_only_itself() {
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
 }
 
-#[test]
-fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_start() {
-    let node = Node::start();
-    // Longer than the shutdown grace, inside the runtime timeout.
-    node.slow_runtime_timeout();
+/// Starts `imagegc COMMAND` with every `RemoveImage` hanging for two
+/// minutes, and returns once the first removal is under way.
+fn spawn_with_a_hung_removal(node: &Node, command: &str, stderr: std::process::Stdio) -> std::process::Child {
     node.fake.delay("RemoveImage", Duration::from_secs(120));
-    let daemon = node
-        .command(&["run"])
+    let child = node
+        .command(&[command])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + support::PATIENCE;
@@ -779,8 +777,22 @@ fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_sta
         assert!(std::time::Instant::now() < deadline, "no removal started");
         std::thread::sleep(Duration::from_millis(20));
     }
+    child
+}
+
+/// `imagegc run` sent SIGTERM while its first removal hangs longer than the
+/// shutdown grace (and inside the runtime timeout); what it printed.
+fn sigterm_during_a_hung_removal(node: &Node) -> Output {
+    node.slow_runtime_timeout();
+    let daemon = spawn_with_a_hung_removal(node, "run", std::process::Stdio::piped());
     unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-    let output = wait_with_deadline(daemon);
+    wait_with_deadline(daemon)
+}
+
+#[test]
+fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_start() {
+    let node = Node::start();
+    let output = sigterm_during_a_hung_removal(&node);
     let stderr = stderr_of(&output);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let u1 = image("u1", 0).id;
@@ -812,22 +824,7 @@ fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_sta
 #[test]
 fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
     let node = Node::start();
-    // Longer than the shutdown grace, inside the runtime timeout.
-    node.slow_runtime_timeout();
-    node.fake.delay("RemoveImage", Duration::from_secs(120));
-    let daemon = node
-        .command(&["run"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + support::PATIENCE;
-    while node.fake.count("RemoveImage") == 0 {
-        assert!(std::time::Instant::now() < deadline, "no removal started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-    let output = wait_with_deadline(daemon);
+    let output = sigterm_during_a_hung_removal(&node);
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
 
     // The image is still there: the next start says so and journals nothing
@@ -849,18 +846,7 @@ fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
 #[test]
 fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
     let node = Node::start();
-    node.fake.delay("RemoveImage", Duration::from_secs(120));
-    let mut once = node
-        .command(&["once"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + support::PATIENCE;
-    while node.fake.count("RemoveImage") == 0 {
-        assert!(std::time::Instant::now() < deadline, "no removal started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut once = spawn_with_a_hung_removal(&node, "once", std::process::Stdio::null());
     once.kill().unwrap();
     once.wait().unwrap();
 
