@@ -40,7 +40,7 @@ use crate::journal::{Journal, JournalEntry};
 use crate::matching::{self, InUse};
 use crate::metrics::Metrics;
 use crate::policy::{self, Candidate, Plan, Reason, SpaceOutlook, SpaceTarget};
-use crate::records::{self, HashMap, Records};
+use crate::records::{self, HashMap, Listed, Records};
 use crate::report::CycleError;
 pub use crate::report::{CycleReport, Outcome, Removal};
 use crate::state::{Loaded, StateStore};
@@ -285,6 +285,17 @@ impl Drop for InFlight {
         self.0.store(false, Ordering::SeqCst);
         *self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
+}
+
+/// One listing of the runtime, as [`Collector::observe`] returns it.
+#[derive(Debug)]
+pub struct Listing {
+    /// What the runtime listed.
+    pub snapshot: Snapshot,
+    /// What the records made of it, by each image's place in the listing.
+    pub listed: Listed,
+    /// The image filesystem (see [`ImageFs`]), or why it is unknown.
+    pub image_fs: Result<ImageFs, RuntimeError>,
 }
 
 /// The collector: the runtime, the records and everything a cycle touches.
@@ -633,7 +644,7 @@ impl<R: Runtime> Collector<R> {
 
     /// Lists images, containers and the sandbox image, and updates the
     /// records. Also returns the image filesystem (see [`ImageFs`]).
-    pub async fn observe(&mut self) -> Result<(Snapshot, Result<ImageFs, RuntimeError>), RuntimeError> {
+    pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
         // Status (for the sandbox image) and ImageFsInfo go beside the
         // listings rather than after them: one round trip less per cycle.
         // Images are listed before containers, so a container created from
@@ -673,21 +684,25 @@ impl<R: Runtime> Collector<R> {
             &mut self.pod_images,
         )
         .await;
-        let observed = self.records.observe(&images, &containers, self.clock.now());
-        self.note_listing(&observed, &images).await;
-        self.detect_repulls(&images, &observed.new_ids);
         let snapshot = Snapshot {
             images,
             containers,
             sandbox_images,
         };
+        let (observed, listed) = self.records.observe_snapshot(&snapshot, self.clock.now());
+        self.note_listing(&observed, &snapshot.images).await;
+        self.detect_repulls(&snapshot.images, &observed.new_ids);
         if snapshot.sandbox_unknown() && !std::mem::replace(&mut self.sandbox_warned, true) {
             warn!(
                 "the runtime does not say which image is its sandbox (pause) image, no pod names it and it pins \
                  no image: no image that no container has ever used is removed; set runtime.sandbox_image to name it"
             );
         }
-        Ok((snapshot, image_fs))
+        Ok(Listing {
+            snapshot,
+            listed,
+            image_fs,
+        })
     }
 
     /// Says what a listing did to the records beyond last-used times, and
@@ -739,16 +754,10 @@ impl<R: Runtime> Collector<R> {
         }
     }
 
-    /// Plans a cycle over a snapshot from [`Collector::observe`], without
+    /// Plans a cycle over a listing from [`Collector::observe`], without
     /// removing anything (`imagegc plan`).
-    pub fn plan<'a>(&'a self, snapshot: &'a Snapshot) -> Plan<'a> {
-        policy::plan(
-            snapshot,
-            &self.records,
-            &self.config,
-            self.clock.now(),
-            self.clock.started(),
-        )
+    pub fn plan<'a>(&'a self, snapshot: &'a Snapshot, listed: &Listed) -> Plan<'a> {
+        policy::plan_listed(snapshot, listed, &self.config, self.clock.now(), self.clock.started())
     }
 
     /// Lists containers and marks their images used now (between cycles).
@@ -841,9 +850,13 @@ impl<R: Runtime> Collector<R> {
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<(), CycleError> {
-        let (snapshot, image_fs) = self.observe().await.map_err(CycleError::Listing)?;
+        let Listing {
+            snapshot,
+            listed,
+            image_fs,
+        } = self.observe().await.map_err(CycleError::Listing)?;
         self.settle_pending_removal(&snapshot.images).await;
-        let result = self.execute(config, &snapshot, image_fs, cancel, report).await;
+        let result = self.execute(config, &snapshot, &listed, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
         // cycle: moved, not copied.
         self.last_images = snapshot.images;
@@ -855,6 +868,7 @@ impl<R: Runtime> Collector<R> {
         &mut self,
         config: &Config,
         snapshot: &Snapshot,
+        listed: &Listed,
         image_fs: Result<ImageFs, RuntimeError>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
@@ -867,7 +881,7 @@ impl<R: Runtime> Collector<R> {
             return Err(CycleError::SandboxUnknown(err.clone()));
         }
         let now = self.clock.now();
-        let plan = policy::plan(snapshot, &self.records, config, now, self.clock.started());
+        let plan = policy::plan_listed(snapshot, listed, config, now, self.clock.started());
         self.metrics.set_images(
             plan.in_use_count(),
             snapshot.images.len() - plan.in_use_count() - plan.protected_count(),
@@ -1101,14 +1115,13 @@ impl<R: Runtime> Collector<R> {
         // name an image exactly (a container whose digest names another
         // image does not use every image its tag names); this image is
         // matched under the names it has now.
-        let listing = images
+        let listing: Vec<&Image> = images
             .iter()
             .filter(|i| i.id != current.id)
-            .chain(std::iter::once(&current));
-        let references = matching::References::new(listing, &containers, &[]);
-        let mut users = Vec::new();
-        references.users(&current, &mut users);
-        if !users.is_empty() {
+            .chain(std::iter::once(&current))
+            .collect();
+        let matches = matching::References::new(&containers, &[]).matches(listing.iter().copied());
+        if !matches.users(listing.len() - 1).is_empty() {
             info!(image = %candidate.id, tags = ?current.repo_tags, "image came into use; keeping it");
             self.records.mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());

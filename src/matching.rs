@@ -2,9 +2,11 @@
 //! the one place that reads every runtime's way of naming (an id with or
 //! without `sha256:`, `image_id`, an `image_ref` that is an id, a digest
 //! under any name before the `@`, or a tag; images mounted as volumes; the
-//! sandbox images). Both the records (who was used when) and the planner
-//! (who is in use now) match through [`References`], so they cannot
-//! disagree. No IO.
+//! sandbox images). A cycle matches its listing once, through
+//! [`References::matches`], as the records see it
+//! ([`crate::records::Records::observe_snapshot`]); the planner reads those
+//! matches, so the records (who was used when) and the plan (who is in use
+//! now) cannot disagree. No IO.
 
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
@@ -27,15 +29,14 @@ pub struct InUse<'a> {
 
 impl<'a> InUse<'a> {
     pub fn new(images: &'a [Image], containers: &'a [Container]) -> Self {
-        let references = References::new(images, containers, &[]);
+        let matches = References::new(containers, &[]).matches(images);
         let mut in_use = InUse::default();
-        let mut users = Vec::new();
-        for image in images {
-            references.users(image, &mut users);
+        for (i, image) in images.iter().enumerate() {
+            let users = matches.users(i);
             if users.is_empty() {
                 continue;
             }
-            let ids = users.iter().map(|&i| containers[i].id.as_str());
+            let ids = users.iter().map(|&c| containers[c as usize].id.as_str());
             match in_use.by_image.entry(&image.id) {
                 Entry::Vacant(entry) => {
                     entry.insert(ids.collect());
@@ -71,9 +72,9 @@ impl<'a> InUse<'a> {
 }
 
 /// The containers' references to images (and the runtime's sandbox images),
-/// ready to tell which of them name an image. Built once per listing from
-/// the containers, which are far fewer than the images, so that each image
-/// costs a few lookups in small tables.
+/// ready to tell which of them name which images. Built once per listing
+/// from the containers, which are far fewer than the images, so that
+/// matching an image costs a few lookups in one small table.
 ///
 /// A container names its own image precisely (its `image_id`, or an
 /// `image_ref` that is an id or a digest) or loosely (the spec's tag, or an
@@ -85,16 +86,16 @@ impl<'a> InUse<'a> {
 /// keeps every image its tag names: when in doubt, in use. Images mounted as
 /// volumes, and the sandbox images, always count.
 pub struct References<'a> {
-    precise: ReferenceSet<'a>,
-    loose: ReferenceSet<'a>,
-    /// Mounted images (owners: containers) and sandbox images (owners from
-    /// `sandbox_owner` on).
-    always: ReferenceSet<'a>,
-    /// Per container: whether a precise name matched a listed image.
-    resolved: Vec<bool>,
-    /// The first owner number standing for a sandbox reference: one past
-    /// the containers.
-    sandbox_owner: usize,
+    forms: Forms<'a>,
+    containers: usize,
+}
+
+/// How a reference names its image; see [`References`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Precise = 0,
+    Loose = 1,
+    Always = 2,
 }
 
 /// Whether a container's `image_ref` names one image exactly.
@@ -103,117 +104,183 @@ fn is_precise(reference: &str) -> bool {
 }
 
 impl<'a> References<'a> {
-    pub fn new<'i>(
-        images: impl IntoIterator<Item = &'i Image>,
-        containers: &'a [Container],
-        sandbox: &[&'a str],
-    ) -> Self {
+    /// The references of `containers`, and the sandbox images (whose
+    /// matches [`Matches::sandbox`] reports apart from the containers).
+    pub fn new(containers: &'a [Container], sandbox: &[&'a str]) -> Self {
         let sandbox_owner = containers.len();
-        let own = containers.iter().enumerate();
-        let precise = ReferenceSet::new(own.clone().flat_map(|(i, c)| {
-            let image_ref = Some(c.image_ref.as_str()).filter(|r| is_precise(r));
-            [(i, c.image_id.as_str())].into_iter().chain(image_ref.map(|r| (i, r)))
-        }));
-        let loose = ReferenceSet::new(own.clone().flat_map(|(i, c)| {
-            let image_ref = Some(c.image_ref.as_str()).filter(|r| !is_precise(r));
-            [(i, c.image.as_str())].into_iter().chain(image_ref.map(|r| (i, r)))
-        }));
-        let always = ReferenceSet::new(
-            own.flat_map(|(i, c)| c.mounted_images.iter().map(move |m| (i, m.as_str())))
-                .chain(sandbox.iter().enumerate().map(|(k, s)| (sandbox_owner + k, *s))),
+        let mut references = Vec::with_capacity(containers.len() * 2 + sandbox.len());
+        for (i, c) in containers.iter().enumerate() {
+            let image_ref = c.image_ref.as_str();
+            references.push((i, Kind::Precise, c.image_id.as_str()));
+            let ref_kind = if is_precise(image_ref) {
+                Kind::Precise
+            } else {
+                Kind::Loose
+            };
+            references.push((i, ref_kind, image_ref));
+            references.push((i, Kind::Loose, c.image.as_str()));
+            references.extend(c.mounted_images.iter().map(|m| (i, Kind::Always, m.as_str())));
+        }
+        references.extend(
+            sandbox
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (sandbox_owner + k, Kind::Always, *s)),
         );
-        let mut resolved = vec![false; containers.len()];
-        if !precise.is_empty() {
-            let mut owners = Vec::new();
-            for image in images {
-                owners.clear();
-                precise.owners(image, &mut owners);
-                for &owner in &owners {
-                    resolved[owner] = true;
+        References {
+            forms: Forms::new(references),
+            containers: containers.len(),
+        }
+    }
+
+    /// Matches every image of a listing, in one pass: which containers name
+    /// each (by its place in the listing) and whether a sandbox reference
+    /// does. The whole listing is needed, not one image: whether a
+    /// container's loose name counts depends on whether its precise names
+    /// match any listed image.
+    pub fn matches<'i>(&self, images: impl IntoIterator<Item = &'i Image>) -> Matches {
+        // (image, owner and kind) for every form of every image found in
+        // the table; most images of a node are named by no container.
+        let mut hits: Vec<(u32, u32)> = Vec::new();
+        let mut resolved = vec![false; self.containers];
+        let mut count = 0u32;
+        for image in images {
+            let at = hits.len();
+            self.forms.hits(image, |owner| hits.push((count, owner)));
+            for &(_, owner) in &hits[at..] {
+                if owner & KIND_MASK == Kind::Precise as u32 {
+                    resolved[(owner >> KIND_BITS) as usize] = true;
                 }
             }
+            count += 1;
         }
-        References {
-            precise,
-            loose,
-            always,
-            resolved,
-            sandbox_owner,
-        }
-    }
-
-    /// Sets `users` to the indices of the containers that name `image`
-    /// (ascending, each once) and returns whether a sandbox reference
-    /// names it.
-    pub fn users(&self, image: &Image, users: &mut Vec<usize>) -> bool {
-        users.clear();
-        self.add_users(image, users)
-    }
-
-    /// [`References::users`], adding to `users` rather than replacing it:
-    /// for an image id listed more than once, the union of its listings.
-    pub fn add_users(&self, image: &Image, users: &mut Vec<usize>) -> bool {
-        self.precise.owners(image, users);
-        self.always.owners(image, users);
-        let loose_from = users.len();
-        self.loose.owners(image, users);
-        let mut i = loose_from;
-        while i < users.len() {
-            if self.resolved[users[i]] {
-                users.swap_remove(i);
-            } else {
-                i += 1;
+        let mut matches = Matches {
+            span_of: vec![NO_SPAN; count as usize],
+            spans: Vec::new(),
+            users: Vec::with_capacity(hits.len()),
+        };
+        let mut rest = hits.as_slice();
+        while let Some(&(image, _)) = rest.first() {
+            let n = rest.iter().take_while(|h| h.0 == image).count();
+            let start = matches.users.len();
+            for &(_, owner) in &rest[..n] {
+                let index = owner >> KIND_BITS;
+                let loose = owner & KIND_MASK == Kind::Loose as u32;
+                if !(loose && resolved[index as usize]) {
+                    matches.users.push(index);
+                }
+            }
+            rest = &rest[n..];
+            let mine = &mut matches.users[start..];
+            mine.sort_unstable();
+            let mut kept = start + partition_dedup(mine);
+            let mut sandbox = false;
+            while kept > start && matches.users[kept - 1] as usize >= self.containers {
+                kept -= 1;
+                sandbox = true;
+            }
+            matches.users.truncate(kept);
+            if kept > start || sandbox {
+                matches.span_of[image as usize] = matches.spans.len() as u32;
+                matches.spans.push(Span {
+                    start: start as u32,
+                    end: kept as u32,
+                    sandbox,
+                });
             }
         }
-        users.sort_unstable();
-        users.dedup();
-        let mut sandbox = false;
-        while users.last().is_some_and(|&u| u >= self.sandbox_owner) {
-            users.pop();
-            sandbox = true;
+        matches
+    }
+}
+
+/// Moves the distinct values of a sorted slice to its front; returns how many.
+fn partition_dedup(sorted: &mut [u32]) -> usize {
+    let mut kept = 0;
+    for i in 0..sorted.len() {
+        if i == 0 || sorted[i] != sorted[kept - 1] {
+            sorted[kept] = sorted[i];
+            kept += 1;
         }
-        sandbox
+    }
+    kept
+}
+
+/// What [`References::matches`] found, by each image's place in the listing.
+#[derive(Debug, Default)]
+pub struct Matches {
+    /// Per place in the listing: its span, or [`NO_SPAN`] when nothing
+    /// names the image.
+    span_of: Vec<u32>,
+    /// The matched images, in listing order.
+    spans: Vec<Span>,
+    /// The users of every matched image, one run each.
+    users: Vec<u32>,
+}
+
+const NO_SPAN: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u32,
+    end: u32,
+    sandbox: bool,
+}
+
+impl Matches {
+    fn span(&self, image: usize) -> Option<&Span> {
+        self.span_of.get(image).and_then(|&at| self.spans.get(at as usize))
+    }
+
+    /// The indices of the containers that name the image at this place of
+    /// the listing (ascending, each once; empty when none does).
+    pub fn users(&self, image: usize) -> &[u32] {
+        self.span(image)
+            .map_or(&[], |s| &self.users[s.start as usize..s.end as usize])
+    }
+
+    /// Whether a sandbox reference names the image at this place.
+    pub fn sandbox(&self, image: usize) -> bool {
+        self.span(image).is_some_and(|s| s.sandbox)
     }
 }
 
 /// The ids of the images any of `references` names (each once, in listing
 /// order), matched the way [`InUse`] matches containers' references.
 pub fn images_named<'a, 'r>(images: &'a [Image], references: impl IntoIterator<Item = &'r str>) -> Vec<&'a str> {
-    let references = ReferenceSet::new(references.into_iter().map(|r| (0, r)));
-    let mut owners = Vec::new();
+    let forms = Forms::new(references.into_iter().map(|r| (0, Kind::Always, r)).collect());
     let mut ids: Vec<&'a str> = Vec::new();
     for image in images {
-        owners.clear();
-        references.owners(image, &mut owners);
-        if !owners.is_empty() && !ids.contains(&image.id.as_str()) {
+        let mut named = false;
+        forms.hits(image, |_| named = true);
+        if named && !ids.contains(&image.id.as_str()) {
             ids.push(&image.id);
         }
     }
     ids
 }
 
-/// References to images made by some owners (containers, numbered), in
-/// every form that can match: as written, without `sha256:`, normalized.
-/// An image is named by a reference when one of its own forms (its id
-/// without `sha256:`, each tag and digest as listed and normalized) is
-/// among them.
+/// Bits of an owner entry that hold its [`Kind`]; the rest is the owner.
+const KIND_BITS: u32 = 2;
+const KIND_MASK: u32 = (1 << KIND_BITS) - 1;
+
+/// References to images made by some owners (containers, numbered, each
+/// reference of a [`Kind`]), in every form that can match: as written,
+/// without `sha256:`, by its digest alone, normalized. An image is named by
+/// a reference when one of its own forms (its id without `sha256:`, each
+/// tag as listed and normalized, each digest) is among them.
 ///
-/// The set is built from the references, not from the images: a node runs
-/// far fewer containers than it holds images, so matching every image is a
-/// few lookups in a small table rather than inserting every image's names
-/// into a large one.
-struct ReferenceSet<'a> {
-    /// Forms found in the references as written (nearly all of them).
-    borrowed: HashMap<&'a str, Owners>,
-    /// Forms that normalizing had to build (a familiar `nginx:1`).
-    built: HashMap<String, Owners>,
+/// One table for every kind: an image's forms are each looked up once.
+struct Forms<'a> {
+    /// Form → its owners. Keys are borrowed from the references, except
+    /// those normalizing had to build (a familiar `nginx:1`).
+    table: HashMap<Cow<'a, str>, Owners>,
     /// Owners past the first of each form, by [`Owners::more`].
     more: Vec<Vec<u32>>,
 }
 
-/// The owners of one form: the first, and an index into
-/// [`ReferenceSet::more`] when there are others. Small, so the table stays
-/// in cache.
+/// The owners of one form (owner and kind packed, see [`KIND_BITS`]): the
+/// first, and an index into [`Forms::more`] when there are others. Small,
+/// so the table stays in cache.
 #[derive(Debug, Clone, Copy)]
 struct Owners {
     first: u32,
@@ -222,121 +289,116 @@ struct Owners {
 
 const NO_MORE: u32 = u32::MAX;
 
-impl<'a> ReferenceSet<'a> {
-    fn is_empty(&self) -> bool {
-        self.borrowed.is_empty() && self.built.is_empty()
-    }
-
-    /// From `(owner, reference)` pairs; empty references are skipped.
-    fn new(references: impl Iterator<Item = (usize, &'a str)>) -> Self {
-        let mut references: Vec<(usize, &'a str)> = references.collect();
+impl<'a> Forms<'a> {
+    /// From `(owner, kind, reference)`; empty references are skipped.
+    fn new(mut references: Vec<(usize, Kind, &'a str)>) -> Self {
         // Owners in ascending order, so a repeat is always the last noted.
-        references.sort_by_key(|&(owner, _)| owner);
-        let mut set = ReferenceSet {
+        references.sort_by_key(|&(owner, kind, _)| (owner, kind as u8));
+        let mut forms = Forms {
             // About one form per reference: a tag is one, an id one, an
             // empty reference none.
-            borrowed: HashMap::with_capacity_and_hasher(references.len(), Default::default()),
-            built: HashMap::default(),
+            table: HashMap::with_capacity_and_hasher(references.len(), Default::default()),
             more: Vec::new(),
         };
-        for (owner, reference) in references {
+        for (owner, kind, reference) in references {
             if reference.is_empty() {
                 continue;
             }
-            let owner = u32::try_from(owner).expect("fewer than 4 billion containers");
+            let owner = u32::try_from(owner)
+                .ok()
+                .filter(|&o| o < 1 << (32 - KIND_BITS))
+                .expect("fewer than a billion containers");
+            let owner = owner << KIND_BITS | kind as u32;
             if reference::is_id(reference) {
                 // Images are looked up by their id without `sha256:`, and a
                 // tag that is an id likewise.
-                set.add(reference::bare_id(reference), owner);
+                forms.add(Cow::Borrowed(reference::bare_id(reference)), owner);
                 continue;
             }
-            set.add(reference, owner);
+            forms.add(Cow::Borrowed(reference), owner);
             let bare = reference::bare_id(reference);
             if bare != reference {
-                set.add(bare, owner);
+                forms.add(Cow::Borrowed(bare), owner);
             }
             // A digest reference names its image by the digest alone,
             // whatever stands before the `@` (CRI-O drops the registry's
             // port there once a tag has moved).
             if let Some(digest) = reference::digest_of(reference) {
-                set.add(digest, owner);
+                forms.add(Cow::Borrowed(digest), owner);
             }
             if let Cow::Owned(normalized) = reference::normalized(reference)
                 && normalized != bare
             {
-                let entry = set.built.entry(normalized).or_insert(Owners {
-                    first: owner,
-                    more: NO_MORE,
-                });
-                Self::add_owner(&mut set.more, entry, owner);
+                forms.add(Cow::Owned(normalized), owner);
             }
         }
-        set
+        forms
     }
 
-    fn add(&mut self, form: &'a str, owner: u32) {
-        match self.borrowed.entry(form) {
+    fn add(&mut self, form: Cow<'a, str>, owner: u32) {
+        match self.table.entry(form) {
             Entry::Vacant(entry) => {
                 entry.insert(Owners {
                     first: owner,
                     more: NO_MORE,
                 });
             }
-            Entry::Occupied(mut entry) => Self::add_owner(&mut self.more, entry.get_mut(), owner),
-        }
-    }
-
-    /// Notes one more owner of a form (owners come in ascending order, so
-    /// a repeat is the last one noted).
-    fn add_owner(more: &mut Vec<Vec<u32>>, owners: &mut Owners, owner: u32) {
-        if owners.more == NO_MORE {
-            if owners.first != owner {
-                owners.more = more.len() as u32;
-                more.push(vec![owner]);
+            Entry::Occupied(mut entry) => {
+                let owners = entry.get_mut();
+                if owners.more == NO_MORE {
+                    if owners.first != owner {
+                        owners.more = self.more.len() as u32;
+                        self.more.push(vec![owner]);
+                    }
+                    return;
+                }
+                let list = &mut self.more[owners.more as usize];
+                if list.last() != Some(&owner) {
+                    list.push(owner);
+                }
             }
-            return;
-        }
-        let list = &mut more[owners.more as usize];
-        if list.last() != Some(&owner) {
-            list.push(owner);
         }
     }
 
-    /// Appends the owners of the references that name `image` (possibly
-    /// more than once).
-    fn owners(&self, image: &Image, out: &mut Vec<usize>) {
-        if self.borrowed.is_empty() && self.built.is_empty() {
+    /// Calls `hit` with the owners of the references that name `image`
+    /// (possibly more than once).
+    fn hits(&self, image: &Image, mut hit: impl FnMut(u32)) {
+        if self.table.is_empty() {
             return;
         }
         let mut check = |form: &str| {
-            // A form can be in both tables: `nginx:1` normalized by one
-            // container, written out in full by another.
-            let built = if self.built.is_empty() {
-                None
-            } else {
-                self.built.get(form)
-            };
-            for owners in self.borrowed.get(form).into_iter().chain(built) {
-                out.push(owners.first as usize);
+            if let Some(owners) = self.table.get(form) {
+                hit(owners.first);
                 if owners.more != NO_MORE {
-                    out.extend(self.more[owners.more as usize].iter().map(|&o| o as usize));
+                    self.more[owners.more as usize].iter().for_each(|&o| hit(o));
                 }
             }
         };
         if !image.id.is_empty() {
             check(reference::bare_id(&image.id));
         }
-        for digest in image.repo_digests.iter().filter_map(|d| reference::digest_of(d)) {
-            check(digest);
-        }
-        for name in image.repo_tags.iter().chain(&image.repo_digests) {
-            check(name);
-            if reference::is_id(name) {
-                check(reference::bare_id(name));
-            } else if let Cow::Owned(normalized) = reference::normalized(name) {
-                check(&normalized);
+        // A digest is matched by the digest alone: every reference with a
+        // digest is in the table under it too, so the name before the `@`,
+        // as written or normalized, adds nothing.
+        for name in &image.repo_digests {
+            match reference::digest_of(name) {
+                Some(digest) => check(digest),
+                None => check_name(name, &mut check),
             }
         }
+        for name in &image.repo_tags {
+            check_name(name, &mut check);
+        }
+    }
+}
+
+/// Checks a name as listed, and as an id or normalized when that differs.
+fn check_name(name: &str, check: &mut impl FnMut(&str)) {
+    check(name);
+    if reference::is_id(name) {
+        check(reference::bare_id(name));
+    } else if let Cow::Owned(normalized) = reference::normalized(name) {
+        check(&normalized);
     }
 }
 
@@ -405,9 +467,9 @@ mod tests {
         assert_eq!(in_use.containers("nginx"), ["short", "full", "again"]);
         assert!(!in_use.is_used("other"));
         // And the sandbox reference, written short, beside a container.
-        let mut users = Vec::new();
-        assert!(References::new(&images, &containers[1..2], &["nginx"]).users(&images[0], &mut users));
-        assert_eq!(users, [0], "the container `full`");
+        let matches = References::new(&containers[1..2], &["nginx"]).matches(&images);
+        assert!(matches.sandbox(0));
+        assert_eq!(matches.users(0), [0], "the container `full`");
     }
 
     #[test]
@@ -466,10 +528,9 @@ mod tests {
     fn the_sandbox_reference_is_noted_apart_from_containers() {
         let images = [image("pause", 1), image("app", 1)];
         let containers = [container("c", "app")];
-        let references = References::new(&images, &containers, &["pause"]);
-        let mut users = Vec::new();
-        assert!(references.users(&images[0], &mut users) && users.is_empty());
-        assert!(!references.users(&images[1], &mut users) && users == [0]);
+        let matches = References::new(&containers, &["pause"]).matches(&images);
+        assert!(matches.sandbox(0) && matches.users(0).is_empty());
+        assert!(!matches.sandbox(1) && matches.users(1) == [0]);
         // The same image listed twice: containers from both listings, once each.
         let images = [image("app", 1), image("app", 1)];
         let containers = [container("c1", "app"), container("c2", "docker.io/library/app:latest")];

@@ -9,14 +9,12 @@
 //! Candidates come in the kubelet's order: last used ascending, then first
 //! seen ascending (then id, so plans are deterministic).
 
-use std::collections::hash_map::Entry;
 use std::time::{Duration, SystemTime};
 
 use crate::config::Config;
 use crate::cri::{Image, Snapshot};
 use crate::fs::FsStats;
-use crate::matching::References;
-use crate::records::{HashMap, Records};
+use crate::records::{HashMap, Listed, Records};
 use crate::reference::{self, ProtectPattern};
 
 /// Why an image is removed.
@@ -166,9 +164,6 @@ impl Plan<'_> {
 /// Computes the plan. `running_since` is when this process started observing
 /// (the kubelet's guard: images it has no history for are not removed by age
 /// before the collector has run longer than max age).
-// Long on purpose: the rules are tried in their order of precedence (in
-// use, sandbox, pinned, protected, keep-recent, unknown sandbox, age, min
-// age), one image at a time in one pass, and read top to bottom.
 pub fn plan<'a>(
     snapshot: &'a Snapshot,
     records: &Records,
@@ -176,35 +171,61 @@ pub fn plan<'a>(
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan<'a> {
-    let sandbox_images: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
+    plan_listed(snapshot, &records.listed(snapshot), config, now, running_since)
+}
+
+/// [`plan`], from what the records made of this very listing
+/// ([`Records::observe_snapshot`] or [`Records::listed`]): the planner
+/// itself then matches nothing and looks nothing up.
+///
+/// # Panics
+///
+/// When `listed` is not of this snapshot's listing (another length).
+// Long on purpose: the rules are tried in their order of precedence (in
+// use, sandbox, pinned, protected, keep-recent, unknown sandbox, age, min
+// age), one image at a time in one pass, and read top to bottom.
+pub fn plan_listed<'a>(
+    snapshot: &'a Snapshot,
+    listed: &Listed,
+    config: &'a Config,
+    now: SystemTime,
+    running_since: SystemTime,
+) -> Plan<'a> {
+    assert_eq!(listed.len(), snapshot.images.len(), "a plan of another listing");
     let sandbox_unknown = snapshot.sandbox_unknown();
-    let references = References::new(&snapshot.images, &snapshot.containers, &sandbox_images);
-    let listings = Listings::new(&snapshot.images);
-    let keep_recent = keep_recent(snapshot, records, config.protect.keep_recent_per_repository);
+    let matches = &listed.matches;
+    let keep_recent = keep_recent(snapshot, listed, config.protect.keep_recent_per_repository);
     let globs: Vec<ProtectPattern> = config.protect.images.iter().map(|p| ProtectPattern::new(p)).collect();
     let max_age = config.gc.max_age;
     let min_age = config.gc.min_age;
     let guard_open = max_age.is_zero() || elapsed(running_since, now) > max_age;
 
     let mut plan = Plan::default();
-    let mut users = Vec::new();
-    // One pass, each image's names read once while they are in cache.
+    let mut union = Vec::new();
+    // One pass over the images, in listing order.
     for (i, image) in snapshot.images.iter().enumerate() {
         // An id listed more than once is planned once, at its first
         // listing, with what all its listings say.
-        let mut sandbox = false;
         let mut pinned = image.pinned;
-        match listings.of(i) {
-            Listing::Only => sandbox = references.users(image, &mut users),
-            Listing::Repeated(others) => {
-                users.clear();
+        let place = listed.places[i];
+        if place.later {
+            continue;
+        }
+        let (users, sandbox): (&[u32], bool) = match listed.repeated.get(&i).filter(|_| !listed.repeated.is_empty()) {
+            None => (matches.users(i), matches.sandbox(i)),
+            Some(others) => {
+                union.clear();
+                let mut sandbox = false;
                 for &j in others {
-                    sandbox |= references.add_users(&snapshot.images[j], &mut users);
+                    union.extend_from_slice(matches.users(j));
+                    sandbox |= matches.sandbox(j);
                     pinned |= snapshot.images[j].pinned;
                 }
+                union.sort_unstable();
+                union.dedup();
+                (&union, sandbox)
             }
-            Listing::Later => continue,
-        }
+        };
         let keep = |why| Kept {
             id: &image.id,
             tags: &image.repo_tags,
@@ -213,7 +234,10 @@ pub fn plan<'a>(
         };
         if !users.is_empty() {
             plan.kept.push(keep(KeepReason::InUse {
-                containers: users.iter().map(|&c| snapshot.containers[c].id.as_str()).collect(),
+                containers: users
+                    .iter()
+                    .map(|&c| snapshot.containers[c as usize].id.as_str())
+                    .collect(),
             }));
             continue;
         }
@@ -246,15 +270,15 @@ pub fn plan<'a>(
             }));
             continue;
         }
-        if sandbox_unknown && !records.ever_used(&image.id) {
+        if sandbox_unknown && !place.history.is_some_and(|h| h.ever_used) {
             plan.kept.push(keep(KeepReason::SandboxUnknown));
             continue;
         }
         // An image without a record (listed after the records were updated)
         // is treated as first seen now: the safe reading.
-        let (first_seen, last_used, from_history) = records
-            .get(&image.id)
-            .map_or((now, now, false), |r| (r.first_seen, r.last_used, r.from_history));
+        let (first_seen, last_used, from_history) = place
+            .history
+            .map_or((now, now, false), |h| (h.first_seen, h.last_used, h.from_history));
         let candidate = |reason| Candidate {
             id: &image.id,
             tags: &image.repo_tags,
@@ -292,57 +316,6 @@ pub fn plan<'a>(
     plan.age.sort_unstable_by(order);
     plan.space.sort_unstable_by(order);
     plan
-}
-
-/// Which listing of its id each image is.
-enum Listing<'l> {
-    /// The id is listed once.
-    Only,
-    /// The first of several listings of the id: all of them, by index.
-    Repeated(&'l [usize]),
-    /// A later listing of an id already planned.
-    Later,
-}
-
-/// The images' listings by id. Runtimes list each id once; should one list
-/// an id twice, the image is planned once, with the names of every listing.
-struct Listings {
-    /// Index → the first listing of its id, when the id is listed more than once.
-    repeated: HashMap<usize, Vec<usize>>,
-    later: Vec<bool>,
-}
-
-impl Listings {
-    fn new(images: &[Image]) -> Self {
-        let mut first: HashMap<&str, usize> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
-        let mut repeated: HashMap<usize, Vec<usize>> = HashMap::default();
-        let mut later = vec![false; images.len()];
-        for (i, image) in images.iter().enumerate() {
-            match first.entry(&image.id) {
-                Entry::Vacant(entry) => {
-                    entry.insert(i);
-                }
-                Entry::Occupied(entry) => {
-                    let f = *entry.get();
-                    repeated.entry(f).or_insert_with(|| vec![f]).push(i);
-                    later[i] = true;
-                }
-            }
-        }
-        Listings { repeated, later }
-    }
-
-    fn of(&self, i: usize) -> Listing<'_> {
-        if self.later[i] {
-            Listing::Later
-        } else if !self.repeated.is_empty()
-            && let Some(all) = self.repeated.get(&i)
-        {
-            Listing::Repeated(all)
-        } else {
-            Listing::Only
-        }
-    }
 }
 
 /// Whether a space pass is due, what it must free and when it is done: the
@@ -467,14 +440,14 @@ fn elapsed(earlier: SystemTime, later: SystemTime) -> Duration {
 
 /// For each repository, the newest `keep` images (by first seen, then id)
 /// that carry a tag of it: image id → (repository, rank from 1).
-fn keep_recent<'a>(snapshot: &'a Snapshot, records: &Records, keep: u32) -> HashMap<&'a str, (&'a str, u32)> {
+fn keep_recent<'a>(snapshot: &'a Snapshot, listed: &Listed, keep: u32) -> HashMap<&'a str, (&'a str, u32)> {
     let mut kept = HashMap::default();
     if keep == 0 {
         return kept;
     }
     let mut by_repo: HashMap<&'a str, Vec<(SystemTime, &'a str)>> = HashMap::default();
-    for image in &snapshot.images {
-        let first_seen = records.get(&image.id).map_or(SystemTime::UNIX_EPOCH, |r| r.first_seen);
+    for (image, place) in snapshot.images.iter().zip(&listed.places) {
+        let first_seen = place.history.map_or(SystemTime::UNIX_EPOCH, |h| h.first_seen);
         let mut repos: Vec<&str> = image.repo_tags.iter().map(|t| reference::repository(t)).collect();
         repos.sort_unstable();
         repos.dedup();
@@ -517,6 +490,8 @@ mod tests {
         records: Records,
         config: Config,
         start: SystemTime,
+        /// The last listing observed, and what the records made of it.
+        observed: Option<(Snapshot, Listed)>,
     }
 
     impl World {
@@ -531,6 +506,7 @@ mod tests {
                 records: Records::new(),
                 config: config(),
                 start: t(0),
+                observed: None,
             }
         }
         fn containers(mut self, containers: Vec<Container>) -> Self {
@@ -538,12 +514,24 @@ mod tests {
             self
         }
         fn observe(&mut self, at: SystemTime) -> &mut Self {
-            self.records
-                .observe(&self.snapshot.images, &self.snapshot.containers, at);
+            let (_, listed) = self.records.observe_snapshot(&self.snapshot, at);
+            self.observed = Some((self.snapshot.clone(), listed));
             self
         }
+        /// The plan from the records; when nothing was listed since the
+        /// last observation, also checks that the plan a cycle makes from
+        /// its own observation of the listing is the same.
         fn plan(&self, at: SystemTime) -> Plan<'_> {
-            plan(&self.snapshot, &self.records, &self.config, at, self.start)
+            let plan = plan(&self.snapshot, &self.records, &self.config, at, self.start);
+            if let Some((seen, listed)) = &self.observed
+                && seen.images == self.snapshot.images
+                && seen.containers == self.snapshot.containers
+                && seen.sandbox_images == self.snapshot.sandbox_images
+            {
+                let cycle = plan_listed(&self.snapshot, listed, &self.config, at, self.start);
+                assert_eq!(cycle, plan, "the cycle's plan differs from the plan from the records");
+            }
+            plan
         }
     }
 

@@ -15,9 +15,11 @@
 //! invented at start-up.
 
 use std::collections::HashMap as StdHashMap;
+use std::collections::hash_map::Entry;
 use std::time::SystemTime;
 
-use crate::cri::{Container, Image};
+use crate::cri::{Container, Image, Snapshot};
+use crate::matching::{Matches, References};
 
 /// The maps keyed by image names and ids: foldhash, seeded per process, is
 /// several times faster than SipHash on these 70-120 byte keys, and the
@@ -153,36 +155,80 @@ impl Records {
 
     /// Updates the records from a full listing of images and containers.
     pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Observed {
+        let matches = References::new(containers, &[]).matches(images);
+        self.observe_matched(images, matches, now).0
+    }
+
+    /// Updates the records from a snapshot (as [`Records::observe`]) and
+    /// returns, beside what changed, what the planner needs of every listed
+    /// image by its place in the listing ([`Listed`]): the containers and
+    /// sandbox references that name it, and its record's times. A cycle
+    /// matches its listing once and looks every image up once.
+    pub fn observe_snapshot(&mut self, snapshot: &Snapshot, now: SystemTime) -> (Observed, Listed) {
+        let sandbox: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
+        let matches = References::new(&snapshot.containers, &sandbox).matches(&snapshot.images);
+        self.observe_matched(&snapshot.images, matches, now)
+    }
+
+    /// What the planner needs of every image of `snapshot` ([`Listed`]), from
+    /// the records as they are, without updating them.
+    pub fn listed(&self, snapshot: &Snapshot) -> Listed {
+        let sandbox: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
+        let matches = References::new(&snapshot.containers, &sandbox).matches(&snapshot.images);
+        let mut listed = Listed::new(matches, snapshot.images.len());
+        let mut first: HashMap<&str, usize> =
+            HashMap::with_capacity_and_hasher(snapshot.images.len(), Default::default());
+        for (i, image) in snapshot.images.iter().enumerate() {
+            let later = listed.note_listing(&mut first, &image.id, i);
+            listed.places.push(self.place(&image.id, later));
+        }
+        listed
+    }
+
+    /// A listed image's [`Place`], from its record.
+    fn place(&self, id: &str, later: bool) -> Place {
+        Place {
+            history: self.map.get(id).map(|r| History {
+                first_seen: r.first_seen,
+                last_used: r.last_used,
+                from_history: r.from_history,
+                ever_used: r.last_used > r.first_seen || self.used.contains_key(id),
+            }),
+            later,
+        }
+    }
+
+    fn observe_matched(&mut self, images: &[Image], matches: Matches, now: SystemTime) -> (Observed, Listed) {
         let mut observed = Observed::default();
         let new_ids = &mut observed.new_ids;
-        let references = crate::matching::References::new(images, containers, &[]);
-        let mut users = Vec::new();
-        let mut listed: HashMap<&str, ()> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
-        for image in images {
-            listed.insert(image.id.as_str(), ());
+        let mut out = Listed::new(matches, images.len());
+        let mut listed: HashMap<&str, usize> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
+        for (i, image) in images.iter().enumerate() {
+            let later = out.note_listing(&mut listed, &image.id, i);
             // A listing of an id is enough to mark its one record used.
-            references.users(image, &mut users);
-            let used = !users.is_empty();
-            // Looked up before inserting: the id is copied only for a new
-            // record, not for every image every cycle.
-            if !self.map.contains_key(image.id.as_str())
-                && let Some((record, _)) = self.vanished.remove(image.id.as_str())
-            {
-                self.changed = true;
-                observed.returned += 1;
-                self.map.insert(image.id.clone(), record);
-            }
+            let used = !out.matches.users(i).is_empty();
+            // Looked up once when the record is there (nearly always); the
+            // id is copied only for a new record, not for every image every
+            // cycle.
             if !self.map.contains_key(image.id.as_str()) {
                 self.changed = true;
-                new_ids.push(image.id.clone());
-                let record = Record {
-                    first_seen: now,
-                    last_used: now,
-                    size: image.size,
-                    pinned: image.pinned,
-                    tags: Vec::new(),
-                    digests: Vec::new(),
-                    from_history: false,
+                let record = match self.vanished.remove(image.id.as_str()) {
+                    Some((record, _)) => {
+                        observed.returned += 1;
+                        record
+                    }
+                    None => {
+                        new_ids.push(image.id.clone());
+                        Record {
+                            first_seen: now,
+                            last_used: now,
+                            size: image.size,
+                            pinned: image.pinned,
+                            tags: Vec::new(),
+                            digests: Vec::new(),
+                            from_history: false,
+                        }
+                    }
                 };
                 self.map.insert(image.id.clone(), record);
             }
@@ -206,6 +252,22 @@ impl Records {
                 record.digests.clone_from(&image.repo_digests);
                 self.changed = true;
             }
+            let history = History {
+                first_seen: record.first_seen,
+                last_used: record.last_used,
+                from_history: record.from_history,
+                ever_used: used || record.last_used > record.first_seen || self.used.contains_key(image.id.as_str()),
+            };
+            out.places.push(Place {
+                history: Some(history),
+                later,
+            });
+        }
+        // An id listed more than once: its first place tells what its
+        // record says after every listing of it.
+        let repeated: Vec<usize> = out.repeated.keys().copied().collect();
+        for first in repeated {
+            out.places[first] = self.place(&images[first].id, false);
         }
         if self.map.len() > listed.len() {
             let gone: Vec<String> = self
@@ -227,7 +289,7 @@ impl Records {
         observed.dropped = before - self.vanished.len();
         self.changed |= observed.dropped > 0;
         self.used.retain(|id, _| listed.contains_key(id.as_str()));
-        observed
+        (observed, out)
     }
 
     /// Forgets an image (after it was removed).
@@ -258,6 +320,77 @@ impl Records {
             }
         }
     }
+}
+
+/// What the planner needs of each image of one listing, by its place in
+/// the listing: made by [`Records::observe_snapshot`] as it updates the
+/// records (or by [`Records::listed`]), read by [`crate::policy::plan_listed`]
+/// without a lookup.
+#[derive(Debug, Default)]
+pub struct Listed {
+    /// Which containers, and whether a sandbox reference, name each image.
+    pub(crate) matches: Matches,
+    /// One per image of the listing.
+    pub(crate) places: Vec<Place>,
+    /// For an id listed more than once (runtimes list each id once): its
+    /// first place → every place of it. Empty otherwise.
+    pub(crate) repeated: HashMap<usize, Vec<usize>>,
+}
+
+impl Listed {
+    fn new(matches: Matches, images: usize) -> Self {
+        Listed {
+            matches,
+            places: Vec::with_capacity(images),
+            repeated: HashMap::default(),
+        }
+    }
+
+    /// Notes the listing of `id` at place `i`; true when an earlier place
+    /// listed the same id.
+    fn note_listing<'a>(&mut self, first: &mut HashMap<&'a str, usize>, id: &'a str, i: usize) -> bool {
+        match first.entry(id) {
+            Entry::Vacant(entry) => {
+                entry.insert(i);
+                false
+            }
+            Entry::Occupied(entry) => {
+                let f = *entry.get();
+                self.repeated.entry(f).or_insert_with(|| vec![f]).push(i);
+                true
+            }
+        }
+    }
+
+    /// How many places the listing had.
+    pub fn len(&self) -> usize {
+        self.places.len()
+    }
+
+    /// True for an empty listing.
+    pub fn is_empty(&self) -> bool {
+        self.places.is_empty()
+    }
+}
+
+/// One image of a listing, as the records saw it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place {
+    /// Its record's times; `None` when it has no record (listed after the
+    /// records were updated).
+    pub history: Option<History>,
+    /// A later listing of an id an earlier place already listed.
+    pub later: bool,
+}
+
+/// A record's times, as the planner reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct History {
+    pub first_seen: SystemTime,
+    pub last_used: SystemTime,
+    pub from_history: bool,
+    /// See [`Records::ever_used`].
+    pub ever_used: bool,
 }
 
 #[cfg(test)]

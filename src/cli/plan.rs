@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::once::unreachable_text;
 use super::table::{Table, fs_line, human_bytes, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
-use crate::collector::Collector;
+use crate::collector::{Collector, Listing};
 use crate::config::Config;
 use crate::cri::CriClient;
 use crate::fs::{FsProbe, FsStats, Statvfs};
@@ -52,11 +52,15 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
         Arc::new(Metrics::new()),
         Clock::start(),
     );
-    let (snapshot, image_fs) = collector.observe().await?;
+    let Listing {
+        snapshot,
+        listed,
+        image_fs,
+    } = collector.observe().await?;
     let image_fs = image_fs?;
     let fs = Statvfs.stats(&image_fs.path).ok();
     let now = collector.clock().now();
-    let plan = collector.plan(&snapshot);
+    let plan = collector.plan(&snapshot, &listed);
     let view = PlanView::new(&plan, fs.as_ref(), &config);
     let outlook = fs
         .as_ref()

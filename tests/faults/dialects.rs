@@ -42,8 +42,8 @@ impl Bed {
 
     /// The ids `plan` keeps, with why.
     async fn kept(&mut self) -> Vec<(String, String)> {
-        let (snapshot, _) = self.collector.observe().await.unwrap();
-        let plan = self.collector.plan(&snapshot);
+        let listing = self.collector.observe().await.unwrap();
+        let plan = self.collector.plan(&listing.snapshot, &listing.listed);
         plan.kept
             .iter()
             .map(|k| (k.id.to_string(), k.why.label().to_string()))
