@@ -2,7 +2,8 @@
 # Runs imagegc's benchmarks and prints their figures (BENCHMARKS.md says
 # what each measures, its target, and the figures on the reference machine).
 #
-#   scripts/bench.sh                 every bench, once (about 4 minutes once built)
+#   scripts/bench.sh                 every bench, once (about 5 minutes once built;
+#                                    reclaim on three runtimes took 191 s of it here)
 #   scripts/bench.sh planner state   only these
 #   BENCH_RUNS=3 scripts/bench.sh    each bench three times, for medians and spread
 #
