@@ -1,31 +1,46 @@
 //! Reclaim quality, side by side: imagegc's cycle against the kubelet's space
-//! algorithm, on a real containerd whose filesystem is past the high
-//! threshold.
+//! algorithm, on each real runtime of the test bed's matrix (containerd 1.6,
+//! containerd 2.x, CRI-O) whose filesystem is past the high threshold.
 //!
 //! Each scenario is a set of images in a known least-recently-used order,
-//! some of them used by running containers. It is built three times, each
-//! time on a fresh, identical test bed (its own containerd on its own ext4):
+//! some of them used by running containers. Its layers are gzip-compressed,
+//! as registries serve them, and compress to about half (pseudo-random bytes
+//! and zeros in alternate 4 KiB runs): containerd reports an image's size
+//! as its compressed blobs and keeps those blobs beside the unpacked
+//! snapshot, CRI-O reports and stores the unpacked layers, so the sizes the
+//! kubelet adds up are wrong in a different way on each runtime. The same
+//! images go on the same filesystem size on every runtime. Each scenario is
+//! built four times per runtime, each time on a fresh, identical test bed
+//! (its own runtime on its own ext4):
 //!
 //! 1. **replay**: the unused images are removed one at a time in LRU order
-//!    with the bare CRI client, measuring the filesystem after each. This
-//!    gives what each removal really frees next to the size CRI reports, and
-//!    `k_min`, the shortest LRU prefix whose removal reaches the low
-//!    threshold.
+//!    with bare CRI `RemoveImage` calls, measuring the filesystem after each.
+//!    This gives what each removal really frees next to the size CRI
+//!    reports, and `k_min`, the shortest LRU prefix whose removal reaches the
+//!    low threshold.
 //! 2. **imagegc**: `imagegc once --output json` (the release binary) with a
 //!    state file that holds the LRU order.
-//! 3. **kubelet**: the kubelet's space algorithm (KUBELET.md), implemented
-//!    here over CRI: `to_free = capacity*(100-low)/100 - available`, walk the
-//!    LRU order skipping images in use, add each removed image's CRI size,
-//!    stop when the sum reaches `to_free`; repeat the cycle, re-reading
-//!    `statvfs`, while usage is at or above high (at most 10 cycles).
+//! 3. and 4. **kubelet**: the kubelet's space algorithm (KUBELET.md),
+//!    implemented here over CRI: `to_free = capacity*(100-low)/100 -
+//!    available`, walk the LRU order skipping images containers use (matched
+//!    by id, repo digest or tag) and pinned ones, add each removed image's
+//!    CRI size (a failed removal counts nothing and the walk goes on), stop
+//!    when the sum reaches `to_free`; repeat the cycle, re-reading `statvfs`,
+//!    while usage is at or above high (at most 10 cycles). Once with imagegc's
+//!    thresholds, once with high 10 points below the initial usage.
 //!
-//! Thresholds are relative to the usage measured after setup (high =
-//! initial - 5, low = initial - 25), so every bed starts past high.
+//! Thresholds are relative to the usage measured after setup on each
+//! runtime (high = initial - 5, low = initial - 25), so every bed starts
+//! past high.
 //!
-//! Needs root, containerd, runc, ctr, mkfs.ext4, losetup and gcc (like the
-//! end-to-end tests), and `target/release/imagegc` (`scripts/bench.sh`
-//! builds it). `cargo bench --bench reclaim [-- SCENARIO...]`, scenarios
-//! `shared` and `unshared`.
+//! Needs root, the test bed's tools and runtimes (containerd, runc, ctr,
+//! mkfs.ext4, losetup, gcc; skopeo, docker-registry and conmon for CRI-O;
+//! containerd 2.x and CRI-O built by scripts/testbed-runtimes.sh), and
+//! `target/release/imagegc` (`scripts/bench.sh` builds them all).
+//! `cargo bench --bench reclaim [-- SCENARIO... RUNTIME...]`: scenarios
+//! `shared` and `unshared`, runtimes `containerd_1_6`, `containerd_2` and
+//! `crio` (the names of the end-to-end suites); all of each when none is
+//! named.
 
 mod common;
 
@@ -34,15 +49,14 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{imagegc_binary, selected_cases};
-use imagegc::cri::Runtime;
-use imagegc::cri::proto;
+use imagegc::cri::{Container, Image, Runtime};
 use imagegc::fs::{FsStats, statvfs};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
 use imagegc::testing::history;
 use imagegc::testing::{oci, testbed};
-use oci::{ImageSpec, Layer};
-use testbed::TestBed;
+use oci::{BuiltImage, ImageSpec, Layer};
+use testbed::{Kind, TestBed};
 
 const MIB: u64 = 1024 * 1024;
 /// The kubelet runs its space pass at most this many times here.
@@ -54,6 +68,12 @@ const LOW_BELOW_INITIAL: u64 = 25;
 /// lets it run more cycles (imagegc would do the same as with the first
 /// high: usage starts above both, and low is the same).
 const KUBELET_HIGH_BELOW_INITIAL_TOO: u64 = 10;
+/// The runtimes, by the names of their end-to-end suites.
+const RUNTIMES: [(&str, Kind); 3] = [
+    ("containerd_1_6", Kind::Containerd16),
+    ("containerd_2", Kind::Containerd2),
+    ("crio", Kind::Crio),
+];
 
 /// One image of a scenario; scenarios list them least recently used first.
 struct ImageDef {
@@ -67,6 +87,7 @@ struct ImageDef {
 struct Scenario {
     name: &'static str,
     what: &'static str,
+    /// The filesystem's size, the same on every runtime.
     fs_mib: u64,
     bases_mib: &'static [u64],
     images: &'static [ImageDef],
@@ -85,7 +106,7 @@ const SCENARIOS: [Scenario; 2] = [
     Scenario {
         name: "shared",
         what: "2 bases of 40 MiB; 8 images on them, 2 without; 2 in use",
-        fs_mib: 512,
+        fs_mib: 352,
         bases_mib: &[40, 40],
         images: &[
             img("registry.example.com/shop/cart:1", Some(0), 6, false),
@@ -103,7 +124,7 @@ const SCENARIOS: [Scenario; 2] = [
     Scenario {
         name: "unshared",
         what: "10 images without shared layers; 2 in use",
-        fs_mib: 512,
+        fs_mib: 352,
         bases_mib: &[],
         images: &[
             img("registry.example.com/ci/build-a:1", None, 14, false),
@@ -125,6 +146,8 @@ struct Prepared {
     bed: TestBed,
     /// Image ids, least recently used first (all images of the scenario).
     order: Vec<String>,
+    /// What was built for each, in the same order.
+    built: Vec<BuiltImage>,
     in_use: HashSet<String>,
     /// CRI-reported sizes by id.
     cri_size: HashMap<String, u64>,
@@ -143,22 +166,27 @@ impl Prepared {
     }
 }
 
-async fn prepare(scenario: &Scenario) -> Prepared {
+async fn prepare(kind: Kind, scenario: &Scenario) -> Prepared {
     let started = Instant::now();
-    let bed = TestBed::start(testbed::Kind::Containerd16, scenario.fs_mib).await;
+    let bed = TestBed::start(kind, scenario.fs_mib).await;
     let mut order = Vec::new();
+    let mut built_images = Vec::new();
     let mut in_use_names = Vec::new();
     for (i, def) in scenario.images.iter().enumerate() {
-        let mut spec = ImageSpec::new(def.name);
+        let mut spec = ImageSpec::new(def.name).gzip();
         if let Some(base) = def.base {
-            spec = spec.layer(Layer::random(0xba5e_0000 + base as u64, scenario.bases_mib[base] * MIB));
+            spec = spec.layer(Layer::compressible(
+                0xba5e_0000 + base as u64,
+                scenario.bases_mib[base] * MIB,
+            ));
         }
-        spec = spec.layer(Layer::random(0x0051_0000 + i as u64, def.unique_mib * MIB));
+        spec = spec.layer(Layer::compressible(0x0051_0000 + i as u64, def.unique_mib * MIB));
         let built = bed.import(&spec).await;
         if def.in_use {
             in_use_names.push(def.name);
         }
-        order.push(built.id);
+        order.push(built.id.clone());
+        built_images.push(built);
     }
     if !in_use_names.is_empty() {
         let pod = bed.run_pod("reclaim").await;
@@ -179,6 +207,7 @@ async fn prepare(scenario: &Scenario) -> Prepared {
     Prepared {
         bed,
         order,
+        built: built_images,
         in_use,
         cri_size,
         initial,
@@ -196,6 +225,10 @@ struct Thresholds {
 struct Step {
     name: &'static str,
     cri_size: u64,
+    /// The image's own layer blobs as built (compressed) and unpacked, each
+    /// layer counted once, shared bases included.
+    packed: u64,
+    unpacked: u64,
     freed: u64,
     usage_after: FsStats,
 }
@@ -207,17 +240,23 @@ struct Replay {
 }
 
 async fn replay(scenario: &Scenario, p: &Prepared, t: Thresholds) -> Replay {
-    let mut service = p.bed.client().image_service();
     let names: HashMap<&String, &'static str> = p.order.iter().zip(scenario.images.iter().map(|d| d.name)).collect();
+    let built: HashMap<&String, &BuiltImage> = p.order.iter().zip(&p.built).collect();
     let mut steps = Vec::new();
     let mut k_min = None;
     let mut before = p.fs();
     for (k, id) in p.unused().into_iter().enumerate() {
-        remove_image(&mut service, id).await;
+        p.bed
+            .client()
+            .remove_image(id)
+            .await
+            .unwrap_or_else(|e| panic!("RemoveImage {id}: {e}"));
         let after = p.fs();
         steps.push(Step {
             name: names[id],
             cri_size: p.cri_size[id],
+            packed: built[id].layer_bytes(),
+            unpacked: built[id].unpacked_bytes(),
             freed: after.available().saturating_sub(before.available()),
             usage_after: after,
         });
@@ -229,20 +268,18 @@ async fn replay(scenario: &Scenario, p: &Prepared, t: Thresholds) -> Replay {
     Replay { steps, k_min }
 }
 
-async fn remove_image(
-    service: &mut proto::image_service_client::ImageServiceClient<tonic::transport::Channel>,
-    id: &str,
-) {
-    let request = proto::RemoveImageRequest {
-        image: Some(proto::ImageSpec {
-            image: id.to_string(),
-            ..Default::default()
-        }),
-    };
-    service
-        .remove_image(request)
-        .await
-        .unwrap_or_else(|s| panic!("RemoveImage {id}: {s}"));
+/// Whether a container uses `image`, as the kubelet matches them
+/// (KUBELET.md, "Records"): by the container's image id, else its image
+/// ref, against the image's id or any of its repo digests or tags.
+fn kubelet_in_use(image: &Image, containers: &[Container]) -> bool {
+    containers.iter().any(|c| {
+        let reference = if c.image_id.is_empty() {
+            &c.image_ref
+        } else {
+            &c.image_id
+        };
+        *reference == image.id || image.repo_digests.contains(reference) || image.repo_tags.contains(reference)
+    })
 }
 
 /// What one algorithm did on its bed.
@@ -336,7 +373,6 @@ async fn run_imagegc(p: &Prepared, t: Thresholds) -> Outcome {
 /// The kubelet's space pass, cycle after cycle (KUBELET.md, "One cycle").
 async fn run_kubelet(p: &Prepared, t: Thresholds) -> Outcome {
     let started = Instant::now();
-    let mut service = p.bed.client().image_service();
     let mut removed: Vec<String> = Vec::new();
     let mut notes = Vec::new();
     let mut cycles_below_high = None;
@@ -351,37 +387,34 @@ async fn run_kubelet(p: &Prepared, t: Thresholds) -> Outcome {
         cycles_run = cycle;
         // Detection: what exists, and which images containers use.
         let images = p.bed.list_images().await;
-        let sizes: HashMap<&str, u64> = images.iter().map(|i| (i.id.as_str(), i.size)).collect();
-        let used: HashSet<String> = p
-            .bed
-            .client()
-            .list_containers()
-            .await
-            .expect("ListContainers")
-            .into_iter()
-            .flat_map(|c| [c.image_ref, c.image_id])
-            .collect();
+        let containers = p.bed.list_containers().await;
+        let listed: HashMap<&str, &Image> = images.iter().map(|i| (i.id.as_str(), i)).collect();
         let to_free = fs.bytes_to_free(t.low);
         let mut counted = 0u64;
         let mut this_cycle = 0;
+        let mut failed = 0;
         for id in &p.order {
             if counted >= to_free {
                 break;
             }
-            let Some(&size) = sizes.get(id.as_str()) else {
+            let Some(image) = listed.get(id.as_str()) else {
                 continue;
             };
-            if used.contains(id) || *id == pause {
+            if image.pinned || *id == pause || kubelet_in_use(image, &containers) {
                 continue;
             }
-            remove_image(&mut service, id).await;
+            // A failed removal counts nothing; the walk goes on.
+            if p.bed.client().remove_image(id).await.is_err() {
+                failed += 1;
+                continue;
+            }
             removed.push(id.clone());
-            counted += size;
+            counted += image.size;
             this_cycle += 1;
         }
         let after = p.fs();
         notes.push(format!(
-            "cycle {cycle}: {}% -> {}%, to free {:.1} MiB, counted {:.1} MiB freed by CRI sizes, really freed {:.1} MiB, {this_cycle} removed{}",
+            "cycle {cycle}: {}% -> {}%, to free {:.1} MiB, counted {:.1} MiB freed by CRI sizes, really freed {:.1} MiB, {this_cycle} removed, {failed} removals failed{}",
             fs.usage_percent(),
             after.usage_percent(),
             to_free as f64 / MIB as f64,
@@ -425,11 +458,12 @@ fn mib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / MIB as f64)
 }
 
-async fn run_scenario(scenario: &Scenario) {
-    println!("\n== reclaim/{}: {} ==", scenario.name, scenario.what);
+async fn run_scenario(runtime: &str, kind: Kind, scenario: &Scenario) {
+    let tag = format!("reclaim/{runtime}/{}", scenario.name);
+    println!("\n== {tag}: {}, on {} ==", scenario.what, kind.name());
 
     // 1. Replay on the first bed: thresholds from its initial usage, k_min.
-    let bed = prepare(scenario).await;
+    let bed = prepare(kind, scenario).await;
     let initial = bed.initial.usage_percent();
     assert!(
         initial > LOW_BELOW_INITIAL + 5,
@@ -449,17 +483,20 @@ async fn run_scenario(scenario: &Scenario) {
         mib(bed.initial.bytes_to_free(t.low)),
     );
     let replayed = replay(scenario, &bed, t).await;
+    let replayed_initial = bed.initial;
     drop(bed);
     println!("replay: unused images removed one at a time in LRU order (bare CRI client, statvfs after each)");
     println!(
-        "  {:>2}  {:<38} {:>9} {:>12} {:>7}",
-        "k", "image", "CRI MiB", "freed MiB", "usage"
+        "  {:>2}  {:<38} {:>11} {:>13} {:>9} {:>10} {:>7}",
+        "k", "image", "packed MiB", "unpacked MiB", "CRI MiB", "freed MiB", "usage"
     );
     for (k, step) in replayed.steps.iter().enumerate() {
         println!(
-            "  {:>2}  {:<38} {:>9} {:>12} {:>6}%{}",
+            "  {:>2}  {:<38} {:>11} {:>13} {:>9} {:>10} {:>6}%{}",
             k + 1,
             step.name,
+            mib(step.packed),
+            mib(step.unpacked),
             mib(step.cri_size),
             mib(step.freed),
             step.usage_after.usage_percent(),
@@ -477,6 +514,17 @@ async fn run_scenario(scenario: &Scenario) {
         mib(cri_total),
         mib(freed_total)
     );
+    let k_min = replayed.k_min.map_or(0, |k| k);
+    println!(
+        "{tag}/replay: initial_usage={initial}% ({:.1}) high={}% low={}% to_free={} MiB k_min={k_min} unused={} cri_sum={} MiB freed_sum={} MiB",
+        precise_usage(&replayed_initial),
+        t.high,
+        t.low,
+        mib(replayed_initial.bytes_to_free(t.low)),
+        replayed.steps.len(),
+        mib(cri_total),
+        mib(freed_total),
+    );
 
     // 2. imagegc and 3. the kubelet, each on a fresh identical bed.
     let t2 = Thresholds {
@@ -485,7 +533,7 @@ async fn run_scenario(scenario: &Scenario) {
     };
     let mut results = Vec::new();
     for (algorithm, t) in [("imagegc", t), ("kubelet", t), ("kubelet", t2)] {
-        let bed = prepare(scenario).await;
+        let bed = prepare(kind, scenario).await;
         let drift = bed.initial.usage_percent().abs_diff(initial);
         assert!(
             drift <= 1,
@@ -534,27 +582,25 @@ async fn run_scenario(scenario: &Scenario) {
             println!("  {algorithm}: ran no cycle");
         }
     }
-    let k_min = replayed
+    let k_min_text = replayed
         .k_min
         .map_or_else(|| "none (low unreachable)".to_string(), |k| k.to_string());
-    println!("  k_min (shortest LRU prefix reaching {}%): {k_min}", t.low);
+    println!("  k_min (shortest LRU prefix reaching {}%): {k_min_text}", t.low);
     for (algorithm, o, extra) in &results {
         println!(
-            "reclaim/{}/{algorithm}: cycles_below_high={} cycles_to_low={} final_usage={}% removed={} k_min={} beyond_k_min={extra} low={}",
-            scenario.name,
+            "{tag}/{algorithm}: cycles_below_high={} cycles_to_low={} final_usage={}% ({:.1}) removed={} k_min={k_min} beyond_k_min={extra} low={}%",
             cycles(o.cycles_below_high),
             cycles(o.cycles_to_low),
             o.final_fs.usage_percent(),
+            precise_usage(&o.final_fs),
             o.removed.len(),
-            replayed.k_min.map_or(0, |k| k),
             t.low,
         );
     }
     let (_, imagegc, extra) = &results[0];
     let met = imagegc.cycles_to_low == Some(1) && *extra == 0 && imagegc.removed.len() == replayed.k_min.unwrap_or(0);
     println!(
-        "reclaim/{}: imagegc target (one cycle, final usage <= low, no image beyond k_min): {}",
-        scenario.name,
+        "{tag}: imagegc target (one cycle, final usage <= low, no image beyond k_min): {}",
         if met { "met" } else { "MISSED" }
     );
 }
@@ -563,14 +609,26 @@ fn main() {
     let Some(wanted) = selected_cases("reclaim") else {
         return;
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let is_scenario = |w: &String| SCENARIOS.iter().any(|s| s.name == w);
+    let is_runtime = |w: &String| RUNTIMES.iter().any(|(name, _)| name == w);
+    if let Some(unknown) = wanted.iter().find(|w| !is_scenario(w) && !is_runtime(w)) {
+        let scenarios: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+        let runtimes: Vec<&str> = RUNTIMES.iter().map(|(name, _)| *name).collect();
+        panic!(
+            "unknown case {unknown:?}: scenarios are {}, runtimes {}",
+            scenarios.join(", "),
+            runtimes.join(", ")
+        );
+    }
+    let chosen =
+        |name: &str, is_kind: &dyn Fn(&String) -> bool| !wanted.iter().any(is_kind) || wanted.iter().any(|w| w == name);
+    let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    for scenario in SCENARIOS
-        .iter()
-        .filter(|s| wanted.is_empty() || wanted.iter().any(|w| w == s.name))
-    {
-        runtime.block_on(run_scenario(scenario));
+    for (runtime, kind) in RUNTIMES.iter().filter(|(name, _)| chosen(name, &is_runtime)) {
+        for scenario in SCENARIOS.iter().filter(|s| chosen(s.name, &is_scenario)) {
+            tokio.block_on(run_scenario(runtime, *kind, scenario));
+        }
     }
 }

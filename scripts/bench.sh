@@ -2,14 +2,22 @@
 # Runs imagegc's benchmarks and prints their figures (BENCHMARKS.md says
 # what each measures, its target, and the figures on the reference machine).
 #
-#   scripts/bench.sh                 every bench, once (about 4 minutes once built)
+#   scripts/bench.sh                 every bench, once (about 5 minutes once built;
+#                                    reclaim on three runtimes took 191 s of it here)
 #   scripts/bench.sh planner state   only these
 #   BENCH_RUNS=3 scripts/bench.sh    each bench three times, for medians and spread
 #
 # Benches: planner state reclaim cycle footprint.
-# reclaim and cycle start private containerds on loop-mounted filesystems,
-# like the end-to-end tests: they must run as root, with containerd, runc,
-# ctr, mkfs.ext4, losetup and gcc (installed here with apt-get when missing).
+# reclaim and cycle start private runtimes on loop-mounted filesystems, like
+# the end-to-end tests: they must run as root, with containerd, runc, ctr,
+# mkfs.ext4, losetup and gcc (installed here with apt-get when missing).
+# reclaim runs on every runtime of the test bed's matrix: Debian's
+# containerd 1.6, containerd 2.x and CRI-O (with conmon, skopeo and the
+# registry, installed here too); containerd 2.x and CRI-O are built from
+# their Go modules the first time (scripts/testbed-runtimes.sh; kept under
+# target/runtimes or $IMAGEGC_RUNTIMES_DIR). `cargo bench --bench reclaim --
+# crio` (or containerd_1_6, containerd_2, and shared or unshared) runs part
+# of it.
 # Builds the release binary first (reclaim and footprint run it).
 # Full output goes to target/bench-logs/; the summary lines are printed at
 # the end. Other work on the machine skews the timings: run it idle.
@@ -42,6 +50,13 @@ if [ ${#needs_root[@]} -gt 0 ]; then
     . scripts/testbed-deps.sh
     install_testbed_deps
 fi
+case " ${selected[*]} " in
+    *" reclaim "*)
+        . scripts/testbed-runtimes.sh
+        build_testbed_runtimes
+        echo "==> reclaim runs on containerd 1.6, containerd 2.x and CRI-O"
+        ;;
+esac
 
 echo "==> machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), \
 $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg)"

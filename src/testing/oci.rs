@@ -1,9 +1,13 @@
 //! OCI image-layout tarballs built in the test process, with no registry,
 //! no docker and no network: `ctr images import` reads them as they are.
 //!
-//! Layers are plain (uncompressed) tars made deterministically from their
-//! description, so two images that use the same layer get byte-identical
-//! blobs and containerd stores that layer once. Every image starts with a
+//! Layers are tars made deterministically from their description, so two
+//! images that use the same layer get byte-identical blobs and the runtime
+//! stores that layer once. They are written plain (uncompressed, the fastest
+//! to import) unless the image is built with [`ImageSpec::gzip`], as
+//! registries serve them: then the blob is smaller than the tar it unpacks
+//! to, and runtimes that report compressed sizes (containerd) and those that
+//! report uncompressed ones (CRI-O) disagree about the image's size. Every image starts with a
 //! layer holding `/sleeper`, a static binary that sleeps until SIGTERM and
 //! is the image's entrypoint, so any image can back a running container.
 
@@ -12,12 +16,16 @@ use std::fs::File;
 use std::io::{self, BufWriter, Read};
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+pub const LAYER_GZIP_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
@@ -26,6 +34,10 @@ pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
 const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 /// The index annotation `ctr images import` names the image after.
 pub const NAME_ANNOTATION: &str = "io.containerd.image.name";
+/// The runs of a [`Layer::compressible`] file: this many pseudo-random bytes,
+/// then as many zeros, and so on. gzip keeps the random half and squeezes
+/// the zeros to almost nothing: the blob is about half the tar.
+const COMPRESSIBLE_RUN: usize = 4096;
 /// Where the sleeping entrypoint lives in every image.
 pub const SLEEPER_PATH: &str = "/sleeper";
 
@@ -56,6 +68,8 @@ pub struct Layer {
 enum LayerKind {
     /// One file of `size` incompressible bytes drawn from `seed`.
     Random { seed: u64, size: u64 },
+    /// One file of `size` bytes drawn from `seed`, half of them zeros.
+    Compressible { seed: u64, size: u64 },
     /// One regular file.
     File { path: String, mode: u32, contents: Vec<u8> },
 }
@@ -67,6 +81,15 @@ impl Layer {
     pub fn random(seed: u64, size_bytes: u64) -> Self {
         Self {
             kind: LayerKind::Random { seed, size: size_bytes },
+        }
+    }
+
+    /// A layer with one file of `size_bytes` bytes that gzip halves:
+    /// pseudo-random bytes and zeros in alternate runs of 4 KiB. The same
+    /// seed and size always give the same bytes, as with [`Layer::random`].
+    pub fn compressible(seed: u64, size_bytes: u64) -> Self {
+        Self {
+            kind: LayerKind::Compressible { seed, size: size_bytes },
         }
     }
 
@@ -92,20 +115,59 @@ impl Layer {
         Self::file(SLEEPER_PATH, 0o755, sleeper_binary())
     }
 
-    /// The blob of this layer's `tar`. Hashing is the slow part of building
-    /// an image in an unoptimised test build, so the digests of random
-    /// layers (shared bases above all) are remembered for the process.
-    fn blob_of(&self, tar: &[u8]) -> Blob {
-        static DIGESTS: Mutex<BTreeMap<(u64, u64), Blob>> = Mutex::new(BTreeMap::new());
-        let LayerKind::Random { seed, size } = self.kind else {
-            return Blob::of(tar);
-        };
-        if let Some(blob) = DIGESTS.lock().unwrap().get(&(seed, size)) {
-            return blob.clone();
+    /// What identifies a generated layer's bytes, for the caches below.
+    fn generated(&self) -> Option<(bool, u64, u64)> {
+        match self.kind {
+            LayerKind::Random { seed, size } => Some((false, seed, size)),
+            LayerKind::Compressible { seed, size } => Some((true, seed, size)),
+            LayerKind::File { .. } => None,
         }
-        let blob = Blob::of(tar);
-        DIGESTS.lock().unwrap().insert((seed, size), blob.clone());
-        blob
+    }
+
+    /// The layer as the layout stores it, gzip-compressed or not. Hashing
+    /// (and compressing) is the slow part of building an image in an
+    /// unoptimised test build, so for generated layers (shared bases above
+    /// all) the digests of plain ones and the whole of compressed ones are
+    /// remembered for the process.
+    fn packed(&self, gzip: bool) -> Packed {
+        type Cache<T> = Mutex<BTreeMap<(bool, u64, u64), T>>;
+        static DIGESTS: Cache<Blob> = Mutex::new(BTreeMap::new());
+        static COMPRESSED: Cache<Packed> = Mutex::new(BTreeMap::new());
+        let key = self.generated();
+        if gzip {
+            if let Some(packed) = key.and_then(|k| COMPRESSED.lock().unwrap().get(&k).cloned()) {
+                return packed;
+            }
+            let tar = self.tar();
+            let mut encoder = GzEncoder::new(Vec::with_capacity(tar.len() / 2), Compression::fast());
+            io::Write::write_all(&mut encoder, &tar).expect("compressing a layer in memory");
+            let bytes = encoder.finish().expect("compressing a layer in memory");
+            let packed = Packed {
+                blob: Blob::of(&bytes),
+                unpacked: Blob::of(&tar),
+                bytes: Arc::new(bytes),
+            };
+            if let Some(key) = key {
+                COMPRESSED.lock().unwrap().insert(key, packed.clone());
+            }
+            return packed;
+        }
+        let tar = self.tar();
+        let blob = match key.and_then(|k| DIGESTS.lock().unwrap().get(&k).cloned()) {
+            Some(blob) => blob,
+            None => {
+                let blob = Blob::of(&tar);
+                if let Some(key) = key {
+                    DIGESTS.lock().unwrap().insert(key, blob.clone());
+                }
+                blob
+            }
+        };
+        Packed {
+            unpacked: blob.clone(),
+            blob,
+            bytes: Arc::new(tar),
+        }
     }
 
     /// The layer as an uncompressed tar; the same layer always gives the same bytes.
@@ -116,6 +178,19 @@ impl Layer {
                 append_dir(&mut builder, "data/");
                 let path = format!("data/{seed:016x}-{size}");
                 append_file(&mut builder, &path, 0o644, *size, XorShift::new(*seed).take(*size));
+                builder.into_inner().expect("finishing a layer tar in memory")
+            }
+            LayerKind::Compressible { seed, size } => {
+                let mut data = vec![0u8; *size as usize];
+                let mut random = XorShift::new(*seed);
+                for run in data.chunks_mut(2 * COMPRESSIBLE_RUN) {
+                    let end = run.len().min(COMPRESSIBLE_RUN);
+                    random.read_exact(&mut run[..end]).expect("reading pseudo-random bytes");
+                }
+                let mut builder = tar::Builder::new(Vec::with_capacity(data.len() + 4096));
+                append_dir(&mut builder, "data/");
+                let path = format!("data/{seed:016x}-{size}-compressible");
+                append_file(&mut builder, &path, 0o644, *size, data.as_slice());
                 builder.into_inner().expect("finishing a layer tar in memory")
             }
             LayerKind::File { path, mode, contents } => {
@@ -250,6 +325,16 @@ fn build_sleeper() -> Result<Vec<u8>, String> {
     std::fs::read(&binary).map_err(|e| format!("cannot read {}: {e}", binary.display()))
 }
 
+/// A layer as the layout stores it.
+#[derive(Clone)]
+struct Packed {
+    /// The blob: the tar, or the tar gzip-compressed.
+    blob: Blob,
+    /// The tar itself: its digest is the layer's diff id.
+    unpacked: Blob,
+    bytes: Arc<Vec<u8>>,
+}
+
 /// A content-addressed blob of the layout.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Blob {
@@ -276,6 +361,7 @@ impl Blob {
 pub struct ImageSpec {
     names: Vec<String>,
     layers: Vec<Layer>,
+    gzip: bool,
 }
 
 impl ImageSpec {
@@ -285,6 +371,7 @@ impl ImageSpec {
         Self {
             names: vec![name.to_string()],
             layers: vec![Layer::sleeper()],
+            gzip: false,
         }
     }
 
@@ -300,6 +387,12 @@ impl ImageSpec {
     /// Adds a layer on top.
     pub fn layer(mut self, layer: Layer) -> Self {
         self.layers.push(layer);
+        self
+    }
+
+    /// Writes every layer gzip-compressed, as registries serve them.
+    pub fn gzip(mut self) -> Self {
+        self.gzip = true;
         self
     }
 
@@ -330,18 +423,22 @@ impl ImageSpec {
         dir(&mut out, "blobs/sha256/")?;
 
         let mut layers = Vec::new();
-        let mut diff_ids = Vec::new();
+        let mut unpacked = Vec::new();
         let mut written = BTreeSet::new();
         for layer in &self.layers {
-            let bytes = layer.tar();
-            let layer_blob = layer.blob_of(&bytes);
-            if written.insert(layer_blob.digest.clone()) {
-                blob(&mut out, &layer_blob, &bytes)?;
+            let packed = layer.packed(self.gzip);
+            if written.insert(packed.blob.digest.clone()) {
+                blob(&mut out, &packed.blob, &packed.bytes)?;
             }
-            // Uncompressed layers: the diff id is the blob digest.
-            diff_ids.push(layer_blob.digest.clone());
-            layers.push(layer_blob);
+            layers.push(packed.blob);
+            unpacked.push(packed.unpacked);
         }
+        let diff_ids: Vec<&str> = unpacked.iter().map(|tar| tar.digest.as_str()).collect();
+        let layer_media_type = if self.gzip {
+            LAYER_GZIP_MEDIA_TYPE
+        } else {
+            LAYER_MEDIA_TYPE
+        };
 
         let config = json!({
             "architecture": oci_architecture(),
@@ -364,7 +461,7 @@ impl ImageSpec {
             "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config_blob.digest, "size": config_blob.size},
             "layers": layers
                 .iter()
-                .map(|l| json!({"mediaType": LAYER_MEDIA_TYPE, "digest": l.digest, "size": l.size}))
+                .map(|l| json!({"mediaType": layer_media_type, "digest": l.digest, "size": l.size}))
                 .collect::<Vec<_>>(),
         });
         let manifest_bytes = serde_json::to_vec(&manifest).expect("serializing a manifest");
@@ -379,6 +476,7 @@ impl ImageSpec {
             config: config_blob,
             manifest: manifest_blob,
             layers,
+            unpacked,
         };
         let references: Vec<String> = built.names.iter().cloned().chain(built.repo_digests()).collect();
         let index = json!({
@@ -420,8 +518,13 @@ pub struct BuiltImage {
     pub id: String,
     pub config: Blob,
     pub manifest: Blob,
-    /// Bottom first; a layer used twice in one image appears twice.
+    /// The layer blobs as the layout holds them (gzip-compressed for an
+    /// image built with [`ImageSpec::gzip`]). Bottom first; a layer used
+    /// twice in one image appears twice.
     pub layers: Vec<Blob>,
+    /// Each layer's tar, uncompressed (its digest is the diff id): the same
+    /// as `layers` for an uncompressed image.
+    pub unpacked: Vec<Blob>,
 }
 
 impl BuiltImage {
@@ -442,10 +545,20 @@ impl BuiltImage {
         digests
     }
 
-    /// Bytes of all layer blobs (what an uncompressed image weighs, counting
-    /// each of its layers once).
+    /// Bytes of all layer blobs, counting each of its layers once (what an
+    /// uncompressed image weighs; what a compressed one weighs packed).
     pub fn layer_bytes(&self) -> u64 {
         self.layers.iter().collect::<BTreeSet<_>>().iter().map(|l| l.size).sum()
+    }
+
+    /// Bytes of all layers unpacked (their tars), counting each once.
+    pub fn unpacked_bytes(&self) -> u64 {
+        self.unpacked
+            .iter()
+            .collect::<BTreeSet<_>>()
+            .iter()
+            .map(|l| l.size)
+            .sum()
     }
 }
 
@@ -505,6 +618,40 @@ mod tests {
             pieces.extend(buf);
         }
         assert_eq!(whole, pieces);
+    }
+
+    #[test]
+    fn gzip_layers_unpack_to_the_tar_their_diff_id_names() {
+        let layer = Layer::compressible(11, 300_001);
+        let packed = layer.packed(true);
+        let mut tar = Vec::new();
+        flate2::read::GzDecoder::new(packed.bytes.as_slice())
+            .read_to_end(&mut tar)
+            .unwrap();
+        assert_eq!(tar, layer.tar());
+        assert_eq!(packed.unpacked, Blob::of(&tar));
+        assert_eq!(packed.blob, Blob::of(&packed.bytes));
+        // File layers are compressed anew each time: the same bytes each time
+        // (no timestamp or name in the gzip header), so images built twice match.
+        let file = Layer::file("/etc/motd", 0o644, vec![b'a'; 10_000]);
+        assert_eq!(file.packed(true).blob, file.packed(true).blob);
+    }
+
+    #[test]
+    fn compressible_layers_gzip_to_about_half_and_random_ones_do_not_shrink() {
+        let size = 1024 * 1024;
+        let compressible = Layer::compressible(5, size).packed(true);
+        let ratio = compressible.blob.size as f64 / compressible.unpacked.size as f64;
+        assert!((0.49..0.53).contains(&ratio), "compressible layer: gzip ratio {ratio}");
+        let random = Layer::random(5, size).packed(true);
+        // Only the tar's headers and end blocks shrink.
+        assert!(
+            random.blob.size * 100 >= random.unpacked.size * 99,
+            "random layers stay incompressible"
+        );
+        let plain = Layer::compressible(5, size).packed(false);
+        assert_eq!(plain.blob, plain.unpacked, "an uncompressed layer's blob is its tar");
+        assert_eq!(plain.unpacked, compressible.unpacked);
     }
 
     #[test]
