@@ -14,6 +14,15 @@
 //! - `image NAME SIZE [FILE]`: adds an unused image tagged `NAME`, with the
 //!   id `sha256:<NAME as hex, padded>`; removing it deletes `FILE`, so a
 //!   removal frees space on the filesystem that holds it.
+//! - `containers N`: adds `N` running containers, each in a pod of its own,
+//!   spread over the images in the order they were added (the first
+//!   container uses the first image, and so on, starting over after the
+//!   last). Each names its image as containerd does in `ListContainers`: the
+//!   spec image is the image's tag, `image_ref` its id. Container and pod
+//!   ids are 64 hex digits, numbered on from the containers already there.
+//! - `calls`: answers `ok RPC=N RPC=N ...`, how many times each RPC was
+//!   called so far, in the order of their first call, so a script can tell
+//!   what one client process asked of the runtime.
 //! - `fail-remove NAME`: `RemoveImage` of that image fails from now on.
 //! - `stop`, `start`: stops serving (the runtime is down), serves again.
 //! - `quit`: stops and exits.
@@ -27,8 +36,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
-use imagegc::cri::Image;
 use imagegc::cri::fake::{FakeRuntime, FakeServer};
+use imagegc::cri::{Container, ContainerState, Image};
 
 fn main() -> ExitCode {
     let mut args = std::env::args_os().skip(1);
@@ -102,6 +111,14 @@ fn main() -> ExitCode {
                     }
                     Err(err) => Err(format!("size {size:?}: {err}")),
                 },
+                ["containers", count] => match count.parse::<usize>() {
+                    Ok(count) => add_containers(&fake, count),
+                    Err(err) => Err(format!("count {count:?}: {err}")),
+                },
+                ["calls"] => {
+                    println!("ok{}", call_counts(&fake.calls()));
+                    continue;
+                }
                 ["fail-remove", name] => {
                     fake.fail_remove(&image_id(name), tonic::Code::Internal);
                     Ok(())
@@ -135,8 +152,127 @@ fn main() -> ExitCode {
     })
 }
 
+/// ` RPC=N` for each RPC in `calls`, in the order of their first call.
+fn call_counts(calls: &[String]) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for call in calls {
+        match counts.iter_mut().find(|(rpc, _)| rpc == call) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((call, 1)),
+        }
+    }
+    counts.iter().map(|(rpc, n)| format!(" {rpc}={n}")).collect()
+}
+
+/// Adds `count` running containers spread over the runtime's images (see
+/// the `containers` command).
+fn add_containers(fake: &FakeRuntime, count: usize) -> Result<(), String> {
+    let images = fake.images();
+    if images.is_empty() && count > 0 {
+        return Err("no image to run containers from: add images first".to_string());
+    }
+    let first = fake.containers().len();
+    for (n, image) in (first..first + count).zip(images.iter().cycle()) {
+        let pod = hex_id(n, 0x706f_6473);
+        fake.add_pod(&pod);
+        fake.add_container(Container {
+            id: hex_id(n, 0x6374_7273),
+            pod_sandbox_id: pod,
+            name: format!("app{n}"),
+            image: image.repo_tags.first().cloned().unwrap_or_else(|| image.id.clone()),
+            image_ref: image.id.clone(),
+            image_id: String::new(),
+            state: Some(ContainerState::Running),
+            mounted_images: Vec::new(),
+        });
+    }
+    Ok(())
+}
+
+/// A distinct, random-looking 64-hex-digit id for the `n`th container or
+/// pod, so ids differ from their first digit as a runtime's random ids do.
+fn hex_id(n: usize, salt: u64) -> String {
+    // splitmix64's finalizer: a bijection, so distinct `n` give distinct ids.
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let n = n as u64 ^ salt;
+    format!(
+        "{:016x}{:016x}{:016x}{:016x}",
+        mix(n),
+        mix(n ^ (1 << 63)),
+        mix(n.rotate_left(21)),
+        mix(!n)
+    )
+}
+
 /// A stable `sha256:` id for a name: its bytes in hex, padded to 64 digits.
 fn image_id(name: &str) -> String {
     let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex:0<64.64}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containers_are_spread_over_the_images_as_containerd_names_them() {
+        let fake = FakeRuntime::new();
+        for name in ["a:1", "b:1", "c:1"] {
+            fake.add_image(Image {
+                id: image_id(name),
+                repo_tags: vec![name.to_owned()],
+                repo_digests: Vec::new(),
+                size: 1,
+                pinned: false,
+            });
+        }
+        add_containers(&fake, 4).unwrap();
+        add_containers(&fake, 1).unwrap();
+        let containers = fake.containers();
+        let images: Vec<&str> = containers.iter().map(|c| c.image.as_str()).collect();
+        assert_eq!(images, ["a:1", "b:1", "c:1", "a:1", "a:1"]);
+        for c in &containers {
+            assert_eq!(c.image_ref, image_id(&c.image));
+            assert_eq!(c.state, Some(ContainerState::Running));
+            assert_eq!(c.id.len(), 64);
+            assert!(c.id.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+        let mut ids: Vec<&str> = containers.iter().map(|c| c.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 5, "every container has its own id");
+    }
+
+    #[test]
+    fn containers_need_an_image() {
+        let err = add_containers(&FakeRuntime::new(), 1).unwrap_err();
+        assert!(err.contains("no image"), "{err}");
+    }
+
+    #[test]
+    fn ids_differ_from_their_first_digits() {
+        let ids: std::collections::HashSet<String> = (0..10_000).map(|n| hex_id(n, 1)).collect();
+        assert_eq!(ids.len(), 10_000);
+        let first: std::collections::HashSet<&str> = ids.iter().map(|id| &id[..2]).collect();
+        assert!(first.len() > 200, "{} distinct leading bytes", first.len());
+    }
+
+    #[test]
+    fn calls_are_counted_per_rpc_in_order_of_first_call() {
+        let calls: Vec<String> = [
+            "ListImages",
+            "ContainerStatus",
+            "ContainerStatus",
+            "ListImages",
+            "ContainerStatus",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(call_counts(&calls), " ListImages=2 ContainerStatus=3");
+        assert_eq!(call_counts(&[]), "");
+    }
 }

@@ -183,6 +183,9 @@ struct State {
     /// Hooks run right before the n-th call of an RPC is answered.
     call_hooks: Vec<(&'static str, usize, CallHook)>,
     calls: Vec<&'static str>,
+    /// How many times each RPC was called: `calls` counted once per call,
+    /// so a long-lived fake answers in constant time.
+    call_counts: HashMap<&'static str, usize>,
     removed: Vec<String>,
 }
 
@@ -324,6 +327,7 @@ impl FakeRuntime {
             extra_listings: Vec::new(),
             call_hooks: Vec::new(),
             calls: Vec::new(),
+            call_counts: HashMap::new(),
             removed: Vec::new(),
         };
         Self {
@@ -594,7 +598,7 @@ impl FakeRuntime {
     /// How many times `rpc` was called.
     pub fn count(&self, rpc: &str) -> usize {
         let rpc = rpc_name(rpc);
-        self.lock().calls.iter().filter(|c| **c == rpc).count()
+        self.lock().call_counts.get(rpc).copied().unwrap_or(0)
     }
 
     /// Serves this runtime over a unix socket at `socket` until the returned
@@ -743,7 +747,11 @@ impl Service {
         let (delay, failure, hooks) = {
             let mut state = self.fake.lock();
             state.calls.push(rpc);
-            let nth = state.calls.iter().filter(|c| **c == rpc).count();
+            let nth = {
+                let count = state.call_counts.entry(rpc).or_insert(0);
+                *count += 1;
+                *count
+            };
             let hooks: Vec<CallHook> = state
                 .call_hooks
                 .iter()
