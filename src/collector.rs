@@ -230,24 +230,41 @@ struct Disk {
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Between two readings while the space comes back.
 const SETTLE_STEP: Duration = Duration::from_millis(20);
+/// The second look when the space was already back as `RemoveImage`
+/// returned (containerd 1.x and CRI-O delete before they answer): enough to
+/// see a deletion still under way, without making every removal wait a
+/// [`SETTLE_STEP`].
+const SETTLE_CONFIRM: Duration = Duration::from_millis(2);
 
 impl Disk {
     /// The filesystem once a removal's space has come back: re-measured
     /// until available space has grown and then held still for one step,
     /// for at most [`SETTLE_TIMEOUT`] (an image whose layers are all shared
     /// frees nothing). Stopping at the first reading would undercount what
-    /// the removal freed and remove images beyond the low threshold.
+    /// the removal freed and remove images beyond the low threshold. The
+    /// step is [`SETTLE_CONFIRM`] when the space had already grown as the
+    /// call returned, [`SETTLE_STEP`] once it grows after it.
     async fn settled(&self, before: Option<FsStats>) -> Result<FsStats, FsError> {
         let mut last = self.measure()?;
         let Some(before) = before else {
             return Ok(last);
         };
+        let mut step = if last.available() > before.available() {
+            SETTLE_CONFIRM
+        } else {
+            SETTLE_STEP
+        };
         let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
         while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(SETTLE_STEP).await;
+            tokio::time::sleep(step).await;
             let now = self.measure()?;
             if now.available() > before.available() && now.available() == last.available() {
                 return Ok(now);
+            }
+            if now.available() != last.available() {
+                // Still coming back after the call returned: the runtime
+                // deletes in the background.
+                step = SETTLE_STEP;
             }
             last = now;
         }
@@ -1191,8 +1208,11 @@ impl<R: Runtime> Collector<R> {
                 return Ok(Step::Kept);
             }
             Ok(Removed::Done) => {
-                let after = disk.settled(before).await.ok();
-                if let Ok(Some(_)) = self.runtime.image_status(candidate.id).await {
+                // Whether the image is really gone is asked while the
+                // space comes back, not after.
+                let (after, status) = tokio::join!(disk.settled(before), self.runtime.image_status(candidate.id));
+                let after = after.ok();
+                if let Ok(Some(_)) = status {
                     self.end_intent().await;
                     self.removal_not_done(candidate, report);
                     return Ok(Step::Kept);
@@ -1562,6 +1582,65 @@ mod tests {
 
     async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
         c.cycle(&CancellationToken::new()).await
+    }
+
+    /// A filesystem whose available bytes follow a script, one reading
+    /// each, the last repeated.
+    struct Scripted(Mutex<std::collections::VecDeque<u64>>);
+
+    impl FsProbe for Scripted {
+        fn stats(&self, _: &Path) -> Result<FsStats, FsError> {
+            let mut readings = self.0.lock().unwrap();
+            let available = if readings.len() > 1 {
+                readings.pop_front().unwrap()
+            } else {
+                readings[0]
+            };
+            Ok(FsStats {
+                capacity_bytes: 1000,
+                available_bytes: available,
+                ..Default::default()
+            })
+        }
+    }
+
+    /// What `Disk::settled` returns after a removal, and how long (on
+    /// tokio's paused clock) it watched, when the filesystem reads
+    /// `readings` from the moment `RemoveImage` returned, 100 available
+    /// before.
+    async fn settle(readings: &[u64]) -> (u64, Duration) {
+        let disk = Disk {
+            probe: Arc::new(Scripted(Mutex::new(readings.iter().copied().collect()))),
+            path: Some(PathBuf::from("/sim")),
+        };
+        let before = FsStats {
+            capacity_bytes: 1000,
+            available_bytes: 100,
+            ..Default::default()
+        };
+        let started = tokio::time::Instant::now();
+        let after = disk.settled(Some(before)).await.unwrap();
+        (after.available_bytes, started.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn space_back_when_the_removal_returns_is_confirmed_in_one_short_look() {
+        // containerd 1.x and CRI-O: deleted before they answer.
+        assert_eq!(settle(&[150, 150]).await, (150, SETTLE_CONFIRM));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn space_coming_back_after_the_removal_returns_is_watched_until_it_holds_still() {
+        // containerd 2.x: nothing yet as it answers, then in two steps.
+        assert_eq!(settle(&[100, 100, 140, 180, 180]).await, (180, SETTLE_STEP * 4));
+        // Some back as it answers, more a moment later: the short look
+        // sees it still growing, and the watch goes on at the long step.
+        assert_eq!(
+            settle(&[150, 170, 190, 190]).await,
+            (190, SETTLE_CONFIRM + SETTLE_STEP * 2)
+        );
+        // Nothing comes back (every layer shared): watched to the end.
+        assert_eq!(settle(&[100]).await, (100, SETTLE_TIMEOUT));
     }
 
     #[tokio::test]
