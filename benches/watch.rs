@@ -247,10 +247,15 @@ fn print_counts(kind: Kind, elapsed: Duration, scrape: &str, last: bool) {
     methods.extend(expected.keys().filter(|m| !by_method.contains_key(**m)));
     for method in methods {
         let count = by_method.get(method).copied().unwrap_or(0);
+        // Asked once per container or pod when first listed: no rate.
+        let rate = match method {
+            "ContainerStatus" => "once per container".to_string(),
+            "PodSandboxStatus" => "once per pod".to_string(),
+            _ => format!("{:.1} per hour", count as f64 * 60.0 / minutes),
+        };
         println!(
-            "watch {}: {method:<17} {count:6} in {minutes:.1} min = {:8.1} per hour; timers predict {}",
+            "watch {}: {method:<17} {count:6} in {minutes:.1} min ({rate}); timers predict {}",
             kind.name(),
-            count as f64 * 60.0 / minutes,
             expected.get(method).copied().unwrap_or(0)
         );
     }
