@@ -27,6 +27,13 @@ const CYCLE_DURATION_BUCKETS_SECONDS: [f64; 15] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
+/// Upper bounds, in seconds, of the CRI request duration histogram. A listing
+/// of a few hundred images answers in a millisecond or two; `RemoveImage` of a
+/// large image can take seconds; the default call deadline is two minutes.
+const CRI_REQUEST_BUCKETS_SECONDS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 10.0, 120.0,
+];
+
 pub use crate::policy::Reason;
 
 impl EncodeLabelValue for Reason {
@@ -92,7 +99,21 @@ struct NodeLabels {
     node: String,
 }
 
+/// One CRI call: its method (a literal of the CRI client's) and the gRPC
+/// status code it ended with (a closed set: gRPC's own).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CriCallLabels {
+    method: &'static str,
+    code: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CriMethodLabels {
+    method: &'static str,
+}
+
 type GaugeF64 = Gauge<f64, AtomicU64>;
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// The metric families imagegc exports. Create one with [`Metrics::new`] and share
 /// it as `Arc<Metrics>`; every method takes `&self`.
@@ -103,6 +124,14 @@ pub struct Metrics {
     cycles: CycleFamilies,
     filesystem: FilesystemFamilies,
     node: NodeFamilies,
+    cri: CriFamilies,
+}
+
+/// What imagegc asks of the runtime: every CRI call, counted and timed.
+#[derive(Debug)]
+struct CriFamilies {
+    requests: Family<CriCallLabels, Counter>,
+    duration: HistogramFamily<CriMethodLabels>,
 }
 
 /// What removals did: counted, measured, refused, undone by a re-pull.
@@ -327,6 +356,27 @@ impl FilesystemFamilies {
     }
 }
 
+impl CriFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let requests = Family::<CriCallLabels, Counter>::default();
+        registry.register(
+            "imagegc_cri_requests",
+            "CRI calls made to the container runtime, by method and gRPC status code \
+             (GetContainerEvents counts the opening of the stream)",
+            requests.clone(),
+        );
+        let duration: HistogramFamily<CriMethodLabels> =
+            Family::new_with_constructor(|| Histogram::new(CRI_REQUEST_BUCKETS_SECONDS));
+        registry.register_with_unit(
+            "imagegc_cri_request_duration",
+            "Time from sending a CRI call to its answer (or its deadline), by method",
+            Unit::Seconds,
+            duration.clone(),
+        );
+        CriFamilies { requests, duration }
+    }
+}
+
 impl NodeFamilies {
     /// The node's families, and `imagegc_build_info`.
     fn register(registry: &mut Registry) -> Self {
@@ -397,13 +447,26 @@ impl Metrics {
         let cycles = CycleFamilies::register(&mut registry);
         let filesystem = FilesystemFamilies::register(&mut registry);
         let node = NodeFamilies::register(&mut registry);
+        let cri = CriFamilies::register(&mut registry);
         Metrics {
             registry,
             removals,
             cycles,
             filesystem,
             node,
+            cri,
         }
+    }
+
+    /// A CRI call to the runtime ended with the gRPC status `code` ("OK",
+    /// "Unavailable", ...; a call imagegc gave up on at its deadline is
+    /// "DeadlineExceeded") after `duration`. `method` is the CRI method name.
+    pub fn cri_request(&self, method: &'static str, code: &'static str, duration: Duration) {
+        self.cri.requests.get_or_create(&CriCallLabels { method, code }).inc();
+        self.cri
+            .duration
+            .get_or_create(&CriMethodLabels { method })
+            .observe(duration.as_secs_f64());
     }
 
     /// An image was removed for `reason`, freeing `freed_bytes` as measured on the
@@ -681,6 +744,33 @@ mod tests {
             assert_has(&metrics, line);
         }
         assert!(metrics.encode().ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn cri_calls_are_counted_by_method_and_code_and_timed_by_method() {
+        let metrics = Metrics::new();
+        metrics.cri_request("ListImages", "OK", Duration::from_millis(2));
+        metrics.cri_request("ListImages", "OK", Duration::from_millis(3));
+        metrics.cri_request("ListImages", "Unavailable", Duration::from_millis(1));
+        metrics.cri_request("Status", "OK", Duration::from_millis(1));
+
+        assert_has(
+            &metrics,
+            r#"imagegc_cri_requests_total{method="ListImages",code="OK"} 2"#,
+        );
+        assert_has(
+            &metrics,
+            r#"imagegc_cri_requests_total{method="ListImages",code="Unavailable"} 1"#,
+        );
+        assert_has(&metrics, r#"imagegc_cri_requests_total{method="Status",code="OK"} 1"#);
+        assert_has(
+            &metrics,
+            r#"imagegc_cri_request_duration_seconds_count{method="ListImages"} 3"#,
+        );
+        assert_has(
+            &metrics,
+            r#"imagegc_cri_request_duration_seconds_count{method="Status"} 1"#,
+        );
     }
 
     #[test]

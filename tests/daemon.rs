@@ -745,6 +745,68 @@ async fn metrics_after_a_cycle_that_removes_two_images_by_space() {
     assert_eq!(daemon.get("/healthz").await.0, 200);
 }
 
+/// `imagegc_cri_requests_total{method,code}` says what the runtime saw:
+/// every call, by method, with the failures under their gRPC code.
+#[tokio::test]
+async fn every_call_the_runtime_sees_is_counted_by_method_and_code() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Crio136);
+    fake.set_events(Events::EndAtOnce);
+    let app = image("app", 1000);
+    fake.add_image(app.clone());
+    fake.add_container(container_using("c-app", &app));
+    fake.fail_next("ImageFsInfo", tonic::Status::internal("disk on fire"));
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        roomy_disk(),
+        |_| {},
+        |c| c.runtime.container_events = true,
+    )
+    .await;
+    eventually(secs(15), "three cycles, the event stream given up on, polls", || {
+        (fake.count("ListImages") >= 3 && fake.count("GetContainerEvents") >= 3 && fake.count("ListContainers") >= 6)
+            .then_some(())
+    })
+    .await;
+    daemon.stop().await;
+
+    let scrape = daemon.metrics.encode();
+    let counted = |method: &str, code: &str| {
+        metric(
+            &scrape,
+            &format!("imagegc_cri_requests_total{{method=\"{method}\",code=\"{code}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let mut seen: Vec<String> = fake.calls();
+    seen.sort();
+    seen.dedup();
+    assert!(seen.len() >= 5, "the daemon made several kinds of call: {seen:?}");
+    for method in &seen {
+        let total: f64 = scrape
+            .lines()
+            .filter(|l| l.starts_with(&format!("imagegc_cri_requests_total{{method=\"{method}\",")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert_eq!(
+            total,
+            fake.count(method) as f64,
+            "{method}: the runtime saw {}\n{scrape}",
+            fake.count(method)
+        );
+    }
+    assert_eq!(counted("ImageFsInfo", "Internal"), 1.0, "{scrape}");
+    assert_eq!(counted("ImageFsInfo", "OK"), fake.count("ImageFsInfo") as f64 - 1.0);
+    assert_eq!(
+        metric(
+            &scrape,
+            "imagegc_cri_request_duration_seconds_count{method=\"ListImages\"}"
+        ),
+        Some(fake.count("ListImages") as f64),
+        "every call is timed too"
+    );
+}
+
 #[tokio::test]
 async fn a_restarted_daemon_reports_the_last_success_of_the_one_before_and_its_node() {
     let fake = FakeRuntime::new();

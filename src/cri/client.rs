@@ -9,7 +9,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt as _;
 
@@ -22,6 +22,7 @@ use super::{
     Container, ContainerEvent, ContainerState, EventStream, Image, ImageFsUsage, Removed, Runtime, RuntimeError,
     RuntimeStatus, RuntimeVersion,
 };
+use crate::metrics::Metrics;
 use crate::reference::{bare_id, canonical_id};
 
 /// Endpoints tried in order when none is configured: containerd, CRI-O, cri-dockerd.
@@ -48,6 +49,8 @@ pub struct CriClient {
     /// Whether the runtime lists ids as bare hex (CRI-O): imagegc uses
     /// `sha256:<hex>` everywhere and gives the runtime back its own form.
     bare_ids: Arc<AtomicBool>,
+    /// Where every call is counted and timed, by method and status code.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Parses `unix:///path` (or a bare absolute path) into the socket path.
@@ -94,6 +97,7 @@ pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeEr
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         bare_ids: Arc::new(AtomicBool::new(false)),
+        metrics: None,
     })
 }
 
@@ -132,12 +136,30 @@ impl CriClient {
         self.image.clone()
     }
 
+    /// Counts and times every call in `metrics`
+    /// (`imagegc_cri_requests_total{method,code}` and
+    /// `imagegc_cri_request_duration_seconds{method}`).
+    pub fn observed_by(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// Runs one RPC with the deadline, mapping errors to [`RuntimeError`].
     async fn call<T, F>(&self, rpc: &'static str, fut: F) -> Result<T, RuntimeError>
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        match tokio::time::timeout(self.timeout, fut).await {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(self.timeout, fut).await;
+        if let Some(metrics) = &self.metrics {
+            let code = match &answer {
+                Ok(Ok(_)) => tonic::Code::Ok,
+                Ok(Err(status)) => status.code(),
+                Err(_) => tonic::Code::DeadlineExceeded,
+            };
+            metrics.cri_request(rpc, code_name(code), started.elapsed());
+        }
+        match answer {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(self.rpc_error(rpc, status)),
             Err(_) => Err(RuntimeError::Timeout {
@@ -150,6 +172,31 @@ impl CriClient {
 
     fn rpc_error(&self, rpc: &'static str, status: tonic::Status) -> RuntimeError {
         rpc_error(&self.endpoint, rpc, status)
+    }
+}
+
+/// gRPC's name of a status code, as grpc-go and the Prometheus gRPC
+/// middlewares spell it in their `grpc_code` label.
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 
@@ -421,12 +468,19 @@ impl Runtime for CriClient {
     fn container_events(&self) -> EventStream {
         let mut client = self.runtime.clone();
         let endpoint = self.endpoint.clone();
+        let metrics = self.metrics.clone();
         // No deadline: runtimes answer the open only with the first event,
         // which on an idle node may be hours away. The stream is polled in
         // the daemon's loop beside everything else, so waiting costs nothing.
         let opened = async move {
             let request = tonic::Request::new(proto::GetEventsRequest {});
-            match client.get_container_events(request).await {
+            let started = Instant::now();
+            let answer = client.get_container_events(request).await;
+            if let Some(metrics) = &metrics {
+                let code = answer.as_ref().map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+                metrics.cri_request("GetContainerEvents", code_name(code), started.elapsed());
+            }
+            match answer {
                 Ok(response) => {
                     let endpoint = endpoint.clone();
                     response

@@ -105,7 +105,7 @@ impl Daemon {
 /// shutdown came first.
 async fn find_runtime(
     config: &Config,
-    metrics: &Metrics,
+    metrics: &Arc<Metrics>,
     health: &Health,
     shutdown: &CancellationToken,
 ) -> Option<CriClient> {
@@ -113,7 +113,7 @@ async fn find_runtime(
     let mut warned = false;
     loop {
         match cri::discover(config.runtime.endpoint.as_deref(), config.runtime.timeout).await {
-            Ok(client) => return Some(client),
+            Ok(client) => return Some(client.observed_by(Arc::clone(metrics))),
             Err(err) => {
                 metrics.set_runtime_up(false);
                 if !std::mem::replace(&mut warned, true) {
