@@ -165,17 +165,13 @@ impl Records {
     /// sandbox references that name it, and its record's times. A cycle
     /// matches its listing once and looks every image up once.
     pub fn observe_snapshot(&mut self, snapshot: &Snapshot, now: SystemTime) -> (Observed, Listed) {
-        let sandbox: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
-        let matches = References::new(&snapshot.containers, &sandbox).matches(&snapshot.images);
-        self.observe_matched(&snapshot.images, matches, now)
+        self.observe_matched(&snapshot.images, matches(snapshot), now)
     }
 
     /// What the planner needs of every image of `snapshot` ([`Listed`]), from
     /// the records as they are, without updating them.
     pub fn listed(&self, snapshot: &Snapshot) -> Listed {
-        let sandbox: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
-        let matches = References::new(&snapshot.containers, &sandbox).matches(&snapshot.images);
-        let mut listed = Listed::new(matches, snapshot.images.len());
+        let mut listed = Listed::new(matches(snapshot), snapshot.images.len());
         let mut first: HashMap<&str, usize> =
             HashMap::with_capacity_and_hasher(snapshot.images.len(), Default::default());
         for (i, image) in snapshot.images.iter().enumerate() {
@@ -320,6 +316,12 @@ impl Records {
             }
         }
     }
+}
+
+/// Which containers and sandbox references name each image of a snapshot.
+fn matches(snapshot: &Snapshot) -> Matches {
+    let sandbox: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
+    References::new(&snapshot.containers, &sandbox).matches(&snapshot.images)
 }
 
 /// What the planner needs of each image of one listing, by its place in
