@@ -159,50 +159,36 @@ impl<'a> References<'a> {
             spans: Vec::new(),
             users: Vec::with_capacity(hits.len()),
         };
-        let mut rest = hits.as_slice();
-        while let Some(&(image, _)) = rest.first() {
-            let n = rest.iter().take_while(|h| h.0 == image).count();
-            let start = matches.users.len();
-            for &(_, owner) in &rest[..n] {
+        // The hits come image by image: each image's owners, once each,
+        // loose names of resolved containers left out.
+        let mut users = Vec::new();
+        for run in hits.chunk_by(|a, b| a.0 == b.0) {
+            users.clear();
+            users.extend(run.iter().map(|&(_, owner)| owner).filter_map(|owner| {
                 let index = owner >> KIND_BITS;
                 let loose = owner & KIND_MASK == Kind::Loose as u32;
-                if !(loose && resolved[index as usize]) {
-                    matches.users.push(index);
-                }
-            }
-            rest = &rest[n..];
-            let mine = &mut matches.users[start..];
-            mine.sort_unstable();
-            let mut kept = start + partition_dedup(mine);
+                (!(loose && resolved[index as usize])).then_some(index)
+            }));
+            users.sort_unstable();
+            users.dedup();
             let mut sandbox = false;
-            while kept > start && matches.users[kept - 1] as usize >= self.containers {
-                kept -= 1;
+            while users.last().is_some_and(|&u| u as usize >= self.containers) {
+                users.pop();
                 sandbox = true;
             }
-            matches.users.truncate(kept);
-            if kept > start || sandbox {
-                matches.span_of[image as usize] = matches.spans.len() as u32;
+            if !users.is_empty() || sandbox {
+                let start = matches.users.len() as u32;
+                matches.users.extend_from_slice(&users);
+                matches.span_of[run[0].0 as usize] = matches.spans.len() as u32;
                 matches.spans.push(Span {
-                    start: start as u32,
-                    end: kept as u32,
+                    start,
+                    end: matches.users.len() as u32,
                     sandbox,
                 });
             }
         }
         matches
     }
-}
-
-/// Moves the distinct values of a sorted slice to its front; returns how many.
-fn partition_dedup(sorted: &mut [u32]) -> usize {
-    let mut kept = 0;
-    for i in 0..sorted.len() {
-        if i == 0 || sorted[i] != sorted[kept - 1] {
-            sorted[kept] = sorted[i];
-            kept += 1;
-        }
-    }
-    kept
 }
 
 /// What [`References::matches`] found, by each image's place in the listing.

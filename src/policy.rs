@@ -211,7 +211,14 @@ pub fn plan_listed<'a>(
         if place.later {
             continue;
         }
-        let (users, sandbox): (&[u32], bool) = match listed.repeated.get(&i).filter(|_| !listed.repeated.is_empty()) {
+        // Runtimes list each id once: the table of repeats is nearly always
+        // empty, and then not looked up.
+        let repeats = if listed.repeated.is_empty() {
+            None
+        } else {
+            listed.repeated.get(&i)
+        };
+        let (users, sandbox): (&[u32], bool) = match repeats {
             None => (matches.users(i), matches.sandbox(i)),
             Some(others) => {
                 union.clear();

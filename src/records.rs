@@ -184,12 +184,7 @@ impl Records {
     /// A listed image's [`Place`], from its record.
     fn place(&self, id: &str, later: bool) -> Place {
         Place {
-            history: self.map.get(id).map(|r| History {
-                first_seen: r.first_seen,
-                last_used: r.last_used,
-                from_history: r.from_history,
-                ever_used: r.last_used > r.first_seen || self.used.contains_key(id),
-            }),
+            history: self.map.get(id).map(|r| History::of(r, || self.used.contains_key(id))),
             later,
         }
     }
@@ -248,14 +243,9 @@ impl Records {
                 record.digests.clone_from(&image.repo_digests);
                 self.changed = true;
             }
-            let history = History {
-                first_seen: record.first_seen,
-                last_used: record.last_used,
-                from_history: record.from_history,
-                ever_used: used || record.last_used > record.first_seen || self.used.contains_key(image.id.as_str()),
-            };
+            let seen_in_use = || used || self.used.contains_key(image.id.as_str());
             out.places.push(Place {
-                history: Some(history),
+                history: Some(History::of(record, seen_in_use)),
                 later,
             });
         }
@@ -393,6 +383,19 @@ pub(crate) struct History {
     pub from_history: bool,
     /// See [`Records::ever_used`].
     pub ever_used: bool,
+}
+
+impl History {
+    /// A record's times; `seen_in_use` tells whether this process saw a
+    /// container use the image, asked only when the times do not tell.
+    fn of(record: &Record, seen_in_use: impl FnOnce() -> bool) -> Self {
+        History {
+            first_seen: record.first_seen,
+            last_used: record.last_used,
+            from_history: record.from_history,
+            ever_used: record.last_used > record.first_seen || seen_in_use(),
+        }
+    }
 }
 
 #[cfg(test)]
