@@ -31,7 +31,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::selected_cases;
+use common::{median, ms, selected_cases, spread};
 use imagegc::collector::{Collector, Outcome};
 use imagegc::config::Config;
 use imagegc::cri::{self, CriClient, Runtime, proto};
@@ -192,21 +192,6 @@ fn state_dir(bed: &TestBed, name: &str) -> std::path::PathBuf {
     let dir = bed.dir().join(name);
     std::fs::create_dir_all(&dir).expect("creating a state directory");
     dir
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn spread(values: &[f64]) -> (f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 10], v[v.len() * 9 / 10])
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 async fn bare_calls(client: &CriClient) -> Duration {

@@ -16,10 +16,10 @@
 //! needs `target/release/imagegc` (`scripts/bench.sh` builds it).
 
 mod common;
-use common::{hex, imagegc_binary};
+use common::{free_local_addr, hex, imagegc_binary, median};
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -120,11 +120,6 @@ impl Drop for Fake {
     }
 }
 
-fn free_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding a port");
-    listener.local_addr().expect("its address")
-}
-
 /// A running `imagegc run`; stopped with SIGTERM when dropped.
 struct Daemon {
     child: Child,
@@ -134,7 +129,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path, endpoint: &str, state: &Path) -> Daemon {
-        let addr = free_port();
+        let addr = free_local_addr();
         let config = dir.join("imagegc.toml");
         std::fs::write(
             &config,
@@ -262,11 +257,6 @@ fn schedstat_time(pid: u32) -> Duration {
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn verdict(met: bool) -> &'static str {

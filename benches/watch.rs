@@ -34,7 +34,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{imagegc_binary, selected_cases};
+use common::{free_local_addr, imagegc_binary, median, ms, selected_cases, spread};
 use imagegc::collector::Collector;
 use imagegc::config::{Config, DEFAULT_INTERVAL, DEFAULT_USAGE_POLL_INTERVAL};
 use imagegc::cri::{self, Runtime};
@@ -99,17 +99,6 @@ async fn bed(kind: Kind) -> TestBed {
     bed
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-/// Median, 10th and 90th percentiles.
-fn summary(values: &[f64]) -> (f64, f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[v.len() / 10], v[v.len() * 9 / 10])
-}
-
 async fn timed<T, E: std::fmt::Debug>(what: &str, fut: impl Future<Output = Result<T, E>>) -> f64 {
     let started = Instant::now();
     fut.await.unwrap_or_else(|e| panic!("{what}: {e:?}"));
@@ -154,20 +143,13 @@ async fn poll_cost(bed: &TestBed) {
         }
     }
     for (name, all) in names.iter().zip(&times) {
-        let (median, p10, p90) = summary(all);
+        let (p10, p90) = spread(all);
+        let middle = median(&mut all.clone());
         println!(
-            "watch {}: {name:<15} median {median:7.2} ms  (p10 {p10:.2}, p90 {p90:.2}; {ITERATIONS} iterations)",
+            "watch {}: {name:<15} median {middle:7.2} ms  (p10 {p10:.2}, p90 {p90:.2}; {ITERATIONS} iterations)",
             bed.kind().name()
         );
     }
-}
-
-/// An address on the loopback no one listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 fn get_metrics(port: u16) -> Option<String> {
@@ -272,7 +254,7 @@ fn stop(mut daemon: Child) {
 /// Runs the release daemon with the default settings for `window`.
 async fn watch(bed: &TestBed, window: Duration) {
     let kind = bed.kind();
-    let port = free_port();
+    let port = free_local_addr().port();
     let config = bed.dir().join("imagegc-watch.toml");
     std::fs::write(&config, format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n")).expect("writing the config");
     let log = std::fs::File::create(bed.dir().join("imagegc-watch.log")).expect("a log file");

@@ -1,6 +1,7 @@
 //! What the benches share beyond `imagegc::testing`: the deterministic node
-//! they build their worlds from, the release binary, and the choice of cases
-//! on the command line. Each bench uses part of it.
+//! they build their worlds from, the release binary, the choice of cases on
+//! the command line, a free port, and the statistics they print. Each bench
+//! uses part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -68,4 +69,29 @@ pub fn selected_cases(bench: &str) -> Option<Vec<String>> {
         return None;
     }
     Some(args.into_iter().filter(|a| !a.starts_with("--")).collect())
+}
+
+/// An address on the loopback nothing listens on now.
+pub fn free_local_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port on 127.0.0.1")
+}
+
+/// A duration in milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The median (sorts `values`).
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The 10th and 90th percentiles.
+pub fn spread(values: &[f64]) -> (f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 10], v[v.len() * 9 / 10])
 }
