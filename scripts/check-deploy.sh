@@ -396,6 +396,7 @@ helm_refusals() {
         refused "low at or above high" "gc.lowThresholdPercent (90) must be less than gc.highThresholdPercent (85)" \
             --set gc.lowThresholdPercent=90 &&
         refused "an endpoint outside the mounted directory" "runtime.endpoint" --set runtime.socketDir=/run/crio &&
+        refused "an image filesystem path outside the runtime's root" "gc.imageFsPath" --set gc.imageFsPath=/var/lib/imagegc &&
         refused "one inode threshold" "set both or neither" --set gc.highInodesPercent=90 &&
         refused "two monitors" "pick one" --set podMonitor.enabled=true --set serviceMonitor.enabled=true
 }

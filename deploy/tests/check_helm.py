@@ -264,10 +264,11 @@ def values(render, values_file, deploy):
     problems.same("runtime socket hostPath", volumes["runtime-socket-dir"]["hostPath"]["path"], v["runtime"]["socketDir"])
     problems.same("runtime socket mount", mounts["runtime-socket-dir"]["mountPath"], v["runtime"]["socketDir"])
     problems.same("state hostPath", volumes["state"]["hostPath"]["path"], v["stateHostPath"])
-    image_fs = v["gc"]["imageFsHostPath"]
-    problems.same("image filesystem hostPath", volumes.get("image-fs", {}).get("hostPath", {}).get("path"), image_fs)
-    problems.same("image filesystem mount", mounts.get("image-fs", {}).get("mountPath"), image_fs)
-    problems.check(mounts.get("image-fs", {}).get("readOnly") is True, "the image filesystem is mounted writable")
+    root = v["runtime"]["rootDir"]
+    problems.same("runtime root hostPath", volumes.get("runtime-root", {}).get("hostPath", {}).get("path"), root)
+    problems.same("runtime root mount", mounts.get("runtime-root", {}).get("mountPath"), root)
+    problems.check(mounts.get("runtime-root", {}).get("readOnly") is True, "the runtime's root is mounted writable")
+    problems.same("runtime root propagation", mounts.get("runtime-root", {}).get("mountPropagation"), "HostToContainer")
     for d in [x for kind in docs.values() for x in kind]:
         for key, value in v["commonLabels"].items():
             problems.same(f"{d['kind']} label {key}", d["metadata"]["labels"].get(key), value)
@@ -278,7 +279,7 @@ def values(render, values_file, deploy):
         "runtime": {"endpoint": "", "timeout": v["runtime"]["timeout"], "sandbox_image": v["runtime"]["sandboxImage"]},
         "gc": {"interval": gc["interval"], "usage_poll_interval": "30s",
                "high_threshold_percent": gc["highThresholdPercent"], "low_threshold_percent": gc["lowThresholdPercent"],
-               "min_age": gc["minAge"], "max_age": gc["maxAge"], "dry_run": gc["dryRun"], "image_fs_path": image_fs,
+               "min_age": gc["minAge"], "max_age": gc["maxAge"], "dry_run": gc["dryRun"],
                "thrash_window": "1h", "high_inodes_percent": gc["highInodesPercent"],
                "low_inodes_percent": gc["lowInodesPercent"]},
         "protect": {"images": v["protect"]["images"],
@@ -286,6 +287,8 @@ def values(render, values_file, deploy):
         "state": {"dir": "/var/lib/imagegc"},
         "metrics": {"listen": f"0.0.0.0:{port}"},
     }
+    if gc["imageFsPath"]:
+        want["gc"]["image_fs_path"] = gc["imageFsPath"]
     problems.same("imagegc.toml", toml, want)
     problems.check(mounts["state"]["mountPath"] == toml["state"]["dir"], "state.dir is not the state mount")
 

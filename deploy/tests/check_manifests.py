@@ -8,9 +8,12 @@ other and with what the daemon needs.
   known keys;
 - the metrics port agrees everywhere: metrics.listen, containerPort, probes,
   scrape annotations, NetworkPolicy, PodMonitor;
-- the runtime socket, the state directory and gc.image_fs_path are inside
-  mounted volumes, with the state directory writable;
-- exactly two hostPath volumes;
+- the runtime socket and the state directory are inside mounted volumes,
+  with the state directory writable; the runtime's root is mounted
+  read-only at its node path with HostToContainer propagation, and
+  gc.image_fs_path is unset (the runtime's ImageFsInfo names what is
+  measured);
+- exactly three hostPath volumes;
 - the security context drops every capability and stays uid 0 without
   privilege, and the grace period covers the daemon's 20 s shutdown;
 - the PrometheusRule carries the same groups as prometheus-rules.yaml.
@@ -138,7 +141,8 @@ def main(deploy):
     # Volumes and paths.
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     host_paths = [v for v in volumes.values() if "hostPath" in v]
-    problems.check(len(host_paths) == 2, f"{len(host_paths)} hostPath volumes; expected the runtime socket's and the state directory")
+    problems.check(len(host_paths) == 3,
+                   f"{len(host_paths)} hostPath volumes; expected the runtime's socket directory, its root and the state directory")
     mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
 
     def mount_for(path):
@@ -163,9 +167,22 @@ def main(deploy):
         problems.check(not m.get("readOnly", False), f"state.dir {state} is mounted read-only")
         hp = volumes[m["name"]].get("hostPath", {})
         problems.check(hp.get("type") == "DirectoryOrCreate", "the state hostPath is not DirectoryOrCreate")
-    fs_path = config["gc"].get("image_fs_path", "")
-    problems.check(fs_path and mount_for(fs_path) is not None and "hostPath" in volumes[mount_for(fs_path)["name"]],
-                   f"gc.image_fs_path {fs_path!r} is not on a hostPath mount: statvfs would measure the container's root")
+    # The image filesystem: the runtime names it (ImageFsInfo) as a path under
+    # its root, which must be mounted at the same path, read-only, following
+    # the node's mounts; gc.image_fs_path stays unset so that this is what is
+    # measured.
+    problems.check("image_fs_path" not in config["gc"],
+                   "gc.image_fs_path is set: imagegc must measure the mount point the runtime names")
+    root = volumes.get("runtime-root")
+    if problems.check(root is not None and "hostPath" in root, "no runtime-root hostPath volume (the runtime's root)"):
+        m = [m for m in mounts.values() if m["name"] == "runtime-root"]
+        if problems.check(len(m) == 1, "the runtime's root is not mounted"):
+            (m,) = m
+            problems.check(m["mountPath"] == root["hostPath"]["path"],
+                           f"the runtime's root {root['hostPath']['path']} is mounted at {m['mountPath']}, not at the same path")
+            problems.check(m.get("readOnly") is True, "the runtime's root is mounted writable")
+            problems.check(m.get("mountPropagation") == "HostToContainer",
+                           "the runtime's root is not mounted with mountPropagation HostToContainer")
 
     # Network policy and the operator extras.
     np = objects["NetworkPolicy"]

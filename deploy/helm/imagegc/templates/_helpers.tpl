@@ -41,11 +41,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name (.Chart.Version | replace "+" "_") 
 {{/* Where the state directory is mounted in the container (state.dir). */}}
 {{- define "imagegc.stateDir" -}}/var/lib/imagegc{{- end -}}
 
-{{/* gc.image_fs_path: the image filesystem's mount, or the state directory. */}}
-{{- define "imagegc.imageFsPath" -}}
-{{- .Values.gc.imageFsHostPath | default (include "imagegc.stateDir" .) -}}
-{{- end -}}
-
 {{/*
 Cross-field rules the schema cannot express, failing with the value's name.
 */}}
@@ -54,8 +49,12 @@ Cross-field rules the schema cannot express, failing with the value's name.
 {{- if not (hasPrefix (printf "unix://%s/" $dir) .Values.runtime.endpoint) -}}
 {{- fail (printf "runtime.endpoint %q is not a socket inside runtime.socketDir %q, the only runtime directory the pod mounts" .Values.runtime.endpoint .Values.runtime.socketDir) -}}
 {{- end -}}
-{{- if and .Values.gc.imageFsHostPath (or (eq .Values.gc.imageFsHostPath (include "imagegc.stateDir" .)) (eq .Values.gc.imageFsHostPath "/etc/imagegc") (eq (trimSuffix "/" .Values.gc.imageFsHostPath) $dir)) -}}
-{{- fail (printf "gc.imageFsHostPath %q collides with a path the pod already mounts (/var/lib/imagegc, /etc/imagegc, runtime.socketDir)" .Values.gc.imageFsHostPath) -}}
+{{- $root := trimSuffix "/" .Values.runtime.rootDir -}}
+{{- if or (eq $root (include "imagegc.stateDir" .)) (eq $root "/etc/imagegc") (eq $root $dir) -}}
+{{- fail (printf "runtime.rootDir %q collides with a path the pod already mounts (/var/lib/imagegc, /etc/imagegc, runtime.socketDir)" .Values.runtime.rootDir) -}}
+{{- end -}}
+{{- if and .Values.gc.imageFsPath (not (or (eq (trimSuffix "/" .Values.gc.imageFsPath) $root) (hasPrefix (printf "%s/" $root) .Values.gc.imageFsPath))) -}}
+{{- fail (printf "gc.imageFsPath %q is not under runtime.rootDir %q, the runtime's image filesystem" .Values.gc.imageFsPath .Values.runtime.rootDir) -}}
 {{- end -}}
 {{- if ge (int .Values.gc.lowThresholdPercent) (int .Values.gc.highThresholdPercent) -}}
 {{- fail (printf "gc.lowThresholdPercent (%d) must be less than gc.highThresholdPercent (%d)" (int .Values.gc.lowThresholdPercent) (int .Values.gc.highThresholdPercent)) -}}
@@ -97,7 +96,9 @@ low_threshold_percent = {{ int .Values.gc.lowThresholdPercent }}
 min_age = {{ .Values.gc.minAge | toJson }}
 max_age = {{ .Values.gc.maxAge | toJson }}
 dry_run = {{ .Values.gc.dryRun }}
-image_fs_path = {{ include "imagegc.imageFsPath" . | toJson }}
+{{- with .Values.gc.imageFsPath }}
+image_fs_path = {{ . | toJson }}
+{{- end }}
 thrash_window = {{ .Values.gc.thrashWindow | toJson }}
 {{- if not (kindIs "invalid" .Values.gc.highInodesPercent) }}
 high_inodes_percent = {{ int .Values.gc.highInodesPercent }}
