@@ -39,7 +39,7 @@ use crate::fs::{FsError, FsProbe, FsStats};
 use crate::journal::{Journal, JournalEntry};
 use crate::matching::{self, InUse};
 use crate::metrics::Metrics;
-use crate::policy::{self, Candidate, Plan, Reason, SpaceOutlook, SpaceTarget};
+use crate::policy::{self, Candidate, DiskFootprint, Plan, Reason, SpaceOutlook, SpaceTarget};
 use crate::records::{self, HashMap, Listed, Records};
 use crate::report::CycleError;
 pub use crate::report::{CycleReport, Outcome, Removal};
@@ -198,6 +198,43 @@ pub struct ImageFs {
     pub path: PathBuf,
     /// The bytes images use, from `ImageFsInfo`, when the runtime reports it.
     pub image_bytes: Option<u64>,
+    /// The mount point the runtime's `ImageFsInfo` names, when it names one
+    /// (asked also when `gc.image_fs_path` is set, to check it).
+    pub runtime_mount_point: Option<PathBuf>,
+}
+
+impl ImageFs {
+    /// Why the filesystem measured at [`ImageFs::path`] (a configured
+    /// `gc.image_fs_path`) is not the image filesystem the runtime names:
+    /// it is another filesystem (when the runtime's mount point can be
+    /// measured here), or it holds fewer used bytes than the runtime says
+    /// its images take. `None` when it is the runtime's, or cannot be told.
+    pub fn mismatch(&self, probe: &dyn FsProbe) -> Option<String> {
+        let runtime = self.runtime_mount_point.as_ref().filter(|m| **m != self.path)?;
+        let measured = probe.stats(&self.path).ok()?;
+        match probe.stats(runtime) {
+            Ok(theirs) => measured.other_filesystem_than(&theirs).filter(|&other| other).map(|_| {
+                format!(
+                    "gc.image_fs_path {} is not the filesystem the runtime keeps its images on ({} is on another \
+                     filesystem)",
+                    self.path.display(),
+                    runtime.display()
+                )
+            }),
+            Err(_) => self
+                .image_bytes
+                .filter(|&bytes| bytes > measured.used_bytes())
+                .map(|bytes| {
+                    format!(
+                        "gc.image_fs_path {} is not the filesystem the runtime keeps its images on: {} bytes are used \
+                     there, fewer than the {bytes} bytes the runtime says its images take on {}",
+                        self.path.display(),
+                        measured.used_bytes(),
+                        runtime.display()
+                    )
+                }),
+        }
+    }
 }
 
 /// What became of one candidate.
@@ -361,6 +398,17 @@ pub struct Collector<R> {
     /// Whether a removal left in flight by a previous process was looked
     /// for (at the first listing).
     pending_settled: bool,
+    /// What an image takes on disk per byte the runtime reports for it,
+    /// from the runtime's name and this process's measured removals.
+    footprint: DiskFootprint,
+    /// Whether the runtime's name was asked (for [`DiskFootprint`]).
+    runtime_named: bool,
+    /// Why the measured filesystem is not the runtime's image filesystem,
+    /// while it is not (see [`ImageFs::mismatch`]): no space pass runs.
+    image_fs_mismatch: Option<String>,
+    /// The image filesystem as the last listing found it, when it can be
+    /// trusted: what [`Collector::check_usage`] measures between cycles.
+    disk_path: Option<PathBuf>,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -458,6 +506,10 @@ impl<R: Runtime> Collector<R> {
             removing: Arc::new(AtomicBool::new(false)),
             removing_image: RemovingImage::default(),
             pending_settled: false,
+            footprint: DiskFootprint::default(),
+            runtime_named: false,
+            image_fs_mismatch: None,
+            disk_path: None,
         }
         .with_removals_from_journal()
     }
@@ -682,6 +734,7 @@ impl<R: Runtime> Collector<R> {
             }
         };
         self.metrics.set_runtime_up(true);
+        self.note_image_fs(image_fs.as_ref().ok()).await;
         self.sandbox_unknown = None;
         match status {
             Ok(status) => {
@@ -720,6 +773,64 @@ impl<R: Runtime> Collector<R> {
             listed,
             image_fs,
         })
+    }
+
+    /// Checks the image filesystem a listing found: starts or ends an
+    /// episode in which the measured filesystem is not the runtime's (said
+    /// once each), and notes the path the usage checks between cycles
+    /// measure. At the first listing, also asks the runtime's name for its
+    /// [`DiskFootprint`].
+    async fn note_image_fs(&mut self, image_fs: Option<&ImageFs>) {
+        if !self.runtime_named {
+            if let Ok(version) = self.runtime.version().await {
+                self.runtime_named = true;
+                self.footprint = DiskFootprint::for_runtime(&version.runtime_name);
+            }
+        }
+        let mismatch = image_fs.and_then(|fs| fs.mismatch(self.probe.as_ref()));
+        match (&self.image_fs_mismatch, &mismatch) {
+            (None, Some(why)) => warn!(
+                mismatch = %why,
+                "the measured filesystem is not the filesystem the runtime keeps its images on: no image is removed \
+                 for space while this lasts (age removals go on). Unset gc.image_fs_path, and mount the runtime's \
+                 root into the pod, so that imagegc measures the mount point the runtime names"
+            ),
+            (Some(_), None) if image_fs.is_some() => {
+                info!("the measured filesystem is the runtime's image filesystem again");
+            }
+            _ => {}
+        }
+        if image_fs.is_some() || mismatch.is_some() {
+            self.metrics.set_image_fs_mismatch(mismatch.is_some());
+            self.image_fs_mismatch = mismatch;
+        }
+        self.disk_path = image_fs
+            .filter(|_| self.image_fs_mismatch.is_none())
+            .map(|fs| fs.path.clone())
+            .filter(|p| !p.as_os_str().is_empty());
+    }
+
+    /// Why the measured filesystem is not the runtime's image filesystem,
+    /// as the last listing found it.
+    pub fn image_fs_mismatch(&self) -> Option<&str> {
+        self.image_fs_mismatch.as_deref()
+    }
+
+    /// What an image takes on disk per reported byte, as this collector
+    /// knows it.
+    pub fn footprint(&self) -> DiskFootprint {
+        self.footprint
+    }
+
+    /// Measures the image filesystem between cycles (statvfs: no call to
+    /// the runtime) and publishes usage. Returns whether a space pass is
+    /// due; `None` when there is nothing to measure yet, or the measurement
+    /// failed (the next cycle reports it).
+    pub fn check_usage(&self) -> Option<bool> {
+        let path = self.disk_path.as_ref()?;
+        let stats = self.probe.stats(path).ok()?;
+        self.publish_usage(&self.config, &stats);
+        Some(SpaceTarget::new(&self.config).due(&stats))
     }
 
     /// Says what a listing did to the records beyond last-used times, and
@@ -777,16 +888,29 @@ impl<R: Runtime> Collector<R> {
         policy::plan_listed(snapshot, listed, &self.config, self.clock.now(), self.clock.started())
     }
 
-    /// Lists containers and marks their images used now (between cycles).
-    /// Like a cycle's listing, it tells `imagegc_runtime_up` whether the
-    /// runtime answered: between cycles the poll is what notices an outage.
+    /// Lists images and containers between cycles: images first seen now
+    /// get their record now (min age counts from when an image appeared,
+    /// not from the next cycle), and the images containers use are marked
+    /// used now. Like a cycle's listing, it tells `imagegc_runtime_up`
+    /// whether the runtime answered: between cycles the poll is what
+    /// notices an outage.
     pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
-        let containers = self.mounts.list(&self.runtime).await;
-        self.metrics.set_runtime_up(containers.is_ok());
-        let containers = containers?;
-        let in_use = InUse::new(&self.last_images, &containers);
-        self.records.mark_used(in_use.image_ids(), self.clock.now());
-        Ok(in_use.len())
+        let runtime = &self.runtime;
+        let mounts = &mut self.mounts;
+        let listings = async {
+            let images = runtime.list_images().await?;
+            let containers = mounts.list(runtime).await?;
+            Ok::<_, RuntimeError>((images, containers))
+        }
+        .await;
+        self.metrics.set_runtime_up(listings.is_ok());
+        let (images, containers) = listings?;
+        let observed = self.records.observe(&images, &containers, self.clock.now());
+        self.note_listing(&observed, &images).await;
+        self.detect_repulls(&images, &observed.new_ids);
+        let in_use = InUse::new(&images, &containers).len();
+        self.last_images = images;
+        Ok(in_use)
     }
 
     /// Marks the images a container event names used now. A container that
@@ -912,11 +1036,11 @@ impl<R: Runtime> Collector<R> {
                 "images without history are not removed by age until imagegc has run longer than max age"
             );
         }
-        let (fs_path, image_bytes) = match image_fs {
-            Ok(fs) => (Some(fs.path).filter(|p| !p.as_os_str().is_empty()), fs.image_bytes),
+        let fs_path = match image_fs {
+            Ok(fs) => Some(fs.path).filter(|p| !p.as_os_str().is_empty()),
             Err(err) => {
                 warn!(error = %err, "cannot find the image filesystem");
-                (None, None)
+                None
             }
         };
         let disk = Disk {
@@ -944,8 +1068,13 @@ impl<R: Runtime> Collector<R> {
             self.save_if_due().await;
         }
 
-        self.space_pass(config, &plan, snapshot, &disk, image_bytes, cancel, report)
-            .await
+        if let Some(why) = &self.image_fs_mismatch {
+            debug!(mismatch = %why, "no space pass: the measured filesystem is not the runtime's");
+            report.image_fs_mismatch = Some(why.clone());
+            self.metrics.set_space_pass_due(false);
+            return Ok(());
+        }
+        self.space_pass(config, &plan, snapshot, &disk, cancel, report).await
     }
 
     /// The space pass: when [`SpaceTarget::due`], remove space candidates in
@@ -960,7 +1089,6 @@ impl<R: Runtime> Collector<R> {
         plan: &Plan<'_>,
         snapshot: &Snapshot,
         disk: &Disk,
-        image_bytes: Option<u64>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<(), CycleError> {
@@ -986,7 +1114,13 @@ impl<R: Runtime> Collector<R> {
             return Ok(());
         }
         report.space_pass = true;
-        let outlook = SpaceOutlook::new(&stats, target.low_percent(), &plan.space, &snapshot.images, image_bytes);
+        let outlook = SpaceOutlook::new(
+            &stats,
+            target.low_percent(),
+            &plan.space,
+            &snapshot.images,
+            self.footprint,
+        );
         self.note_space_outlook(Some(outlook));
         report.space_unreachable = self.space_unreachable;
         let to_free = target.bytes_to_free(&stats);
@@ -1053,7 +1187,12 @@ impl<R: Runtime> Collector<R> {
             Some(left) => left == 0,
             None => target.reached(&stats),
         };
-        if !done {
+        if done {
+            // Images brought usage to low after all: whatever the outlook
+            // said, the episode is over.
+            self.note_space_outlook(None);
+            report.space_unreachable = None;
+        } else {
             let remaining = estimate.unwrap_or_else(|| target.bytes_to_free(&stats));
             let freed = report
                 .before
@@ -1258,6 +1397,9 @@ impl<R: Runtime> Collector<R> {
             }
         }
         self.metrics.removed(candidate.reason, removal.freed_bytes.unwrap_or(0));
+        if let Some(freed) = removal.freed_bytes {
+            self.footprint.learn(removal.size, freed);
+        }
         self.records.remove(candidate.id);
         let names = removal.tags.iter().chain(&removal.digests).cloned().collect();
         self.recently_removed.push(RecentRemoval {
@@ -1419,23 +1561,33 @@ impl<R: Runtime> Collector<R> {
 /// Where the image filesystem is: the configured `gc.image_fs_path`, else
 /// the first entry of the runtime's `ImageFsInfo` that names a mount point
 /// (an empty path when none does), with the bytes it says images use.
+/// `ImageFsInfo` is asked either way, so that a configured path can be
+/// checked against the runtime's ([`ImageFs::mismatch`]); with a configured
+/// path, its failure costs nothing but that check.
 pub async fn image_fs<R: Runtime>(runtime: &R, config: &Config) -> Result<ImageFs, RuntimeError> {
-    if let Some(path) = &config.gc.image_fs_path {
-        return Ok(ImageFs {
-            path: path.clone(),
-            image_bytes: None,
-        });
-    }
-    Ok(runtime
+    let reported = runtime
         .image_fs_info()
-        .await?
-        .into_iter()
-        .find(|fs| !fs.mount_point.is_empty())
-        .map(|fs| ImageFs {
-            path: PathBuf::from(fs.mount_point),
-            image_bytes: fs.used_bytes,
-        })
-        .unwrap_or_default())
+        .await
+        .map(|filesystems| filesystems.into_iter().find(|fs| !fs.mount_point.is_empty()));
+    let reported = match (&config.gc.image_fs_path, reported) {
+        (_, Ok(reported)) => reported,
+        (Some(_), Err(err)) => {
+            debug!(error = %err, "ImageFsInfo failed: gc.image_fs_path cannot be checked against the runtime's");
+            None
+        }
+        (None, Err(err)) => return Err(err),
+    };
+    let runtime_mount_point = reported.as_ref().map(|fs| PathBuf::from(&fs.mount_point));
+    Ok(ImageFs {
+        path: config
+            .gc
+            .image_fs_path
+            .clone()
+            .or_else(|| runtime_mount_point.clone())
+            .unwrap_or_default(),
+        image_bytes: reported.and_then(|fs| fs.used_bytes),
+        runtime_mount_point,
+    })
 }
 
 #[cfg(test)]

@@ -23,6 +23,10 @@ pub struct FsStats {
     pub inodes_total: u64,
     /// Free inodes (`f_ffree`).
     pub inodes_free: u64,
+    /// The filesystem's id (`f_fsid`): equal for two paths on the same
+    /// filesystem (bind mounts included), 0 when the filesystem gives none.
+    #[serde(skip)]
+    pub filesystem_id: u64,
 }
 
 /// A filesystem that reports zero capacity cannot be reasoned about.
@@ -150,7 +154,16 @@ pub fn statvfs(path: &Path) -> io::Result<FsStats> {
         free_bytes: (s.f_bfree as u64).saturating_mul(frsize),
         inodes_total: s.f_files as u64,
         inodes_free: s.f_ffree as u64,
+        filesystem_id: s.f_fsid as u64,
     })
+}
+
+impl FsStats {
+    /// Whether `self` and `other` were measured on different filesystems;
+    /// `None` when either gives no filesystem id.
+    pub fn other_filesystem_than(&self, other: &FsStats) -> Option<bool> {
+        (self.filesystem_id != 0 && other.filesystem_id != 0).then_some(self.filesystem_id != other.filesystem_id)
+    }
 }
 
 #[cfg(test)]

@@ -62,10 +62,6 @@ impl<'a> InUse<'a> {
         self.by_image.get(image_id).map_or(&[], Vec::as_slice)
     }
 
-    pub fn image_ids(&self) -> impl Iterator<Item = &'a str> + '_ {
-        self.by_image.keys().copied()
-    }
-
     pub fn len(&self) -> usize {
         self.by_image.len()
     }

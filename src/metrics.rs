@@ -152,6 +152,7 @@ struct FilesystemFamilies {
     high_threshold_ratio: GaugeF64,
     low_threshold_ratio: GaugeF64,
     space_unreachable: Gauge,
+    image_fs_mismatch: Gauge,
     space_pass_due: Gauge,
 }
 
@@ -344,7 +345,15 @@ impl FilesystemFamilies {
              0 otherwise",
             space_pass_due.clone(),
         );
+        let image_fs_mismatch = Gauge::default();
+        registry.register(
+            "imagegc_image_fs_mismatch",
+            "1 while the filesystem imagegc measures (gc.image_fs_path) is not the image filesystem \
+             the runtime names, so no space pass runs on its figures; 0 otherwise",
+            image_fs_mismatch.clone(),
+        );
         FilesystemFamilies {
+            image_fs_mismatch,
             usage_ratio,
             capacity_bytes,
             available_bytes,
@@ -549,6 +558,11 @@ impl Metrics {
     /// Whether images can bring usage to the low threshold.
     pub fn set_space_unreachable(&self, unreachable: bool) {
         self.filesystem.space_unreachable.set(i64::from(unreachable));
+    }
+
+    /// Whether the measured filesystem is not the runtime's image filesystem.
+    pub fn set_image_fs_mismatch(&self, mismatch: bool) {
+        self.filesystem.image_fs_mismatch.set(i64::from(mismatch));
     }
 
     /// Whether usage, as the kubelet rounds it, is at or above the high

@@ -396,6 +396,72 @@ impl SpaceTarget {
     }
 }
 
+/// How many bytes of the image filesystem an image takes per byte of the
+/// size the runtime reports for it. containerd reports the compressed size
+/// of an image's content, and keeps on the same filesystem both that content
+/// and the unpacked snapshot, which is at least as large: at least twice the
+/// reported size. CRI-O (and cri-dockerd) report the unpacked size of the
+/// layers they store: once. Measured removals that free more per reported
+/// byte raise the factor; it never drops below the runtime's own, so that
+/// the verdict "images cannot bring usage to low" is given only when even
+/// this generous estimate of what images hold says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskFootprint {
+    /// On-disk bytes per reported byte, in thousandths.
+    permille: u64,
+    /// The runtime's own factor: the floor.
+    floor: u64,
+}
+
+/// The most a measured removal may raise the factor to (8 on-disk bytes per
+/// reported byte): a removal that frees far more than its image (someone
+/// else deleted data meanwhile) must not make every image look huge.
+const FOOTPRINT_CAP_PERMILLE: u64 = 8_000;
+
+impl DiskFootprint {
+    /// The factor for a runtime by the name its `Version` call gives
+    /// (`containerd`, `cri-o`, `docker`): twice for containerd, once for
+    /// the others.
+    pub fn for_runtime(name: &str) -> Self {
+        let permille = if name.eq_ignore_ascii_case("containerd") {
+            2_000
+        } else {
+            1_000
+        };
+        DiskFootprint {
+            permille,
+            floor: permille,
+        }
+    }
+
+    /// A measured removal of an image the runtime reported at `reported`
+    /// bytes freed `freed` bytes: the factor rises to what it shows.
+    pub fn learn(&mut self, reported: u64, freed: u64) {
+        if reported == 0 {
+            return;
+        }
+        let seen = (u128::from(freed) * 1000 / u128::from(reported)).min(u128::from(FOOTPRINT_CAP_PERMILLE)) as u64;
+        self.permille = self.permille.max(seen).max(self.floor);
+    }
+
+    /// The bytes an image of `reported` bytes may take on disk.
+    pub fn on_disk(&self, reported: u64) -> u64 {
+        (u128::from(reported) * u128::from(self.permille) / 1000).min(u128::from(u64::MAX)) as u64
+    }
+
+    /// On-disk bytes per reported byte.
+    pub fn factor(&self) -> f64 {
+        self.permille as f64 / 1000.0
+    }
+}
+
+impl Default for DiskFootprint {
+    /// Once: the factor of a runtime that reports what it stores.
+    fn default() -> Self {
+        DiskFootprint::for_runtime("")
+    }
+}
+
 /// Whether removing images can bring usage down to the low threshold
 /// (kubernetes#71869: a disk full of logs, volumes or other data is not
 /// fixed by removing images, only by removing every image again each time
@@ -404,31 +470,42 @@ impl SpaceTarget {
 pub struct SpaceOutlook {
     /// What reaching the low threshold needs.
     pub bytes_to_free: u64,
-    /// What the candidates could free at most: their reported sizes, capped
-    /// by what the images occupy on the filesystem when the runtime says.
+    /// What the candidates could free at most: their reported sizes times
+    /// the runtime's [`DiskFootprint`]; `u64::MAX` when a candidate's size
+    /// is unknown (reported as 0, as mid-pull), which can free anything.
     pub could_free: u64,
     /// Used bytes of the image filesystem that are not images: used minus
-    /// the images' bytes (the runtime's `ImageFsInfo` figure where it
-    /// reports one, else the sum of the listed images' sizes).
+    /// what the listed images may take on disk (their reported sizes times
+    /// the footprint; shared layers counted in each image, which errs on the
+    /// side of counting too much as images).
     pub not_image_bytes: u64,
 }
 
 impl SpaceOutlook {
-    /// `candidates`: every image the pass may still remove. `image_bytes`:
-    /// the runtime's `ImageFsInfo` used bytes, when it reports them.
+    /// `candidates`: every image the pass may still remove; `images`: every
+    /// listed image.
     pub fn new<'c>(
         stats: &FsStats,
         low_percent: u8,
         candidates: impl IntoIterator<Item = &'c Candidate<'c>>,
         images: &[Image],
-        image_bytes: Option<u64>,
+        footprint: DiskFootprint,
     ) -> Self {
-        let sizes = candidates.into_iter().fold(0u64, |sum, c| sum.saturating_add(c.size));
-        let all_images = image_bytes.unwrap_or_else(|| images.iter().fold(0u64, |sum, i| sum.saturating_add(i.size)));
+        let mut could_free = 0u64;
+        for candidate in candidates {
+            if candidate.size == 0 {
+                could_free = u64::MAX;
+                break;
+            }
+            could_free = could_free.saturating_add(footprint.on_disk(candidate.size));
+        }
+        let all_images = images
+            .iter()
+            .fold(0u64, |sum, i| sum.saturating_add(footprint.on_disk(i.size)));
         let used = stats.capacity_bytes.saturating_sub(stats.available());
         SpaceOutlook {
             bytes_to_free: stats.bytes_to_free(low_percent),
-            could_free: image_bytes.map_or(sizes, |bytes| sizes.min(bytes)),
+            could_free,
             not_image_bytes: used.saturating_sub(all_images),
         }
     }
@@ -850,5 +927,65 @@ mod tests {
         let p = w.plan(t(0));
         assert!(p.age.is_empty() && p.space.is_empty());
         assert_eq!(kept(&p, "0").label(), "too-young");
+    }
+
+    #[test]
+    fn containerd_images_take_at_least_twice_their_reported_size_and_measured_removals_raise_it() {
+        let mut containerd = DiskFootprint::for_runtime("containerd");
+        assert_eq!(containerd.on_disk(100), 200);
+        assert_eq!(DiskFootprint::for_runtime("cri-o").on_disk(100), 100);
+        // A removal that freed less (shared layers) never lowers it.
+        containerd.learn(100, 50);
+        assert_eq!(containerd.on_disk(100), 200);
+        containerd.learn(100, 350);
+        assert_eq!(containerd.on_disk(100), 350);
+        // Nor does one that freed far more (someone else deleted data) make
+        // every image look huge.
+        containerd.learn(1, u64::MAX);
+        assert_eq!(containerd.on_disk(100), 800);
+        containerd.learn(0, 1000);
+        assert_eq!(containerd.on_disk(u64::MAX), u64::MAX, "no overflow");
+    }
+
+    #[test]
+    fn an_outlook_on_containerd_counts_content_and_snapshot_as_images() {
+        // 1000 bytes, 800 used, all of it four 100-byte (compressed) images
+        // taking 200 each; low 40 needs 400 freed, which two candidates do.
+        let stats = FsStats {
+            capacity_bytes: 1000,
+            available_bytes: 200,
+            free_bytes: 200,
+            ..FsStats::default()
+        };
+        let images: Vec<Image> = ["a", "b", "c", "d"].iter().map(|n| image(n, 100)).collect();
+        fn candidate(image: &Image) -> Candidate<'_> {
+            Candidate {
+                id: &image.id,
+                tags: &image.repo_tags,
+                digests: &image.repo_digests,
+                size: image.size,
+                first_seen: t(0),
+                last_used: t(0),
+                reason: Reason::Space,
+            }
+        }
+        let candidates = [candidate(&images[0]), candidate(&images[1])];
+        let outlook = SpaceOutlook::new(
+            &stats,
+            40,
+            &candidates,
+            &images,
+            DiskFootprint::for_runtime("containerd"),
+        );
+        assert!(!outlook.unreachable(), "{outlook:?}");
+        assert_eq!(outlook.not_image_bytes, 0);
+        // Sizes taken as the whole image on disk: a false "cannot".
+        let naive = SpaceOutlook::new(&stats, 40, &candidates, &images, DiskFootprint::for_runtime("cri-o"));
+        assert!(naive.unreachable());
+        assert_eq!(naive.not_image_bytes, 400);
+        // A candidate of unknown size can free anything.
+        let unknown = image("e", 0);
+        let outlook = SpaceOutlook::new(&stats, 40, &[candidate(&unknown)], &images, DiskFootprint::default());
+        assert!(!outlook.unreachable());
     }
 }

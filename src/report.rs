@@ -75,6 +75,9 @@ pub struct CycleReport {
     /// Set when the space pass ran and images could not bring usage to the
     /// low threshold.
     pub space_unreachable: Option<SpaceOutlook>,
+    /// Why no space pass ran: the measured filesystem is not the runtime's
+    /// image filesystem (see [`crate::collector::ImageFs::mismatch`]).
+    pub image_fs_mismatch: Option<String>,
     /// Candidates the space pass left because imagegc removed them within
     /// `gc.thrash_window` while images cannot bring usage to low.
     pub held_back: Vec<String>,
@@ -101,6 +104,7 @@ impl CycleReport {
             after: None,
             space_pass: false,
             space_unreachable: None,
+            image_fs_mismatch: None,
             held_back: Vec::new(),
             unsettled: Vec::new(),
             runtime_reached: false,

@@ -150,7 +150,15 @@ struct DiskState {
     on_disk: HashMap<String, u64>,
     zero_capacity: bool,
     measurements: usize,
+    /// Paths under which another filesystem is mounted (see
+    /// [`SimDisk::other_filesystem_at`]).
+    elsewhere: Vec<std::path::PathBuf>,
 }
+
+/// The simulated disk's filesystem id, and that of the filesystem mounted
+/// elsewhere.
+const SIM_FILESYSTEM_ID: u64 = 1;
+const OTHER_FILESYSTEM_ID: u64 = 2;
 
 impl SimDisk {
     pub fn new(capacity: u64, available: u64) -> Self {
@@ -186,6 +194,12 @@ impl SimDisk {
     /// [`FsError::ZeroCapacity`]).
     pub fn report_zero_capacity(&self) {
         self.lock().zero_capacity = true;
+    }
+
+    /// Another filesystem (roomy, empty) is mounted at `path`: a path under
+    /// it is measured there, with another filesystem id.
+    pub fn other_filesystem_at(&self, path: impl AsRef<Path>) {
+        self.lock().elsewhere.push(path.as_ref().to_path_buf());
     }
 
     /// How many times the filesystem was measured.
@@ -224,6 +238,15 @@ impl FsProbe for SimDisk {
     fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
         let mut state = self.lock();
         state.measurements += 1;
+        if state.elsewhere.iter().any(|other| path.starts_with(other)) {
+            return Ok(FsStats {
+                capacity_bytes: 1 << 40,
+                available_bytes: 1 << 40,
+                free_bytes: 1 << 40,
+                filesystem_id: OTHER_FILESYSTEM_ID,
+                ..Default::default()
+            });
+        }
         if state.zero_capacity || state.capacity == 0 {
             return Err(FsError::ZeroCapacity {
                 path: path.display().to_string(),
@@ -233,6 +256,7 @@ impl FsProbe for SimDisk {
             capacity_bytes: state.capacity,
             available_bytes: state.available,
             free_bytes: state.available,
+            filesystem_id: SIM_FILESYSTEM_ID,
             ..Default::default()
         })
     }

@@ -114,7 +114,10 @@ async fn reads_version_sandbox_image_and_image_filesystem() {
     let served = Served::start(fake).await;
 
     let version = served.client.version().await.unwrap();
-    assert_eq!(version.runtime_name, "fake");
+    assert_eq!(
+        version.runtime_name, "containerd",
+        "the default dialect is containerd's"
+    );
     assert_eq!(version.runtime_api_version, "v1");
 
     assert_eq!(

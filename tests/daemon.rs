@@ -198,7 +198,11 @@ async fn without_container_events_containers_are_polled_between_cycles() {
         polling_since.elapsed() >= Duration::from_millis(900),
         "polled every second, not faster"
     );
-    assert_eq!(fake.count("ListImages"), 1, "one cycle, then only polling");
+    assert_eq!(fake.count("ImageFsInfo"), 1, "one cycle, then only polling");
+    assert!(
+        fake.count("ListImages") > 1,
+        "a poll lists images too, so an image's first sighting is not a whole interval late"
+    );
     assert_eq!(
         fake.count("GetContainerEvents"),
         0,
@@ -472,9 +476,9 @@ async fn with_container_events_nothing_is_polled_and_an_event_triggers_a_relist(
     })
     .await;
     assert_eq!(
-        fake.count("ListImages"),
+        fake.count("ImageFsInfo"),
         1,
-        "an event re-lists containers, it is not a cycle"
+        "an event re-lists containers (and images), it is not a cycle"
     );
 }
 
@@ -1237,4 +1241,93 @@ async fn a_reload_of_a_file_that_could_block_stops_neither_cycles_nor_probes_nor
     daemon.signal(libc::SIGTERM);
     let status = daemon.exited_within(secs(10)).await;
     assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{}", daemon.stderr());
+}
+
+/// Usage that crosses the high threshold between cycles starts a space
+/// pass within seconds: the kubelet's eviction manager looks every 10 s,
+/// and a pull that fills the disk must not wait for the next interval.
+#[tokio::test]
+async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds() {
+    let fake = FakeRuntime::new();
+    let old = image("old", 100);
+    fake.add_image(old.clone());
+    let disk = SimDisk::new(1000, 850);
+    disk.occupy(&old.id, 100);
+    fake.on_remove(Some(disk.free_on_remove()));
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        disk.clone(),
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.usage_poll_interval = secs(30);
+            c.gc.high_threshold_percent = 80;
+            c.gc.low_threshold_percent = 50;
+        },
+    )
+    .await;
+    eventually(secs(5), "the first cycle", || {
+        (fake.count("ImageFsInfo") >= 1).then_some(())
+    })
+    .await;
+    assert!(fake.removed().is_empty(), "15 % used: nothing to free");
+    assert_eq!(metric(&daemon.metrics.encode(), "imagegc_space_pass_due"), Some(0.0));
+
+    // Something else fills the disk to 90 %: the next measurement, not the
+    // next interval, starts the cycle.
+    disk.set_available(100);
+    let crossed = Instant::now();
+    eventually(secs(10), "the old image removed for space", || {
+        (!fake.removed().is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(fake.removed(), vec![old.id.clone()]);
+    assert!(
+        crossed.elapsed() < secs(10),
+        "acted {:?} after high was crossed",
+        crossed.elapsed()
+    );
+    assert_eq!(fake.count("ImageFsInfo"), 2, "one cycle more, started by the crossing");
+    assert_eq!(
+        metric(&daemon.metrics.encode(), "imagegc_image_filesystem_usage_ratio"),
+        Some(0.8),
+        "the usage metric is the measurement's"
+    );
+
+    // Still above high after it (the rest is not images): the crossing is
+    // not seen again until usage has gone below high, so no cycle spins.
+    tokio::time::sleep(secs(5)).await;
+    assert_eq!(
+        fake.count("ImageFsInfo"),
+        2,
+        "no cycle while usage merely stays above high"
+    );
+    daemon.stop().await;
+}
+
+/// An image pulled between cycles is first seen at the next usage poll,
+/// not at the next cycle: min age counts from when it appeared.
+#[tokio::test]
+async fn an_image_pulled_between_cycles_is_first_seen_at_the_next_poll() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("old", 100));
+    let mut daemon = InProcess::start(fake.clone(), roomy_disk(), |_| {}, |c| c.gc.interval = secs(3600)).await;
+    eventually(secs(5), "the first cycle", || {
+        (fake.count("ImageFsInfo") >= 1).then_some(())
+    })
+    .await;
+    let pulled = image("pulled", 100);
+    fake.add_image(pulled.clone());
+    let added = SystemTime::now();
+    let lists = fake.count("ListImages");
+    eventually(secs(5), "a poll after the pull", || {
+        (fake.count("ListImages") > lists).then_some(())
+    })
+    .await;
+    daemon.stop().await;
+    assert_eq!(fake.count("ImageFsInfo"), 1, "no second cycle");
+    let records = load_records(&daemon.state_dir());
+    let record = records.get(&pulled.id).expect("the pulled image has a record");
+    let late = record.first_seen.duration_since(added).unwrap_or_default();
+    assert!(late < secs(3), "first seen {late:?} after the pull");
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::table::{Table, cell, fs_line, human_bytes, short_id, tags_cell, yes_no};
+use super::table::{Table, cell, fs_line, human_bytes, printable, short_id, tags_cell, yes_no};
 use super::{CliError, ExitStatus, Output, out};
 use crate::collector::{ImageFs, MountCache, PodImages, image_fs, sandbox_images};
 use crate::config::Config;
@@ -20,6 +20,8 @@ struct ImagesView<'a> {
     sandbox_image: Option<&'a String>,
     sandbox_images: &'a [String],
     image_filesystem: FilesystemView,
+    /// Why the measured filesystem is not the runtime's image filesystem.
+    image_fs_mismatch: Option<&'a str>,
     images: Vec<ImageView<'a>>,
 }
 
@@ -67,7 +69,9 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     let containers = MountCache::default().list(runtime).await?;
     let from_status = runtime.status().await.ok().and_then(|s| s.sandbox_image);
     let sandbox_images = sandbox_images(runtime, config, from_status.as_deref(), &mut PodImages::default()).await;
-    let ImageFs { path: mount_point, .. } = image_fs(runtime, config).await?;
+    let image_fs = image_fs(runtime, config).await?;
+    let image_fs_mismatch = image_fs.mismatch(&Statvfs);
+    let ImageFs { path: mount_point, .. } = image_fs;
     let fs = Statvfs.stats(&mount_point);
     let in_use = InUse::new(&images, &containers);
     if output == Output::Json {
@@ -95,6 +99,7 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
             sandbox_image: sandbox_images.first(),
             sandbox_images: &sandbox_images,
             image_filesystem,
+            image_fs_mismatch: image_fs_mismatch.as_deref(),
             images: images
                 .iter()
                 .map(|i| ImageView {
@@ -126,8 +131,9 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
         ]);
     }
     let measured: Option<&FsStats> = fs.as_ref().ok();
+    let mismatch = image_fs_mismatch.map_or_else(String::new, |why| format!("warning: {}\n", printable(&why)));
     let text = format!(
-        "runtime: {} {} at {}\n{}\n{}",
+        "runtime: {} {} at {}\n{}\n{mismatch}{}",
         cell(&version.runtime_name),
         cell(&version.runtime_version),
         runtime.endpoint(),

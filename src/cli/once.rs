@@ -30,6 +30,7 @@ struct OnceJson<'a> {
     failed: Vec<Failed<'a>>,
     kept_because_in_use_at_removal: &'a [String],
     space_unreachable: Option<SpaceOutlook>,
+    image_fs_mismatch: Option<&'a str>,
     held_back_after_recent_removal: &'a [String],
     outcome_unknown: &'a [String],
     duration_seconds: f64,
@@ -102,6 +103,7 @@ fn report_json(report: &CycleReport) -> OnceJson<'_> {
         failed: report.failed.iter().map(|(id, error)| Failed { id, error }).collect(),
         kept_because_in_use_at_removal: &report.became_in_use,
         space_unreachable: report.space_unreachable,
+        image_fs_mismatch: report.image_fs_mismatch.as_deref(),
         held_back_after_recent_removal: &report.held_back,
         outcome_unknown: &report.unsettled,
         duration_seconds: report.duration.as_secs_f64(),
@@ -147,6 +149,9 @@ fn report_text(report: &CycleReport) -> String {
             "the runtime did not say whether it removed {} (still listed): no further removal for space this cycle\n",
             short_id(id)
         ));
+    }
+    if let Some(why) = &report.image_fs_mismatch {
+        text.push_str(&format!("no space pass: {}\n", printable(why)));
     }
     if let Some(outlook) = &report.space_unreachable {
         text.push_str(&unreachable_text(outlook));

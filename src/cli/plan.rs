@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use super::once::unreachable_text;
-use super::table::{Table, fs_line, human_bytes, short_id, tags_cell};
+use super::table::{Table, fs_line, human_bytes, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
 use crate::collector::{Collector, Listing};
 use crate::config::Config;
@@ -30,6 +30,9 @@ struct PlanJson<'a> {
     space_pass: bool,
     bytes_to_free: u64,
     space_unreachable: Option<SpaceOutlook>,
+    /// Why no space pass would run: the measured filesystem is not the
+    /// runtime's image filesystem.
+    image_fs_mismatch: Option<&'a str>,
     removals: Vec<&'a Candidate<'a>>,
     further_space_candidates: &'a [Candidate<'a>],
     kept: Vec<serde_json::Value>,
@@ -71,7 +74,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
                 config.gc.low_threshold_percent,
                 plan.age.iter().chain(&plan.space),
                 &snapshot.images,
-                image_fs.image_bytes,
+                collector.footprint(),
             )
         })
         .filter(SpaceOutlook::unreachable);
@@ -90,6 +93,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
             space_pass: view.space_pass,
             bytes_to_free: view.bytes_to_free,
             space_unreachable: outlook,
+            image_fs_mismatch: collector.image_fs_mismatch(),
             removals: plan.age.iter().chain(view.space_expected(&plan)).collect(),
             further_space_candidates: view.space_further(&plan),
             kept: plan.kept.iter().map(|kept| kept_json(kept, now)).collect(),
@@ -97,6 +101,9 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
         return Ok(0);
     }
     let mut text = fs_line(&image_fs.path.display().to_string(), fs.as_ref(), &config);
+    if let Some(why) = collector.image_fs_mismatch() {
+        text.push_str(&format!("no space pass: {}\n", printable(why)));
+    }
     text.push_str(&summary(&plan, &view, outlook.as_ref(), &config));
     text.push_str(&removals_text(&plan, &view, now));
     text.push_str(&kept_text(&plan));
@@ -300,6 +307,7 @@ mod tests {
             free_bytes: 500,
             inodes_total: 100,
             inodes_free: 5,
+            ..FsStats::default()
         };
         let mut config = Config::default();
         config.gc.high_inodes_percent = Some(90);

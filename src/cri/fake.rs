@@ -877,9 +877,16 @@ fn container_matches(container: &Container, filter: &proto::ContainerFilter) -> 
 impl RuntimeService for Service {
     async fn version(&self, _: Request<proto::VersionRequest>) -> Result<Response<proto::VersionResponse>, Status> {
         self.enter("Version").await?;
+        // The name each runtime gives: imagegc reads its disk accounting
+        // from it (containerd reports compressed sizes).
+        let runtime_name = if self.fake.lock().dialect.is_crio() {
+            "cri-o"
+        } else {
+            "containerd"
+        };
         Ok(Response::new(proto::VersionResponse {
             version: "0.1.0".to_string(),
-            runtime_name: "fake".to_string(),
+            runtime_name: runtime_name.to_string(),
             runtime_version: env!("CARGO_PKG_VERSION").to_string(),
             runtime_api_version: "v1".to_string(),
         }))

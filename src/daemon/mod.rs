@@ -49,6 +49,12 @@ const EVENT_POLL_DELAY: Duration = Duration::from_secs(1);
 /// ends the stream at once) and containers are polled for good.
 const EMPTY_STREAMS_BEFORE_POLLING: u32 = 3;
 
+/// How often the image filesystem is measured between cycles (statvfs, no
+/// call to the runtime), at most: a space pass starts as soon as usage
+/// crosses the high threshold, well before the kubelet's eviction manager,
+/// which looks every 10 s, sees usage reach its eviction line.
+const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
 /// How the loop learns about container use between cycles.
 enum UsageSource {
     /// Listing containers every `gc.usage_poll_interval`: the default, and
@@ -101,6 +107,11 @@ pub async fn run<R: Runtime>(
     sd_notify("READY=1");
     let mut next_cycle = Instant::now();
     let mut next_poll = Instant::now() + config.gc.usage_poll_interval;
+    let mut next_check = Instant::now() + usage_check_interval(&config);
+    // Whether usage was at or above high at the last measurement: a space
+    // pass starts early only when usage crosses high, not while it stays
+    // above after a cycle that could not bring it down.
+    let mut space_due = false;
     let mut retry = RETRY_FIRST;
     let mut runtime_up: Option<bool> = None;
     let mut usage = usage_source(&config, false);
@@ -161,6 +172,8 @@ pub async fn run<R: Runtime>(
                     retry = (retry * 2).min(RETRY_CAP);
                 }
                 debug!(reached, next_in_ms = (next_cycle - Instant::now()).as_millis() as u64, "next cycle scheduled");
+                space_due = collector.check_usage().unwrap_or(false);
+                next_check = Instant::now() + usage_check_interval(&config);
             }
             () = sleep_until_some(poll_at), if runtime_up == Some(true) => {
                 poll_soon = None;
@@ -213,6 +226,19 @@ pub async fn run<R: Runtime>(
                     }
                 }
             }
+            () = sleep_until(next_check) => {
+                next_check = Instant::now() + usage_check_interval(&config);
+                if let Some(due) = collector.check_usage() {
+                    if due && !space_due && next_cycle > Instant::now() {
+                        info!(
+                            high_threshold_percent = config.gc.high_threshold_percent,
+                            "image filesystem usage crossed the high threshold: starting a cycle now"
+                        );
+                        next_cycle = Instant::now();
+                    }
+                    space_due = due;
+                }
+            }
             // Wakes the loop to open the event stream (at its top).
             () = sleep_until_some(reopen_at) => {}
             () = sleep_until(heartbeat_at) => {}
@@ -221,6 +247,12 @@ pub async fn run<R: Runtime>(
     sd_notify("STOPPING=1");
     info!("shutting down: saving state");
     collector.save().await;
+}
+
+/// How often usage is measured between cycles: [`USAGE_CHECK_INTERVAL`],
+/// or the usage poll interval when that is shorter.
+fn usage_check_interval(config: &Config) -> Duration {
+    USAGE_CHECK_INTERVAL.min(config.gc.usage_poll_interval)
 }
 
 /// How usage is tracked under `config`: events when configured (and not
