@@ -75,6 +75,7 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
         images,
         containers,
         sandbox_images: vec![PAUSE.to_string()],
+        sandbox_pods_unread: None,
     };
     (snapshot, Records::from_map(map), config, now)
 }

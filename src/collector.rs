@@ -41,6 +41,7 @@ use crate::matching::{self, InUse};
 use crate::metrics::Metrics;
 use crate::policy::{self, Candidate, DiskFootprint, Plan, Reason, SpaceOutlook, SpaceTarget};
 use crate::records::{self, HashMap, Listed, Records};
+use crate::reference::ProtectPattern;
 use crate::report::CycleError;
 pub use crate::report::{CycleReport, Outcome, Removal};
 use crate::state::{Loaded, StateStore};
@@ -145,27 +146,54 @@ impl PodImages {
     }
 }
 
-/// Every sandbox image imagegc knows of: `runtime.sandbox_image`, what the
-/// runtime's `Status` names (containerd 1.x, CRI-O 1.27+), and, when
-/// `Status` names none, what its pods' statuses name (containerd 2.x,
-/// CRI-O). Empty when none of them tells.
+/// The sandbox images imagegc knows of, from every source.
+#[derive(Debug, Default)]
+pub struct SandboxImages {
+    /// Each sandbox image's reference (or id).
+    pub names: Vec<String>,
+    /// Why a pod's sandbox image could not be read, when one could not.
+    pub pods_unread: Option<String>,
+    /// Whether `runtime.sandbox_image` is set and names no listed image.
+    pub configured_unmatched: bool,
+}
+
+/// Every sandbox image imagegc knows of: `runtime.sandbox_image` (read as a
+/// protect pattern is: a bare repository means every tag), what the
+/// runtime's `Status` names (containerd 1.x, CRI-O 1.27+), and what each
+/// running pod's status names (containerd 2.x, CRI-O, and containerd 1.x in
+/// the sandbox's runtime spec): a pod started on a sandbox image the
+/// runtime has since been configured away from still runs on it.
+/// `runtime.sandbox_image` that names no listed image counts for nothing, so
+/// that it does not switch off the rule for a runtime that names none.
 pub async fn sandbox_images<R: Runtime>(
     runtime: &R,
     config: &Config,
     from_status: Option<&str>,
     pods: &mut PodImages,
-) -> Vec<String> {
-    let mut images: Vec<String> = config.runtime.sandbox_image.iter().cloned().collect();
-    match from_status {
-        Some(image) => images.push(image.to_string()),
-        None => match pods.images(runtime).await {
-            Ok(found) => images.extend(found),
-            Err(err) => debug!(error = %err, "cannot read the pods' sandbox images"),
-        },
+    images: &[Image],
+) -> SandboxImages {
+    let mut found = SandboxImages::default();
+    if let Some(configured) = &config.runtime.sandbox_image {
+        let pattern = ProtectPattern::new(configured);
+        let matched: Vec<&Image> = images
+            .iter()
+            .filter(|i| pattern.matches_image(&i.id, &i.repo_tags, &i.repo_digests))
+            .collect();
+        found.configured_unmatched = matched.is_empty();
+        if !matched.is_empty() {
+            found.names.push(configured.clone());
+            found.names.extend(matched.iter().map(|i| i.id.clone()));
+        }
     }
-    images.sort();
-    images.dedup();
-    images
+    found.names.extend(from_status.map(str::to_string));
+    match pods.images(runtime).await {
+        Ok(images) => found.names.extend(images),
+        Err(err) if err.is_unimplemented() => debug!(error = %err, "the runtime does not list pods"),
+        Err(err) => found.pods_unread = Some(err.to_string()),
+    }
+    found.names.sort();
+    found.names.dedup();
+    found
 }
 
 /// An image this collector removed, remembered for `gc.thrash_window`.
@@ -391,6 +419,11 @@ pub struct Collector<R> {
     pod_images: PodImages,
     /// Whether the missing sandbox image was warned about (once per process).
     sandbox_warned: bool,
+    /// Whether a pod's sandbox image could not be read at the last listing.
+    sandbox_pods_unread: bool,
+    /// Whether `runtime.sandbox_image` naming no listed image was warned
+    /// about (once per process).
+    sandbox_config_warned: bool,
     /// True while a `RemoveImage` is in flight: shutdown waits for it, and
     /// for nothing else.
     removing: Arc<AtomicBool>,
@@ -503,6 +536,8 @@ impl<R: Runtime> Collector<R> {
             mounts: MountCache::default(),
             pod_images: PodImages::default(),
             sandbox_warned: false,
+            sandbox_pods_unread: false,
+            sandbox_config_warned: false,
             removing: Arc::new(AtomicBool::new(false)),
             removing_image: RemovingImage::default(),
             pending_settled: false,
@@ -747,22 +782,28 @@ impl<R: Runtime> Collector<R> {
             }
             Err(err) => debug!(error = %err, "runtime status unavailable; keeping the last known sandbox image"),
         }
-        let sandbox_images = sandbox_images(
+        let sandbox = sandbox_images(
             &self.runtime,
             &self.config,
             self.sandbox_image.as_deref(),
             &mut self.pod_images,
+            &images,
         )
         .await;
+        self.note_sandbox_sources(&sandbox);
         let snapshot = Snapshot {
             images,
             containers,
-            sandbox_images,
+            sandbox_images: sandbox.names,
+            sandbox_pods_unread: sandbox.pods_unread,
         };
         let (observed, listed) = self.records.observe_snapshot(&snapshot, self.clock.now());
         self.note_listing(&observed, &snapshot.images).await;
         self.detect_repulls(&snapshot.images, &observed.new_ids);
-        if snapshot.sandbox_unknown() && !std::mem::replace(&mut self.sandbox_warned, true) {
+        if snapshot.sandbox_unknown()
+            && snapshot.sandbox_pods_unread.is_none()
+            && !std::mem::replace(&mut self.sandbox_warned, true)
+        {
             warn!(
                 "the runtime does not say which image is its sandbox (pause) image, no pod names it and it pins \
                  no image: no image that no container has ever used is removed; set runtime.sandbox_image to name it"
@@ -773,6 +814,29 @@ impl<R: Runtime> Collector<R> {
             listed,
             image_fs,
         })
+    }
+
+    /// Says, once per episode, that a pod's sandbox image could not be read
+    /// (every image no container ever used is kept meanwhile), and once per
+    /// process that `runtime.sandbox_image` names no listed image.
+    fn note_sandbox_sources(&mut self, sandbox: &SandboxImages) {
+        match (&self.sandbox_pods_unread, &sandbox.pods_unread) {
+            (false, Some(err)) => warn!(
+                error = %err,
+                "cannot read a pod's sandbox image (PodSandboxStatus): no image that no container has ever used \
+                 is removed until it can be read"
+            ),
+            (true, None) => info!("every pod's sandbox image can be read again"),
+            _ => {}
+        }
+        self.sandbox_pods_unread = sandbox.pods_unread.is_some();
+        if sandbox.configured_unmatched && !std::mem::replace(&mut self.sandbox_config_warned, true) {
+            warn!(
+                sandbox_image = self.config.runtime.sandbox_image.as_deref().unwrap_or_default(),
+                "runtime.sandbox_image names no listed image: it protects nothing until an image of that name is \
+                 listed, and the other sources of the sandbox image are used meanwhile"
+            );
+        }
     }
 
     /// Checks the image filesystem a listing found: starts or ends an
@@ -2166,6 +2230,7 @@ mod tests {
                 tags: vec![],
                 digests: vec![],
                 from_history: true,
+                ever_used: false,
             },
         );
         c.records = Records::from_map(map);

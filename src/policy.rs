@@ -769,6 +769,7 @@ mod tests {
                 tags: vec![],
                 digests: vec![],
                 from_history: false,
+                ever_used: false,
             },
         );
         w.records = Records::from_map(map.clone());

@@ -52,16 +52,16 @@ pub struct Record {
     /// True when the record came from the state file (or survived a cycle
     /// that was itself loaded from it): its times span a previous process.
     pub from_history: bool,
+    /// Whether a container was ever seen using the image, by this process
+    /// or an earlier one (kept in the state file: the times cannot tell,
+    /// since loading moves last-used times forward past first sightings).
+    pub ever_used: bool,
 }
 
 /// All records, keyed by image id.
 #[derive(Debug, Clone, Default)]
 pub struct Records {
     map: HashMap<String, Record>,
-    /// Images seen in use by this process. With the records' times (a last
-    /// use after the first sighting), whether a container ever used an
-    /// image: see [`Records::ever_used`].
-    used: HashMap<String, ()>,
     /// Records of images the runtime stopped listing, with when it did:
     /// kept for [`VANISHED_GRACE`] and saved with the others, invisible to
     /// the planner.
@@ -121,13 +121,11 @@ impl Records {
         self.map.get(id)
     }
 
-    /// Whether any container is known to have used the image: seen in use
-    /// by this process, or last used after it was first seen. An image used
-    /// only at its first sighting before a restart reads as never used,
-    /// which errs on the side of keeping it (see the planner's rule for a
-    /// runtime that does not name its sandbox image).
+    /// Whether any container is known to have used the image, in this
+    /// process or an earlier one (see the planner's rule for a runtime that
+    /// does not name its sandbox image).
     pub fn ever_used(&self, id: &str) -> bool {
-        self.used.contains_key(id) || self.map.get(id).is_some_and(|r| r.last_used > r.first_seen)
+        self.map.get(id).is_some_and(|r| r.ever_used)
     }
 
     /// How many listed images have a record (vanished ones not counted).
@@ -184,7 +182,7 @@ impl Records {
     /// A listed image's [`Place`], from its record.
     fn place(&self, id: &str, later: bool) -> Place {
         Place {
-            history: self.map.get(id).map(|r| History::of(r, || self.used.contains_key(id))),
+            history: self.map.get(id).map(History::of),
             later,
         }
     }
@@ -218,6 +216,7 @@ impl Records {
                             tags: Vec::new(),
                             digests: Vec::new(),
                             from_history: false,
+                            ever_used: false,
                         }
                     }
                 };
@@ -226,8 +225,9 @@ impl Records {
             let record = self.map.get_mut(image.id.as_str()).expect("inserted above");
             if used {
                 record.last_used = record.last_used.max(now);
-                if !self.used.contains_key(image.id.as_str()) {
-                    self.used.insert(image.id.clone(), ());
+                if !record.ever_used {
+                    record.ever_used = true;
+                    self.changed = true;
                 }
             }
             if record.size != image.size || record.pinned != image.pinned {
@@ -243,9 +243,8 @@ impl Records {
                 record.digests.clone_from(&image.repo_digests);
                 self.changed = true;
             }
-            let seen_in_use = || used || self.used.contains_key(image.id.as_str());
             out.places.push(Place {
-                history: Some(History::of(record, seen_in_use)),
+                history: Some(History::of(record)),
                 later,
             });
         }
@@ -274,7 +273,6 @@ impl Records {
             .retain(|_, (_, since)| now.duration_since(*since).unwrap_or_default() < VANISHED_GRACE);
         observed.dropped = before - self.vanished.len();
         self.changed |= observed.dropped > 0;
-        self.used.retain(|id, _| listed.contains_key(id.as_str()));
         (observed, out)
     }
 
@@ -300,8 +298,9 @@ impl Records {
         for id in ids {
             if let Some(record) = self.map.get_mut(id) {
                 record.last_used = record.last_used.max(now);
-                if !self.used.contains_key(id) {
-                    self.used.insert(id.to_string(), ());
+                if !record.ever_used {
+                    record.ever_used = true;
+                    self.changed = true;
                 }
             }
         }
@@ -386,14 +385,13 @@ pub(crate) struct History {
 }
 
 impl History {
-    /// A record's times; `seen_in_use` tells whether this process saw a
-    /// container use the image, asked only when the times do not tell.
-    fn of(record: &Record, seen_in_use: impl FnOnce() -> bool) -> Self {
+    /// A record's times, as the planner reads them.
+    fn of(record: &Record) -> Self {
         History {
             first_seen: record.first_seen,
             last_used: record.last_used,
             from_history: record.from_history,
-            ever_used: record.last_used > record.first_seen || seen_in_use(),
+            ever_used: record.ever_used,
         }
     }
 }

@@ -1,13 +1,19 @@
 //! Persistence of the records, crash-safe.
 //!
-//! One file, `<state dir>/records.state`, in this format (version 2):
+//! One file, `<state dir>/records.state`, in this format (version 3):
 //!
 //! ```text
-//! imagegc-state v2 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
+//! imagegc-state v3 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
 //! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>]}\n
-//! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...]]\n
+//! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>]\n
 //! ...
 //! ```
+//!
+//! `ever used` says whether a container was ever seen using the image: the
+//! times cannot say it once loaded, since loading moves last-used times
+//! forward. Version 2 files (lines without it) are still read, an image
+//! counting as ever used when its stored last use is after its first
+//! sighting, as version 2 inferred.
 //!
 //! The payload is one JSON value a line: the time of the save, the number
 //! of records and, when one is known, the time of the last successful cycle
@@ -75,8 +81,8 @@ pub const FILE_NAME: &str = "records.state";
 /// The lock file: `run` and `once` hold an exclusive `flock` on it.
 pub const LOCK_FILE_NAME: &str = ".lock";
 const MAGIC: &str = "imagegc-state";
-/// The version [`encode`] writes; version 1 is still read.
-const VERSION: u32 = 2;
+/// The version [`encode`] writes; versions 1 and 2 are still read.
+const VERSION: u32 = 3;
 /// A state file larger than this is not a state file imagegc wrote
 /// (a million images take about 300 MiB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -221,9 +227,11 @@ struct Head {
     last_success: Option<u64>,
 }
 
-/// A record line of version 2 as read (as [`encode`] writes it): id, first seen, last
-/// used, size, pinned, tags, digests.
-type Line = (String, u64, u64, u64, bool, Vec<String>, Vec<String>);
+/// A record line of version 3 as read (as [`encode`] writes it): id, first
+/// seen, last used, size, pinned, tags, digests, ever used.
+type Line = (String, u64, u64, u64, bool, Vec<String>, Vec<String>, bool);
+/// A record line of version 2: as version 3, without `ever used`.
+type LineV2 = (String, u64, u64, u64, bool, Vec<String>, Vec<String>);
 
 /// The payload of version 1.
 #[derive(Deserialize)]
@@ -684,7 +692,7 @@ fn sort_prefix(id: &str) -> u128 {
     u128::from_be_bytes(prefix)
 }
 
-/// One record's line: `["<id>",<first seen>,<last used>,<size>,<pinned>,[<tag>,...],[<digest>,...]]`
+/// One record's line: `["<id>",<first seen>,<last used>,<size>,<pinned>,[<tag>,...],[<digest>,...],<ever used>]`
 /// and a newline, exactly as `serde_json` writes that array.
 fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
     let mut numbers = itoa::Buffer::new();
@@ -708,7 +716,7 @@ fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
         }
         out.push(b']');
     }
-    out.extend_from_slice(b"]\n");
+    out.extend_from_slice(if r.ever_used { b",true]\n" } else { b",false]\n" });
 }
 
 /// A JSON string, as `serde_json` writes it. Names and ids need no escape
@@ -768,6 +776,7 @@ fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
     let version = match version {
         "v1" => 1,
         "v2" => 2,
+        "v3" => 3,
         _ => return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string())),
     };
     let crc = fields
@@ -793,11 +802,40 @@ fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
     if found != crc {
         return Err(Corruption::Checksum { expected: crc, found });
     }
-    if version == 1 { decode_v1(body) } else { decode_v2(body) }
+    match version {
+        1 => decode_v1(body),
+        2 => decode_lines(
+            body,
+            |(id, first_seen, last_used, size, pinned, tags, digests): LineV2| {
+                let ever_used = last_used > first_seen;
+                (
+                    id,
+                    record(first_seen, last_used, size, pinned, tags, digests, ever_used),
+                )
+            },
+        ),
+        _ => decode_lines(
+            body,
+            |(id, first_seen, last_used, size, pinned, tags, digests, ever_used): Line| {
+                (
+                    id,
+                    record(first_seen, last_used, size, pinned, tags, digests, ever_used),
+                )
+            },
+        ),
+    }
 }
 
 /// A record as stored, before `load` adjusts its times.
-fn record(first_seen: u64, last_used: u64, size: u64, pinned: bool, tags: Vec<String>, digests: Vec<String>) -> Record {
+fn record(
+    first_seen: u64,
+    last_used: u64,
+    size: u64,
+    pinned: bool,
+    tags: Vec<String>,
+    digests: Vec<String>,
+    ever_used: bool,
+) -> Record {
     Record {
         first_seen: from_unix_millis(first_seen),
         last_used: from_unix_millis(last_used),
@@ -806,6 +844,7 @@ fn record(first_seen: u64, last_used: u64, size: u64, pinned: bool, tags: Vec<St
         tags,
         digests,
         from_history: true,
+        ever_used,
     }
 }
 
@@ -817,7 +856,15 @@ fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
         .map(|(id, r)| {
             (
                 id,
-                record(r.first_seen, r.last_used, r.size, r.pinned, r.tags, r.digests),
+                record(
+                    r.first_seen,
+                    r.last_used,
+                    r.size,
+                    r.pinned,
+                    r.tags,
+                    r.digests,
+                    r.last_used > r.first_seen,
+                ),
             )
         })
         .collect();
@@ -828,13 +875,18 @@ fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
     })
 }
 
-fn decode_v2(payload: &[u8]) -> Result<Decoded, Corruption> {
+/// The payload of versions 2 and 3: the head, then one record line of type
+/// `L` each, turned into a record by `to_record`.
+fn decode_lines<L: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    to_record: impl Fn(L) -> (String, Record),
+) -> Result<Decoded, Corruption> {
     let bad = |e: serde_json::Error| Corruption::Payload(e.to_string());
     // One UTF-8 check for the whole payload, rather than one a string.
     let payload = std::str::from_utf8(payload).map_err(|e| Corruption::Payload(e.to_string()))?;
     let mut values = serde_json::Deserializer::from_str(payload);
     let head = Head::deserialize(&mut values).map_err(bad)?;
-    let mut lines = values.into_iter::<Line>();
+    let mut lines = values.into_iter::<L>();
     let mut records = records::HashMap::default();
     // Room for the records announced, or the map rehashes every id as it
     // grows; no more than the payload can hold (a record line is at least
@@ -848,13 +900,13 @@ fn decode_v2(payload: &[u8]) -> Result<Decoded, Corruption> {
             return Err(Corruption::Payload(format!("byte {end}: not one value a line")));
         }
         let Some(line) = lines.next() else { break };
-        let (id, first_seen, last_used, size, pinned, tags, digests) = line.map_err(bad)?;
+        let (id, record) = to_record(line.map_err(bad)?);
         match records.entry(id) {
             Entry::Occupied(known) => {
                 return Err(Corruption::Payload(format!("image {:?} is listed twice", known.key())));
             }
             Entry::Vacant(entry) => {
-                entry.insert(record(first_seen, last_used, size, pinned, tags, digests));
+                entry.insert(record);
             }
         }
     }
@@ -962,7 +1014,7 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&bytes[..newline]).unwrap(),
             format!(
-                "imagegc-state v2 crc32={:08x} len={:010}",
+                "imagegc-state v3 crc32={:08x} len={:010}",
                 crc32fast::hash(body),
                 body.len()
             )
@@ -971,9 +1023,9 @@ mod tests {
             std::str::from_utf8(body).unwrap(),
             concat!(
                 "{\"saved_at\":1700000005000,\"records\":2}\n",
-                r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[]]"#,
+                r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[],false]"#,
                 "\n",
-                r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[]]"#,
+                r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[],false]"#,
                 "\n",
             )
         );
@@ -990,6 +1042,7 @@ mod tests {
             tags: tags.iter().map(ToString::to_string).collect(),
             digests: digests.iter().map(ToString::to_string).collect(),
             from_history: true,
+            ever_used: last > first,
         };
         let map = HashMap::from([
             (
@@ -1048,7 +1101,7 @@ mod tests {
         let store = StateStore::new(dir.path());
         store.save(&varied(), t(60)).unwrap();
         let bytes = fs::read(store.path()).unwrap();
-        assert!(bytes.starts_with(b"imagegc-state v2 "));
+        assert!(bytes.starts_with(b"imagegc-state v3 "));
         // One line for the header, one for the save time, one a record:
         // the escapes keep every newline in a name out of the file.
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 2 + 4);
@@ -1097,6 +1150,7 @@ mod tests {
                 r.pinned,
                 &r.tags,
                 &r.digests,
+                r.ever_used,
             );
             serde_json::to_writer(&mut expected, &line).unwrap();
             expected.push(b'\n');
@@ -1122,6 +1176,7 @@ mod tests {
                     tags: names(n as usize, "tag"),
                     digests: names(n as usize, "digest"),
                     from_history: true,
+                    ever_used: n % 2 == 0,
                 };
                 (format!("sha256:{n:064x}"), record)
             })
@@ -1263,6 +1318,47 @@ mod tests {
         let now = t(0) - Duration::from_secs(500);
         assert_eq!(saved_at, now);
         assert!(records.iter().all(|(_, r)| r.last_used <= now && r.first_seen <= now));
+    }
+
+    #[test]
+    fn whether_an_image_was_ever_used_survives_a_load_that_moves_last_use_forward() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut records = sample();
+        records.mark_used(["b"], t(50));
+        store.save(&records, t(100)).unwrap();
+        // Down for 1000 s with a 300 s grace: last used moves past first
+        // seen, but "a" was never used, and says so.
+        let Loaded::Records { records, .. } = store.load(t(1100), Duration::from_secs(300)) else {
+            panic!()
+        };
+        assert!(records.get("a").unwrap().last_used > records.get("a").unwrap().first_seen);
+        assert!(!records.ever_used("a"), "never used, whatever the times say");
+        assert!(records.ever_used("b"));
+    }
+
+    #[test]
+    fn a_version_2_file_reads_ever_used_from_its_stored_times_before_they_move() {
+        let payload = concat!(
+            "{\"saved_at\":1700000100000,\"records\":2}\n",
+            r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[]]"#,
+            "\n",
+            r#"["b",1700000000000,1700000050000,20,false,["docker.io/library/b:latest"],[]]"#,
+            "\n",
+        );
+        let header = format!(
+            "imagegc-state v2 crc32={:08x} len={:010}\n",
+            crc32fast::hash(payload.as_bytes()),
+            payload.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        fs::write(store.path(), format!("{header}{payload}")).unwrap();
+        let Loaded::Records { records, .. } = store.load(t(1100), Duration::from_secs(300)) else {
+            panic!("a version 2 file loads")
+        };
+        assert!(!records.ever_used("a"));
+        assert!(records.ever_used("b"));
     }
 
     #[test]

@@ -128,6 +128,7 @@ pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> 
             tags: image.repo_tags.clone(),
             digests: image.repo_digests.clone(),
             from_history: true,
+            ever_used: last_used > first_seen,
         },
     )
 }

@@ -132,6 +132,7 @@ async fn images_without_history_wait_for_max_age_while_old_history_goes_at_once(
             tags: old.repo_tags.clone(),
             digests: old.repo_digests.clone(),
             from_history: false,
+            ever_used: false,
         },
     )]));
 
@@ -348,6 +349,7 @@ async fn a_replayed_backlog_counts_at_its_own_time_and_costs_one_listing() {
         tags: old.repo_tags.clone(),
         digests: Vec::new(),
         from_history: true,
+        ever_used: false,
     };
     let mut daemon = InProcess::start(
         fake.clone(),

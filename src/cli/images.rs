@@ -68,7 +68,15 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     let images = runtime.list_images().await?;
     let containers = MountCache::default().list(runtime).await?;
     let from_status = runtime.status().await.ok().and_then(|s| s.sandbox_image);
-    let sandbox_images = sandbox_images(runtime, config, from_status.as_deref(), &mut PodImages::default()).await;
+    let sandbox_images = sandbox_images(
+        runtime,
+        config,
+        from_status.as_deref(),
+        &mut PodImages::default(),
+        &images,
+    )
+    .await
+    .names;
     let image_fs = image_fs(runtime, config).await?;
     let image_fs_mismatch = image_fs.mismatch(&Statvfs);
     let ImageFs { path: mount_point, .. } = image_fs;

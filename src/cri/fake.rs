@@ -79,7 +79,9 @@ pub const RPCS: [&str; 19] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Dialect {
     /// containerd 1.6/1.7: `sha256:` ids; the sandbox image in the verbose
-    /// `Status` (`config.sandboxImage`); removes images in use.
+    /// `Status` (`config.sandboxImage`), and each pod's in its verbose
+    /// `PodSandboxStatus` (the runtime spec's annotations); removes images
+    /// in use.
     #[default]
     Containerd,
     /// containerd 2.x: as containerd, but `Status` no longer names the
@@ -158,7 +160,8 @@ struct State {
     sandbox_image: Option<String>,
     image_fs_mount: String,
     dialect: Dialect,
-    pods: Vec<String>,
+    /// Each pod sandbox, with the sandbox image it was started on.
+    pods: Vec<(String, Option<String>)>,
     events: Events,
     /// The open event streams.
     subscribers: Vec<mpsc::Sender<EventItem>>,
@@ -400,14 +403,23 @@ impl FakeRuntime {
         self.lock().dialect = dialect;
     }
 
-    /// Adds a pod sandbox (listed by `ListPodSandbox`).
+    /// Adds a pod sandbox (listed by `ListPodSandbox`), started on the
+    /// sandbox image the runtime names now.
     pub fn add_pod(&self, id: &str) {
-        self.lock().pods.push(id.to_string());
+        let mut state = self.lock();
+        let image = state.sandbox_image.clone();
+        state.pods.push((id.to_string(), image));
+    }
+
+    /// Adds a pod sandbox started on `image`, whatever sandbox image the
+    /// runtime names now (it was configured away from it since).
+    pub fn add_pod_on(&self, id: &str, image: &str) {
+        self.lock().pods.push((id.to_string(), Some(image.to_string())));
     }
 
     /// Removes a pod sandbox.
     pub fn remove_pod(&self, id: &str) {
-        self.lock().pods.retain(|p| p != id);
+        self.lock().pods.retain(|(p, _)| p != id);
     }
 
     /// Sets the mount point `ImageFsInfo` reports.
@@ -923,7 +935,7 @@ impl RuntimeService for Service {
             .lock()
             .pods
             .iter()
-            .map(|id| proto::PodSandbox {
+            .map(|(id, _)| proto::PodSandbox {
                 id: id.clone(),
                 ..Default::default()
             })
@@ -938,15 +950,15 @@ impl RuntimeService for Service {
         self.enter("PodSandboxStatus").await?;
         let request = request.into_inner();
         let state = self.fake.lock();
-        if !state.pods.contains(&request.pod_sandbox_id) {
+        let Some((_, pod_image)) = state.pods.iter().find(|(id, _)| *id == request.pod_sandbox_id) else {
             return Err(Status::not_found(format!(
                 "pod sandbox {:?} not found",
                 request.pod_sandbox_id
             )));
-        }
+        };
         let mut annotations = HashMap::new();
         let mut info = HashMap::new();
-        if let Some(image) = &state.sandbox_image {
+        if let Some(image) = pod_image {
             match state.dialect {
                 Dialect::Containerd2 => {
                     annotations.insert("io.kubernetes.cri.podsandbox.image-name".to_string(), image.clone());
@@ -960,7 +972,18 @@ impl RuntimeService for Service {
                 Dialect::Crio136 => {
                     annotations.insert("io.kubernetes.cri-o.ImageName".to_string(), image.clone());
                 }
-                Dialect::Containerd | Dialect::Crio126 => {}
+                // containerd 1.x: only in the verbose info, among the
+                // sandbox's runtime spec annotations.
+                Dialect::Containerd => {
+                    if request.verbose {
+                        let spec = serde_json::json!({
+                            "pid": 1,
+                            "runtimeSpec": {"annotations": {"io.kubernetes.cri.podsandbox.image-name": image}},
+                        });
+                        info.insert("info".to_string(), spec.to_string());
+                    }
+                }
+                Dialect::Crio126 => {}
             }
         }
         Ok(Response::new(proto::PodSandboxStatusResponse {

@@ -110,15 +110,19 @@ pub struct Snapshot {
     /// runtime names in its status or its pods' statuses. Empty when none
     /// of them tells (see [`Snapshot::sandbox_unknown`]).
     pub sandbox_images: Vec<String>,
+    /// Why a pod's sandbox image is not known (its `PodSandboxStatus`
+    /// failed): any image no container ever used may be it.
+    pub sandbox_pods_unread: Option<String>,
 }
 
 impl Snapshot {
     /// True when nothing tells which image is the sandbox image: no source
     /// names it, and the runtime pins no image (containerd 2.x and CRI-O
     /// 1.36 pin their sandbox image, which protects it; CRI-O 1.26 pins
-    /// nothing). Then no image that no container has ever used is removed.
+    /// nothing); or a pod's sandbox image could not be read. Then no image
+    /// that no container has ever used is removed.
     pub fn sandbox_unknown(&self) -> bool {
-        self.sandbox_images.is_empty() && !self.images.iter().any(|i| i.pinned)
+        self.sandbox_pods_unread.is_some() || (self.sandbox_images.is_empty() && !self.images.iter().any(|i| i.pinned))
     }
 }
 

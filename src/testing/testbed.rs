@@ -946,6 +946,27 @@ disabled_plugins = [
         self.wait_until_ready().await;
     }
 
+    /// Names `image` as the runtime's sandbox image in its configuration,
+    /// in place of the pause image it started with: it applies from the
+    /// next [`TestBed::start_containerd`]. Pods already running keep the
+    /// sandbox image they were started on.
+    pub fn configure_sandbox_image(&self, image: &str) {
+        let path = self.dir.join(if self.kind == Kind::Crio {
+            "crio.conf"
+        } else {
+            "config.toml"
+        });
+        let config = fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let quoted = format!("\"{PAUSE_IMAGE}\"");
+        assert!(
+            config.contains(&quoted),
+            "{} does not name {PAUSE_IMAGE}",
+            path.display()
+        );
+        fs::write(&path, config.replace(&quoted, &format!("\"{image}\"")))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+
     /// The containerd log file.
     pub fn log_path(&self) -> PathBuf {
         self.dir.join("runtime.log")

@@ -446,6 +446,35 @@ async fn the_most_aggressive_settings_keep_images_in_use_the_sandbox_and_protect
     assert_eq!(bed.list_image_ids().await, listed);
 }
 
+/// A pod keeps running on the sandbox image it was started on after the
+/// runtime is configured to another one and restarted (an upgrade of the
+/// pause image): that image is in use, whatever the runtime's status names
+/// now, and the most aggressive `once` keeps it.
+async fn a_running_pods_sandbox_image_is_kept_after_the_runtime_moves_to_another(kind: Kind) {
+    let mut bed = TestBed::start(kind, 256).await;
+    let pod = bed.run_pod("web").await;
+    let old_pause = bed.pause_image().clone();
+    let new_pause = bed
+        .import(&ImageSpec::new("registry.k8s.io/pause:3.10").layer(Layer::random(310, 64 * 1024)))
+        .await;
+    bed.stop_containerd();
+    bed.configure_sandbox_image(new_pause.name());
+    bed.start_containerd().await;
+    let unused = bed.import(&app("unused", 2, 51, 1)).await;
+
+    let gc = Imagegc::new(&bed, &Settings::thresholds(1, 0).max_age(Duration::from_secs(1)));
+    let report = gc.run(&["once", "--output", "json"]).json(&[0, 3]);
+    let removed = id_list(array(&report, "removed"));
+    assert!(removed.contains(&unused.id), "{report:#}");
+    let listed = bed.list_image_ids().await;
+    assert!(
+        listed.contains(&old_pause.id),
+        "the sandbox image of the running pod was removed: {report:#}"
+    );
+    assert!(listed.contains(&new_pause.id), "{report:#}");
+    bed.stop_pod(&pod).await;
+}
+
 /// An image mounted as a volume (KEP-4639) by a running container is in
 /// use exactly like a container's own image, though only the runtime's
 /// `ContainerStatus` shows it: the most aggressive `once` keeps it. (On
@@ -842,6 +871,7 @@ on_every_runtime!(
     plan_explains_the_order_and_what_is_kept_and_removes_nothing,
     dry_run_reports_removals_and_removes_nothing,
     an_image_pulled_again_after_its_removal_is_reported_and_journaled,
+    a_running_pods_sandbox_image_is_kept_after_the_runtime_moves_to_another,
 );
 
 on_runtimes_with_image_volumes!(an_image_mounted_as_a_volume_is_kept_by_the_most_aggressive_settings);

@@ -116,6 +116,39 @@ async fn without_a_named_sandbox_image_never_used_images_are_kept() {
     assert_eq!(kept, [(image_id("pause"), "sandbox-unknown".to_string())]);
 }
 
+/// The never-used rule across a restart: the next process loads the
+/// records with their last-used times moved forward past their first
+/// sightings (the time it was down), and must still know that no
+/// container ever used the pause image.
+#[tokio::test]
+async fn without_a_named_sandbox_image_never_used_images_are_kept_across_a_restart() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Crio126);
+    fake.set_sandbox_image(None);
+    fake.add_image(pause_image(false));
+    let disk = full_disk();
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let mut config = support::config(&dir.path().join("state"));
+    config.gc.low_threshold_percent = 10;
+    config.gc.interval = std::time::Duration::from_secs(60);
+    let client = || connect(&server.endpoint(), support::PATIENCE).unwrap();
+    let mut first = support::collector(client(), &disk, config.clone());
+    first.cycle(&CancellationToken::new()).await;
+    first.save().await;
+    drop(first);
+    assert!(fake.removed().is_empty(), "the first process keeps it");
+
+    // The next process starts a day later.
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(86_400);
+    let mut second = support::collector_with_clock(client(), &disk, config, imagegc::time::Clock::starting_at(later));
+    second.cycle(&CancellationToken::new()).await;
+    assert!(
+        fake.removed().is_empty(),
+        "the pause image no container ever used is kept by the next process too"
+    );
+}
+
 /// `runtime.sandbox_image` names it outright, for a runtime that does not.
 #[tokio::test]
 async fn the_configured_sandbox_image_is_kept_as_the_sandbox() {
@@ -131,6 +164,98 @@ async fn the_configured_sandbox_image_is_kept_as_the_sandbox() {
     .await;
     assert_eq!(bed.cycle().await, std::slice::from_ref(&fresh.id));
     assert_eq!(bed.kept().await, [(image_id("pause"), "sandbox".to_string())]);
+}
+
+/// `runtime.sandbox_image` written as a bare repository (what a user
+/// writes after the start-up warning) names every tag of it, as a protect
+/// pattern does; one that names no listed image protects nothing and must
+/// not switch the never-used rule off either.
+#[tokio::test]
+async fn a_configured_sandbox_image_is_read_as_a_pattern_and_one_naming_nothing_keeps_the_safe_rule() {
+    for (configured, why) in [
+        ("registry.k8s.io/pause", "sandbox"),
+        ("registry.k8s.io/pause:3.6", "sandbox-unknown"),
+    ] {
+        let fake = FakeRuntime::new();
+        fake.set_dialect(Dialect::Crio126);
+        fake.set_sandbox_image(None);
+        fake.add_image(pause_image(false));
+        let mut bed = Bed::start(fake.clone(), &full_disk(), |c| {
+            c.runtime.sandbox_image = Some(configured.to_string());
+        })
+        .await;
+        assert!(
+            bed.cycle().await.is_empty(),
+            "{configured}: the pause image was removed"
+        );
+        assert_eq!(bed.kept().await, [(image_id("pause"), why.to_string())], "{configured}");
+    }
+}
+
+/// A pod whose `PodSandboxStatus` fails (a transient DeadlineExceeded on
+/// containerd 2.x) may run on any image no container ever used: those are
+/// kept until its status can be read.
+#[tokio::test]
+async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Containerd2);
+    fake.set_sandbox_image(Some(PAUSE.to_string()));
+    fake.add_image(pause_image(true));
+    let old_pause = Image {
+        id: image_id("pause-3.9"),
+        repo_tags: vec!["registry.k8s.io/pause:3.9".to_string()],
+        ..pause_image(false)
+    };
+    fake.add_image(old_pause.clone());
+    fake.add_pod_on("pod-1", "registry.k8s.io/pause:3.9");
+    fake.fail_always(
+        "PodSandboxStatus",
+        Some(tonic::Status::deadline_exceeded("context deadline exceeded")),
+    );
+    let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
+    assert!(
+        bed.cycle().await.is_empty(),
+        "removed while a pod's sandbox image was unknown"
+    );
+    assert!(
+        bed.kept()
+            .await
+            .contains(&(old_pause.id.clone(), "sandbox-unknown".to_string()))
+    );
+
+    // Once the status can be read, the pod's own image is its sandbox image.
+    fake.fail_always("PodSandboxStatus", None);
+    assert!(bed.cycle().await.is_empty());
+    assert!(
+        bed.kept()
+            .await
+            .contains(&(old_pause.id.clone(), "sandbox".to_string()))
+    );
+}
+
+/// containerd 1.x names its current sandbox image in `Status`, and each
+/// pod's in its verbose `PodSandboxStatus`: a pod started on the sandbox
+/// image the runtime was configured away from keeps it.
+#[tokio::test]
+async fn a_pods_own_sandbox_image_is_kept_whatever_status_names() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Containerd);
+    fake.set_sandbox_image(Some(PAUSE.to_string()));
+    fake.add_image(pause_image(false));
+    let old_pause = Image {
+        id: image_id("pause-3.9"),
+        repo_tags: vec!["registry.k8s.io/pause:3.9".to_string()],
+        ..pause_image(false)
+    };
+    fake.add_image(old_pause.clone());
+    fake.add_pod_on("pod-1", "registry.k8s.io/pause:3.9");
+    let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
+    assert!(bed.cycle().await.is_empty());
+    let kept = bed.kept().await;
+    assert!(
+        kept.contains(&(old_pause.id.clone(), "sandbox".to_string())),
+        "{kept:?}"
+    );
 }
 
 /// CRI-O names a container's image by a repo digest. After the tag moved

@@ -182,6 +182,7 @@ fn the_planner_on_odd_listings() {
             images: case.images,
             containers: case.containers,
             sandbox_images: vec!["registry.k8s.io/pause:3.9".to_string()],
+            sandbox_pods_unread: None,
         };
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let mut records = Records::new();

@@ -148,6 +148,7 @@ fn child() {
             images: fake.images(),
             containers: fake.containers(),
             sandbox_images: vec!["registry.k8s.io/pause:3.9".to_string()],
+            sandbox_pods_unread: None,
         };
         let mut records = Records::new();
         let t = Instant::now();
