@@ -1,0 +1,96 @@
+"""The session's cluster, shared by the scenarios, and its report.
+
+Environment (scripts/test-cluster.sh sets it):
+  IMAGEGC_KUBERNETES_BIN  kube-apiserver, kubelet, ..., etcd, helm, crictl
+  IMAGEGC_CONTAINERD_BIN  containerd 2.x, its shim and ctr
+  IMAGEGC_STATIC_BIN      the static imagegc binary the image is built from
+  IMAGEGC_PROMETHEUS      the prometheus server binary
+A missing prerequisite fails the scenarios with the reason; nothing is
+skipped silently.
+"""
+
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import oci  # noqa: E402
+from cluster import IMAGEGC_IMAGE, Cluster  # noqa: E402
+from deploy import DEPLOY, Prometheus  # noqa: E402
+
+TIMINGS = {}
+
+
+def record(name, seconds):
+    TIMINGS[name] = seconds
+
+
+def _env(name):
+    value = os.environ.get(name, "")
+    if not value or not os.path.exists(value):
+        pytest.fail(f"{name} is not set to an existing path ({value!r}); run scripts/test-cluster.sh", pytrace=False)
+    return value
+
+
+def build_imagegc_image(cluster, binary):
+    """The Containerfile's final stage: the static binary as /imagegc and
+    deploy/imagegc.toml as /etc/imagegc/imagegc.toml on an empty base."""
+    with open(binary, "rb") as f:
+        exe = f.read()
+    with open(os.path.join(DEPLOY, "imagegc.toml"), "rb") as f:
+        config = f.read()
+    layer = oci.layer([("/imagegc", exe, 0o755), ("/etc/imagegc/imagegc.toml", config, 0o644)])
+    return cluster.build_and_import(IMAGEGC_IMAGE, [layer], entrypoint=["/imagegc"],
+                                    cmd=["run", "--config", "/etc/imagegc/imagegc.toml"], user="0:0",
+                                    exposed_ports={"9105/tcp": {}})
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.fail("the cluster mounts a filesystem and runs a kubelet: run as root", pytrace=False)
+    kube_bin = _env("IMAGEGC_KUBERNETES_BIN")
+    containerd_bin = _env("IMAGEGC_CONTAINERD_BIN")
+    binary = _env("IMAGEGC_STATIC_BIN")
+    c = Cluster(kube_bin, containerd_bin)
+    try:
+        c.up()
+        record("bring-up (etcd to a Ready node)", c.timings["bring-up"])
+        started = time.monotonic()
+        c.imagegc_image_id = build_imagegc_image(c, binary)
+        # The kubelet may remove it while no imagegc runs (the eviction
+        # scenario's control case): each deployment puts it back first.
+        c.ensure_imagegc_image = lambda: (IMAGEGC_IMAGE in c.images()) or build_imagegc_image(c, binary)
+        record("imagegc image: OCI tarball and import", time.monotonic() - started)
+    except BaseException:
+        logs = {name: c.log_tail(name) for name in ("kubelet", "containerd", "kube-apiserver")} if c.dir else {}
+        problems = c.down()
+        raise RuntimeError(f"bring-up failed; logs: {logs}; teardown: {problems}")
+    yield c
+    started = time.monotonic()
+    problems = c.down()
+    record("teardown", time.monotonic() - started)
+    left = c.leftovers()
+    assert not problems and not left, f"teardown problems {problems}; left behind {left}"
+
+
+@pytest.fixture(scope="session")
+def prometheus(cluster):
+    return Prometheus(cluster, _env("IMAGEGC_PROMETHEUS")).start()
+
+
+@pytest.fixture(autouse=True)
+def _scenario_time(request):
+    started = time.monotonic()
+    yield
+    record(request.node.nodeid.split("::", 1)[-1], time.monotonic() - started)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if TIMINGS:
+        terminalreporter.section("cluster timings")
+        for name, seconds in TIMINGS.items():
+            terminalreporter.write_line(f"{seconds:7.1f}s  {name}")

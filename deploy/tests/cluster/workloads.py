@@ -1,0 +1,122 @@
+"""Images and pods of the scenarios: workload pods running their own image,
+unused images to collect, and filler images of incompressible data."""
+
+import json
+import time
+
+import oci
+from cluster import MIB, wait_for
+
+
+def workload_image(cluster, name):
+    """A small image of its own (busybox plus a file that makes it unique)."""
+    ref = f"registry.example/workload/{name}:1"
+    cluster.build_and_import(ref, [cluster.busybox_layer, oci.layer([(f"/id/{name}", name.encode(), 0o644)])],
+                             entrypoint=["/bin/sleep", "2147483647"])
+    return ref
+
+
+def unused_image(cluster, name, size=MIB):
+    """An image nobody runs, of `size` random bytes (stored twice by
+    containerd: the blob and the unpacked snapshot)."""
+    ref = f"registry.example/unused/{name}:1"
+    cluster.build_and_import(ref, [oci.random_layer(size, name)], entrypoint=["/bin/sleep", "1"])
+    return ref
+
+
+def run_pod(cluster, name, image, namespace="default"):
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"imagegc-test": "workload"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                            "command": ["/bin/sleep", "2147483647"]}],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    return name
+
+
+def wait_running(cluster, names, namespace="default", timeout=60):
+    def running():
+        pods = cluster.kubectl_json("-n", namespace, "get", "pods")["items"]
+        phases = {p["metadata"]["name"]: p["status"].get("phase") for p in pods}
+        return all(phases.get(n) == "Running" for n in names)
+    wait_for(f"pods {names} Running", running, timeout, 0.5)
+
+
+def delete_pods(cluster, namespace="default", selector="imagegc-test=workload"):
+    cluster.kubectl("-n", namespace, "delete", "pods", "-l", selector, "--wait=true", "--ignore-not-found",
+                    "--grace-period=1", timeout=120)
+
+
+def evicted_pods(cluster, namespace="default"):
+    pods = cluster.kubectl_json("-n", namespace, "get", "pods")["items"]
+    return [p["metadata"]["name"] for p in pods if p["status"].get("reason") == "Evicted"]
+
+
+def eviction_events(cluster):
+    events = cluster.kubectl_json("get", "events", "--all-namespaces")["items"]
+    return [e for e in events if e.get("reason") in ("Evicted", "EvictionThresholdMet")]
+
+
+def disk_pressure(cluster):
+    node = cluster.kubectl_json("get", "node", "localhost")
+    return any(c["type"] == "DiskPressure" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+def wait_no_disk_pressure(cluster, timeout=60):
+    wait_for("no DiskPressure on the node", lambda: not disk_pressure(cluster), timeout, 1)
+    # And the taint the node lifecycle controller puts, so pods schedule.
+    def untainted():
+        node = cluster.kubectl_json("get", "node", "localhost")
+        return not any(t["key"] == "node.kubernetes.io/disk-pressure" for t in node["spec"].get("taints") or [])
+    wait_for("the disk-pressure taint gone", untainted, timeout, 1)
+
+
+class Filler:
+    """Imports unused images of `size` random bytes, one at a time, and
+    records the image filesystem's usage after each."""
+
+    def __init__(self, cluster, prefix, size):
+        self.cluster = cluster
+        self.prefix = prefix
+        self.size = size
+        self.count = 0
+        self.refs = []
+        self.errors = []
+
+    def one(self):
+        self.count += 1
+        name = f"{self.prefix}-{self.count}"
+        try:
+            self.refs.append(unused_image(self.cluster, name, self.size))
+        except RuntimeError as e:
+            # imagegc may remove an image while it is still being imported.
+            self.errors.append(str(e))
+        return self.cluster.usage()[0]
+
+
+def clear_images(cluster, keep):
+    """Removes every image over CRI but those named in `keep` (and those in use)."""
+    for ref in cluster.images():
+        if ref not in keep:
+            cluster.crictl("rmi", ref, check=False)
+
+
+def monotonic_ms():
+    return int(time.monotonic() * 1000)
+
+
+def per_image_cost(cluster, size):
+    """The bytes one unused image of `size` random bytes takes on the image
+    filesystem (measured: import one, remove it)."""
+    before = cluster.usage()[2]
+    ref = unused_image(cluster, "probe", size)
+    after = cluster.usage()[2]
+    cluster.crictl("rmi", ref)
+    return before - after
+

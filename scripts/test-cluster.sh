@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The cluster suite: imagegc deployed as users deploy it (kubectl apply -k,
+# helm install) on a private single-node Kubernetes cluster on 127.0.0.1,
+# and the scenarios of deploy/tests/cluster/ run against it (pytest).
+#
+#   scripts/test-cluster.sh [PYTEST ARGS...]    e.g. -k eviction
+#
+# Run as root on Debian 12. Installs what is missing (apt: runc, the CNI
+# plugins, busybox-static, iptables, openssl, e2fsprogs; pip: pytest and
+# PyYAML into target/cluster-venv), builds Kubernetes, etcd, helm and crictl
+# (scripts/testbed-kubernetes.sh) and containerd 2.x
+# (scripts/testbed-runtimes.sh) from their Go modules when not built yet,
+# the static imagegc binary (musl, or static glibc where the musl target
+# cannot be installed) and takes Prometheus out of Debian's package. The
+# cluster lives in /tmp/igck-XXXXXX, containerd's root on its own 1 GiB
+# loop-mounted ext4, and is removed at the end with everything the kubelet
+# left outside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test-cluster.sh: the cluster mounts a filesystem and runs a kubelet: run as root" >&2
+    exit 1
+fi
+started=$SECONDS
+. scripts/testbed-cluster.sh
+prepare_cluster_suite
+
+suite_started=$SECONDS
+status=0
+"$CLUSTER_PYTHON" -m pytest -p no:cacheprovider -v -rA --durations=0 deploy/tests/cluster "$@" || status=$?
+echo "==> cluster suite: $((SECONDS - suite_started))s (exit $status); with prerequisites $((SECONDS - started))s"
+exit "$status"

@@ -1,0 +1,98 @@
+# shellcheck shell=bash
+# Sourced by scripts/test-cluster.sh and scripts/bench-takeover.sh:
+# prepare_cluster_suite installs and builds what the cluster test bed of
+# deploy/tests/cluster needs, and exports where it is:
+#
+#   IMAGEGC_KUBERNETES_BIN  Kubernetes, etcd, helm, crictl (scripts/testbed-kubernetes.sh)
+#   IMAGEGC_CONTAINERD_BIN  containerd 2.x (scripts/testbed-runtimes.sh)
+#   IMAGEGC_STATIC_BIN      the static imagegc (musl, or static glibc where
+#                           the musl target cannot be installed)
+#   IMAGEGC_PROMETHEUS      Prometheus, out of Debian's package
+#   CLUSTER_PYTHON          a virtualenv's python with pytest and PyYAML
+#                           (target/cluster-venv)
+#
+# apt installs what is missing: runc, the CNI plugins, busybox-static,
+# iptables, openssl, e2fsprogs, python3-venv. Run as root from the
+# repository's top directory.
+
+prepare_cluster_suite() {
+    local ROOT=$PWD
+    local started=$SECONDS
+
+    # --- packages
+    local missing=() containerd_bin target binary CACHE prometheus work VENV REQUIREMENTS APT_UPDATED=
+    command -v runc >/dev/null || missing+=(runc)
+    [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+    dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+    command -v iptables >/dev/null || missing+=(iptables)
+    command -v openssl >/dev/null || missing+=(openssl)
+    command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+    command -v losetup >/dev/null || missing+=(mount)
+    dpkg -s python3-venv >/dev/null 2>&1 || missing+=(python3-venv)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "==> installing ${missing[*]}"
+        apt-get update -q >/dev/null && APT_UPDATED=1
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+
+    # --- Kubernetes, containerd
+    . scripts/testbed-kubernetes.sh
+    . scripts/testbed-runtimes.sh
+    build_testbed_kubernetes
+    containerd_bin=${IMAGEGC_RUNTIMES_DIR:-$ROOT/target/runtimes}/containerd-$CONTAINERD2_VERSION/bin
+    if [ ! -x "$containerd_bin/containerd" ] || [ ! -x "$containerd_bin/ctr" ]; then
+        build_testbed_runtimes
+    fi
+
+    # --- the static imagegc
+    local build_started=$SECONDS
+    target=x86_64-unknown-linux-musl
+    if rustup target add "$target" >/dev/null 2>&1; then
+        cargo build --release --locked --target "$target"
+    else
+        target=$(rustc -vV | sed -n 's/^host: //p')
+        echo "==> the musl target cannot be installed: a static glibc build"
+        RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$target"
+    fi
+    binary=${CARGO_TARGET_DIR:-$ROOT/target}/$target/release/imagegc
+    if readelf -d "$binary" | grep -q NEEDED; then
+        echo "scripts/testbed-cluster.sh: $binary links shared libraries" >&2
+        return 1
+    fi
+    echo "==> static imagegc built in $((SECONDS - build_started))s: $("$binary" --version)"
+
+    # --- Prometheus
+    # The server binary out of Debian's package, without its service (as
+    # scripts/check-deploy.sh does, in the same cache).
+    CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/imagegc-check-deploy"
+    prometheus=$(command -v prometheus || true)
+    if [ -z "$prometheus" ]; then
+        prometheus=$CACHE/bin/prometheus
+        if [ ! -x "$prometheus" ]; then
+            echo "==> prometheus from Debian's package"
+            [ -n "$APT_UPDATED" ] || apt-get update -q >/dev/null
+            work=$(mktemp -d)
+            (cd "$work" && apt-get download -q prometheus >/dev/null)
+            dpkg-deb -x "$work"/prometheus_*.deb "$work/root"
+            install -D -m 0755 "$work/root/usr/bin/prometheus" "$prometheus"
+            rm -rf "$work"
+        fi
+    fi
+
+    # --- Python
+    VENV=$ROOT/target/cluster-venv
+    REQUIREMENTS="pytest==8.4.2 PyYAML==6.0.3"
+    if [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$REQUIREMENTS" ]; then
+        rm -rf "$VENV"
+        /usr/bin/python3 -m venv "$VENV"
+        # shellcheck disable=SC2086 # a list of requirements
+        "$VENV/bin/pip" install -q --disable-pip-version-check $REQUIREMENTS
+        echo "$REQUIREMENTS" >"$VENV/.requirements"
+    fi
+    export IMAGEGC_KUBERNETES_BIN=$IMAGEGC_KUBERNETES_DIR/$KUBERNETES_VERSION/bin
+    export IMAGEGC_CONTAINERD_BIN=$containerd_bin
+    export IMAGEGC_STATIC_BIN=$binary
+    export IMAGEGC_PROMETHEUS=$prometheus
+    export CLUSTER_PYTHON=$VENV/bin/python
+    echo "==> cluster test bed prerequisites ready in $((SECONDS - started))s"
+}
