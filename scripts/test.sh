@@ -3,8 +3,9 @@
 # integration tests, the end-to-end tests on every runtime of the matrix
 # (Debian's containerd 1.6, containerd 2.x and CRI-O, each started privately
 # by the tests on loop-mounted filesystems, so this must run as root), the
-# deployment checks and a time-boxed fuzz pass (IMAGEGC_SKIP_FUZZ=1 skips
-# it). Installs what a fresh Debian 12 machine lacks, and builds containerd
+# cluster suite (a single-node Kubernetes running the manifests,
+# scripts/test-cluster.sh), the deployment checks and a time-boxed fuzz
+# pass (IMAGEGC_SKIP_FUZZ=1 skips it). Installs what a fresh Debian 12 machine lacks, and builds containerd
 # 2.x and CRI-O from their Go modules (kept under target/runtimes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +44,14 @@ for runtime in containerd_1_6 containerd_2 crio; do
     suite_times+=("$runtime $((SECONDS - started))s")
 done
 echo "==> end-to-end suite times: ${suite_times[*]}"
+# imagegc deployed as users deploy it (kubectl apply -k, helm install) on a
+# private single-node Kubernetes cluster, and its scenarios: the eviction
+# race, the image filesystem, restarts (deploy/tests/cluster/). Builds
+# Kubernetes, etcd, helm, crictl and Prometheus from their Go modules once.
+echo "==> cluster suite (scripts/test-cluster.sh)"
+started=$SECONDS
+scripts/test-cluster.sh
+echo "==> cluster suite time: $((SECONDS - started))s"
 if [ -x scripts/check-deploy.sh ]; then
     echo "==> deployment checks"
     # An unoptimised static build is enough to check the image and the

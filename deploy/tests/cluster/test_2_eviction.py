@@ -100,7 +100,7 @@ def test_imagegc_frees_before_the_kubelet_evicts(cluster):
         peak = max(u for _, u in timeline)
         took = "never" if freed is None else f"{freed - crossed:.1f}s after"
         print(f"race: usage {before}% before; high crossed at {crossed:.1f}s; at or below low {took}; "
-              f"peak {peak}%; import errors {len(filler.errors)}")
+              f"peak {peak}%; import errors {filler.errors[:3]}; timeline {timeline[::8]}")
         if freed is not None:
             record("race: high crossed to at or below low", freed - crossed)
         evicted = w.evicted_pods(cluster)
@@ -129,10 +129,11 @@ def test_without_imagegc_the_kubelet_evicts(cluster):
     events_before = {e['metadata']['uid'] for e in w.eviction_events(cluster)}
     pods, _ = prepare(cluster, "control")
     try:
-        timeline, crossed, _ = fill(cluster, "control")
+        timeline, crossed, filler = fill(cluster, "control")
         evicted = wait_for("a pod evicted by the kubelet", lambda: w.evicted_pods(cluster), 60, 1)
         peak = max(u for _, u in timeline)
-        print(f"control: high crossed at {crossed:.1f}s; peak {peak}%; evicted {evicted}")
+        print(f"control: high crossed at {crossed:.1f}s; peak {peak}%; evicted {evicted}; "
+              f"import errors {filler.errors[:3]}; timeline {timeline[::8]}")
         events = [e for e in w.eviction_events(cluster) if e['metadata']['uid'] not in events_before]
         assert len(evicted) >= 1
         assert [e for e in events if e["reason"] in ("Evicted", "EvictionThresholdMet")], events
