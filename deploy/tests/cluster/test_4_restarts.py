@@ -24,18 +24,22 @@ def test_history_survives_restarts_and_nothing_wrong_goes(cluster):
     d.apply()
     keep = (PAUSE_IMAGE, IMAGEGC_IMAGE, running)
 
+    def history():
+        # Right after a restart the kubelet may not know the pod yet for exec.
+        return wait_for("imagegc history through kubectl exec", lambda: (d.history(),), 30, 1)[0]
+
     def removed_ids():
-        return {e["image"] for e in d.history()}
+        return {e["image"] for e in history()}
 
     def check(step):
         wait_for(f"a Ready imagegc pod after {step}", d.ready_pod, 90, 0.5)
         wait_for(f"the runtime up after {step}", lambda: metric(d.scrape(), "imagegc_runtime_up") == 1.0, 60, 1)
-        history = removed_ids()
-        assert victim_id in history, f"after {step} the history lost the removal: {history}"
+        ids = removed_ids()
+        assert victim_id in ids, f"after {step} the history lost the removal: {ids}"
         images = cluster.images()
         for ref in keep:
             assert ref in images, f"after {step}, {ref} was removed"
-        tags = {t for e in d.history() for t in e.get("tags", [])}
+        tags = {t for e in history() for t in e.get("tags", [])}
         assert not tags & set(keep), f"after {step} the history shows a wrong removal: {tags & set(keep)}"
 
     try:
