@@ -77,6 +77,7 @@ impl Fake {
                 image_id: String::new(),
                 state: Some(ContainerState::Running),
                 mounted_images: Vec::new(),
+                mounts_unknown: false,
             });
         }
         runtime.set_sandbox_image(Some(PAUSE.to_string()));

@@ -65,6 +65,7 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
                 image_id: String::new(),
                 state: Some(ContainerState::Running),
                 mounted_images: Vec::new(),
+                mounts_unknown: false,
             }
         })
         .collect();

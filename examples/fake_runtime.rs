@@ -184,6 +184,7 @@ fn add_containers(fake: &FakeRuntime, count: usize) -> Result<(), String> {
             image_id: String::new(),
             state: Some(ContainerState::Running),
             mounted_images: Vec::new(),
+            mounts_unknown: false,
         });
     }
     Ok(())

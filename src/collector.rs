@@ -41,7 +41,7 @@ use crate::matching::{self, InUse};
 use crate::metrics::Metrics;
 use crate::policy::{self, Candidate, DiskFootprint, Plan, Reason, SpaceOutlook, SpaceTarget};
 use crate::records::{self, HashMap, Listed, Records};
-use crate::reference::ProtectPattern;
+use crate::reference::{self, ProtectPattern};
 use crate::report::CycleError;
 pub use crate::report::{CycleReport, Outcome, Removal};
 use crate::state::{Loaded, StateStore};
@@ -63,13 +63,17 @@ const CONTAINER_STATUS_CONCURRENCY: usize = 4;
 #[derive(Debug, Default)]
 pub struct MountCache {
     by_container: HashMap<String, Vec<String>>,
+    /// Why a container's mounts could not be read at the last listing.
+    unread: Option<String>,
 }
 
 impl MountCache {
     /// Lists the containers and fills in their mounted images, asking
     /// `ContainerStatus` for the containers not seen before. A container
-    /// gone in between (`NotFound`) mounts nothing any more; any other
-    /// error fails the listing, since an image it mounts would look unused.
+    /// gone in between (`NotFound`) mounts nothing any more; one whose
+    /// status fails otherwise is marked [`Container::mounts_unknown`] (it
+    /// may mount any image, so the planner keeps them all) and asked again
+    /// at the next listing: one broken container does not fail the listing.
     pub async fn list<R: Runtime>(&mut self, runtime: &R) -> Result<Vec<Container>, RuntimeError> {
         let mut containers = runtime.list_containers().await?;
         let new: Vec<&str> = containers
@@ -94,11 +98,15 @@ impl MountCache {
                 }
             }
         }
+        self.unread = None;
         for (id, mounts) in learnt {
             let mounts = match mounts {
                 Ok(mounts) => mounts,
                 Err(err) if err.is_not_found() => Vec::new(),
-                Err(err) => return Err(err),
+                Err(err) => {
+                    self.unread = Some(format!("container {id}: {err}"));
+                    continue;
+                }
             };
             self.by_container.insert(id, mounts);
         }
@@ -107,11 +115,18 @@ impl MountCache {
             self.by_container.retain(|id, _| listed.contains_key(id.as_str()));
         }
         for container in &mut containers {
-            if let Some(mounts) = self.by_container.get(&container.id) {
-                container.mounted_images.clone_from(mounts);
+            match self.by_container.get(&container.id) {
+                Some(mounts) => container.mounted_images.clone_from(mounts),
+                None => container.mounts_unknown = true,
             }
         }
         Ok(containers)
+    }
+
+    /// Why a container's mounted images could not be read at the last
+    /// listing, when one could not.
+    pub fn unread(&self) -> Option<&str> {
+        self.unread.as_deref()
     }
 }
 
@@ -201,20 +216,34 @@ pub async fn sandbox_images<R: Runtime>(
 struct RecentRemoval {
     at: SystemTime,
     id: String,
-    /// Its tags and digests when it was removed.
-    names: Vec<String>,
+    /// Its repository digests when it was removed.
+    digests: Vec<String>,
     /// Whether its return was already reported (once per removal).
     repull_reported: bool,
 }
 
 impl RecentRemoval {
-    /// Whether `image` comes back under one of the removed image's names.
-    fn names(&self, image: &Image) -> bool {
-        image
-            .repo_tags
-            .iter()
-            .chain(&image.repo_digests)
-            .any(|n| self.names.contains(n))
+    fn new(at: SystemTime, id: String, digests: &[String]) -> Self {
+        RecentRemoval {
+            at,
+            id,
+            digests: digests.to_vec(),
+            repull_reported: false,
+        }
+    }
+
+    /// Whether the image with this id and these repository digests is the
+    /// removed image: the same id, or the same manifest digest under any
+    /// name (CRI-O drops a registry's port from an old image's digest). A
+    /// tag is not an image: a newer image under the removed one's tag is
+    /// another image, not a re-pull.
+    fn is(&self, id: &str, digests: &[String]) -> bool {
+        self.id == id
+            || digests.iter().filter_map(|d| reference::digest_of(d)).any(|digest| {
+                self.digests
+                    .iter()
+                    .any(|mine| reference::digest_of(mine) == Some(digest))
+            })
     }
 }
 
@@ -421,6 +450,9 @@ pub struct Collector<R> {
     sandbox_warned: bool,
     /// Whether a pod's sandbox image could not be read at the last listing.
     sandbox_pods_unread: bool,
+    /// Whether a container's mounted images could not be read at the last
+    /// listing.
+    mounts_unread: bool,
     /// Whether `runtime.sandbox_image` naming no listed image was warned
     /// about (once per process).
     sandbox_config_warned: bool,
@@ -537,6 +569,7 @@ impl<R: Runtime> Collector<R> {
             pod_images: PodImages::default(),
             sandbox_warned: false,
             sandbox_pods_unread: false,
+            mounts_unread: false,
             sandbox_config_warned: false,
             removing: Arc::new(AtomicBool::new(false)),
             removing_image: RemovingImage::default(),
@@ -557,14 +590,7 @@ impl<R: Runtime> Collector<R> {
             self.recently_removed = entries
                 .into_iter()
                 .filter(|e| !e.dry_run)
-                .filter_map(|e| {
-                    Some(RecentRemoval {
-                        at: e.timestamp()?,
-                        id: e.image,
-                        names: e.tags.into_iter().chain(e.digests).collect(),
-                        repull_reported: false,
-                    })
-                })
+                .filter_map(|e| Some(RecentRemoval::new(e.timestamp()?, e.image, &e.digests)))
                 .collect();
         }
         self
@@ -583,7 +609,7 @@ impl<R: Runtime> Collector<R> {
             let Some(removal) = self
                 .recently_removed
                 .iter_mut()
-                .find(|r| !r.repull_reported && r.names(image))
+                .find(|r| !r.repull_reported && r.is(&image.id, &image.repo_digests))
             else {
                 continue;
             };
@@ -613,20 +639,14 @@ impl<R: Runtime> Collector<R> {
         }
     }
 
-    /// Whether the candidate was removed by this collector within
-    /// `gc.thrash_window` (under its id or any of its names).
+    /// Whether the candidate is an image this collector removed within
+    /// `gc.thrash_window` (the same id or manifest digest).
     fn removed_recently(&self, candidate: &Candidate<'_>) -> bool {
         let now = self.clock.now();
         let window = self.config.gc.thrash_window;
-        self.recently_removed.iter().any(|r| {
-            now.duration_since(r.at).unwrap_or_default() <= window
-                && (r.id == candidate.id
-                    || candidate
-                        .tags
-                        .iter()
-                        .chain(candidate.digests)
-                        .any(|n| r.names.contains(n)))
-        })
+        self.recently_removed
+            .iter()
+            .any(|r| now.duration_since(r.at).unwrap_or_default() <= window && r.is(candidate.id, candidate.digests))
     }
 
     /// Starts or ends an episode in which images cannot bring usage to low:
@@ -732,13 +752,11 @@ impl<R: Runtime> Collector<R> {
         const NOTE: &str = "completed after shutdown";
         warn!(image = %entry.image, tags = ?entry.tags, reason = %entry.reason, "a removal in flight when imagegc last stopped was {NOTE}: journaling it");
         entry.note = Some(NOTE.to_string());
-        let names = entry.tags.iter().chain(&entry.digests).cloned().collect();
-        self.recently_removed.push(RecentRemoval {
-            at: self.clock.now(),
-            id: entry.image.clone(),
-            names,
-            repull_reported: false,
-        });
+        self.recently_removed.push(RecentRemoval::new(
+            self.clock.now(),
+            entry.image.clone(),
+            &entry.digests,
+        ));
         let _ = tokio::task::spawn_blocking(move || {
             journal.append(&entry);
             journal.end_removal();
@@ -791,6 +809,7 @@ impl<R: Runtime> Collector<R> {
         )
         .await;
         self.note_sandbox_sources(&sandbox);
+        self.note_mounts();
         let snapshot = Snapshot {
             images,
             containers,
@@ -814,6 +833,23 @@ impl<R: Runtime> Collector<R> {
             listed,
             image_fs,
         })
+    }
+
+    /// Says, once per episode, that a container's mounted images could not
+    /// be read (every image is kept meanwhile), and sets the metric.
+    fn note_mounts(&mut self) {
+        let unread = self.mounts.unread().map(str::to_string);
+        match (&self.mounts_unread, &unread) {
+            (false, Some(err)) => warn!(
+                error = %err,
+                "cannot read the images a container mounts (ContainerStatus): no image is removed until they can \
+                 be read, since it may mount any of them"
+            ),
+            (true, None) => info!("every container's mounted images can be read again"),
+            _ => {}
+        }
+        self.mounts_unread = unread.is_some();
+        self.metrics.set_container_mounts_unknown(self.mounts_unread);
     }
 
     /// Says, once per episode, that a pod's sandbox image could not be read
@@ -1122,7 +1158,7 @@ impl<R: Runtime> Collector<R> {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            if self.remove(candidate, &snapshot.images, &disk, cancel, report).await? == Step::Unknown {
+            if self.remove(candidate, snapshot, &disk, cancel, report).await? == Step::Unknown {
                 // What the runtime is still doing may free what the rest
                 // of the cycle would: the next cycle sees.
                 return Ok(());
@@ -1216,7 +1252,7 @@ impl<R: Runtime> Collector<R> {
                 report.held_back.push(candidate.id.to_string());
                 continue;
             }
-            match self.remove(candidate, &snapshot.images, disk, cancel, report).await? {
+            match self.remove(candidate, snapshot, disk, cancel, report).await? {
                 Step::Removed => {}
                 Step::Kept => {
                     // Kept here, but someone else may have removed it (or
@@ -1299,15 +1335,18 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// The re-check right before a removal: the image as the runtime holds
-    /// it now, when no container uses it under any of its current names and
-    /// the runtime did not pin it meanwhile; `None` when it is to be kept
-    /// (or is gone already). An error means the check could not be made.
+    /// it now, when no container uses it under any of its current names,
+    /// the runtime did not pin it meanwhile, and no keep rule that reads
+    /// names (a protect pattern, the sandbox image) holds for a name it
+    /// gained; `None` when it is to be kept (or is gone already). An error
+    /// means the check could not be made.
     async fn recheck(
         &mut self,
         candidate: &Candidate<'_>,
-        images: &[Image],
+        snapshot: &Snapshot,
         report: &mut CycleReport,
     ) -> Result<Option<Image>, CycleError> {
+        let images = &snapshot.images;
         debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
             .mounts
@@ -1331,6 +1370,10 @@ impl<R: Runtime> Collector<R> {
             self.gone_already(candidate);
             return Ok(None);
         };
+        if containers.iter().any(|c| c.mounts_unknown) {
+            info!(image = %candidate.id, "a container's mounted images cannot be read: keeping the image");
+            return Ok(None);
+        }
         // The listing's other images tell which containers' ids and digests
         // name an image exactly (a container whose digest names another
         // image does not use every image its tag names); this image is
@@ -1349,6 +1392,18 @@ impl<R: Runtime> Collector<R> {
         }
         if current.pinned {
             info!(image = %candidate.id, tags = ?current.repo_tags, "the runtime pinned the image since the listing; keeping it");
+            return Ok(None);
+        }
+        let sandbox: Vec<&str> = snapshot.sandbox_images.iter().map(String::as_str).collect();
+        if matching::References::new(&[], &sandbox)
+            .matches(std::iter::once(&current))
+            .sandbox(0)
+        {
+            info!(image = %candidate.id, tags = ?current.repo_tags, "the image is a sandbox image under a name it gained since the listing; keeping it");
+            return Ok(None);
+        }
+        if let Some(pattern) = policy::protecting_pattern(&self.config, &current) {
+            info!(image = %candidate.id, tags = ?current.repo_tags, %pattern, "a name the image gained since the listing is protected; keeping it");
             return Ok(None);
         }
         Ok(Some(current))
@@ -1371,12 +1426,12 @@ impl<R: Runtime> Collector<R> {
     async fn remove(
         &mut self,
         candidate: &Candidate<'_>,
-        images: &[Image],
+        snapshot: &Snapshot,
         disk: &Disk,
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<Step, CycleError> {
-        let Some(current) = self.recheck(candidate, images, report).await? else {
+        let Some(current) = self.recheck(candidate, snapshot, report).await? else {
             return Ok(Step::Kept);
         };
         let dry_run = report.dry_run;
@@ -1465,13 +1520,11 @@ impl<R: Runtime> Collector<R> {
             self.footprint.learn(removal.size, freed);
         }
         self.records.remove(candidate.id);
-        let names = removal.tags.iter().chain(&removal.digests).cloned().collect();
-        self.recently_removed.push(RecentRemoval {
-            at: self.clock.now(),
-            id: removal.id.clone(),
-            names,
-            repull_reported: false,
-        });
+        self.recently_removed.push(RecentRemoval::new(
+            self.clock.now(),
+            removal.id.clone(),
+            &removal.digests,
+        ));
         self.removed(removal, report).await;
         Ok(Step::Removed)
     }
@@ -2183,13 +2236,17 @@ mod tests {
         let (mut c, dir) = collector(&sim, |_| {});
         cycle(&mut c).await;
         assert_eq!(sim.removed(), ["a"]);
-        // Pulled again (a new id, the same tag).
-        let mut again = image("a", 100);
-        again.id = "a2".to_string();
+        // A newer image under the same tag is not the removed one.
+        let mut newer = image("a", 100);
+        newer.id = "a2".to_string();
         sim.with(|s| {
-            s.images.push(again);
+            s.images.push(newer);
             s.available = 900;
         });
+        cycle(&mut c).await;
+        assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 0"));
+        // The removed image itself comes back.
+        sim.with(|s| s.images.push(image("a", 100)));
         cycle(&mut c).await;
         assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
         // Counted once, and remembered across a restart through the journal.

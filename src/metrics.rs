@@ -153,6 +153,7 @@ struct FilesystemFamilies {
     low_threshold_ratio: GaugeF64,
     space_unreachable: Gauge,
     image_fs_mismatch: Gauge,
+    container_mounts_unknown: Gauge,
     space_pass_due: Gauge,
 }
 
@@ -345,6 +346,13 @@ impl FilesystemFamilies {
              0 otherwise",
             space_pass_due.clone(),
         );
+        let container_mounts_unknown = Gauge::default();
+        registry.register(
+            "imagegc_container_mounts_unknown",
+            "1 while a container's mounted images cannot be read (its ContainerStatus fails), so no image \
+             is removed; 0 otherwise",
+            container_mounts_unknown.clone(),
+        );
         let image_fs_mismatch = Gauge::default();
         registry.register(
             "imagegc_image_fs_mismatch",
@@ -353,6 +361,7 @@ impl FilesystemFamilies {
             image_fs_mismatch.clone(),
         );
         FilesystemFamilies {
+            container_mounts_unknown,
             image_fs_mismatch,
             usage_ratio,
             capacity_bytes,
@@ -558,6 +567,11 @@ impl Metrics {
     /// Whether images can bring usage to the low threshold.
     pub fn set_space_unreachable(&self, unreachable: bool) {
         self.filesystem.space_unreachable.set(i64::from(unreachable));
+    }
+
+    /// Whether a container's mounted images cannot be read.
+    pub fn set_container_mounts_unknown(&self, unknown: bool) {
+        self.filesystem.container_mounts_unknown.set(i64::from(unknown));
     }
 
     /// Whether the measured filesystem is not the runtime's image filesystem.

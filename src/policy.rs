@@ -53,6 +53,9 @@ pub enum KeepReason<'a> {
     /// Never used by any container while the runtime does not say which
     /// image is its sandbox image: it may be that image.
     SandboxUnknown,
+    /// A container's mounted images could not be read (its
+    /// `ContainerStatus` failed): it may mount this image.
+    MountsUnknown,
     /// Matched by a `protect.images` pattern.
     Protected {
         /// The first `protect.images` pattern that matched, as configured.
@@ -80,6 +83,7 @@ impl KeepReason<'_> {
             KeepReason::Pinned => "pinned",
             KeepReason::Sandbox => "sandbox",
             KeepReason::SandboxUnknown => "sandbox-unknown",
+            KeepReason::MountsUnknown => "mounts-unknown",
             KeepReason::Protected { .. } => "protected",
             KeepReason::KeepRecent { .. } => "keep-recent",
             KeepReason::TooYoung { .. } => "too-young",
@@ -193,6 +197,7 @@ pub fn plan_listed<'a>(
 ) -> Plan<'a> {
     assert_eq!(listed.len(), snapshot.images.len(), "a plan of another listing");
     let sandbox_unknown = snapshot.sandbox_unknown();
+    let mounts_unknown = snapshot.containers.iter().any(|c| c.mounts_unknown);
     let matches = &listed.matches;
     let keep_recent = keep_recent(snapshot, listed, config.protect.keep_recent_per_repository);
     let globs: Vec<ProtectPattern> = config.protect.images.iter().map(|p| ProtectPattern::new(p)).collect();
@@ -279,6 +284,12 @@ pub fn plan_listed<'a>(
         }
         if sandbox_unknown && !place.history.is_some_and(|h| h.ever_used) {
             plan.kept.push(keep(KeepReason::SandboxUnknown));
+            continue;
+        }
+        // Any image may be what a container whose mounts are unknown
+        // mounts: when in doubt, keep.
+        if mounts_unknown {
+            plan.kept.push(keep(KeepReason::MountsUnknown));
             continue;
         }
         // An image without a record (listed after the records were updated)
@@ -514,6 +525,17 @@ impl SpaceOutlook {
     pub fn unreachable(&self) -> bool {
         self.could_free < self.bytes_to_free
     }
+}
+
+/// The `protect.images` pattern that protects `image`, if one does: what
+/// the re-check before a removal asks of the image as it is named now.
+pub fn protecting_pattern<'c>(config: &'c Config, image: &Image) -> Option<&'c str> {
+    config
+        .protect
+        .images
+        .iter()
+        .find(|p| ProtectPattern::new(p).matches_image(&image.id, &image.repo_tags, &image.repo_digests))
+        .map(String::as_str)
 }
 
 /// Time from `earlier` to `later`; zero when the clock says `earlier` is in

@@ -102,6 +102,7 @@ pub fn container_using(id: &str, image: &Image) -> Container {
         image_id: String::new(),
         state: None,
         mounted_images: Vec::new(),
+        mounts_unknown: false,
     }
 }
 

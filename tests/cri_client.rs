@@ -29,6 +29,7 @@ fn container(id: &str, image: &str, state: ContainerState) -> Container {
         image_id: format!("id-{image}"),
         state: Some(state),
         mounted_images: Vec::new(),
+        mounts_unknown: false,
     }
 }
 

@@ -257,6 +257,9 @@ fn keep_text(why: &KeepReason) -> String {
         KeepReason::SandboxUnknown => {
             "never used, and the sandbox image is unknown (set runtime.sandbox_image)".to_string()
         }
+        KeepReason::MountsUnknown => {
+            "a container's mounted images cannot be read (ContainerStatus fails): it may mount this one".to_string()
+        }
         KeepReason::Protected { pattern } => format!("protected by {pattern:?}"),
         KeepReason::KeepRecent { repository, rank } => format!("newest #{rank} of {repository}"),
         KeepReason::TooYoung { removable_after } => {

@@ -149,16 +149,21 @@ impl CriClient {
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let started = Instant::now();
+        // Counted when the call ends, or as cancelled when the caller drops
+        // it first (shutdown): the runtime saw it either way.
+        let mut record = CallRecord {
+            metrics: self.metrics.as_deref(),
+            rpc,
+            started: Instant::now(),
+            code: tonic::Code::Cancelled,
+        };
         let answer = tokio::time::timeout(self.timeout, fut).await;
-        if let Some(metrics) = &self.metrics {
-            let code = match &answer {
-                Ok(Ok(_)) => tonic::Code::Ok,
-                Ok(Err(status)) => status.code(),
-                Err(_) => tonic::Code::DeadlineExceeded,
-            };
-            metrics.cri_request(rpc, code_name(code), started.elapsed());
-        }
+        record.code = match &answer {
+            Ok(Ok(_)) => tonic::Code::Ok,
+            Ok(Err(status)) => status.code(),
+            Err(_) => tonic::Code::DeadlineExceeded,
+        };
+        drop(record);
         match answer {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(self.rpc_error(rpc, status)),
@@ -172,6 +177,23 @@ impl CriClient {
 
     fn rpc_error(&self, rpc: &'static str, status: tonic::Status) -> RuntimeError {
         rpc_error(&self.endpoint, rpc, status)
+    }
+}
+
+/// One call to the runtime, counted in the metrics when dropped: with its
+/// answer's code, or `Canceled` when the caller gave up on it.
+struct CallRecord<'m> {
+    metrics: Option<&'m Metrics>,
+    rpc: &'static str,
+    started: Instant,
+    code: tonic::Code,
+}
+
+impl Drop for CallRecord<'_> {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.metrics {
+            metrics.cri_request(self.rpc, code_name(self.code), self.started.elapsed());
+        }
     }
 }
 
@@ -252,6 +274,7 @@ fn container_from_proto(c: proto::Container) -> Container {
         image_id: canonical_id(c.image_id),
         state: Some(ContainerState::from_cri(c.state)),
         mounted_images: Vec::new(),
+        mounts_unknown: false,
     }
 }
 

@@ -96,6 +96,10 @@ pub struct Container {
     /// own image.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mounted_images: Vec<String>,
+    /// True when the images the container mounts could not be read (its
+    /// `ContainerStatus` failed): it may mount any image.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub mounts_unknown: bool,
 }
 
 /// What the runtime reported in one listing.

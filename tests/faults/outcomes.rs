@@ -321,6 +321,69 @@ async fn an_image_that_gains_a_name_right_before_its_removal_is_kept_for_a_conta
     assert_eq!(report.became_in_use, [a.id]);
 }
 
+/// A name gained between the listing and the removal is read by every keep
+/// rule that reads names, not only by the containers: a protect pattern,
+/// and the sandbox image.
+#[tokio::test]
+async fn an_image_that_gains_a_protected_or_sandbox_name_right_before_its_removal_is_kept() {
+    for (gained, why) in [
+        ("registry.example.com/team/golden:1", "protect pattern"),
+        (imagegc::cri::fake::DEFAULT_SANDBOX_IMAGE, "sandbox image"),
+    ] {
+        let a = image("a", 500);
+        let mut bed = Bed::start(
+            std::slice::from_ref(&a),
+            SimDisk::new(1000, 0),
+            support::PATIENCE,
+            |c| {
+                c.protect.images = vec!["registry.example.com/team/golden:*".to_string()];
+            },
+        )
+        .await;
+        let fake = bed.fake.clone();
+        let retagged = a.clone();
+        bed.fake.hook_on_call("ListContainers", 2, move || {
+            let mut image = retagged.clone();
+            image.repo_tags.push(gained.to_string());
+            fake.add_image(image);
+        });
+        let report = bed.cycle().await;
+        assert!(
+            bed.fake.removed().is_empty(),
+            "removed under a {why} gained: {report:?}"
+        );
+    }
+}
+
+/// One container whose `ContainerStatus` fails, on a node where
+/// everything else answers: the cycle goes on and the runtime stays up,
+/// but that container may mount any image, so none is removed until its
+/// mounts can be read.
+#[tokio::test]
+async fn one_container_whose_status_fails_keeps_every_image_without_failing_the_cycle() {
+    let used = image("used", 100);
+    let unused = image("unused", 500);
+    let mut bed = Bed::full(&[used.clone(), unused.clone()]).await;
+    bed.fake.add_container(support::container_using("broken", &used));
+    bed.fake
+        .fail_always("ContainerStatus", Some(tonic::Status::internal("broken container")));
+
+    let report = bed.cycle().await;
+    assert!(report.runtime_reached, "{report:?}");
+    assert!(!matches!(report.outcome, Outcome::Failed(_)), "{report:?}");
+    assert!(
+        bed.fake.removed().is_empty(),
+        "removed while a container's mounts were unknown"
+    );
+    assert_eq!(bed.metric("imagegc_runtime_up"), Some(1.0));
+    assert_eq!(bed.metric("imagegc_container_mounts_unknown"), Some(1.0));
+
+    bed.fake.fail_always("ContainerStatus", None);
+    bed.cycle().await;
+    assert_eq!(bed.fake.removed(), [unused.id]);
+    assert_eq!(bed.metric("imagegc_container_mounts_unknown"), Some(0.0));
+}
+
 #[tokio::test]
 async fn an_id_listed_twice_is_planned_with_what_every_listing_says() {
     // `a` listed unpinned, then pinned; `b` listed under a second tag that

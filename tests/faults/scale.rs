@@ -53,6 +53,7 @@ fn big_container(n: usize, image: &Image) -> Container {
         image_id: String::new(),
         state: None,
         mounted_images: Vec::new(),
+        mounts_unknown: false,
     }
 }
 
