@@ -74,7 +74,12 @@ impl MountCache {
     /// status fails otherwise is marked [`Container::mounts_unknown`] (it
     /// may mount any image, so the planner keeps them all) and asked again
     /// at the next listing: one broken container does not fail the listing.
-    pub async fn list<R: Runtime>(&mut self, runtime: &R) -> Result<Vec<Container>, RuntimeError> {
+    ///
+    /// A mount named by a tag is remembered with the id of the image the
+    /// tag names in `images` (the listing made right before) when the
+    /// mount is first read: the container mounts that image, and keeps it
+    /// in use after the tag moves to another one.
+    pub async fn list<R: Runtime>(&mut self, runtime: &R, images: &[Image]) -> Result<Vec<Container>, RuntimeError> {
         let mut containers = runtime.list_containers().await?;
         let new: Vec<&str> = containers
             .iter()
@@ -101,7 +106,15 @@ impl MountCache {
         self.unread = None;
         for (id, mounts) in learnt {
             let mounts = match mounts {
-                Ok(mounts) => mounts,
+                Ok(mut mounts) => {
+                    let ids: Vec<String> = matching::images_named(images, mounts.iter().map(String::as_str))
+                        .into_iter()
+                        .filter(|id| !mounts.iter().any(|m| m == id))
+                        .map(str::to_string)
+                        .collect();
+                    mounts.extend(ids);
+                    mounts
+                }
                 Err(err) if err.is_not_found() => Vec::new(),
                 Err(err) => {
                     self.unread = Some(format!("container {id}: {err}"));
@@ -775,7 +788,7 @@ impl<R: Runtime> Collector<R> {
         let mounts = &mut self.mounts;
         let listings = async {
             let images = runtime.list_images().await?;
-            let containers = mounts.list(runtime).await?;
+            let containers = mounts.list(runtime, &images).await?;
             Ok::<_, RuntimeError>((images, containers))
         };
         let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs(runtime, &self.config));
@@ -999,7 +1012,7 @@ impl<R: Runtime> Collector<R> {
         let mounts = &mut self.mounts;
         let listings = async {
             let images = runtime.list_images().await?;
-            let containers = mounts.list(runtime).await?;
+            let containers = mounts.list(runtime, &images).await?;
             Ok::<_, RuntimeError>((images, containers))
         }
         .await;
@@ -1350,7 +1363,7 @@ impl<R: Runtime> Collector<R> {
         debug!(image = %candidate.id, "re-checking containers before removal");
         let containers = self
             .mounts
-            .list(&self.runtime)
+            .list(&self.runtime, images)
             .await
             .map_err(|source| CycleError::Recheck {
                 what: "containers",

@@ -66,7 +66,7 @@ struct ImageView<'a> {
 pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
     let version = runtime.version().await?;
     let images = runtime.list_images().await?;
-    let containers = MountCache::default().list(runtime).await?;
+    let containers = MountCache::default().list(runtime, &images).await?;
     let from_status = runtime.status().await.ok().and_then(|s| s.sandbox_image);
     let sandbox_images = sandbox_images(
         runtime,

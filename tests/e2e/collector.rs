@@ -512,6 +512,52 @@ async fn an_image_mounted_as_a_volume_is_kept_by_the_most_aggressive_settings(ki
     assert!(listed.contains(&running.id));
 }
 
+/// An image volume named by a tag, and the tag moved to another image
+/// while the pod runs (a new image pushed and pulled under the same tag):
+/// the container still mounts the image it started with. The daemon, which
+/// saw the container start, keeps that image through the most aggressive
+/// cycles.
+async fn an_image_volume_stays_in_use_after_its_tag_moves(kind: Kind) {
+    assert!(kind.has_image_volumes());
+    let bed = TestBed::start(kind, 256).await;
+    let running = bed.import(&app("volume-user", 2, 44, 1)).await;
+    let data = bed.import(&app("volume-data", 2, 45, 1)).await;
+    let pod = bed.run_pod("web").await;
+    bed.run_container_mounting(&pod, running.name(), data.name()).await;
+
+    let settings = Settings::thresholds(1, 0).max_age(Duration::from_secs(1)).every("1s");
+    let gc = Imagegc::new(&bed, &settings);
+    let mut daemon = Daemon::start(&gc, "daemon.log");
+    let state_file = gc.state_dir().join("records.state");
+    assert!(
+        wait_for(Duration::from_secs(20), || async { state_file.exists() }).await,
+        "no cycle; log:\n{}",
+        daemon.log()
+    );
+    // The same tag, another image; then three more cycles.
+    let cycles = |log: &str| log.matches("cycle could not reach the low threshold").count();
+    let before = cycles(&daemon.log());
+    let moved = bed.import(&app("volume-data", 2, 46, 1)).await;
+    assert_ne!(moved.id, data.id);
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            cycles(&daemon.log()) >= before + 3
+        })
+        .await,
+        "three cycles after the tag moved; log:\n{}",
+        daemon.log()
+    );
+    let listed = bed.list_image_ids().await;
+    let (status, _) = daemon.terminate();
+    assert_eq!(status.code(), Some(0), "log:\n{}", daemon.log());
+    assert!(
+        listed.contains(&data.id),
+        "the image the running container mounts was removed when its tag moved; log:\n{}",
+        daemon.log()
+    );
+    assert!(listed.contains(&running.id));
+}
+
 /// The `imagegc run` daemon, killed if the test ends without stopping it.
 struct Daemon {
     child: Option<Child>,
@@ -874,4 +920,7 @@ on_every_runtime!(
     a_running_pods_sandbox_image_is_kept_after_the_runtime_moves_to_another,
 );
 
-on_runtimes_with_image_volumes!(an_image_mounted_as_a_volume_is_kept_by_the_most_aggressive_settings);
+on_runtimes_with_image_volumes!(
+    an_image_mounted_as_a_volume_is_kept_by_the_most_aggressive_settings,
+    an_image_volume_stays_in_use_after_its_tag_moves,
+);

@@ -383,6 +383,46 @@ async fn an_image_mounted_as_a_volume_is_in_use() {
     }
 }
 
+/// containerd 2.x names an image volume by the reference the pod gave: a
+/// tag. When the tag moves to another image while the pod runs, the
+/// container still mounts the image it started with.
+#[tokio::test]
+async fn an_image_volume_named_by_a_tag_stays_in_use_after_the_tag_moves() {
+    let fake = FakeRuntime::new();
+    fake.set_dialect(Dialect::Containerd2);
+    fake.add_pod("pod-1");
+    let app = image("app", 100_000);
+    let data = image("data", 100_000);
+    for i in [&app, &data] {
+        fake.add_image(i.clone());
+    }
+    fake.add_container(Container {
+        id: "c1".to_string(),
+        image: app.repo_tags[0].clone(),
+        image_ref: app.id.clone(),
+        mounted_images: vec![data.repo_tags[0].clone()],
+        ..Default::default()
+    });
+    let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
+    assert!(bed.cycle().await.is_empty());
+    // The tag moves to a newer image: the old one keeps only its digest.
+    let newer = Image {
+        id: image_id("data-2"),
+        ..data.clone()
+    };
+    fake.remove_image_by_id(&data.id);
+    fake.add_image(Image {
+        repo_tags: Vec::new(),
+        ..data.clone()
+    });
+    fake.add_image(newer.clone());
+    let removed = bed.cycle().await;
+    assert!(
+        !removed.contains(&data.id),
+        "the image the running container mounts was removed when its tag moved"
+    );
+}
+
 fn app_tag() -> String {
     image("app", 0).repo_tags[0].clone()
 }
