@@ -487,6 +487,9 @@ pub struct Collector<R> {
     /// The image filesystem as the last listing found it, when it can be
     /// trusted: what [`Collector::check_usage`] measures between cycles.
     disk_path: Option<PathBuf>,
+    /// When the last cycle ended above low with images kept only for being
+    /// younger than `gc.min_age`: when the first of them becomes removable.
+    young_removable_at: Option<tokio::time::Instant>,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -591,6 +594,7 @@ impl<R: Runtime> Collector<R> {
             runtime_named: false,
             image_fs_mismatch: None,
             disk_path: None,
+            young_removable_at: None,
         }
         .with_removals_from_journal()
     }
@@ -929,6 +933,14 @@ impl<R: Runtime> Collector<R> {
         self.image_fs_mismatch.as_deref()
     }
 
+    /// When the last cycle could not reach low and images it kept only for
+    /// being younger than `gc.min_age` become removable (the first of them):
+    /// the daemon runs a cycle then rather than at the next interval, since
+    /// usage that stays above high is not a crossing.
+    pub fn young_removable_at(&self) -> Option<tokio::time::Instant> {
+        self.young_removable_at
+    }
+
     /// What an image takes on disk per reported byte, as this collector
     /// knows it.
     pub fn footprint(&self) -> DiskFootprint {
@@ -1082,6 +1094,7 @@ impl<R: Runtime> Collector<R> {
     /// Runs one cycle. Never panics on runtime or filesystem errors: they end
     /// the cycle with [`Outcome::Failed`].
     pub async fn cycle(&mut self, cancel: &CancellationToken) -> CycleReport {
+        self.young_removable_at = None;
         let timer = self.metrics.cycle_timer();
         let started = std::time::Instant::now();
         let config = Arc::clone(&self.config);
@@ -1306,6 +1319,15 @@ impl<R: Runtime> Collector<R> {
             self.note_space_outlook(None);
             report.space_unreachable = None;
         } else {
+            self.young_removable_at = plan
+                .kept
+                .iter()
+                .filter_map(|k| match k.why {
+                    policy::KeepReason::TooYoung { removable_after } => Some(removable_after),
+                    _ => None,
+                })
+                .min()
+                .map(|after| tokio::time::Instant::now() + after);
             let remaining = estimate.unwrap_or_else(|| target.bytes_to_free(&stats));
             let freed = report
                 .before

@@ -1338,3 +1338,39 @@ async fn an_image_pulled_between_cycles_is_first_seen_at_the_next_poll() {
     let late = record.first_seen.duration_since(added).unwrap_or_default();
     assert!(late < secs(3), "first seen {late:?} after the pull");
 }
+
+/// A cycle that could not reach low because the images it could free were
+/// younger than `gc.min_age` runs again as soon as the first of them may
+/// go, not at the next interval: usage staying above high is no crossing.
+#[tokio::test]
+async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() {
+    let fake = FakeRuntime::new();
+    let fresh = image("fresh", 300);
+    fake.add_image(fresh.clone());
+    let disk = SimDisk::new(1000, 100);
+    disk.occupy(&fresh.id, 300);
+    fake.on_remove(Some(disk.free_on_remove()));
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        disk.clone(),
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.min_age = secs(3);
+            c.gc.high_threshold_percent = 80;
+            c.gc.low_threshold_percent = 50;
+        },
+    )
+    .await;
+    eventually(secs(5), "the first cycle", || {
+        (fake.count("ImageFsInfo") >= 1).then_some(())
+    })
+    .await;
+    assert!(fake.removed().is_empty(), "too young at the first cycle");
+    let removed = eventually(secs(10), "the image removed once old enough", || {
+        (!fake.removed().is_empty()).then(|| fake.removed())
+    })
+    .await;
+    assert_eq!(removed, vec![fresh.id.clone()]);
+    daemon.stop().await;
+}

@@ -55,6 +55,11 @@ const EMPTY_STREAMS_BEFORE_POLLING: u32 = 3;
 /// which looks every 10 s, sees usage reach its eviction line.
 const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
+/// After the first image kept for being too young becomes removable, how
+/// long the next cycle waits: its first sighting and the clock it is
+/// measured against may differ by a few milliseconds.
+const YOUNG_MARGIN: Duration = Duration::from_millis(500);
+
 /// How the loop learns about container use between cycles.
 enum UsageSource {
     /// Listing containers every `gc.usage_poll_interval`: the default, and
@@ -167,6 +172,11 @@ pub async fn run<R: Runtime>(
                 if ok.is_ok() {
                     retry = RETRY_FIRST;
                     next_cycle = Instant::now() + config.gc.interval;
+                    // Low not reached while images too young to remove were
+                    // kept: try again as soon as the first of them may go.
+                    if let Some(at) = collector.young_removable_at() {
+                        next_cycle = next_cycle.min(at + YOUNG_MARGIN);
+                    }
                 } else {
                     next_cycle = Instant::now() + retry.min(config.gc.interval);
                     retry = (retry * 2).min(RETRY_CAP);
