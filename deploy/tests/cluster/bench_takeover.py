@@ -65,28 +65,48 @@ def run_case(name, watch):
         w.wait_running(c, ["app1", "app2"])
         for i in range(3):
             w.unused_image(c, f"old{i}", 40 * MIB)
+        # Removals are watched from the start of the fill: a collector that
+        # acts as soon as usage crosses high removes while the fill goes on
+        # (a negative time: before the fill ended).
+        present = set(c.images())
+        removals = []  # (monotonic time, image reference)
+
+        def look():
+            now = set(c.images())
+            for ref in present - now:
+                removals.append((time.monotonic(), ref))
+            present.intersection_update(now)
+
         f = w.Filler(c, "fill", 40 * MIB)
+        crossed = None
         while c.usage()[0] < FILL:
             f.one()
+            present.update(c.images())
+            look()
+            if crossed is None and c.usage()[0] >= HIGH:
+                crossed = time.monotonic()
         filled = time.monotonic()
-        present = c.images()
-        first = None
-        by = None
         end = filled + watch
         while time.monotonic() < end:
-            now = c.images()
-            gone = [ref for ref in present if ref not in now]
-            if gone and first is None:
-                first = time.monotonic() - filled
-                removed_by_imagegc = set()
-                if d is not None:
-                    removed_by_imagegc = {t for e in d.history() for t in e.get("tags", [])}
-                by = "imagegc" if set(gone) & removed_by_imagegc else "kubelet"
+            look()
             if c.usage()[0] <= LOW:
                 break
             time.sleep(2)
+        look()
+        first = by = None
+        if removals:
+            at, _ = min(removals)
+            first = at - filled
+            removed_by_imagegc = set()
+            if d is not None:
+                removed_by_imagegc = {t for e in d.history() for t in e.get("tags", [])}
+            gone = {ref for _, ref in removals}
+            by = "imagegc" if gone & removed_by_imagegc else "kubelet"
+            if by == "imagegc" and gone - removed_by_imagegc:
+                by = "both"
         row.update(first=first, by=by or "-", usage=c.usage()[0], evicted=len(w.evicted_pods(c)),
-                   pause=PAUSE_IMAGE in c.images())
+                   pause=PAUSE_IMAGE in c.images(),
+                   crossed=None if crossed is None else crossed - filled)
     except Exception as e:  # noqa: BLE001 - one case's failure is its row
         row.update(error=str(e)[:200])
     finally:
@@ -107,15 +127,17 @@ def main():
         rows.append(run_case(name, args.watch))
         print(rows[-1], flush=True)
     print()
-    print(f"{'case':10} {'first removal after fill':>25} {'removed by':>11} {'final usage':>12} "
+    print("times from the end of the fill (negative: during it)")
+    print(f"{'case':10} {'high crossed':>13} {'first removal':>14} {'removed by':>11} {'final usage':>12} "
           f"{'pods evicted':>13} {'pause kept':>11}")
     for r in rows:
         if "error" in r:
             print(f"{r['case']:10} error: {r['error']}")
             continue
-        first = "none" if r["first"] is None else f"{r['first']:.0f}s"
-        print(f"{r['case']:10} {first:>25} {r['by']:>11} {str(r['usage']) + '%':>12} {r['evicted']:>13} "
-              f"{'yes' if r['pause'] else 'NO':>11}")
+        first = "none" if r["first"] is None else f"{r['first']:+.0f}s"
+        crossed = "-" if r["crossed"] is None else f"{r['crossed']:+.0f}s"
+        print(f"{r['case']:10} {crossed:>13} {first:>14} {r['by']:>11} {str(r['usage']) + '%':>12} "
+              f"{r['evicted']:>13} {'yes' if r['pause'] else 'NO':>11}")
     return 1 if any("error" in r or "teardown" in r for r in rows) else 0
 
 
