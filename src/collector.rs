@@ -174,6 +174,17 @@ impl PodImages {
     }
 }
 
+/// Images, then containers (with their mounts): a container created from
+/// an image in between is listed with it.
+async fn list_images_and_containers<R: Runtime>(
+    runtime: &R,
+    mounts: &mut MountCache,
+) -> Result<(Vec<Image>, Vec<Container>), RuntimeError> {
+    let images = runtime.list_images().await?;
+    let containers = mounts.list(runtime, &images).await?;
+    Ok((images, containers))
+}
+
 /// The sandbox images imagegc knows of, from every source.
 #[derive(Debug, Default)]
 pub struct SandboxImages {
@@ -789,12 +800,7 @@ impl<R: Runtime> Collector<R> {
         // Images are listed before containers, so a container created from
         // a listed image in between is listed too.
         let runtime = &self.runtime;
-        let mounts = &mut self.mounts;
-        let listings = async {
-            let images = runtime.list_images().await?;
-            let containers = mounts.list(runtime, &images).await?;
-            Ok::<_, RuntimeError>((images, containers))
-        };
+        let listings = list_images_and_containers(runtime, &mut self.mounts);
         let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs(runtime, &self.config));
         let (images, containers) = match listings {
             Ok(listings) => listings,
@@ -1020,14 +1026,7 @@ impl<R: Runtime> Collector<R> {
     /// whether the runtime answered: between cycles the poll is what
     /// notices an outage.
     pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
-        let runtime = &self.runtime;
-        let mounts = &mut self.mounts;
-        let listings = async {
-            let images = runtime.list_images().await?;
-            let containers = mounts.list(runtime, &images).await?;
-            Ok::<_, RuntimeError>((images, containers))
-        }
-        .await;
+        let listings = list_images_and_containers(&self.runtime, &mut self.mounts).await;
         self.metrics.set_runtime_up(listings.is_ok());
         let (images, containers) = listings?;
         let observed = self.records.observe(&images, &containers, self.clock.now());

@@ -192,15 +192,14 @@ async fn a_configured_sandbox_image_is_read_as_a_pattern_and_one_naming_nothing_
     }
 }
 
-/// A pod whose `PodSandboxStatus` fails (a transient DeadlineExceeded on
-/// containerd 2.x) may run on any image no container ever used: those are
-/// kept until its status can be read.
-#[tokio::test]
-async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
+/// A runtime of `dialect` whose sandbox image is now [`PAUSE`] (pinned
+/// where the dialect pins it), with a pod still running on the pause image
+/// it was configured with before, `pause:3.9`, which is returned.
+fn a_pod_on_an_old_pause_image(dialect: Dialect) -> (FakeRuntime, Image) {
     let fake = FakeRuntime::new();
-    fake.set_dialect(Dialect::Containerd2);
+    fake.set_dialect(dialect);
     fake.set_sandbox_image(Some(PAUSE.to_string()));
-    fake.add_image(pause_image(true));
+    fake.add_image(pause_image(dialect == Dialect::Containerd2));
     let old_pause = Image {
         id: image_id("pause-3.9"),
         repo_tags: vec!["registry.k8s.io/pause:3.9".to_string()],
@@ -208,6 +207,15 @@ async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
     };
     fake.add_image(old_pause.clone());
     fake.add_pod_on("pod-1", "registry.k8s.io/pause:3.9");
+    (fake, old_pause)
+}
+
+/// A pod whose `PodSandboxStatus` fails (a transient DeadlineExceeded on
+/// containerd 2.x) may run on any image no container ever used: those are
+/// kept until its status can be read.
+#[tokio::test]
+async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
+    let (fake, old_pause) = a_pod_on_an_old_pause_image(Dialect::Containerd2);
     fake.fail_always(
         "PodSandboxStatus",
         Some(tonic::Status::deadline_exceeded("context deadline exceeded")),
@@ -238,17 +246,7 @@ async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
 /// image the runtime was configured away from keeps it.
 #[tokio::test]
 async fn a_pods_own_sandbox_image_is_kept_whatever_status_names() {
-    let fake = FakeRuntime::new();
-    fake.set_dialect(Dialect::Containerd);
-    fake.set_sandbox_image(Some(PAUSE.to_string()));
-    fake.add_image(pause_image(false));
-    let old_pause = Image {
-        id: image_id("pause-3.9"),
-        repo_tags: vec!["registry.k8s.io/pause:3.9".to_string()],
-        ..pause_image(false)
-    };
-    fake.add_image(old_pause.clone());
-    fake.add_pod_on("pod-1", "registry.k8s.io/pause:3.9");
+    let (fake, old_pause) = a_pod_on_an_old_pause_image(Dialect::Containerd);
     let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
     assert!(bed.cycle().await.is_empty());
     let kept = bed.kept().await;
