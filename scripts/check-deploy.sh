@@ -398,7 +398,13 @@ helm_refusals() {
         refused "an endpoint outside the mounted directory" "runtime.endpoint" --set runtime.socketDir=/run/crio &&
         refused "an image filesystem path outside the runtime's root" "gc.imageFsPath" --set gc.imageFsPath=/var/lib/imagegc &&
         refused "one inode threshold" "set both or neither" --set gc.highInodesPercent=90 &&
-        refused "two monitors" "pick one" --set podMonitor.enabled=true --set serviceMonitor.enabled=true
+        refused "two monitors" "pick one" --set podMonitor.enabled=true --set serviceMonitor.enabled=true &&
+        refused "max age below min age" "gc.maxAge (1m) must be greater than gc.minAge (2m)" --set gc.maxAge=1m &&
+        refused "a poll longer than the interval" "gc.usagePollInterval (2h) must not be longer than gc.interval (1h)" \
+            --set gc.interval=1h --set gc.usagePollInterval=2h &&
+        refused "an interval over a day" "gc.interval (2d) must be at most 1d" --set gc.interval=2d &&
+        refused "a max age over a year" "gc.maxAge (400d) must be at most 365d" --set gc.maxAge=400d &&
+        refused "a duration the binary cannot read" "/gc/minAge" --set gc.minAge=soon
 }
 
 config_one() {

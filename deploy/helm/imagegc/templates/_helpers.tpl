@@ -62,6 +62,26 @@ Cross-field rules the schema cannot express, failing with the value's name.
 {{- if ne (kindIs "invalid" .Values.gc.highInodesPercent) (kindIs "invalid" .Values.gc.lowInodesPercent) -}}
 {{- fail "gc.highInodesPercent and gc.lowInodesPercent: set both or neither" -}}
 {{- end -}}
+{{- range $key, $value := dict "gc.interval" .Values.gc.interval "gc.usagePollInterval" .Values.gc.usagePollInterval "runtime.timeout" .Values.runtime.timeout -}}
+{{- if gt (include "imagegc.milliseconds" $value | atoi) 86400000 -}}
+{{- fail (printf "%s (%s) must be at most 1d" $key $value) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key, $value := dict "gc.minAge" .Values.gc.minAge "gc.maxAge" .Values.gc.maxAge "gc.thrashWindow" .Values.gc.thrashWindow -}}
+{{- if gt (include "imagegc.milliseconds" $value | atoi) 31536000000 -}}
+{{- fail (printf "%s (%s) must be at most 365d" $key $value) -}}
+{{- end -}}
+{{- end -}}
+{{- $interval := include "imagegc.milliseconds" .Values.gc.interval | atoi -}}
+{{- $poll := include "imagegc.milliseconds" .Values.gc.usagePollInterval | atoi -}}
+{{- if gt $poll $interval -}}
+{{- fail (printf "gc.usagePollInterval (%s) must not be longer than gc.interval (%s)" .Values.gc.usagePollInterval .Values.gc.interval) -}}
+{{- end -}}
+{{- $minAge := include "imagegc.milliseconds" .Values.gc.minAge | atoi -}}
+{{- $maxAge := include "imagegc.milliseconds" .Values.gc.maxAge | atoi -}}
+{{- if and (ne $maxAge 0) (le $maxAge $minAge) -}}
+{{- fail (printf "gc.maxAge (%s) must be greater than gc.minAge (%s), or 0s to disable age-based removal" .Values.gc.maxAge .Values.gc.minAge) -}}
+{{- end -}}
 {{- if and .Values.podMonitor.enabled .Values.serviceMonitor.enabled -}}
 {{- fail "podMonitor.enabled and serviceMonitor.enabled: pick one, or every node is scraped twice" -}}
 {{- end -}}
@@ -116,4 +136,17 @@ dir = {{ include "imagegc.stateDir" . | toJson }}
 # The pod IP only (hostNetwork is off); the NetworkPolicy narrows who may
 # connect.
 listen = "0.0.0.0:{{ int .Values.metrics.port }}"
+{{- end -}}
+
+{{/*
+A duration as the schema admits it (30s, 5m, 1h30m, 2d, 500ms) in
+milliseconds, so that the cross-field rules compare what imagegc compares.
+*/}}
+{{- define "imagegc.milliseconds" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h|d|w)" (toString .) -1 -}}
+{{- $total = add $total (mul (regexFind "^[0-9]+" . | atoi) (get $units (regexReplaceAll "^[0-9]+" . ""))) -}}
+{{- end -}}
+{{- $total -}}
 {{- end -}}
