@@ -9,8 +9,10 @@
 //! `imagegc::testing`), imports images built in the test ([`oci::ImageSpec`]), runs pods and containers
 //! over CRI, and checks what imagegc sees and does. They need root, the
 //! runtimes scripts/testbed-runtimes.sh builds, and the tools
-//! scripts/testbed-deps.sh installs; when anything is missing they fail
-//! with the reason instead of skipping.
+//! scripts/testbed-deps.sh installs, so a plain `cargo test` leaves them
+//! out (`#[ignore]`, with that reason); `scripts/test.sh` runs them with
+//! `--include-ignored`, and there, when anything is missing, they fail with
+//! the reason instead of skipping.
 
 /// Runs each named scenario, an `async fn(kind: Kind)`, on every runtime of
 /// the matrix: a module per scenario with one test per runtime.
@@ -20,16 +22,19 @@ macro_rules! on_every_runtime {
             use crate::testbed::Kind;
 
             #[tokio::test]
+            #[ignore = "needs root and the test bed's runtimes: scripts/test.sh runs it"]
             async fn containerd_1_6() {
                 super::$scenario(Kind::Containerd16).await
             }
 
             #[tokio::test]
+            #[ignore = "needs root and the test bed's runtimes: scripts/test.sh runs it"]
             async fn containerd_2() {
                 super::$scenario(Kind::Containerd2).await
             }
 
             #[tokio::test]
+            #[ignore = "needs root and the test bed's runtimes: scripts/test.sh runs it"]
             async fn crio() {
                 super::$scenario(Kind::Crio).await
             }
@@ -45,11 +50,13 @@ macro_rules! on_runtimes_with_image_volumes {
             use crate::testbed::Kind;
 
             #[tokio::test]
+            #[ignore = "needs root and the test bed's runtimes: scripts/test.sh runs it"]
             async fn containerd_2() {
                 super::$scenario(Kind::Containerd2).await
             }
 
             #[tokio::test]
+            #[ignore = "needs root and the test bed's runtimes: scripts/test.sh runs it"]
             async fn crio() {
                 super::$scenario(Kind::Crio).await
             }
