@@ -184,6 +184,7 @@ fn with_header(valid: &[u8], edit: impl Fn(&str) -> String) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_valid_history_is_believed_which_is_what_makes_the_corruption_cases_meaningful() {
     let node = Node::start();
     node.write_state(&node.old_history());
@@ -195,6 +196,7 @@ fn a_valid_history_is_believed_which_is_what_makes_the_corruption_cases_meaningf
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_corrupt_state_file_is_set_aside_and_believed_in_nothing_while_space_collection_goes_on() {
     enum Fault {
         Bytes(fn(&[u8]) -> Vec<u8>),
@@ -305,6 +307,7 @@ fn a_corrupt_state_file_is_set_aside_and_believed_in_nothing_while_space_collect
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn an_unreadable_mode_does_not_stop_root_which_reads_the_file_as_valid() {
     // chmod 000 cannot make the file unreadable to root (CAP_DAC_OVERRIDE);
     // imagegc runs as root on a node, so this is the behaviour there.
@@ -319,6 +322,7 @@ fn an_unreadable_mode_does_not_stop_root_which_reads_the_file_as_valid() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_missing_state_directory_is_created_private() {
     let parent = tempfile::tempdir().unwrap();
     let state_dir = parent.path().join("var/lib/imagegc");
@@ -334,6 +338,7 @@ fn a_missing_state_directory_is_created_private() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_full_state_filesystem_costs_a_warning_not_the_previous_state_nor_the_collection() {
     let node = Node::start();
     let state_fs = Tmpfs::mount(&node.state_dir, 64 * KIB);
@@ -382,6 +387,7 @@ fn a_full_state_filesystem_costs_a_warning_not_the_previous_state_nor_the_collec
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_read_only_state_filesystem_costs_a_warning_per_save_and_the_daemon_keeps_running() {
     let node = Node::start();
     let state_fs = Tmpfs::mount(&node.state_dir, 64 * KIB);
@@ -503,6 +509,7 @@ fn journaled_ids(entries: &[serde_json::Value]) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_journal_that_is_a_fifo_a_device_or_a_link_is_refused_by_history_without_blocking() {
     type Plant = fn(&Path, &Path);
     let cases: [(&str, Plant, &str); 4] = [
@@ -540,6 +547,7 @@ fn a_journal_that_is_a_fifo_a_device_or_a_link_is_refused_by_history_without_blo
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_state_file_that_is_a_fifo_blocks_neither_plan_nor_once() {
     let node = Node::start();
     fs::create_dir_all(&node.state_dir).unwrap();
@@ -564,6 +572,7 @@ fn a_state_file_that_is_a_fifo_blocks_neither_plan_nor_once() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_2_gib_state_file_is_refused_from_its_size_without_being_read() {
     let node = Node::start();
     fs::create_dir_all(&node.state_dir).unwrap();
@@ -578,6 +587,7 @@ fn a_2_gib_state_file_is_refused_from_its_size_without_being_read() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_config_file_that_is_a_fifo_or_a_device_is_a_clear_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("imagegc.toml");
@@ -600,6 +610,7 @@ fn a_config_file_that_is_a_fifo_or_a_device_is_a_clear_error_naming_it() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_second_imagegc_on_the_same_state_directory_is_refused_while_plan_still_reads() {
     let node = Node::start();
     let mut daemon = node
@@ -643,6 +654,7 @@ fn a_second_imagegc_on_the_same_state_directory_is_refused_while_plan_still_read
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn plan_leaves_a_corrupt_state_file_where_it_is() {
     let node = Node::start();
     let valid = node.old_history();
@@ -660,6 +672,7 @@ fn plan_leaves_a_corrupt_state_file_where_it_is() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_symlinked_state_directory_root_owns_is_followed_and_history_is_kept() {
     let parent = tempfile::tempdir().unwrap();
     let real = parent.path().join("real");
@@ -683,6 +696,7 @@ fn a_symlinked_state_directory_root_owns_is_followed_and_history_is_kept() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_state_directory_others_can_write_or_own_is_refused_naming_the_fix() {
     use std::os::unix::fs::chown;
     type Make = fn(&Path);
@@ -737,6 +751,7 @@ fn mkfifo_if_possible(path: &Path) -> bool {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_torn_journal_line_or_a_stray_byte_costs_only_itself() {
     let node = Node::start();
     fs::create_dir_all(&node.state_dir).unwrap();
@@ -790,6 +805,7 @@ fn sigterm_during_a_hung_removal(node: &Node) -> Output {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_start() {
     let node = Node::start();
     let output = sigterm_during_a_hung_removal(&node);
@@ -822,6 +838,7 @@ fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_sta
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
     let node = Node::start();
     let output = sigterm_during_a_hung_removal(&node);
@@ -844,6 +861,7 @@ fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
 }
 
 #[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
     let node = Node::start();
     let mut once = spawn_with_a_hung_removal(&node, "once", std::process::Stdio::null());
