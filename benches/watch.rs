@@ -19,8 +19,9 @@
 //!    is scraped every 5 minutes and at the end (half a poll interval past
 //!    the window, when no timer is due), and printed by method beside the
 //!    count the timers predict (a cycle at start and every
-//!    `gc.interval`; a container poll every `gc.usage_poll_interval`;
-//!    `ContainerStatus` once per container, `PodSandboxStatus` once per pod).
+//!    `gc.interval`; an image and container poll every
+//!    `gc.usage_poll_interval`; `ContainerStatus` once per container,
+//!    `PodSandboxStatus` once per pod, `Version` once).
 //!
 //! Needs root and the test bed's runtimes (like the end-to-end tests).
 //! `cargo bench --bench watch [-- containerd16|containerd2|crio]`
@@ -193,24 +194,24 @@ fn cri_requests(scrape: &str) -> (BTreeMap<String, u64>, u64) {
 /// cycle at start and one every interval after the last one ended; a poll
 /// every poll interval after the last poll ended. Each round takes a few
 /// milliseconds, so over an hour the timers drift by well under a second.
-fn expected(kind: Kind, window: Duration) -> BTreeMap<&'static str, u64> {
+fn expected(window: Duration) -> BTreeMap<&'static str, u64> {
     let secs = window.as_secs();
     let cycles = secs / DEFAULT_INTERVAL.as_secs() + 1;
     let polls = secs / DEFAULT_USAGE_POLL_INTERVAL.as_secs();
     let containers = (PODS * CONTAINERS_PER_POD) as u64;
-    let mut expected = BTreeMap::from([
-        ("ListImages", cycles),
+    BTreeMap::from([
+        // A poll lists images too, so an image is first seen when it appears.
+        ("ListImages", cycles + polls),
         ("Status", cycles),
         ("ImageFsInfo", cycles),
         ("ListContainers", cycles + polls),
         ("ContainerStatus", containers),
-    ]);
-    if kind == Kind::Containerd2 {
-        // Its Status names no sandbox image: the pods' statuses do.
-        expected.insert("ListPodSandbox", cycles);
-        expected.insert("PodSandboxStatus", PODS as u64);
-    }
-    expected
+        // Every running pod's own sandbox image, whatever Status names.
+        ("ListPodSandbox", cycles),
+        ("PodSandboxStatus", PODS as u64),
+        // How the runtime accounts image sizes, once per process.
+        ("Version", 1),
+    ])
 }
 
 fn print_counts(kind: Kind, elapsed: Duration, scrape: &str, last: bool) {
@@ -224,7 +225,7 @@ fn print_counts(kind: Kind, elapsed: Duration, scrape: &str, last: bool) {
     if !last {
         return;
     }
-    let expected = expected(kind, elapsed);
+    let expected = expected(elapsed);
     let mut methods: Vec<&str> = by_method.keys().map(String::as_str).collect();
     methods.extend(expected.keys().filter(|m| !by_method.contains_key(**m)));
     for method in methods {
@@ -233,6 +234,7 @@ fn print_counts(kind: Kind, elapsed: Duration, scrape: &str, last: bool) {
         let rate = match method {
             "ContainerStatus" => "once per container".to_string(),
             "PodSandboxStatus" => "once per pod".to_string(),
+            "Version" => "once per process".to_string(),
             _ => format!("{:.1} per hour", count as f64 * 60.0 / minutes),
         };
         println!(
