@@ -310,7 +310,7 @@ fn main() {
         let sched_before = schedstat_time(daemon.pid());
         let wall = Instant::now();
         std::thread::sleep(idle_window);
-        let cpu = cpu_time(daemon.pid()) - cpu_before;
+        let cpu = cpu_time(daemon.pid()).saturating_sub(cpu_before);
         let sched = schedstat_time(daemon.pid()).saturating_sub(sched_before);
         let wall = wall.elapsed();
         let polls = fake.runtime.count("ListContainers") - polls_before;

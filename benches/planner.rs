@@ -100,7 +100,7 @@ impl Measurement for ThreadCpuTime {
         thread_cpu()
     }
     fn end(&self, started: Duration) -> Duration {
-        thread_cpu() - started
+        thread_cpu().saturating_sub(started)
     }
     fn add(&self, a: &Duration, b: &Duration) -> Duration {
         *a + *b

@@ -8,24 +8,30 @@
 //! small and fixed: the endpoint must never be the thing that makes a node agent
 //! use memory or sockets it should not.
 //!
-//! Probes must be answered even when every connection slot is held by clients
-//! that send nothing useful (idle keep-alive connections, or slowloris heads
-//! that trickle in and never end). Connections past [`MAX_CONNECTIONS`] go to a
-//! small overflow pool: each gets one request, must send its head within
-//! [`OVERFLOW_HEADER_READ_TIMEOUT`], and is closed after its answer; when the
-//! pool is full, its oldest connection is closed to make room. A probe, which
-//! sends its head at once, is therefore answered whatever holds the slots.
+//! Probes must be answered even when a local user opens hundreds of
+//! connections that send nothing useful: idle keep-alive connections,
+//! slowloris heads that trickle in and never end, requests whose responses
+//! are never read. At most [`MAX_CONNECTIONS`] are open at once, and every
+//! accepted connection gets a slot: when all are taken, the connection that
+//! has gone longest without sending a request is closed for it, a
+//! connection whose response has waited on its reader for [`SLOW_WRITE`]
+//! first. A probe sends its request head with the connection, so it is the
+//! youngest and is answered before its slot could be taken; the accept loop
+//! lets every new connection read its head before it accepts the next one.
+//! A response nobody reads for [`WRITE_TIMEOUT`] closes its connection even
+//! when no one else needs the slot.
 //!
 //! The caller binds the listener (port 0 in tests, the configured address in the
 //! daemon) and owns the shutdown token; [`serve`] stops accepting when the token
 //! is cancelled and gives in-flight requests [`SHUTDOWN_GRACE`] to finish.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -35,8 +41,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -54,17 +62,18 @@ pub const MAX_HEADERS: usize = 32;
 /// keep-alive connection is held open waiting for the next request.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connections served at once. One Prometheus, a kubelet prober and a person
-/// with curl need a handful; connections beyond this are closed at once.
+/// Connections open at once. One Prometheus, a kubelet prober and a person
+/// with curl need a handful; past this, each new connection closes the one
+/// that has gone longest without sending a request.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// Connections accepted past [`MAX_CONNECTIONS`], each for one request. When
-/// the pool is full the oldest overflow connection is closed for the newest.
-pub const MAX_OVERFLOW_CONNECTIONS: usize = 16;
+/// A response write that has waited this long on a client that does not
+/// read marks its connection slow: the first to close for a new one.
+pub const SLOW_WRITE: Duration = Duration::from_secs(1);
 
-/// Time an overflow connection has to send its request head: a probe or a
-/// scrape sends it with the connection, so this only cuts off the slow.
-pub const OVERFLOW_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// A response write that has waited this long on its reader closes the
+/// connection: the largest answer, `/metrics`, takes milliseconds to read.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long in-flight requests may run after shutdown is requested.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -72,6 +81,9 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Pause after an accept error that is not about one connection (such as
 /// running out of file descriptors), so the loop does not spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+/// How often responses nobody reads are looked for ([`WRITE_TIMEOUT`]).
+const STALL_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 const ALLOWED_METHODS: &str = "GET, HEAD";
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
@@ -82,8 +94,6 @@ const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 /// Each connection runs in its own task on the current runtime. Accept errors
 /// are logged and retried rather than returned: a full file descriptor table
 /// is a reason to answer later, not to stop exporting metrics.
-// Long on purpose: the accept loop and its connection limits (slots, the
-// overflow pool, shutdown) are one piece of state machine.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
@@ -96,17 +106,18 @@ pub async fn serve(
         .max_buf_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADERS)
         .keep_alive(true);
-    let mut overflow_http = http.clone();
-    overflow_http
-        .header_read_timeout(OVERFLOW_HEADER_READ_TIMEOUT)
-        .keep_alive(false);
-    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let overflow = Arc::new(Overflow::default());
+    let connections = Arc::new(Connections::default());
+    let mut stall_check = tokio::time::interval(STALL_CHECK_INTERVAL);
+    stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
         let (stream, peer) = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
+            _ = stall_check.tick() => {
+                connections.close_stalled(Instant::now());
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) if is_connection_error(&error) => {
@@ -122,58 +133,52 @@ pub async fn serve(
                 }
             },
         };
+        let (id, slot) = connections.admit(peer, Instant::now());
         let service = {
             let metrics = Arc::clone(&metrics);
             let health = Arc::clone(&health);
+            let slot = Arc::clone(&slot);
             service_fn(move |request| {
+                slot.requested(Instant::now());
                 let response = respond(&request, &metrics, &health);
                 std::future::ready(Ok::<_, Infallible>(response))
             })
         };
-        let io = TokioIo::new(stream);
+        let io = TokioIo::new(Tracked {
+            stream,
+            slot: Arc::clone(&slot),
+        });
+        let connection = http.serve_connection(io, service);
         let shutdown = shutdown.clone();
-        match Arc::clone(&connections).try_acquire_owned() {
-            Ok(permit) => {
-                let connection = http.serve_connection(io, service);
-                tokio::spawn(async move {
-                    drive(connection, peer, &shutdown, &CancellationToken::new()).await;
-                    drop(permit);
-                });
-            }
-            Err(_) => {
-                let (id, evicted) = overflow.admit();
-                debug!(%peer, limit = MAX_CONNECTIONS, "every HTTP connection slot is taken; serving one request");
-                let connection = overflow_http.serve_connection(io, service);
-                let overflow = Arc::clone(&overflow);
-                tokio::spawn(async move {
-                    drive(connection, peer, &shutdown, &evicted).await;
-                    overflow.release(id);
-                });
-            }
-        }
+        let connections_ = Arc::clone(&connections);
+        tokio::spawn(async move {
+            drive(connection, peer, &shutdown, &slot.close).await;
+            connections_.ended(id);
+        });
+        // Let the new connection read its request head before the next
+        // accept: a probe is then answered however many connections wait
+        // behind it.
+        tokio::task::yield_now().await;
     }
 
     drop(listener);
-    // Every connection task holds a permit until it ends, so holding all of
-    // them means every connection is closed.
-    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
-    if tokio::time::timeout(SHUTDOWN_GRACE, connections.acquire_many(all))
+    if tokio::time::timeout(SHUTDOWN_GRACE, connections.all_ended())
         .await
         .is_err()
     {
         debug!("HTTP connections still open after the shutdown grace period");
     }
-    overflow.close_all();
+    connections.close_all();
     Ok(())
 }
 
 /// Serves one connection until it ends, `shutdown` has let it finish its
-/// request, or `evicted` closes it at once.
+/// request, or `close` closes it at once.
 async fn drive<S>(
-    connection: http1::Connection<TokioIo<tokio::net::TcpStream>, S>,
+    connection: http1::Connection<TokioIo<Tracked>, S>,
     peer: SocketAddr,
     shutdown: &CancellationToken,
-    evicted: &CancellationToken,
+    close: &CancellationToken,
 ) where
     S: hyper::service::HttpService<Incoming, ResBody = Full<Bytes>>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -181,15 +186,16 @@ async fn drive<S>(
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
         result = connection.as_mut() => result,
-        () = evicted.cancelled() => {
-            debug!(%peer, "closing the oldest overflow HTTP connection for a newer one");
+        () = close.cancelled() => {
+            debug!(%peer, "HTTP connection closed");
             return;
         }
         () = shutdown.cancelled() => {
             connection.as_mut().graceful_shutdown();
-            tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut())
-                .await
-                .unwrap_or(Ok(()))
+            tokio::select! {
+                result = tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut()) => result.unwrap_or(Ok(())),
+                () = close.cancelled() => Ok(()),
+            }
         }
     };
     if let Err(error) = result {
@@ -197,43 +203,202 @@ async fn drive<S>(
     }
 }
 
-/// The overflow pool: the connections past [`MAX_CONNECTIONS`], oldest first,
-/// each with the token that closes it.
-#[derive(Default)]
-struct Overflow {
-    open: Mutex<VecDeque<(u64, CancellationToken)>>,
-    next_id: AtomicU64,
+/// One open connection as the slot table sees it: what it last did, and the
+/// token that closes it.
+struct Slot {
+    peer: SocketAddr,
+    close: CancellationToken,
+    times: Mutex<SlotTimes>,
 }
 
-impl Overflow {
-    /// Takes a place for a new connection, closing the oldest one when the
-    /// pool is full. Returns the place's id and the token that closes it.
-    fn admit(&self) -> (u64, CancellationToken) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let token = CancellationToken::new();
-        let mut open = self.lock();
-        while open.len() >= MAX_OVERFLOW_CONNECTIONS {
-            if let Some((_, oldest)) = open.pop_front() {
-                oldest.cancel();
-            }
-        }
-        open.push_back((id, token.clone()));
-        (id, token)
+#[derive(Clone, Copy)]
+struct SlotTimes {
+    /// When the connection was accepted or last completed a request head.
+    active: Instant,
+    /// Since when a response write has waited on the client to read.
+    write_blocked: Option<Instant>,
+}
+
+impl Slot {
+    fn requested(&self, now: Instant) {
+        self.lock().active = now;
     }
 
-    fn release(&self, id: u64) {
-        self.lock().retain(|(open, _)| *open != id);
+    fn wrote(&self, blocked: bool) {
+        let mut times = self.lock();
+        if !blocked {
+            times.write_blocked = None;
+        } else if times.write_blocked.is_none() {
+            times.write_blocked = Some(Instant::now());
+        }
+    }
+
+    /// How much less this connection deserves its slot than others, at
+    /// `now`: a response unread for [`SLOW_WRITE`] first, then the longest
+    /// time without a request.
+    fn uselessness(&self, now: Instant) -> (bool, Duration) {
+        let times = *self.lock();
+        let slow = times
+            .write_blocked
+            .is_some_and(|since| now.saturating_duration_since(since) >= SLOW_WRITE);
+        (slow, now.saturating_duration_since(times.active))
+    }
+
+    fn write_stalled_for(&self, now: Instant) -> Duration {
+        self.lock()
+            .write_blocked
+            .map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotTimes> {
+        // Two instants, valid even if a holder panicked.
+        self.times.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The open connections, at most [`MAX_CONNECTIONS`], and the count of
+/// connection tasks still running (a closed connection's task ends a moment
+/// after its slot is given away).
+#[derive(Default)]
+struct Connections {
+    table: Mutex<Table>,
+    ended: Notify,
+}
+
+#[derive(Default)]
+struct Table {
+    open: HashMap<u64, Arc<Slot>>,
+    tasks: usize,
+    next_id: u64,
+}
+
+impl Connections {
+    /// Gives a new connection a slot, closing the connection that deserves
+    /// its own least when every slot is taken.
+    fn admit(&self, peer: SocketAddr, now: Instant) -> (u64, Arc<Slot>) {
+        let mut table = self.lock();
+        while table.open.len() >= MAX_CONNECTIONS {
+            let Some(victim) = table
+                .open
+                .iter()
+                .max_by_key(|(_, slot)| slot.uselessness(now))
+                .map(|(id, _)| *id)
+            else {
+                break;
+            };
+            if let Some(slot) = table.open.remove(&victim) {
+                let (slow, idle) = slot.uselessness(now);
+                debug!(
+                    peer = %slot.peer,
+                    slow,
+                    idle_ms = idle.as_millis() as u64,
+                    limit = MAX_CONNECTIONS,
+                    "every HTTP connection slot is taken: closing the connection that has waited longest"
+                );
+                slot.close.cancel();
+            }
+        }
+        let slot = Arc::new(Slot {
+            peer,
+            close: CancellationToken::new(),
+            times: Mutex::new(SlotTimes {
+                active: now,
+                write_blocked: None,
+            }),
+        });
+        let id = table.next_id;
+        table.next_id += 1;
+        table.open.insert(id, Arc::clone(&slot));
+        table.tasks += 1;
+        (id, slot)
+    }
+
+    /// Closes the connections whose response has waited on the client for
+    /// [`WRITE_TIMEOUT`].
+    fn close_stalled(&self, now: Instant) {
+        let mut table = self.lock();
+        table.open.retain(|_, slot| {
+            let stalled = slot.write_stalled_for(now) >= WRITE_TIMEOUT;
+            if stalled {
+                debug!(peer = %slot.peer, "closing an HTTP connection that does not read its response");
+                slot.close.cancel();
+            }
+            !stalled
+        });
+    }
+
+    /// A connection task ended.
+    fn ended(&self, id: u64) {
+        let mut table = self.lock();
+        table.open.remove(&id);
+        table.tasks = table.tasks.saturating_sub(1);
+        drop(table);
+        self.ended.notify_waiters();
+    }
+
+    /// Returns once every connection task has ended.
+    async fn all_ended(&self) {
+        loop {
+            let notified = self.ended.notified();
+            if self.lock().tasks == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn close_all(&self) {
-        for (_, token) in self.lock().drain(..) {
-            token.cancel();
+        for (_, slot) in self.lock().open.drain() {
+            slot.close.cancel();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, CancellationToken)>> {
-        // The deque stays consistent even if a holder panicked.
-        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        // The table stays consistent even if a holder panicked.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A connection's socket, telling its [`Slot`] when a write has to wait on
+/// the client.
+struct Tracked {
+    stream: TcpStream,
+    slot: Arc<Slot>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.slot.wrote(written.is_pending());
+        written
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.slot.wrote(written.is_pending());
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 

@@ -7,6 +7,7 @@
 mod cases;
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use imagegc::config::{self, Overrides};
 
@@ -100,6 +101,25 @@ fn every_malformed_file_names_its_file_and_key() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_mebibyte_of_brackets_behind_a_stray_quote_is_refused_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "yaml-stray-quote-then-a-mebibyte-of-brackets",
+        "yaml-stray-quote-then-a-mebibyte-of-dashes",
+        "toml-string-ending-in-four-quotes-then-brackets",
+    ] {
+        let case = cases::CASES.iter().find(|case| case.name == name).unwrap();
+        let path = case.create_in(dir.path());
+        let started = Instant::now();
+        let err = config::load(Some(&path), &Overrides::default()).expect_err(name);
+        let took = started.elapsed();
+        let problem = err.problems[0].to_string();
+        assert!(problem.starts_with(&case.expected_line_start(&path)), "{problem}");
+        assert!(took < Duration::from_secs(1), "{name} took {took:?} to refuse");
+    }
 }
 
 #[test]

@@ -964,6 +964,81 @@ async fn a_second_sigterm_exits_at_once() {
     );
 }
 
+/// A configuration for the reload tests: `timeout` and `interval` as
+/// given, nothing ever removed, the filesystem of `dir` measured.
+fn reload_config(dir: &std::path::Path, timeout: &str, interval: &str, listen: &str) -> String {
+    format!(
+        "[runtime]\ntimeout = {timeout:?}\n\n[gc]\ninterval = {interval:?}\nusage_poll_interval = \"1s\"\n\
+         high_threshold_percent = 100\nlow_threshold_percent = 0\nimage_fs_path = {:?}\n\n\
+         [metrics]\nlisten = {listen:?}\n",
+        dir.display().to_string()
+    )
+}
+
+#[tokio::test]
+async fn a_reload_that_shortens_the_interval_runs_the_next_cycle_on_the_new_schedule() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("a", 1000));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    std::fs::write(&config, reload_config(dir.path(), "10s", "1h", "")).unwrap();
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &dir.path().join("state"), None);
+    daemon.wait_logged("next cycle scheduled", secs(10)).await;
+
+    std::fs::write(&config, reload_config(dir.path(), "10s", "2s", "")).unwrap();
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_logged("configuration reloaded", secs(5)).await;
+
+    // The cycle after the first is due 2s after it, not an hour.
+    let deadline = Instant::now() + secs(6);
+    while daemon.logged("next cycle scheduled") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no cycle on the new 2s interval:\n{}",
+            daemon.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(daemon.running());
+}
+
+#[tokio::test]
+async fn a_reload_applies_runtime_timeout_to_the_next_call_and_names_the_keys_that_need_a_restart() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("a", 1000));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let addr = free_local_addr();
+    std::fs::write(&config, reload_config(dir.path(), "1h", "1s", &addr.to_string())).unwrap();
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &dir.path().join("state"), Some(addr));
+    daemon.wait_logged("next cycle scheduled", secs(10)).await;
+
+    let other = free_local_addr();
+    std::fs::write(&config, reload_config(dir.path(), "1s", "1s", &other.to_string())).unwrap();
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_logged("configuration reloaded; it applies", secs(5)).await;
+
+    // A listing that never answers now costs one second, not the hour the
+    // daemon started with.
+    fake.delay("ListImages", secs(3600));
+    daemon.wait_logged("timed out after 1s", secs(6)).await;
+    let (status, _) = daemon.get("/healthz").await;
+    assert_eq!(status, 200, "the endpoint stays on the address it was bound to");
+    let restart = daemon
+        .stderr()
+        .lines()
+        .find(|l| l.contains("take effect only after a restart"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no warning names the keys that need a restart:\n{}", daemon.stderr()));
+    assert!(
+        restart.contains("WARN") && restart.contains("metrics.listen") && !restart.contains("runtime.timeout"),
+        "{restart}"
+    );
+    fake.delay("ListImages", Duration::ZERO);
+}
+
 #[tokio::test]
 async fn sighup_reloads_the_configuration_and_a_bad_one_is_refused() {
     let fake = FakeRuntime::new();

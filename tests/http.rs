@@ -413,39 +413,37 @@ async fn keep_alive_serves_several_requests_on_one_connection() {
 }
 
 #[tokio::test]
-async fn connections_over_the_limit_are_closed() {
+async fn a_connection_over_the_limit_closes_the_one_idle_longest() {
     let server = start().await;
     let addr = server.addr;
 
-    let (over_limit_closed, after_one_left) = tokio::task::spawn_blocking(move || {
+    let (oldest_closed, newest_answered, extra_answered) = tokio::task::spawn_blocking(move || {
         // Fill every slot with a keep-alive connection the server has accepted
-        // (it answered on it).
+        // (it answered on it), the first one idle longest.
         let mut open = open_idle_keep_alive(addr, MAX_CONNECTIONS);
+        std::thread::sleep(Duration::from_millis(50));
 
-        let mut extra = connect(addr);
-        let over_limit_closed = closed_by_server(&mut extra);
-
-        // Closing one frees its slot once the server notices.
-        drop(open.pop());
-        let after_one_left = (0..50).find_map(|_| {
-            let mut stream = connect(addr);
-            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n");
-            let mut answer = String::new();
-            match BufReader::new(stream).read_line(&mut answer) {
-                Ok(n) if n > 0 => Some(answer),
-                _ => {
-                    std::thread::sleep(Duration::from_millis(20));
-                    None
-                }
-            }
-        });
-        (over_limit_closed, after_one_left)
+        let extra = connect(addr);
+        let oldest_closed = closed_by_server(&mut open[0]);
+        let ask = |stream: &TcpStream| {
+            let mut stream = stream.try_clone().expect("clone");
+            stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n").ok()?;
+            Some(read_response(&mut BufReader::new(stream), false).status)
+        };
+        let newest_answered = ask(&open[MAX_CONNECTIONS - 1]);
+        let extra_answered = ask(&extra);
+        (oldest_closed, newest_answered, extra_answered)
     })
     .await
     .expect("client thread");
 
-    assert!(over_limit_closed, "a connection over the limit was kept");
-    assert_eq!(after_one_left.as_deref(), Some("HTTP/1.1 200 OK\r\n"));
+    assert!(oldest_closed, "the connection idle longest was kept");
+    assert_eq!(
+        newest_answered,
+        Some(200),
+        "a connection that just made a request was closed"
+    );
+    assert_eq!(extra_answered, Some(200));
 }
 
 #[tokio::test]
@@ -511,13 +509,52 @@ fn open_idle_keep_alive(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
         .collect()
 }
 
+/// Opens `count` connections that each ask for `/metrics` many times over
+/// with a small receive buffer and never read: the answers fill the buffers
+/// and the server's writes wait on the client.
+fn open_unread(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
+    use std::os::fd::AsRawFd;
+    let requests = "GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n".repeat(40);
+    (0..count)
+        .map(|_| {
+            let mut stream = connect(addr);
+            let size: libc::c_int = 4096;
+            // SAFETY: setsockopt on a socket this function owns, with a c_int
+            // value of the size given.
+            let rc = unsafe {
+                libc::setsockopt(
+                    stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    (&raw const size).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
+            stream.write_all(requests.as_bytes()).expect("write");
+            stream
+        })
+        .collect()
+}
+
 /// One probe on a fresh connection, the way the kubelet sends it; the status,
 /// or None when the server closed the connection without answering.
 fn probe(addr: SocketAddr) -> Option<u16> {
+    send_probe(addr).and_then(probe_status)
+}
+
+/// Connects and sends a probe's request, as the kubelet does, at once.
+fn send_probe(addr: SocketAddr) -> Option<TcpStream> {
     let mut stream = connect(addr);
     stream
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
         .ok()?;
+    Some(stream)
+}
+
+/// The status the server answered a probe with, or None when it closed the
+/// connection without answering.
+fn probe_status(stream: TcpStream) -> Option<u16> {
     let mut status_line = String::new();
     BufReader::new(stream).read_line(&mut status_line).ok()?;
     status_line.split(' ').nth(1)?.parse().ok()
@@ -575,4 +612,54 @@ async fn a_connection_that_never_finishes_its_request_head_is_closed() {
     .expect("client thread");
 
     assert!(closed, "a half-sent request head held its connection open");
+}
+
+#[tokio::test]
+async fn health_probes_are_answered_under_a_flood_of_hundreds_of_connections() {
+    let server = start().await;
+    let addr = server.addr;
+    // Make /metrics a few kilobytes, as on a node.
+    for method in ["ListImages", "ListContainers", "ImageFsInfo", "Status", "RemoveImage"] {
+        server.metrics.cri_request(method, "OK", Duration::from_millis(3));
+    }
+    server.metrics.removed(Reason::Space, 1);
+    // The daemon serves on its one thread, which a cycle keeps busy now and
+    // then (planning a large listing): connections queue up meanwhile, and
+    // a probe waits behind the ones that came before it.
+    let (busy, mut busy_rx) = tokio::sync::mpsc::unbounded_channel::<Duration>();
+    let busy_task = tokio::spawn(async move {
+        while let Some(busy) = busy_rx.recv().await {
+            std::thread::sleep(busy);
+        }
+    });
+
+    let (probes, rounds) = tokio::task::spawn_blocking(move || {
+        let idle = open_idle_keep_alive(addr, 100);
+        let unread = open_unread(addr, 100);
+        let mut slow = open_slowloris(addr, 150);
+        let rounds = 30;
+        let probes: Vec<_> = (0..rounds)
+            .map(|_| {
+                busy.send(Duration::from_millis(150)).expect("server runtime");
+                std::thread::sleep(Duration::from_millis(20));
+                // The kubelet sends its probe as it connects; a hundred
+                // connections come right after it.
+                let probe = send_probe(addr);
+                slow.extend(open_slowloris(addr, 100));
+                slow.drain(..slow.len().saturating_sub(400));
+                probe.and_then(probe_status)
+            })
+            .collect();
+        drop((idle, unread, slow));
+        (probes, rounds)
+    })
+    .await
+    .expect("client thread");
+    busy_task.abort();
+
+    let answered = probes.iter().filter(|status| **status == Some(200)).count();
+    assert_eq!(
+        answered, rounds,
+        "probes answered behind 350 open connections and 100 more each time: {probes:?}"
+    );
 }

@@ -18,7 +18,8 @@
 //! This file owns the validated types, their defaults, the effective
 //! configuration printed by `check-config`, and [`load`], which runs the
 //! steps below in order; it holds no parsing or checking rule of its own.
-//! - `parse`: text to a generic tree (TOML or YAML), with its cost bounded;
+//! - `parse`: text to a generic tree (TOML or YAML), with its cost bounded
+//!   (`yaml_depth`: YAML's nesting, read as its parser reads it);
 //! - `raw`: the raw serde forms, read one key at a time;
 //! - `kubelet`: the KubeletConfiguration reader and its cross-checks;
 //! - `validate`: raw values to a validated [`Config`], every rule checked.
@@ -37,6 +38,7 @@ mod raw;
 #[cfg(test)]
 mod tests_support;
 mod validate;
+mod yaml_depth;
 
 pub use crate::time::{format_duration, parse_duration};
 pub use parse::{MAX_FILE_BYTES, MAX_NESTING};

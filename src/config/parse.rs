@@ -2,7 +2,8 @@
 //! or YAML (JSON is YAML), whichever the name or the text says.
 //!
 //! It owns the format guess, the cost check that refuses text too large or
-//! too deeply nested before any parser sees it, duplicate keys (refused in
+//! too deeply nested before it is parsed whole (`yaml_depth` reads YAML's
+//! nesting as its parser does), duplicate keys (refused in
 //! both formats, named in full), and syntax errors reported as one line with
 //! its line and column. It must not know what any key means: the tree goes
 //! to `raw` as it is.
@@ -19,8 +20,10 @@ use super::Problems;
 /// The largest configuration file parsed, in bytes: real ones are a few
 /// kilobytes, and parsing cost must stay small whatever the file holds.
 pub const MAX_FILE_BYTES: usize = 1024 * 1024;
-/// The deepest nesting of `[` and `{` parsed: real files nest a few levels,
-/// and YAML and TOML parsers spend time quadratic in the depth.
+/// The deepest nesting parsed: real files nest a few levels, and YAML and
+/// TOML parsers spend time quadratic in the depth. In TOML, arrays and
+/// inline tables (`[` and `{`); in YAML, every mapping and list, the
+/// top-level one included.
 pub const MAX_NESTING: usize = 32;
 
 /// The two syntaxes a configuration file may be written in.
@@ -40,7 +43,10 @@ pub(super) fn detect_format(path: &Path, text: &str) -> Format {
         Some("yaml" | "yml" | "json") => Format::Yaml,
         // Sniffing parses: input refused before parsing stays TOML, whose
         // parse then reports the refusal.
-        _ if check_cost(text).is_ok() && toml::from_str::<toml::Table>(text).is_err() && looks_like_yaml(text) => {
+        _ if check_cost(Format::Toml, text).is_ok()
+            && toml::from_str::<toml::Table>(text).is_err()
+            && looks_like_yaml(text) =>
+        {
             Format::Yaml
         }
         _ => Format::Toml,
@@ -70,7 +76,7 @@ fn looks_like_yaml(text: &str) -> bool {
 /// Parses the text into a mapping of keys; a syntax error becomes one
 /// problem with its line and column.
 pub(super) fn parse(format: Format, text: &str, problems: &mut Problems) -> Option<Map<String, Value>> {
-    if let Err(message) = check_cost(text) {
+    if let Err(message) = check_cost(format, text) {
         problems.push("", message);
         return None;
     }
@@ -98,39 +104,76 @@ pub(super) fn parse(format: Format, text: &str, problems: &mut Problems) -> Opti
     }
 }
 
-/// Refuses, in one linear pass and before any parser sees it, text that
-/// would cost a parser far more than a configuration file should: more than
-/// [`MAX_FILE_BYTES`], or `[` / `{` nested deeper than [`MAX_NESTING`]
-/// outside strings and comments (a daemon reloading on SIGHUP must not spend
-/// seconds on a file of `[` characters).
-fn check_cost(text: &str) -> Result<(), String> {
+/// Refuses, before the text is parsed whole, text that would cost a parser
+/// far more than a configuration file should: more than [`MAX_FILE_BYTES`],
+/// or nested deeper than [`MAX_NESTING`] (a daemon reloading on SIGHUP must
+/// not spend seconds on a file of `[` characters).
+fn check_cost(format: Format, text: &str) -> Result<(), String> {
     if text.len() > MAX_FILE_BYTES {
         return Err(format!(
             "the file is {} bytes, more than the maximum of {MAX_FILE_BYTES} (1 MiB)",
             text.len()
         ));
     }
+    match format {
+        Format::Toml => toml_nesting(text),
+        Format::Yaml => match super::yaml_depth::too_deep(text, MAX_NESTING) {
+            Some((line, column)) => Err(format!(
+                "line {line}, column {column}: more than {MAX_NESTING} levels of nesting (mappings and lists)"
+            )),
+            None => Ok(()),
+        },
+    }
+}
+
+/// Refuses, in one linear pass, TOML whose `[` and `{` nest deeper than
+/// [`MAX_NESTING`] outside strings and comments. TOML's strings are
+/// unambiguous (a quote outside a string always opens one, and only a
+/// triple-quoted one spans lines), so this reads them as the parser does.
+fn toml_nesting(text: &str) -> Result<(), String> {
+    let chars: Vec<char> = text.chars().collect();
+    let triple = |at: usize, quote: char| {
+        chars
+            .get(at..at + 3)
+            .is_some_and(|three| three.iter().all(|&c| c == quote))
+    };
     let (mut depth, mut line, mut column) = (0usize, 1usize, 0usize);
-    let mut quote: Option<char> = None;
+    // The open string's quote and whether it is triple-quoted; only `"`
+    // strings have escapes.
+    let mut string: Option<(char, bool)> = None;
     let mut escaped = false;
     let mut comment = false;
-    let mut previous = '\n';
-    for c in text.chars() {
+    let mut at = 0;
+    while let Some(&c) = chars.get(at) {
+        // How many characters this step reads.
+        let mut step = 1;
         column += 1;
         if c == '\n' {
             (line, column, comment) = (line + 1, 0, false);
         }
-        match quote {
+        match string {
             _ if comment => {}
-            Some('"') if escaped => escaped = false,
-            Some('"') if c == '\\' => escaped = true,
-            Some(open) if c == open => quote = None,
+            Some(('"', _)) if escaped => escaped = false,
+            Some(('"', _)) if c == '\\' => escaped = true,
+            // A single-line string ends at its quote or, unterminated (the
+            // parser refuses it there), at the line's end.
+            Some((quote, false)) if c == quote || c == '\n' => string = None,
+            Some((quote, true)) if triple(at, quote) => {
+                // Up to two more quotes belong to the string: `"""a""""`.
+                step = 3;
+                while step < 5 && chars.get(at + step) == Some(&quote) {
+                    step += 1;
+                }
+                string = None;
+            }
             Some(_) => {}
             None => match c {
-                '#' if previous.is_whitespace() => comment = true,
-                '"' => quote = Some('"'),
-                // An apostrophe inside a word (YAML's `it's`) opens nothing.
-                '\'' if previous.is_whitespace() || "[{,:=".contains(previous) => quote = Some('\''),
+                '#' => comment = true,
+                '"' | '\'' if triple(at, c) => {
+                    string = Some((c, true));
+                    step = 3;
+                }
+                '"' | '\'' => string = Some((c, false)),
                 '[' | '{' => {
                     depth += 1;
                     if depth > MAX_NESTING {
@@ -143,7 +186,8 @@ fn check_cost(text: &str) -> Result<(), String> {
                 _ => {}
             },
         }
-        previous = c;
+        column += step - 1;
+        at += step;
     }
     Ok(())
 }
@@ -368,13 +412,43 @@ mod tests {
     #[test]
     fn brackets_in_strings_and_comments_are_not_nesting() {
         let many = "[".repeat(MAX_NESTING * 2);
-        let toml = format!("# {many}\n[protect]\nimages = [\"{many}\", '{many}'] # {many}\n");
-        assert!(check_cost(&toml).is_ok());
+        let toml = format!(
+            "# {many}\n[protect]\nimages = [\"{many}\", '{many}'] # {many}\na = \"\"\"\n{many}\"\"\"\"\nb = '''{many}\n'''\n"
+        );
+        assert!(check_cost(Format::Toml, &toml).is_ok());
         let yaml = format!("# {many}\nprotect:\n  images: [\"a\\\"{many}\", '{many}', it's]\n");
-        assert!(check_cost(&yaml).is_ok());
+        assert!(check_cost(Format::Yaml, &yaml).is_ok());
         let nested = format!("a = {}{}", "[".repeat(MAX_NESTING), "]".repeat(MAX_NESTING));
-        assert!(check_cost(&nested).is_ok(), "{MAX_NESTING} levels are allowed");
-        assert!(check_cost(&format!("a = [{nested}]")).is_err());
+        assert!(
+            check_cost(Format::Toml, &nested).is_ok(),
+            "{MAX_NESTING} levels are allowed"
+        );
+        assert!(check_cost(Format::Toml, &format!("a = [{nested}]")).is_err());
+    }
+
+    #[test]
+    fn a_stray_quote_hides_no_nesting() {
+        let deep = "[".repeat(100_000);
+        // YAML: a quote inside a plain value is a character.
+        let yaml = format!("gc:\n  dry_run: x\"y\nprotect: {deep}");
+        let refused = check_cost(Format::Yaml, &yaml).unwrap_err();
+        assert!(
+            refused.starts_with("line 3, column 41: more than 32 levels"),
+            "{refused}"
+        );
+        // TOML: up to two quotes end a triple-quoted string with it, and a
+        // single-line string ends at its line's end.
+        for text in [
+            format!("a = \"\"\"x\"\"\"\"\nb = {deep}"),
+            format!("a = \"x\nb = {deep}"),
+            format!("a = '''x''''\nb = {deep}"),
+        ] {
+            let refused = check_cost(Format::Toml, &text).unwrap_err();
+            assert!(
+                refused.starts_with("line 2, column 37: more than 32 levels"),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

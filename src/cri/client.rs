@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt as _;
@@ -43,7 +43,10 @@ const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct CriClient {
     endpoint: String,
-    timeout: Duration,
+    /// The per-call deadline in nanoseconds, shared by every clone: a
+    /// reload of `runtime.timeout` changes it for the calls that follow
+    /// (see [`Runtime::set_timeout`]).
+    timeout_nanos: Arc<AtomicU64>,
     runtime: RuntimeServiceClient<Channel>,
     image: ImageServiceClient<Channel>,
     /// Whether the runtime lists ids as bare hex (CRI-O): imagegc uses
@@ -89,7 +92,7 @@ pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeEr
         }));
     Ok(CriClient {
         endpoint: endpoint.to_string(),
-        timeout,
+        timeout_nanos: Arc::new(AtomicU64::new(nanos(timeout))),
         runtime: RuntimeServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
@@ -122,7 +125,7 @@ pub async fn discover(configured: Option<&str>, timeout: Duration) -> Result<Cri
 impl CriClient {
     /// The per-call deadline.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        Duration::from_nanos(self.timeout_nanos.load(Ordering::Relaxed))
     }
 
     /// The generated runtime-service client, for calls imagegc itself does not
@@ -157,7 +160,8 @@ impl CriClient {
             started: Instant::now(),
             code: tonic::Code::Cancelled,
         };
-        let answer = tokio::time::timeout(self.timeout, fut).await;
+        let timeout = self.timeout();
+        let answer = tokio::time::timeout(timeout, fut).await;
         record.code = match &answer {
             Ok(Ok(_)) => tonic::Code::Ok,
             Ok(Err(status)) => status.code(),
@@ -170,7 +174,7 @@ impl CriClient {
             Err(_) => Err(RuntimeError::Timeout {
                 rpc,
                 endpoint: self.endpoint.clone(),
-                timeout: self.timeout,
+                timeout,
             }),
         }
     }
@@ -195,6 +199,12 @@ impl Drop for CallRecord<'_> {
             metrics.cri_request(self.rpc, code_name(self.code), self.started.elapsed());
         }
     }
+}
+
+/// A duration in nanoseconds, saturating (`u64` holds 584 years; the
+/// timeout is at most a day).
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// gRPC's name of a status code, as grpc-go and the Prometheus gRPC
@@ -376,6 +386,10 @@ fn find_key(value: &serde_json::Value, key: &str) -> Option<String> {
 impl Runtime for CriClient {
     fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        self.timeout_nanos.store(nanos(timeout), Ordering::Relaxed);
     }
 
     async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {

@@ -322,6 +322,11 @@ pub type EventStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = Result<
 pub trait Runtime: Send + Sync {
     /// The endpoint this runtime is reached at, for messages.
     fn endpoint(&self) -> &str;
+    /// Changes the deadline of the calls that follow (`runtime.timeout`,
+    /// reloaded on SIGHUP). A runtime without a deadline of its own ignores it.
+    fn set_timeout(&self, timeout: Duration) {
+        let _ = timeout;
+    }
     /// The runtime's name and versions (CRI `Version`); also how discovery tells
     /// that an endpoint answers.
     fn version(&self) -> impl Future<Output = Result<RuntimeVersion, RuntimeError>> + Send;

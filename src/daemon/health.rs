@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 use std::sync::PoisonError;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Liveness and readiness, shared as `Arc<Health>` between the daemon loop,
@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 pub struct Health {
     ready: AtomicBool,
     last_heartbeat: Mutex<Instant>,
-    liveness_window: Duration,
+    /// In nanoseconds: a reload that changes `gc.interval` or
+    /// `runtime.timeout` changes it (see [`Health::set_liveness_window`]).
+    liveness_window_nanos: AtomicU64,
 }
 
 impl Health {
@@ -22,8 +24,19 @@ impl Health {
         Health {
             ready: AtomicBool::new(false),
             last_heartbeat: Mutex::new(Instant::now()),
-            liveness_window,
+            liveness_window_nanos: AtomicU64::new(nanos(liveness_window)),
         }
+    }
+
+    /// How long the loop may go without a heartbeat before `/healthz` fails.
+    pub fn liveness_window(&self) -> Duration {
+        Duration::from_nanos(self.liveness_window_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Changes the liveness window, for a reloaded configuration whose cycles
+    /// may take longer (or must take less) than the one the daemon started with.
+    pub fn set_liveness_window(&self, window: Duration) {
+        self.liveness_window_nanos.store(nanos(window), Ordering::Relaxed);
     }
 
     /// Set to true only when the last contact with the runtime succeeded.
@@ -49,13 +62,18 @@ impl Health {
     }
 
     fn is_alive_at(&self, now: Instant) -> bool {
-        now.saturating_duration_since(*self.lock_heartbeat()) < self.liveness_window
+        now.saturating_duration_since(*self.lock_heartbeat()) < self.liveness_window()
     }
 
     fn lock_heartbeat(&self) -> std::sync::MutexGuard<'_, Instant> {
         // The guarded value is a plain Instant, valid even if a holder panicked.
         self.last_heartbeat.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A duration in nanoseconds, saturating (`u64` holds 584 years).
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -77,6 +95,16 @@ mod tests {
         let beat = *health.lock_heartbeat();
         assert!(health.is_alive_at(beat + Duration::from_secs(59)));
         assert!(!health.is_alive_at(beat + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn a_new_window_applies_to_the_last_heartbeat() {
+        let health = Health::new(Duration::from_secs(60));
+        let beat = *health.lock_heartbeat();
+        health.set_liveness_window(Duration::from_secs(3600));
+        assert_eq!(health.liveness_window(), Duration::from_secs(3600));
+        assert!(health.is_alive_at(beat + Duration::from_secs(61)));
+        assert!(!health.is_alive_at(beat + Duration::from_secs(3600)));
     }
 
     #[test]

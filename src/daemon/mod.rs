@@ -126,6 +126,9 @@ pub async fn run<R: Runtime>(
     let mut events_given_up = false;
     // A listing asked for by container events, coalesced.
     let mut poll_soon: Option<Instant> = None;
+    // When the last cycle ended, while the next one is scheduled one
+    // interval after it: a reload that changes the interval reschedules it.
+    let mut interval_from: Option<Instant> = None;
 
     loop {
         health.heartbeat();
@@ -155,8 +158,15 @@ pub async fn run<R: Runtime>(
             biased;
             () = shutdown.cancelled() => break,
             Some(new_config) = reloads.recv() => {
-                apply_reload(&mut collector, new_config);
+                let old_interval = collector.config().gc.interval;
+                apply_reload(&mut collector, &health, new_config);
                 let config = collector.config();
+                if let Some(ended) = interval_from
+                    && config.gc.interval != old_interval
+                {
+                    next_cycle = ended + config.gc.interval;
+                    debug!(next_in_ms = next_cycle.saturating_duration_since(Instant::now()).as_millis() as u64, "next cycle rescheduled for the new interval");
+                }
                 next_poll = Instant::now() + config.gc.usage_poll_interval;
                 if config.runtime.container_events != matches!(usage, UsageSource::Events { .. } | UsageSource::Reconnect(..)) {
                     usage = usage_source(config, events_given_up);
@@ -171,7 +181,9 @@ pub async fn run<R: Runtime>(
                 note_runtime(&mut runtime_up, ok.as_ref().err().map(String::as_str), &health, collector.runtime().endpoint());
                 if ok.is_ok() {
                     retry = RETRY_FIRST;
-                    next_cycle = Instant::now() + config.gc.interval;
+                    let ended = Instant::now();
+                    next_cycle = ended + config.gc.interval;
+                    interval_from = Some(ended);
                     // Low not reached while images too young to remove were
                     // kept: try again as soon as the first of them may go.
                     if let Some(at) = collector.young_removable_at() {
@@ -180,6 +192,7 @@ pub async fn run<R: Runtime>(
                 } else {
                     next_cycle = Instant::now() + retry.min(config.gc.interval);
                     retry = (retry * 2).min(RETRY_CAP);
+                    interval_from = None;
                 }
                 debug!(reached, next_in_ms = (next_cycle - Instant::now()).as_millis() as u64, "next cycle scheduled");
                 space_due = collector.check_usage().unwrap_or(false);
@@ -193,6 +206,7 @@ pub async fn run<R: Runtime>(
                 };
                 if !polled {
                     next_cycle = next_cycle.min(Instant::now() + retry);
+                    interval_from = None;
                 }
                 next_poll = Instant::now() + config.gc.usage_poll_interval;
             }
@@ -245,6 +259,7 @@ pub async fn run<R: Runtime>(
                             "image filesystem usage crossed the high threshold: starting a cycle now"
                         );
                         next_cycle = Instant::now();
+                        interval_from = None;
                     }
                     space_due = due;
                 }
@@ -427,19 +442,85 @@ async fn next_event(usage: &mut UsageSource) -> Option<Result<crate::cri::Contai
     }
 }
 
-fn apply_reload<R: Runtime>(collector: &mut Collector<R>, new: Arc<Config>) {
-    let old = collector.config();
-    if old.runtime.endpoint != new.runtime.endpoint {
-        warn!("runtime.endpoint changed: it takes effect after a restart");
+/// Applies a reloaded configuration. Every key takes effect at once or from
+/// the next cycle on, except the few that only a restart can change (see
+/// [`restart_keys`]): those are named in one warning, and the running
+/// values stay. `runtime.timeout` reaches the runtime client's deadline and
+/// the liveness window at once; the interval is rescheduled by the caller.
+fn apply_reload<R: Runtime>(collector: &mut Collector<R>, health: &Health, new: Arc<Config>) {
+    let restart = restart_keys(collector.config(), &new);
+    if !restart.is_empty() {
+        warn!(
+            keys = %restart.join(", "),
+            "configuration reloaded, but these keys take effect only after a restart: the running values stay until then"
+        );
     }
-    if old.state.dir != new.state.dir {
-        warn!("state.dir changed: it takes effect after a restart");
+    for warning in &new.warnings {
+        warn!("{warning}");
     }
-    if old.metrics.listen != new.metrics.listen {
-        warn!("metrics.listen changed: it takes effect after a restart");
-    }
+    collector.runtime().set_timeout(new.runtime.timeout);
+    health.set_liveness_window(start::liveness_window(&new));
     info!("configuration reloaded; it applies from the next cycle");
     collector.set_config(new);
+}
+
+/// The keys changed from `old` to `new` that apply only at start: the
+/// runtime endpoint (the client is made for it), the state directory (its
+/// lock is held and its records loaded) and the metrics address (the
+/// listener is bound). Every other key applies live. The destructuring
+/// names every field, so a key added to [`Config`] does not compile until
+/// it is placed on one side or the other.
+fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
+    use crate::config::{GcConfig, MetricsConfig, ProtectConfig, RuntimeConfig, StateConfig};
+    let Config {
+        runtime:
+            RuntimeConfig {
+                endpoint,
+                // The client's deadline (`Runtime::set_timeout`).
+                timeout: _,
+                // The loop switches between events and polling.
+                container_events: _,
+                sandbox_image: _,
+            },
+        gc:
+            GcConfig {
+                // Rescheduled by the loop.
+                interval: _,
+                usage_poll_interval: _,
+                high_threshold_percent: _,
+                low_threshold_percent: _,
+                min_age: _,
+                max_age: _,
+                dry_run: _,
+                // Read at every cycle's listing.
+                image_fs_path: _,
+                thrash_window: _,
+                high_inodes_percent: _,
+                low_inodes_percent: _,
+            },
+        protect: ProtectConfig {
+            images: _,
+            keep_recent_per_repository: _,
+        },
+        state: StateConfig { dir },
+        metrics: MetricsConfig { listen },
+        // Read again by the reload, with the file that names it.
+        eviction_imagefs_available: _,
+        kubelet_config: _,
+        source: _,
+        warnings: _,
+    } = new;
+    let mut keys = Vec::new();
+    if *endpoint != old.runtime.endpoint {
+        keys.push("runtime.endpoint");
+    }
+    if *dir != old.state.dir {
+        keys.push("state.dir");
+    }
+    if *listen != old.metrics.listen {
+        keys.push("metrics.listen");
+    }
+    keys
 }
 
 /// Tells systemd (Type=notify) about readiness and shutdown, when started
@@ -480,6 +561,34 @@ mod tests {
             status: Box::new(status),
         }
         .to_string()
+    }
+
+    #[test]
+    fn only_the_endpoint_the_state_directory_and_the_metrics_address_need_a_restart() {
+        let old = Config::default();
+        let mut live = old.clone();
+        live.runtime.timeout = Duration::from_secs(1);
+        live.runtime.container_events = true;
+        live.runtime.sandbox_image = Some("registry.k8s.io/pause:3.10".to_string());
+        live.gc.interval = Duration::from_secs(60);
+        live.gc.usage_poll_interval = Duration::from_secs(5);
+        live.gc.high_threshold_percent = 70;
+        live.gc.low_threshold_percent = 60;
+        live.gc.max_age = Duration::from_secs(86_400);
+        live.gc.dry_run = true;
+        live.gc.image_fs_path = Some("/var/lib/containerd".into());
+        live.protect.images = vec!["nginx".to_string()];
+        live.protect.keep_recent_per_repository = 2;
+        assert!(restart_keys(&old, &live).is_empty());
+
+        let mut restart = live.clone();
+        restart.runtime.endpoint = Some("unix:///run/crio/crio.sock".to_string());
+        restart.state.dir = "/var/lib/imagegc-2".into();
+        restart.metrics.listen = None;
+        assert_eq!(
+            restart_keys(&old, &restart),
+            ["runtime.endpoint", "state.dir", "metrics.listen"]
+        );
     }
 
     #[test]

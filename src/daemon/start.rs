@@ -133,6 +133,6 @@ async fn find_runtime(
 /// How long the loop may go without a heartbeat before /healthz fails: a
 /// cycle step is bounded by the runtime timeout, and the loop wakes at least
 /// every interval.
-fn liveness_window(config: &Config) -> Duration {
+pub(super) fn liveness_window(config: &Config) -> Duration {
     (config.gc.interval * 2 + config.runtime.timeout * 3).max(Duration::from_secs(600))
 }

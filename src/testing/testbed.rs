@@ -623,11 +623,24 @@ disabled_plugins = [
             panic!("{e}\n{} log:\n{}", self.kind.name(), self.log_tail(20));
         }
         let _ = fs::remove_file(&tarball);
+        // containerd 2.x's import also names the image by its repository
+        // digest, and CRI learns of that name a moment after the tags: a
+        // RemoveImage in between removes the tags only, and the digest's
+        // name keeps the image, listed and on disk. Wait for every name.
+        let digests: Vec<String> = match self.kind {
+            Kind::Containerd2 => built
+                .names
+                .iter()
+                .map(|name| format!("{}@{}", crate::testing::oci::repository(name), built.manifest.digest))
+                .collect(),
+            _ => Vec::new(),
+        };
         let deadline = Instant::now() + IMAGE_VISIBLE_TIMEOUT;
         loop {
             let images = self.list_images().await;
             if let Some(image) = images.iter().find(|i| i.id == built.id)
                 && built.names.iter().all(|n| image.repo_tags.contains(n))
+                && digests.iter().all(|d| image.repo_digests.contains(d))
             {
                 break;
             }

@@ -485,7 +485,8 @@ pub const CASES: &[Case] = &[
         name: "yaml-nested-100k-deep",
         extension: "yaml",
         fixture: Fixture::Generated(|| format!("gc: {}", "[".repeat(100_000))),
-        named: "line 1, column 37: more than 32 levels of nesting",
+        // The top-level mapping is the first level.
+        named: "line 1, column 36: more than 32 levels of nesting",
     },
     Case {
         name: "json-nested-100k-deep",
@@ -504,6 +505,38 @@ pub const CASES: &[Case] = &[
         extension: "conf",
         fixture: Fixture::Generated(|| format!("a = {}", "[".repeat(100_000))),
         named: "line 1, column 37: more than 32 levels of nesting",
+    },
+    // A quote inside a plain YAML value is a character, not the start of a
+    // string: it hides none of the mebibyte of brackets that follows.
+    Case {
+        name: "yaml-stray-quote-then-a-mebibyte-of-brackets",
+        extension: "yaml",
+        fixture: Fixture::Generated(|| {
+            let head = "gc:\n  dry_run: x\"y\nprotect: ";
+            format!("{head}{}", "[".repeat(1024 * 1024 - head.len()))
+        }),
+        named: "line 3, column 41: more than 32 levels of nesting",
+    },
+    Case {
+        name: "yaml-stray-quote-then-a-mebibyte-of-dashes",
+        extension: "yml",
+        fixture: Fixture::Generated(|| {
+            let head = "gc:\n  dry_run: x\"y\nprotect:\n  images:\n    ";
+            format!("{head}{}", "- ".repeat((1024 * 1024 - head.len()) / 2))
+        }),
+        named: "line 5, column 65: more than 32 levels of nesting",
+    },
+    Case {
+        name: "toml-unterminated-string-then-brackets",
+        extension: "toml",
+        fixture: Fixture::Generated(|| format!("a = \"x\nb = {}", "[".repeat(500_000))),
+        named: "line 2, column 37: more than 32 levels of nesting",
+    },
+    Case {
+        name: "toml-string-ending-in-four-quotes-then-brackets",
+        extension: "toml",
+        fixture: Fixture::Generated(|| format!("a = \"\"\"x\"\"\"\"\nb = {}", "[".repeat(500_000))),
+        named: "line 2, column 37: more than 32 levels of nesting",
     },
     Case {
         name: "larger-than-a-mebibyte",
