@@ -1330,25 +1330,9 @@ async fn a_reload_of_a_file_that_could_block_stops_neither_cycles_nor_probes_nor
 /// and a pull that fills the disk must not wait for the next interval.
 #[tokio::test]
 async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds() {
-    let fake = FakeRuntime::new();
     let old = image("old", 100);
-    fake.add_image(old.clone());
-    let disk = SimDisk::new(1000, 850);
-    disk.occupy(&old.id, 100);
-    fake.on_remove(Some(disk.free_on_remove()));
-    let mut daemon = InProcess::start(
-        fake.clone(),
-        disk.clone(),
-        |_| {},
-        |c| {
-            c.gc.interval = secs(3600);
-            c.gc.usage_poll_interval = secs(30);
-            c.gc.high_threshold_percent = 80;
-            c.gc.low_threshold_percent = 50;
-        },
-    )
-    .await;
-    first_cycle_done(&daemon).await;
+    let (fake, disk, mut daemon) =
+        one_image_on_a_1000_byte_disk(&old, 850, |c| c.gc.usage_poll_interval = secs(30)).await;
     assert!(fake.removed().is_empty(), "15 % used: nothing to free");
     assert_eq!(metric(&daemon.metrics.encode(), "imagegc_space_pass_due"), Some(0.0));
 
@@ -1367,6 +1351,7 @@ async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds()
         crossed.elapsed()
     );
     assert_eq!(fake.count("ImageFsInfo"), 2, "one cycle more, started by the crossing");
+    cycles_done(&daemon, 2).await;
     assert_eq!(
         metric(&daemon.metrics.encode(), "imagegc_image_filesystem_usage_ratio"),
         Some(0.8),
@@ -1413,25 +1398,8 @@ async fn an_image_pulled_between_cycles_is_first_seen_at_the_next_poll() {
 /// go, not at the next interval: usage staying above high is no crossing.
 #[tokio::test]
 async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() {
-    let fake = FakeRuntime::new();
     let fresh = image("fresh", 300);
-    fake.add_image(fresh.clone());
-    let disk = SimDisk::new(1000, 100);
-    disk.occupy(&fresh.id, 300);
-    fake.on_remove(Some(disk.free_on_remove()));
-    let mut daemon = InProcess::start(
-        fake.clone(),
-        disk.clone(),
-        |_| {},
-        |c| {
-            c.gc.interval = secs(3600);
-            c.gc.min_age = secs(3);
-            c.gc.high_threshold_percent = 80;
-            c.gc.low_threshold_percent = 50;
-        },
-    )
-    .await;
-    first_cycle_done(&daemon).await;
+    let (fake, _disk, mut daemon) = one_image_on_a_1000_byte_disk(&fresh, 100, |c| c.gc.min_age = secs(3)).await;
     assert!(fake.removed().is_empty(), "too young at the first cycle");
     let removed = eventually(secs(10), "the image removed once old enough", || {
         (!fake.removed().is_empty()).then(|| fake.removed())
@@ -1444,13 +1412,47 @@ async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() 
 /// Waits until the first cycle has finished (not merely started: a change
 /// the test makes next must not be seen by it).
 async fn first_cycle_done(daemon: &InProcess) {
-    eventually(secs(10), "the first cycle to finish", || {
+    cycles_done(daemon, 1).await;
+}
+
+/// Waits until `n` cycles have finished, whatever their outcome.
+async fn cycles_done(daemon: &InProcess, n: u32) {
+    eventually(secs(10), &format!("{n} cycle(s) to finish"), || {
         let scrape = daemon.metrics.encode();
         let done: f64 = ["success", "failure"]
             .iter()
             .filter_map(|result| metric(&scrape, &format!("imagegc_cycles_total{{result=\"{result}\"}}")))
             .sum();
-        (done >= 1.0).then_some(())
+        (done >= f64::from(n)).then_some(())
     })
     .await;
+}
+
+/// A daemon over one unused `image` occupying its size on a 1000-byte disk
+/// with `available` bytes free, high 80 and low 50, a cycle an hour (only
+/// what the test starts runs one), once its first cycle has finished.
+async fn one_image_on_a_1000_byte_disk(
+    image: &imagegc::cri::Image,
+    available: u64,
+    configure: impl FnOnce(&mut imagegc::config::Config),
+) -> (FakeRuntime, SimDisk, InProcess) {
+    let fake = FakeRuntime::new();
+    fake.add_image(image.clone());
+    let disk = SimDisk::new(1000, available);
+    disk.occupy(&image.id, image.size);
+    fake.on_remove(Some(disk.free_on_remove()));
+    let daemon = InProcess::start(
+        fake.clone(),
+        disk.clone(),
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.high_threshold_percent = 80;
+            c.gc.low_threshold_percent = 50;
+            configure(c);
+        },
+    )
+    .await;
+    first_cycle_done(&daemon).await;
+    (fake, disk, daemon)
 }
