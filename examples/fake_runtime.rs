@@ -24,6 +24,9 @@
 //!   called so far, in the order of their first call, so a script can tell
 //!   what one client process asked of the runtime.
 //! - `fail-remove NAME`: `RemoveImage` of that image fails from now on.
+//! - `image-fs PATH`: `ImageFsInfo` names `PATH` as the image filesystem's
+//!   mount point (the default is containerd's snapshotter directory), as a
+//!   runtime whose images are on the filesystem at `PATH` would.
 //! - `stop`, `start`: stops serving (the runtime is down), serves again.
 //! - `quit`: stops and exits.
 //!
@@ -121,6 +124,10 @@ fn main() -> ExitCode {
                 }
                 ["fail-remove", name] => {
                     fake.fail_remove(&image_id(name), tonic::Code::Internal);
+                    Ok(())
+                }
+                ["image-fs", path] => {
+                    fake.set_image_fs_mount(path);
                     Ok(())
                 }
                 ["stop"] => {

@@ -207,6 +207,9 @@ class Live:
         self.procs["fake"] = fake
         if fake.stdout.readline().strip() != "ready":
             raise Failure("the fake runtime did not start")
+        # The runtime keeps its images on the filesystem imagegc measures:
+        # otherwise imagegc reports a mismatch and runs no space pass.
+        self.fake(f"image-fs {self.fs}")
 
     def fake(self, command):
         fake = self.procs["fake"]
