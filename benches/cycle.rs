@@ -32,9 +32,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{median, ms, selected_cases, spread};
-use imagegc::collector::{Collector, Outcome};
 use imagegc::config::Config;
 use imagegc::cri::{self, CriClient, Runtime, proto};
+use imagegc::engine::{Collector, Outcome};
 use imagegc::fs::Statvfs;
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;

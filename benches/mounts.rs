@@ -17,10 +17,10 @@ use common::hex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use imagegc::collector::Collector;
 use imagegc::config::Config;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, ContainerState, Image};
+use imagegc::engine::Collector;
 use imagegc::metrics::Metrics;
 use imagegc::testing::SimDisk;
 use imagegc::time::Clock;

@@ -36,9 +36,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{free_local_addr, imagegc_binary, median, ms, selected_cases, spread};
-use imagegc::collector::Collector;
 use imagegc::config::{Config, DEFAULT_INTERVAL, DEFAULT_USAGE_POLL_INTERVAL};
 use imagegc::cri::{self, Runtime};
+use imagegc::engine::Collector;
 use imagegc::fs::Statvfs;
 use imagegc::metrics::Metrics;
 use imagegc::testing::oci::{ImageSpec, Layer};

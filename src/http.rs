@@ -48,7 +48,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::daemon::Health;
+use crate::health::Health;
 use crate::metrics::{CLASSIC_CONTENT_TYPE, Metrics, OPENMETRICS_CONTENT_TYPE};
 
 /// Largest request head (request line and headers) accepted, in bytes. A scrape

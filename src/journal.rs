@@ -12,18 +12,12 @@
 //! (never a FIFO, a device, or through a symbolic link), at most
 //! [`READ_MAX_BYTES`] of each, the newest.
 //!
-//! Before asking the runtime to remove an image, the collector writes the
-//! entry it will journal to `removal-in-flight.json`
-//! ([`Journal::begin_removal`]), and removes that file once the removal is
-//! journaled or failed. A file left there means a process ended during a
-//! removal (shutdown gave up waiting, or a crash): at the next start,
-//! [`crate::collector`] journals it with the note `completed after
-//! shutdown` when the image is gone, and logs that it was not removed
-//! otherwise.
+//! A removal is journaled once it is known to have happened; until then it
+//! is pending (see [`crate::pending`]).
 
 use std::fs;
 use std::io::{self, Read, Seek, Write};
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -31,7 +25,7 @@ use crate::safe_file::{self, Links};
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::Removal;
+use crate::model::Removal;
 use crate::time::rfc3339;
 
 /// The journal's name inside the state directory: `<state.dir>/removals.jsonl`
@@ -44,11 +38,6 @@ pub const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
 /// times what rotation lets a file grow to, so a file imagegc wrote is
 /// always read whole, and one it did not write cannot exhaust memory.
 pub const READ_MAX_BYTES: u64 = 4 * ROTATE_BYTES;
-/// The removal in flight (see the module docs).
-pub const IN_FLIGHT_FILE_NAME: &str = "removal-in-flight.json";
-/// An in-flight file larger than this is not one imagegc wrote.
-const IN_FLIGHT_MAX_BYTES: u64 = 1024 * 1024;
-
 /// Why the journal could not be read, naming the file.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read the removal journal {path}: {source}")]
@@ -123,7 +112,6 @@ impl JournalEntry {
 pub struct Journal {
     path: PathBuf,
     rotated: PathBuf,
-    in_flight: PathBuf,
 }
 
 impl Journal {
@@ -132,7 +120,6 @@ impl Journal {
         Journal {
             path: state_dir.join(FILE_NAME),
             rotated: state_dir.join(format!("{FILE_NAME}.1")),
-            in_flight: state_dir.join(IN_FLIGHT_FILE_NAME),
         }
     }
 
@@ -198,59 +185,6 @@ impl Journal {
             }
         }
         Ok(entries)
-    }
-
-    /// Notes the removal about to be asked of the runtime (best effort: a
-    /// failure is logged and the removal goes on). Written to a temporary
-    /// file and renamed, so a reader finds the whole entry or none.
-    pub fn begin_removal(&self, entry: &JournalEntry) {
-        let write = || -> io::Result<()> {
-            let tmp = self.in_flight.with_extension(format!("tmp-{}", std::process::id()));
-            let _ = fs::remove_file(&tmp);
-            let mut file = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
-            let bytes = serde_json::to_vec(entry).map_err(io::Error::other)?;
-            let written = file.write_all(&bytes).and_then(|()| fs::rename(&tmp, &self.in_flight));
-            if written.is_err() {
-                let _ = fs::remove_file(&tmp);
-            }
-            written
-        };
-        if let Err(err) = write() {
-            tracing::warn!(path = %self.in_flight.display(), error = %err, "could not note the removal in flight");
-        }
-    }
-
-    /// The removal a previous process had in flight when it ended, if any.
-    pub fn pending_removal(&self) -> Option<JournalEntry> {
-        match safe_file::read_bounded(&self.in_flight, Links::Refuse, IN_FLIGHT_MAX_BYTES) {
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(entry) => Some(entry),
-                Err(err) => {
-                    tracing::warn!(path = %self.in_flight.display(), error = %err, "ignoring an unreadable note of a removal in flight");
-                    self.end_removal();
-                    None
-                }
-            },
-            Err(err) if err.kind() == io::ErrorKind::NotFound => None,
-            Err(err) => {
-                tracing::warn!(path = %self.in_flight.display(), error = %err, "ignoring an unreadable note of a removal in flight");
-                None
-            }
-        }
-    }
-
-    /// Forgets the removal in flight: it was journaled, or it failed.
-    pub fn end_removal(&self) {
-        if let Err(err) = fs::remove_file(&self.in_flight)
-            && err.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %self.in_flight.display(), error = %err, "could not remove the note of the removal in flight");
-        }
     }
 }
 
@@ -365,19 +299,5 @@ mod tests {
         journal.append(&JournalEntry::from_removal(&removal("b"), SystemTime::now()));
         let images: Vec<String> = journal.read(None).unwrap().into_iter().map(|e| e.image).collect();
         assert_eq!(images, ["a", "b"]);
-    }
-
-    #[test]
-    fn a_removal_noted_in_flight_is_found_until_it_is_ended() {
-        let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::new(dir.path());
-        assert_eq!(journal.pending_removal(), None);
-        let entry = JournalEntry::from_removal(&removal("a"), SystemTime::now());
-        journal.begin_removal(&entry);
-        // Another process (the next start) finds it.
-        assert_eq!(Journal::new(dir.path()).pending_removal(), Some(entry));
-        journal.end_removal();
-        assert_eq!(journal.pending_removal(), None);
-        assert!(journal.read(None).unwrap().is_empty(), "a note is not a removal");
     }
 }

@@ -21,20 +21,23 @@
 //!
 //! README.md's "Development" section lists the files.
 pub mod cli;
-pub mod collector;
+pub(crate) mod collections;
 pub mod config;
 pub mod cri;
 pub mod daemon;
+pub mod engine;
 pub mod fs;
+pub mod health;
 pub mod http;
 pub mod journal;
 pub mod log;
 pub(crate) mod matching;
 pub mod metrics;
+pub(crate) mod model;
+pub(crate) mod pending;
 pub mod policy;
 pub mod records;
 pub(crate) mod reference;
-pub(crate) mod report;
 pub(crate) mod safe_file;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]

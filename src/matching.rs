@@ -11,8 +11,8 @@
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 
+use crate::collections::HashMap;
 use crate::cri::{Container, Image};
-use crate::records::HashMap;
 use crate::reference;
 
 /// Which images are referenced by which containers.

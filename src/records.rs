@@ -14,17 +14,13 @@
 //! marked `from_history` so the planner knows its times were observed, not
 //! invented at start-up.
 
-use std::collections::HashMap as StdHashMap;
 use std::collections::hash_map::Entry;
 use std::time::SystemTime;
 
 use crate::cri::{Container, Image, Snapshot};
 use crate::matching::{Matches, References};
 
-/// The maps keyed by image names and ids: foldhash, seeded per process, is
-/// several times faster than SipHash on these 70-120 byte keys, and the
-/// planner hashes each image's names every cycle.
-pub(crate) type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
+use crate::collections::HashMap;
 
 /// How long the record of an image the runtime stopped listing is kept, in
 /// case the listing was a hiccup: two default cycles. An image imagegc

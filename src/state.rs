@@ -73,7 +73,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::records::{self, Record, Records};
+use crate::records::{Record, Records};
 use crate::time::{from_unix_millis, to_unix_millis};
 
 /// The state file's name inside the state directory: `<state.dir>/records.state`.
@@ -259,7 +259,7 @@ struct Decoded {
     saved_at: u64,
     last_success: Option<u64>,
     /// Keyed the records' own way, so loading builds the map once.
-    records: records::HashMap<String, Record>,
+    records: crate::collections::HashMap<String, Record>,
 }
 
 /// The state directory and file.
@@ -887,7 +887,7 @@ fn decode_lines<L: serde::de::DeserializeOwned>(
     let mut values = serde_json::Deserializer::from_str(payload);
     let head = Head::deserialize(&mut values).map_err(bad)?;
     let mut lines = values.into_iter::<L>();
-    let mut records = records::HashMap::default();
+    let mut records = crate::collections::HashMap::default();
     // Room for the records announced, or the map rehashes every id as it
     // grows; no more than the payload can hold (a record line is at least
     // 22 bytes), and only a hint: without the memory the map grows instead.

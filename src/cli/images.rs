@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use super::table::{Table, cell, fs_line, human_bytes, printable, short_id, tags_cell, yes_no};
 use super::{CliError, ExitStatus, Output, out};
-use crate::collector::{ImageFs, MountCache, PodImages, image_fs, sandbox_images};
 use crate::config::Config;
 use crate::cri::{CriClient, Runtime};
+use crate::engine::{ImageFs, MountCache, PodImages, image_fs, sandbox_images};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::matching::InUse;
 

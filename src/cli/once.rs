@@ -7,19 +7,19 @@ use serde::Serialize;
 
 use super::table::{Table, human_bytes, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
-use crate::collector::Collector;
 use crate::config::Config;
 use crate::cri::CriClient;
+use crate::engine::Collector;
+use crate::engine::report::{CycleReport, Outcome, Removal};
 use crate::fs::Statvfs;
 use crate::metrics::Metrics;
 use crate::policy::SpaceOutlook;
-use crate::report::{CycleReport, Outcome, Removal};
 use crate::time::Clock;
 
 #[derive(Serialize)]
 struct OnceJson<'a> {
     outcome: &'static str,
-    detail: Detail<'a>,
+    detail: Detail,
     dry_run: bool,
     space_pass: bool,
     usage_percent_before: Option<u64>,
@@ -39,10 +39,10 @@ struct OnceJson<'a> {
 /// `null`, what is still missing, or why the cycle failed.
 #[derive(Serialize)]
 #[serde(untagged)]
-enum Detail<'a> {
+enum Detail {
     None,
     LowNotReached { freed_bytes: u64, remaining_bytes: u64 },
-    Failure(&'a str),
+    Failure(String),
 }
 
 #[derive(Serialize)]
@@ -87,7 +87,7 @@ fn report_json(report: &CycleReport) -> OnceJson<'_> {
                 remaining_bytes: *remaining_bytes,
             },
         ),
-        Outcome::Failed(e) => ("failure", Detail::Failure(e)),
+        Outcome::Failed(e) => ("failure", Detail::Failure(e.to_string())),
         Outcome::Interrupted => ("interrupted", Detail::None),
     };
     OnceJson {
@@ -172,7 +172,7 @@ fn report_text(report: &CycleReport) -> String {
             human_bytes(*freed_bytes),
             human_bytes(*remaining_bytes)
         )),
-        Outcome::Failed(e) => text.push_str(&format!("cycle failed: {}\n", printable(e))),
+        Outcome::Failed(e) => text.push_str(&format!("cycle failed: {}\n", printable(&e.to_string()))),
         Outcome::Interrupted => text.push_str("interrupted\n"),
     }
     text

@@ -12,12 +12,12 @@ use serde::Serialize;
 use super::once::unreachable_text;
 use super::table::{Table, fs_line, human_bytes, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
-use crate::collector::{Collector, Listing};
 use crate::config::Config;
 use crate::cri::CriClient;
+use crate::engine::{Collector, Listing};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::metrics::Metrics;
-use crate::policy::{Candidate, KeepReason, Kept, Plan, SpaceOutlook, SpaceTarget};
+use crate::policy::{Candidate, Forecast, KeepReason, Kept, Plan, SpaceOutlook, SpaceTarget};
 use crate::time::{Clock, ago, rfc3339};
 
 #[derive(Serialize)]
@@ -64,7 +64,8 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
     let fs = Statvfs.stats(&image_fs.path).ok();
     let now = collector.clock().now();
     let plan = collector.plan(&snapshot, &listed);
-    let view = PlanView::new(&plan, fs.as_ref(), &config);
+    let forecast = fs.as_ref().and_then(|fs| collector.forecast(&plan, fs));
+    let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), &config);
     let outlook = fs
         .as_ref()
         .filter(|_| view.space_pass)
@@ -207,31 +208,32 @@ fn kept_json(kept: &Kept<'_>, now: SystemTime) -> serde_json::Value {
     value
 }
 
-/// How a plan meets the current usage, for display.
+/// How a plan meets the current usage, for display: the forecast is the
+/// walk a dry-run cycle makes (see [`crate::policy::Walk`]).
 struct PlanView {
     space_pass: bool,
     bytes_to_free: u64,
-    /// How many space candidates the reported sizes say are needed.
+    /// How many space candidates the walk removes.
     expected: usize,
 }
 
 impl PlanView {
-    fn new(plan: &Plan, fs: Option<&FsStats>, config: &Config) -> Self {
-        let target = SpaceTarget::new(config);
-        let Some(fs) = fs.filter(|fs| target.due(fs)) else {
-            return PlanView {
+    fn new(plan: &Plan, forecast: Option<&Forecast>, fs: Option<&FsStats>, config: &Config) -> Self {
+        match (forecast, fs) {
+            (Some(forecast), Some(fs)) => PlanView {
+                space_pass: true,
+                bytes_to_free: SpaceTarget::new(config).bytes_to_free(fs),
+                expected: plan
+                    .space
+                    .iter()
+                    .position(|c| forecast.removals.last().is_some_and(|last| last.id == c.id))
+                    .map_or(0, |i| i + 1),
+            },
+            _ => PlanView {
                 space_pass: false,
                 bytes_to_free: 0,
                 expected: 0,
-            };
-        };
-        let bytes_to_free = target.bytes_to_free(fs);
-        // Sizes are the runtime's word: absurd ones must not overflow.
-        let age_freed = plan.age.iter().fold(0u64, |sum, c| sum.saturating_add(c.size));
-        PlanView {
-            space_pass: true,
-            bytes_to_free,
-            expected: SpaceTarget::covering(bytes_to_free.saturating_sub(age_freed), &plan.space),
+            },
         }
     }
 
@@ -274,7 +276,7 @@ fn keep_text(why: &KeepReason) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Reason;
+    use crate::policy::{Reason, total_size};
 
     #[test]
     fn plan_view_adds_absurd_sizes_without_overflow() {
@@ -295,7 +297,15 @@ mod tests {
             capacity_bytes: 100,
             ..Default::default()
         };
-        let view = PlanView::new(&plan, Some(&fs), &Config::default());
+        let config = Config::default();
+        let forecast = Forecast::new(
+            SpaceTarget::new(&config),
+            fs,
+            &plan.space,
+            total_size(&plan.age),
+            |_| false,
+        );
+        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), &config);
         assert!(view.space_pass);
         assert_eq!(view.expected, 0);
     }
@@ -315,7 +325,9 @@ mod tests {
         let mut config = Config::default();
         config.gc.high_inodes_percent = Some(90);
         config.gc.low_inodes_percent = Some(80);
-        let view = PlanView::new(&Plan::default(), Some(&fs), &config);
+        let plan = Plan::default();
+        let forecast = Forecast::new(SpaceTarget::new(&config), fs, &plan.space, 0, |_| false);
+        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), &config);
         assert!(view.space_pass, "a cycle would run a space pass on inodes");
         assert!(SpaceTarget::new(&config).due(&fs), "and the collector's target agrees");
     }

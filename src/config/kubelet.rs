@@ -21,7 +21,7 @@ use super::{Config, EvictionThreshold, Problems, read_text};
 use crate::time::format_duration;
 
 /// The `kind` that marks a kubelet configuration file.
-pub(super) const KUBELET_KIND: &str = "KubeletConfiguration";
+pub(super) use super::raw::KUBELET_KIND;
 /// The kubelet configuration API version whose fields imagegc knows.
 const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// The kubelet feature gate without which `imageMaximumGCAge` must be unset

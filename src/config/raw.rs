@@ -17,9 +17,11 @@ use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use serde_json::{Map, Value};
 
 use super::Problems;
-use super::kubelet::KUBELET_KIND;
 use super::parse::join_key;
 use crate::time::{NEGATIVE_DURATION, parse_duration};
+
+/// The `kind` of a KubeletConfiguration file, which imagegc also reads.
+pub(super) const KUBELET_KIND: &str = "KubeletConfiguration";
 
 /// imagegc's schema, one section at a time. Each section rejects unknown
 /// keys; absent keys are `None`.

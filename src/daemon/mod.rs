@@ -20,15 +20,14 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::collector::Collector;
 use crate::config::Config;
-use crate::cri::{EventStream, Runtime};
-use crate::report::Outcome;
+use crate::cri::{EventStream, Runtime, RuntimeError};
+use crate::engine::Collector;
+use crate::engine::report::Outcome;
 
-mod health;
 mod start;
 
-pub use health::Health;
+pub use crate::health::Health;
 pub use start::Daemon;
 
 /// How long an in-flight cycle may take to reach its next stopping point
@@ -178,7 +177,7 @@ pub async fn run<R: Runtime>(
                     break;
                 }
                 let reached = *ok.as_ref().unwrap_or(&false);
-                note_runtime(&mut runtime_up, ok.as_ref().err().map(String::as_str), &health, collector.runtime().endpoint());
+                note_runtime(&mut runtime_up, ok.as_ref().err(), &health, collector.runtime().endpoint());
                 if ok.is_ok() {
                     retry = RETRY_FIRST;
                     let ended = Instant::now();
@@ -313,7 +312,7 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// `runtime.timeout`); a removal in flight gets [`SHUTDOWN_GRACE`] to
 /// finish. Returns the runtime's error when it could not be reached (or
 /// refused the listing), Ok(low threshold reached or not needed) otherwise.
-async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &CancellationToken) -> Result<bool, String> {
+async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &CancellationToken) -> Result<bool, Down> {
     let removing = collector.removal_in_flight();
     let removing_image = collector.removal_in_flight_image();
     let image_in_flight = || {
@@ -364,9 +363,15 @@ async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &Cancella
         }
     };
     if !report.runtime_reached {
-        return Err(match report.outcome {
-            Outcome::Failed(err) => err,
-            _ => "the runtime did not answer the listing".to_string(),
+        return Err(match &report.outcome {
+            Outcome::Failed(err) => Down {
+                message: err.to_string(),
+                answered: err.runtime_error().is_some_and(runtime_answered),
+            },
+            _ => Down {
+                message: "the runtime did not answer the listing".to_string(),
+                answered: false,
+            },
         });
     }
     Ok(!matches!(
@@ -375,10 +380,27 @@ async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &Cancella
     ))
 }
 
+/// Why the runtime is taken to be down: its error as it is, and whether it
+/// was the runtime's own answer (a refusal) rather than no answer.
+#[derive(Debug)]
+struct Down {
+    message: String,
+    answered: bool,
+}
+
+impl Down {
+    fn of(err: &RuntimeError) -> Self {
+        Down {
+            message: err.to_string(),
+            answered: runtime_answered(err),
+        }
+    }
+}
+
 /// Logs runtime reachability once per change, and sets readiness. `error`
-/// is the runtime's own error when it is down: logged as it is, and said to
-/// be a refusal rather than unreachability when the runtime answered.
-fn note_runtime(state: &mut Option<bool>, error: Option<&str>, health: &Health, endpoint: &str) {
+/// says why the runtime is down: logged as it is, and said to be a refusal
+/// rather than unreachability when the runtime answered.
+fn note_runtime(state: &mut Option<bool>, error: Option<&Down>, health: &Health, endpoint: &str) {
     let up = error.is_none();
     health.set_ready(up);
     if *state == Some(up) {
@@ -387,13 +409,21 @@ fn note_runtime(state: &mut Option<bool>, error: Option<&str>, health: &Health, 
     match (error, *state) {
         (None, Some(false)) => info!(endpoint, "container runtime is reachable again; collecting"),
         (None, _) => info!(endpoint, "connected to the container runtime"),
-        (Some(error), _) if runtime_answered(error) => warn!(
+        (
+            Some(Down {
+                message,
+                answered: true,
+            }),
+            _,
+        ) => warn!(
             endpoint,
-            error, "container runtime refused the request; retrying with backoff"
+            error = message,
+            "container runtime refused the request; retrying with backoff"
         ),
-        (Some(error), _) => warn!(
+        (Some(Down { message, .. }), _) => warn!(
             endpoint,
-            error, "container runtime is not reachable; retrying with backoff"
+            error = message,
+            "container runtime is not reachable; retrying with backoff"
         ),
     }
     *state = Some(up);
@@ -401,15 +431,14 @@ fn note_runtime(state: &mut Option<bool>, error: Option<&str>, health: &Health, 
 
 /// True when a runtime error is the runtime's own answer (a gRPC status
 /// such as PermissionDenied) rather than no answer: no connection, a
-/// timeout, or the transport's Unavailable. The cycle hands its error over
-/// as text, in [`crate::cri::RuntimeError`]'s words.
-fn runtime_answered(error: &str) -> bool {
-    let no_answer = [
-        tonic::Code::Unavailable,
-        tonic::Code::Cancelled,
-        tonic::Code::DeadlineExceeded,
-    ];
-    error.contains("code: '") && !no_answer.iter().any(|code| error.contains(&format!("code: '{code}'")))
+/// timeout, or the transport's Unavailable.
+fn runtime_answered(error: &RuntimeError) -> bool {
+    error.code().is_some_and(|code| {
+        !matches!(
+            code,
+            tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+        )
+    })
 }
 
 /// Lists containers between cycles. Returns false when the runtime did not
@@ -426,7 +455,7 @@ async fn poll<R: Runtime>(collector: &mut Collector<R>, runtime_up: &mut Option<
             debug!(error = %err, "container poll failed");
             note_runtime(
                 runtime_up,
-                Some(&err.to_string()),
+                Some(&Down::of(&err)),
                 health,
                 collector.runtime().endpoint(),
             );
@@ -554,13 +583,12 @@ mod tests {
     use super::*;
     use crate::cri::RuntimeError;
 
-    fn rpc_error(status: tonic::Status) -> String {
+    fn rpc_error(status: tonic::Status) -> RuntimeError {
         RuntimeError::Rpc {
             rpc: "ListImages",
             endpoint: "unix:///run/containerd/containerd.sock".to_string(),
             status: Box::new(status),
         }
-        .to_string()
     }
 
     #[test]
@@ -604,6 +632,6 @@ mod tests {
             endpoint: "unix:///x".to_string(),
             timeout: Duration::from_secs(2),
         };
-        assert!(!runtime_answered(&timeout.to_string()));
+        assert!(!runtime_answered(&timeout));
     }
 }

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{Health, RETRY_CAP, RETRY_FIRST};
-use crate::collector::Collector;
 use crate::config::Config;
 use crate::cri::{self, CriClient};
+use crate::engine::Collector;
 use crate::fs::{FsProbe, Statvfs};
 use crate::metrics::Metrics;
 use crate::time::Clock;

@@ -6,12 +6,12 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use imagegc::collector::Outcome;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{
     Container, CriClient, EventStream, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus,
     RuntimeVersion, connect,
 };
+use imagegc::engine::Outcome;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{self, SimDisk, container_using, image, metric};
@@ -57,7 +57,10 @@ async fn a_hung_list_images_fails_the_cycle_within_the_timeout_and_the_next_cycl
     assert!(took < BOUND, "the cycle took {took:?} against a hung ListImages");
     match &report.outcome {
         Outcome::Failed(err) => {
-            assert!(err.contains("ListImages") && err.contains("timed out"), "{err}");
+            assert!(
+                err.to_string().contains("ListImages") && err.to_string().contains("timed out"),
+                "{err}"
+            );
         }
         other => panic!("expected a failed cycle, got {other:?}"),
     }
@@ -206,14 +209,14 @@ async fn every_hung_call_ends_the_cycle_within_its_bound_and_removes_nothing_wro
             nth: 1,
             ask_runtime_for_fs: false,
             removed: &[],
-            outcome: |o| matches!(o, Outcome::Failed(e) if e.contains("ListImages")),
+            outcome: |o| matches!(o, Outcome::Failed(e) if e.to_string().contains("ListImages")),
         },
         Case {
             rpc: "ListContainers",
             nth: 1,
             ask_runtime_for_fs: false,
             removed: &[],
-            outcome: |o| matches!(o, Outcome::Failed(e) if e.contains("ListContainers")),
+            outcome: |o| matches!(o, Outcome::Failed(e) if e.to_string().contains("ListContainers")),
         },
         // The listing answered; the re-check right before the first removal
         // hangs: when in doubt, keep.
@@ -222,14 +225,14 @@ async fn every_hung_call_ends_the_cycle_within_its_bound_and_removes_nothing_wro
             nth: 2,
             ask_runtime_for_fs: false,
             removed: &[],
-            outcome: |o| matches!(o, Outcome::Failed(e) if e.contains("re-check")),
+            outcome: |o| matches!(o, Outcome::Failed(e) if e.to_string().contains("re-check")),
         },
         Case {
             rpc: "ImageFsInfo",
             nth: 1,
             ask_runtime_for_fs: true,
             removed: &[],
-            outcome: |o| matches!(o, Outcome::Failed(e) if e.contains("space-based collection skipped")),
+            outcome: |o| matches!(o, Outcome::Failed(e) if e.to_string().contains("space-based collection skipped")),
         },
         // The first removal hangs: its outcome is unknown and the image
         // still listed, so nothing more goes this cycle.
@@ -247,7 +250,7 @@ async fn every_hung_call_ends_the_cycle_within_its_bound_and_removes_nothing_wro
             nth: 1,
             ask_runtime_for_fs: false,
             removed: &[],
-            outcome: |o| matches!(o, Outcome::Failed(e) if e.contains("re-check")),
+            outcome: |o| matches!(o, Outcome::Failed(e) if e.to_string().contains("re-check")),
         },
     ];
     for case in cases {
@@ -336,7 +339,7 @@ async fn the_sandbox_image_is_not_exposed_by_a_status_call_that_fails() {
             fake.removed()
         );
         assert!(
-            matches!(report.outcome, Outcome::Failed(ref e) if e.contains("Status")),
+            matches!(report.outcome, Outcome::Failed(ref e) if e.to_string().contains("Status")),
             "{:?}",
             report.outcome
         );

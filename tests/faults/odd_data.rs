@@ -8,10 +8,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use imagegc::collector::Outcome;
 use imagegc::cri::Snapshot;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use imagegc::engine::Outcome;
 use imagegc::policy::{self, KeepReason, Reason};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
@@ -335,7 +335,7 @@ async fn a_filesystem_of_zero_capacity_fails_the_cycle_and_nothing_goes_for_spac
     let mut collector = support::collector(runtime.clone(), &disk, config);
     let report = collector.cycle(&CancellationToken::new()).await;
     match &report.outcome {
-        Outcome::Failed(err) => assert!(err.contains("capacity of 0"), "{err}"),
+        Outcome::Failed(err) => assert!(err.to_string().contains("capacity of 0"), "{err}"),
         other => panic!("expected a failed cycle, got {other:?}"),
     }
     // Age removal does not depend on the disk; space removal does.

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use imagegc::collector::Outcome;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, Image, connect};
+use imagegc::engine::Outcome;
 use imagegc::journal::Journal;
 use imagegc::state::StateStore;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +23,7 @@ struct Bed {
     disk: SimDisk,
     dir: tempfile::TempDir,
     _server: imagegc::cri::fake::FakeServer,
-    collector: imagegc::collector::Collector<imagegc::cri::CriClient>,
+    collector: imagegc::engine::Collector<imagegc::cri::CriClient>,
 }
 
 impl Bed {
@@ -60,7 +60,7 @@ impl Bed {
         Bed::start(images, SimDisk::new(1000, 0), support::PATIENCE, |_| {}).await
     }
 
-    async fn cycle(&mut self) -> imagegc::collector::CycleReport {
+    async fn cycle(&mut self) -> imagegc::engine::CycleReport {
         self.collector.cycle(&CancellationToken::new()).await
     }
 

@@ -2,9 +2,9 @@
 //! counted, the images not removed keep their records (in memory and in the
 //! state file), and the journal lists only what was really removed.
 
-use imagegc::collector::Outcome;
 use imagegc::cri::connect;
 use imagegc::cri::fake::FakeRuntime;
+use imagegc::engine::Outcome;
 use imagegc::journal::Journal;
 use imagegc::state::{Loaded, StateStore};
 use imagegc::time::{from_unix_millis, to_unix_millis};

@@ -9,10 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use imagegc::collector::Outcome;
 use imagegc::cri::Snapshot;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, Image, connect};
+use imagegc::engine::Outcome;
 use imagegc::policy;
 use imagegc::records::Records;
 use prost::Message;

@@ -13,10 +13,10 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use imagegc::collector::Collector;
 use imagegc::config::Config;
 use imagegc::cri::Runtime;
 use imagegc::cri::fake::FakeRuntime;
+use imagegc::engine::Collector;
 use imagegc::metrics::Metrics;
 pub use imagegc::testing::{SimDisk, container_using, history, image, image_id, metric, records};
 use imagegc::time::Clock;

@@ -3,40 +3,16 @@
 //! the cycle ended ([`Outcome`]) and why one could not run ([`CycleError`]).
 //! Data only: no IO.
 
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::cri::RuntimeError;
 use crate::fs::{FsError, FsStats};
-use crate::policy::{Reason, SpaceOutlook};
-
-/// One removal (or, in dry run, one removal that would have happened).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Removal {
-    /// The image id, as the runtime lists it.
-    pub id: String,
-    /// The image's tags when it was removed.
-    pub tags: Vec<String>,
-    /// The image's repository digests when it was removed.
-    pub digests: Vec<String>,
-    /// Why it was removed: age or space.
-    pub reason: Reason,
-    /// Size the runtime reported.
-    pub size: u64,
-    /// Bytes the filesystem gained back, measured around the removal (None
-    /// when the filesystem could not be measured, and in dry run).
-    pub freed_bytes: Option<u64>,
-    /// When imagegc first saw the image.
-    #[serde(serialize_with = "crate::time::serialize")]
-    pub first_seen: SystemTime,
-    /// When a container was last seen using the image.
-    #[serde(serialize_with = "crate::time::serialize")]
-    pub last_used: SystemTime,
-    /// True when nothing was removed: the cycle ran in dry run.
-    pub dry_run: bool,
-}
+pub use crate::model::{Reason, Removal};
+use crate::policy::SpaceOutlook;
 
 /// How a cycle ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Outcome {
     /// Usage is at or below the low threshold, or was below the high one.
     Success,
@@ -47,11 +23,36 @@ pub enum Outcome {
         /// Bytes that still had to go to reach the low threshold.
         remaining_bytes: u64,
     },
-    /// The cycle could not run to its end (runtime or filesystem error).
-    Failed(String),
+    /// The cycle could not run to its end (runtime or filesystem error),
+    /// typed: the daemon tells a runtime that did not answer from one that
+    /// refused by the error itself, not its text.
+    Failed(Arc<CycleError>),
     /// Shutdown was requested between removals.
     Interrupted,
 }
+
+impl PartialEq for Outcome {
+    /// Failures are equal when they say the same.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Outcome::Success, Outcome::Success) | (Outcome::Interrupted, Outcome::Interrupted) => true,
+            (
+                Outcome::LowNotReached {
+                    freed_bytes: a,
+                    remaining_bytes: b,
+                },
+                Outcome::LowNotReached {
+                    freed_bytes: c,
+                    remaining_bytes: d,
+                },
+            ) => a == c && b == d,
+            (Outcome::Failed(a), Outcome::Failed(b)) => a.to_string() == b.to_string(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Outcome {}
 
 /// What one cycle did.
 #[derive(Debug, Clone)]
@@ -76,7 +77,7 @@ pub struct CycleReport {
     /// low threshold.
     pub space_unreachable: Option<SpaceOutlook>,
     /// Why no space pass ran: the measured filesystem is not the runtime's
-    /// image filesystem (see [`crate::collector::ImageFs::mismatch`]).
+    /// image filesystem (see [`super::ImageFs::mismatch`]).
     pub image_fs_mismatch: Option<String>,
     /// Candidates the space pass left because imagegc removed them within
     /// `gc.thrash_window` while images cannot bring usage to low.
@@ -125,8 +126,7 @@ impl CycleReport {
     }
 }
 
-/// Why a cycle could not run to its end. Its text is what
-/// [`Outcome::Failed`] carries, for logs and `once`.
+/// Why a cycle could not run to its end ([`Outcome::Failed`]).
 #[derive(Debug, thiserror::Error)]
 pub enum CycleError {
     /// The listing failed: the runtime is down or refused.
@@ -140,11 +140,24 @@ pub enum CycleError {
     /// removal: when in doubt, keep.
     #[error("cannot re-check {what} before removing {image}: {source}")]
     Recheck {
+        /// What was re-checked: `containers` or `the image`.
         what: &'static str,
+        /// The image about to be removed.
         image: String,
+        /// The runtime's error.
         source: RuntimeError,
     },
     /// The image filesystem could not be measured.
     #[error("{0}; space-based collection skipped this cycle")]
     Filesystem(FsError),
+}
+
+impl CycleError {
+    /// The runtime's error, when the cycle failed on a runtime call.
+    pub fn runtime_error(&self) -> Option<&RuntimeError> {
+        match self {
+            CycleError::Listing(err) | CycleError::Recheck { source: err, .. } => Some(err),
+            CycleError::SandboxUnknown(_) | CycleError::Filesystem(_) => None,
+        }
+    }
 }

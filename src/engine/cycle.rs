@@ -1,0 +1,323 @@
+//! One collection cycle, executed.
+//!
+//! 1. List images, containers (all states) and the sandbox image; update the
+//!    records; plan. When `Status` fails before the sandbox image was ever
+//!    learnt, the cycle ends here: that image could not be told from an
+//!    unused one.
+//! 2. Age pass: remove every age candidate (reason `age`).
+//! 3. Measure the image filesystem. When usage is at or above the high
+//!    threshold, walk the space candidates in order (reason `space`) with
+//!    the policy's [`Walk`]: **re-measuring after each removal and stopping
+//!    as soon as usage is at or below the low threshold**, so one cycle
+//!    reaches the target even when images share layers, and no image is
+//!    removed beyond the one that crossed it.
+//!
+//! Right before each removal the image is re-checked (see
+//! [`super::removal`]). A failed removal is logged and the walk goes on.
+//! Cancellation is honoured between removals, never inside one. In dry run
+//! everything happens except the removals; the walk then goes by the
+//! images' reported sizes, as `plan`'s forecast does.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::cri::{Runtime, Snapshot};
+use crate::fs::FsStats;
+use crate::model::Reason;
+use crate::policy::{self, Candidate, Forecast, KeepReason, Plan, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
+use crate::records::Listed;
+
+use super::observe::ImageFs;
+use super::removal::{Disk, Step};
+use super::report::{CycleError, CycleReport, Outcome};
+use super::usage::Listing;
+use super::{Collector, Event};
+
+impl<R: Runtime> Collector<R> {
+    /// Runs one cycle. Never panics on runtime or filesystem errors: they end
+    /// the cycle with [`Outcome::Failed`].
+    pub async fn cycle(&mut self, cancel: &CancellationToken) -> CycleReport {
+        self.young_removable_at = None;
+        self.sinks.emit(&Event::CycleStarted);
+        let started = std::time::Instant::now();
+        let config = Arc::clone(&self.config);
+        let mut report = CycleReport::new(config.gc.dry_run);
+        let span = tracing::info_span!("cycle", dry_run = config.gc.dry_run);
+        let _enter = span.enter();
+        if let Err(err) = self.run_cycle(&config, cancel, &mut report).await {
+            report.outcome = Outcome::Failed(Arc::new(err));
+        }
+        self.save_if_due().await;
+        report.duration = started.elapsed();
+        self.sinks.emit(&Event::CycleFinished(&report));
+        report
+    }
+
+    async fn run_cycle(
+        &mut self,
+        config: &Config,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
+        let Listing {
+            snapshot,
+            listed,
+            image_fs,
+        } = self.observe().await.map_err(CycleError::Listing)?;
+        let result = self.execute(config, &snapshot, &listed, image_fs, cancel, report).await;
+        // Kept for matching container events and polls until the next
+        // cycle: moved, not copied.
+        self.last_images = snapshot.images;
+        result
+    }
+
+    /// The cycle after the listing: plan, then the age and space passes.
+    async fn execute(
+        &mut self,
+        config: &Config,
+        snapshot: &Snapshot,
+        listed: &Listed,
+        image_fs: Result<ImageFs, crate::cri::RuntimeError>,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
+        report.runtime_reached = true;
+        self.sinks.emit(&Event::Progress);
+        if let Some(err) = &self.sandbox_unknown {
+            // containerd 1.6 neither pins its pause image nor lists it under a
+            // container: without Status it would look unused.
+            return Err(CycleError::SandboxUnknown(err.clone()));
+        }
+        let plan = policy::plan_listed(snapshot, listed, config, self.clock.now(), self.clock.started());
+        self.sinks.emit(&Event::Planned {
+            in_use: plan.in_use_count(),
+            unused: snapshot.images.len() - plan.in_use_count() - plan.protected_count(),
+            protected: plan.protected_count(),
+            candidates: plan.age.len() + plan.space.len(),
+            age_guarded: plan.age_guarded,
+            max_age: config.gc.max_age,
+        });
+        let path = match image_fs {
+            Ok(fs) => Some(fs.path).filter(|p| !p.as_os_str().is_empty()),
+            Err(err) => {
+                self.sinks.emit(&Event::ImageFsUnknown(&err.to_string()));
+                None
+            }
+        };
+        let disk = Disk {
+            probe: Arc::clone(&self.probe),
+            path,
+        };
+        // Usage before the cycle removes anything: what the summary's
+        // `usage_before` reports, also when the age pass frees space.
+        report.before = disk.measure().ok();
+
+        // Age pass. In dry run, what it would free counts against the
+        // space pass's estimate.
+        for candidate in &plan.age {
+            if cancel.is_cancelled() {
+                report.outcome = Outcome::Interrupted;
+                return Ok(());
+            }
+            if self.remove(candidate, snapshot, &disk, cancel, report).await? == Step::Unknown {
+                // What the runtime is still doing may free what the rest
+                // of the cycle would: the next cycle sees.
+                return Ok(());
+            }
+        }
+        if !plan.age.is_empty() {
+            self.save_if_due().await;
+        }
+        if let Some(why) = &self.image_fs_mismatch {
+            self.sinks.emit(&Event::SpacePassSkipped(why));
+            report.image_fs_mismatch = Some(why.clone());
+            return Ok(());
+        }
+        self.space_pass(config, &plan, snapshot, &disk, cancel, report).await
+    }
+
+    /// The space pass: when [`SpaceTarget::due`], the walk over the space
+    /// candidates (see [`Walk`]), each removal re-measured.
+    #[allow(clippy::too_many_arguments)] // the cycle's parts, passed down as they are
+    async fn space_pass(
+        &mut self,
+        config: &Config,
+        plan: &Plan<'_>,
+        snapshot: &Snapshot,
+        disk: &Disk,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<(), CycleError> {
+        let stats = match disk.measure() {
+            Ok(stats) => stats,
+            Err(err) => {
+                self.sinks.emit(&Event::UsageUnmeasured);
+                return Err(CycleError::Filesystem(err));
+            }
+        };
+        report.before.get_or_insert(stats);
+        report.after = Some(stats);
+        let target = SpaceTarget::new(config);
+        self.publish_usage(&target, &stats);
+        self.check_eviction_threshold(config, &stats);
+        if !target.due(&stats) {
+            self.sinks.emit(&Event::SpacePassNotDue {
+                usage_percent: stats.usage_percent(),
+                high: target.high_percent(),
+            });
+            self.note_outlook(None);
+            return Ok(());
+        }
+        report.space_pass = true;
+        let outlook = SpaceOutlook::new(
+            &stats,
+            target.low_percent(),
+            &plan.space,
+            &snapshot.images,
+            self.footprint,
+        );
+        self.note_outlook(Some(outlook));
+        report.space_unreachable = self.thrash.unreachable();
+        self.sinks.emit(&Event::SpacePassStarted {
+            stats: &stats,
+            high: target.high_percent(),
+            low: target.low_percent(),
+            to_free: target.bytes_to_free(&stats),
+        });
+        let mut walk = if report.dry_run {
+            let age_would_free = report
+                .removed
+                .iter()
+                .filter(|r| r.reason == Reason::Age)
+                .fold(0u64, |sum, r| sum.saturating_add(r.size));
+            Walk::estimated(target, stats, &plan.space, age_would_free)
+        } else {
+            Walk::measured(target, stats, &plan.space)
+        };
+        let (now, window) = (self.clock.now(), config.gc.thrash_window);
+        let unreachable = self.thrash.unreachable().is_some();
+        loop {
+            let hold_back =
+                |c: &Candidate<'_>| unreachable && self.thrash.removed_recently(now, window, c.id, c.digests);
+            match walk.next(hold_back) {
+                WalkStep::Remove(candidate) => {
+                    if cancel.is_cancelled() {
+                        report.outcome = Outcome::Interrupted;
+                        return Ok(());
+                    }
+                    match self.remove(candidate, snapshot, disk, cancel, report).await? {
+                        Step::Removed if walk.estimating() => walk.removed(candidate.size, None),
+                        Step::Removed => match disk.measure() {
+                            Ok(stats) => walk.removed(candidate.size, Some(stats)),
+                            Err(err) => {
+                                self.sinks.emit(&Event::MeasureFailedMidWalk(&err.to_string()));
+                                walk.removed(candidate.size, None);
+                            }
+                        },
+                        // Kept here, but someone else may have removed it
+                        // (or something else freed space) meanwhile.
+                        Step::Kept => walk.kept(disk.measure().ok()),
+                        Step::Unknown => break,
+                    }
+                }
+                WalkStep::HoldBack(candidate) => {
+                    self.sinks.emit(&Event::HeldBack(candidate.id));
+                    report.held_back.push(candidate.id.to_string());
+                }
+                WalkStep::Done | WalkStep::LowNotReached { .. } => break,
+            }
+        }
+        let stats = walk.stats();
+        report.after = Some(stats);
+        self.publish_usage(&target, &stats);
+        if walk.reached() {
+            // Images brought usage to low after all: whatever the outlook
+            // said, the episode is over.
+            self.note_outlook(None);
+            report.space_unreachable = None;
+        } else {
+            self.young_removable_at = first_young_removable(plan);
+            let freed = report
+                .before
+                .map_or(0, |b| stats.available().saturating_sub(b.available()));
+            report.outcome = Outcome::LowNotReached {
+                freed_bytes: freed,
+                remaining_bytes: walk.remaining(),
+            };
+        }
+        Ok(())
+    }
+
+    /// What a dry-run cycle's space pass would remove now, by the same walk
+    /// (`plan`'s forecast): `None` when no space pass is due at `stats`.
+    /// The age candidates count by their reported sizes, as in a dry run.
+    pub fn forecast<'w, 'a>(&self, plan: &'w Plan<'a>, stats: &FsStats) -> Option<Forecast<'w, 'a>> {
+        let target = SpaceTarget::new(&self.config);
+        if !target.due(stats) {
+            return None;
+        }
+        let (now, window) = (self.clock.now(), self.config.gc.thrash_window);
+        let unreachable = self.thrash.unreachable().is_some();
+        Some(Forecast::new(
+            target,
+            *stats,
+            &plan.space,
+            policy::total_size(&plan.age),
+            |c| unreachable && self.thrash.removed_recently(now, window, c.id, c.digests),
+        ))
+    }
+
+    /// Starts or ends an episode in which images cannot bring usage to low.
+    fn note_outlook(&mut self, outlook: Option<SpaceOutlook>) {
+        if let Some(change) = self.thrash.note_outlook(outlook) {
+            self.sinks.emit(&Event::SpaceUnreachable {
+                outlook: change,
+                thrash_window: self.config.gc.thrash_window,
+            });
+        }
+    }
+
+    /// Warns once when the kubelet's `imagefs.available` eviction threshold
+    /// (a size, which only the measured capacity turns into a percentage)
+    /// would evict pods before usage reaches the high threshold.
+    fn check_eviction_threshold(&mut self, config: &Config, stats: &FsStats) {
+        let Some(threshold) = config.eviction_imagefs_available else {
+            return;
+        };
+        if std::mem::replace(&mut self.said.eviction_checked, true) {
+            return;
+        }
+        let evicts_below = threshold.min_available_bytes(stats.capacity_bytes);
+        let high = config.gc.high_threshold_percent;
+        let collects_below = stats.capacity_bytes as u128 * (100 - u128::from(high.min(100))) / 100;
+        if collects_below <= u128::from(evicts_below) {
+            self.sinks.emit(&Event::EvictionBeforeHigh {
+                high,
+                evicts_below,
+                capacity: stats.capacity_bytes,
+            });
+        }
+    }
+
+    fn publish_usage(&self, target: &SpaceTarget, stats: &FsStats) {
+        self.sinks.emit(&Event::Usage {
+            stats,
+            due: target.due(stats),
+        });
+    }
+}
+
+/// When the first image kept only for being younger than `gc.min_age`
+/// becomes removable, as an instant.
+fn first_young_removable(plan: &Plan<'_>) -> Option<tokio::time::Instant> {
+    plan.kept
+        .iter()
+        .filter_map(|k| match k.why {
+            KeepReason::TooYoung { removable_after } => Some(removable_after),
+            _ => None,
+        })
+        .min()
+        .map(|after| tokio::time::Instant::now() + after)
+}

@@ -1,0 +1,660 @@
+//! What the engine tells the world, typed: each [`Event`] is one fact (an
+//! image removed, an episode of unreadable mounts starting, a cycle
+//! finished), and every output is a [`Sink`] that turns the facts it cares
+//! about into its own form. The logs ([`LogSink`]), the metrics
+//! ([`MetricsSink`]) and the health endpoint ([`HealthSink`]) are sinks; a
+//! new output (Kubernetes node events) is one more, with no call site to
+//! edit. Episodes (an unreadable container, a filesystem that is not the
+//! runtime's) are sent once when they start and once when they end.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use super::report::{CycleReport, Outcome};
+use crate::cri::Image;
+use crate::fs::FsStats;
+use crate::health::Health;
+use crate::metrics::{CycleTimer, Metrics};
+use crate::model::{Reason, Removal};
+use crate::pending::Settled;
+use crate::policy::SpaceOutlook;
+use crate::records::Observed;
+use crate::time::{rfc3339, short};
+
+/// Why an image the walk chose was kept at the re-check right before its
+/// removal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeptAtRecheck<'a> {
+    /// A container uses it now (under a name it may have gained).
+    CameIntoUse,
+    /// The runtime pinned it since the listing.
+    PinnedSince,
+    /// A name it gained since the listing is a sandbox image's.
+    SandboxSince,
+    /// A name it gained since the listing is protected by this pattern.
+    ProtectedSince(&'a str),
+    /// A container's mounted images cannot be read: it may mount this one.
+    MountsUnknown,
+    /// Someone else removed it (another collector, `crictl rmi`).
+    GoneAlready,
+}
+
+/// One fact the engine reports.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A configuration is in force (at start, and after each reload).
+    Configured {
+        /// Whether removals are only reported.
+        dry_run: bool,
+        /// `gc.high_threshold_percent`.
+        high: u8,
+        /// `gc.low_threshold_percent`.
+        low: u8,
+    },
+    /// The state directory's history was loaded, with the last successful
+    /// cycle of the process before.
+    HistoryLoaded {
+        /// When that cycle ended.
+        last_success: Option<std::time::SystemTime>,
+    },
+    /// Whether the runtime answered a listing.
+    RuntimeUp(bool),
+    /// What a listing did to the records beyond last-used times.
+    Listed {
+        /// The changes.
+        observed: &'a Observed,
+        /// How many images the runtime listed.
+        images: usize,
+    },
+    /// The measured filesystem is not the runtime's image filesystem
+    /// (`Some`, why) or is again (`None`).
+    ImageFsMismatch(Option<&'a str>),
+    /// A container's mounted images cannot be read (`Some`, why) or can
+    /// again (`None`).
+    MountsUnread(Option<&'a str>),
+    /// A pod's sandbox image cannot be read (`Some`, why) or can again.
+    SandboxPodsUnread(Option<&'a str>),
+    /// `runtime.sandbox_image` names no listed image (said once).
+    SandboxConfiguredUnmatched(&'a str),
+    /// No source names the sandbox image: never-used images are kept
+    /// (said once).
+    SandboxUnnamed,
+    /// An image imagegc removed came back.
+    Repulled {
+        /// The image as listed now.
+        image: &'a Image,
+        /// How long after its removal.
+        removed_ago: Duration,
+        /// The episode of images that cannot reach low, when one is on.
+        unreachable: Option<SpaceOutlook>,
+        /// `gc.thrash_window`.
+        thrash_window: Duration,
+    },
+    /// Work is progressing (liveness).
+    Progress,
+    /// The plan of a cycle.
+    Planned {
+        /// Images in use.
+        in_use: usize,
+        /// Images neither in use nor protected.
+        unused: usize,
+        /// Images kept whatever the usage.
+        protected: usize,
+        /// Age and space candidates.
+        candidates: usize,
+        /// Images without history held back from age removal.
+        age_guarded: usize,
+        /// `gc.max_age`.
+        max_age: Duration,
+    },
+    /// The image filesystem could not be found from the runtime's answer.
+    ImageFsUnknown(&'a str),
+    /// The image filesystem measured.
+    Usage {
+        /// The reading.
+        stats: &'a FsStats,
+        /// Whether a space pass is due at it.
+        due: bool,
+    },
+    /// The image filesystem could not be measured at the cycle's start.
+    UsageUnmeasured,
+    /// The kubelet evicts pods before usage reaches the high threshold
+    /// (said once).
+    EvictionBeforeHigh {
+        /// `gc.high_threshold_percent`.
+        high: u8,
+        /// Available bytes under which the kubelet evicts.
+        evicts_below: u64,
+        /// The filesystem's capacity.
+        capacity: u64,
+    },
+    /// No space pass: usage is below high.
+    SpacePassNotDue {
+        /// Usage in percent.
+        usage_percent: u64,
+        /// `gc.high_threshold_percent`.
+        high: u8,
+    },
+    /// No space pass: the measured filesystem is not the runtime's.
+    SpacePassSkipped(&'a str),
+    /// A space pass starts.
+    SpacePassStarted {
+        /// The reading that started it.
+        stats: &'a FsStats,
+        /// `gc.high_threshold_percent`.
+        high: u8,
+        /// `gc.low_threshold_percent`.
+        low: u8,
+        /// Bytes to free to reach low.
+        to_free: u64,
+    },
+    /// Images cannot bring usage to low (`Some`, the outlook) or can again.
+    SpaceUnreachable {
+        /// The outlook, while the episode lasts.
+        outlook: Option<SpaceOutlook>,
+        /// `gc.thrash_window`.
+        thrash_window: Duration,
+    },
+    /// Statvfs failed during the walk: the rest goes by reported sizes.
+    MeasureFailedMidWalk(&'a str),
+    /// A space candidate left alone: removed within the thrash window.
+    HeldBack(&'a str),
+    /// A candidate kept at the re-check before its removal.
+    Kept {
+        /// The image id.
+        id: &'a str,
+        /// Its tags now.
+        tags: &'a [String],
+        /// Why.
+        why: KeptAtRecheck<'a>,
+    },
+    /// A removal about to be asked (debug).
+    Removing {
+        /// The image id.
+        id: &'a str,
+        /// Age or space.
+        reason: Reason,
+        /// Whether only reported.
+        dry_run: bool,
+    },
+    /// An image removed (or, in dry run, that would have been).
+    Removed(&'a Removal),
+    /// A removal the runtime refused.
+    RemovalFailed {
+        /// The image id.
+        id: &'a str,
+        /// Its tags.
+        tags: &'a [String],
+        /// Age or space.
+        reason: Reason,
+        /// The runtime's error.
+        error: &'a str,
+    },
+    /// The runtime answered OK to `RemoveImage` and still lists the image.
+    RemovalNotDone {
+        /// The image id.
+        id: &'a str,
+        /// The runtime's endpoint.
+        endpoint: &'a str,
+        /// Whether this is the first time this process saw it.
+        first: bool,
+    },
+    /// `RemoveImage` failed but the image went all the same.
+    RemovedDespiteError {
+        /// The image id.
+        id: &'a str,
+        /// The call's error.
+        error: &'a str,
+    },
+    /// `RemoveImage` failed without saying whether it removed the image,
+    /// which is still listed: pending until a listing settles it.
+    RemovalUnsettled {
+        /// The image id.
+        id: &'a str,
+        /// The call's error.
+        error: &'a str,
+    },
+    /// A pending removal settled by a listing (before it is journaled,
+    /// when it went).
+    PendingSettled {
+        /// The image id.
+        id: &'a str,
+        /// Its tags when removal was asked.
+        tags: &'a [String],
+        /// Why it was to go (`age`, `space`).
+        reason: &'a str,
+        /// Whether an earlier process asked for it.
+        earlier_process: bool,
+        /// How it settled.
+        how: Settled,
+    },
+    /// The records were saved, or could not be.
+    Saved(Result<usize, &'a str>),
+    /// A cycle starts.
+    CycleStarted,
+    /// A cycle ended.
+    CycleFinished(&'a CycleReport),
+}
+
+/// An output of the engine's events.
+pub trait Sink: Send + Sync {
+    /// Handles one event; must not block (a sink that does IO hands it off).
+    fn emit(&self, event: &Event<'_>);
+}
+
+/// Every sink the engine reports to, in order.
+#[derive(Clone, Default)]
+pub struct Sinks(Vec<Arc<dyn Sink>>);
+
+impl Sinks {
+    /// The logs and the metrics: what every collector reports to.
+    pub fn standard(metrics: &Arc<Metrics>) -> Self {
+        Sinks(vec![Arc::new(LogSink), Arc::new(MetricsSink::new(metrics))])
+    }
+
+    /// Adds a sink.
+    pub fn push(&mut self, sink: Arc<dyn Sink>) {
+        self.0.push(sink);
+    }
+
+    /// Sends `event` to every sink.
+    pub fn emit(&self, event: &Event<'_>) {
+        for sink in &self.0 {
+            sink.emit(event);
+        }
+    }
+}
+
+impl std::fmt::Debug for Sinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sinks({})", self.0.len())
+    }
+}
+
+/// The metrics (see [`crate::metrics`]).
+pub struct MetricsSink {
+    metrics: Arc<Metrics>,
+    /// The cycle being timed: one dropped unfinished (abandoned at
+    /// shutdown) records a failed cycle.
+    timer: Mutex<Option<CycleTimer>>,
+}
+
+impl MetricsSink {
+    /// A sink updating `metrics`.
+    pub fn new(metrics: &Arc<Metrics>) -> Self {
+        MetricsSink {
+            metrics: Arc::clone(metrics),
+            timer: Mutex::new(None),
+        }
+    }
+}
+
+impl Sink for MetricsSink {
+    fn emit(&self, event: &Event<'_>) {
+        let m = &self.metrics;
+        match event {
+            Event::Configured { dry_run, high, low } => {
+                m.set_dry_run(*dry_run);
+                m.set_thresholds(*high, *low);
+            }
+            Event::HistoryLoaded { last_success: Some(at) } => m.restore_last_success(*at),
+            Event::RuntimeUp(up) => m.set_runtime_up(*up),
+            Event::ImageFsMismatch(why) => m.set_image_fs_mismatch(why.is_some()),
+            Event::MountsUnread(why) => m.set_container_mounts_unknown(why.is_some()),
+            Event::Repulled { .. } => m.repulled(),
+            Event::Planned {
+                in_use,
+                unused,
+                protected,
+                candidates,
+                ..
+            } => {
+                m.set_images(*in_use, *unused, *protected);
+                m.set_candidates(*candidates);
+            }
+            Event::Usage { stats, due } => {
+                m.set_usage_ratio(stats.usage_ratio());
+                m.set_filesystem(stats.capacity_bytes, stats.available());
+                m.set_space_pass_due(*due);
+            }
+            Event::UsageUnmeasured => m.set_usage_ratio(0.0),
+            Event::SpacePassSkipped(_) => m.set_space_pass_due(false),
+            Event::SpaceUnreachable { outlook, .. } => m.set_space_unreachable(outlook.is_some()),
+            Event::Removed(removal) if !removal.dry_run => m.removed(removal.reason, removal.freed_bytes.unwrap_or(0)),
+            Event::RemovalFailed { .. } | Event::RemovalNotDone { .. } => m.removal_failed(),
+            Event::CycleStarted => {
+                *self.timer.lock().unwrap_or_else(PoisonError::into_inner) = Some(m.cycle_timer());
+            }
+            Event::CycleFinished(report) => {
+                if let Some(timer) = self.timer.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                    timer.finish(report.succeeded());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Liveness: progress within a cycle counts as a heartbeat.
+pub struct HealthSink(pub Arc<Health>);
+
+impl Sink for HealthSink {
+    fn emit(&self, event: &Event<'_>) {
+        if matches!(event, Event::Progress | Event::Removed(_)) {
+            self.0.heartbeat();
+        }
+    }
+}
+
+/// The logs: what an operator reads, worded for them.
+#[derive(Default)]
+pub struct LogSink;
+
+impl Sink for LogSink {
+    // Long on purpose: one arm per event, each the log line an operator
+    // reads; splitting it would only scatter the wording.
+    fn emit(&self, event: &Event<'_>) {
+        match event {
+            Event::Listed { observed, images } => log_listed(observed, *images),
+            Event::ImageFsMismatch(Some(why)) => warn!(
+                mismatch = %why,
+                "the measured filesystem is not the filesystem the runtime keeps its images on: no image is removed \
+                 for space while this lasts (age removals go on). Unset gc.image_fs_path, and mount the runtime's \
+                 root into the pod, so that imagegc measures the mount point the runtime names"
+            ),
+            Event::ImageFsMismatch(None) => info!("the measured filesystem is the runtime's image filesystem again"),
+            Event::MountsUnread(Some(err)) => warn!(
+                error = %err,
+                "cannot read the images a container mounts (ContainerStatus): no image is removed until they can \
+                 be read, since it may mount any of them"
+            ),
+            Event::MountsUnread(None) => info!("every container's mounted images can be read again"),
+            Event::SandboxPodsUnread(Some(err)) => warn!(
+                error = %err,
+                "cannot read a pod's sandbox image (PodSandboxStatus): no image that no container has ever used \
+                 is removed until it can be read"
+            ),
+            Event::SandboxPodsUnread(None) => info!("every pod's sandbox image can be read again"),
+            Event::SandboxConfiguredUnmatched(configured) => warn!(
+                sandbox_image = configured,
+                "runtime.sandbox_image names no listed image: it protects nothing until an image of that name is \
+                 listed, and the other sources of the sandbox image are used meanwhile"
+            ),
+            Event::SandboxUnnamed => warn!(
+                "the runtime does not say which image is its sandbox (pause) image, no pod names it and it pins \
+                 no image: no image that no container has ever used is removed; set runtime.sandbox_image to name it"
+            ),
+            Event::Repulled {
+                image,
+                removed_ago,
+                unreachable,
+                thrash_window,
+            } => log_repull(image, *removed_ago, unreachable.as_ref(), *thrash_window),
+            Event::Planned {
+                age_guarded, max_age, ..
+            } if *age_guarded > 0 => info!(
+                images = age_guarded,
+                max_age = %short(*max_age),
+                "images without history are not removed by age until imagegc has run longer than max age"
+            ),
+            Event::ImageFsUnknown(err) => warn!(error = %err, "cannot find the image filesystem"),
+            Event::EvictionBeforeHigh {
+                high,
+                evicts_below,
+                capacity,
+            } => warn!(
+                high_threshold_percent = high,
+                eviction_available_bytes = evicts_below,
+                capacity_bytes = capacity,
+                "the kubelet evicts pods before usage reaches gc.high_threshold_percent: lower the high threshold"
+            ),
+            Event::SpacePassNotDue { usage_percent, high } => {
+                debug!(usage_percent, high, "usage below the high threshold");
+            }
+            Event::SpacePassSkipped(why) => {
+                debug!(mismatch = %why, "no space pass: the measured filesystem is not the runtime's");
+            }
+            Event::SpacePassStarted {
+                stats,
+                high,
+                low,
+                to_free,
+            } => info!(
+                usage_percent = stats.usage_percent(),
+                high_threshold_percent = high,
+                low_threshold_percent = low,
+                bytes_to_free = to_free,
+                inode_usage_percent = stats.inode_usage_percent(),
+                "image filesystem usage is at or above the high threshold: freeing space down to the low threshold"
+            ),
+            Event::SpaceUnreachable {
+                outlook: Some(o),
+                thrash_window,
+            } => warn!(
+                bytes_to_free = o.bytes_to_free,
+                images_could_free = o.could_free,
+                not_image_bytes = o.not_image_bytes,
+                thrash_window = %short(*thrash_window),
+                "removing every removable image cannot bring usage to the low threshold: the image filesystem \
+                 holds data that is not images. imagegc still frees what helps, but removes no image for space \
+                 that it removed within gc.thrash_window, so the node does not pull and lose the same images \
+                 over and over"
+            ),
+            Event::SpaceUnreachable { outlook: None, .. } => info!("images can bring usage to the low threshold again"),
+            Event::MeasureFailedMidWalk(err) => warn!(
+                error = %err,
+                "cannot re-measure the image filesystem: falling back to the runtime's image sizes (they overstate what shared layers free)"
+            ),
+            Event::HeldBack(id) => {
+                debug!(image = %id, "removed within gc.thrash_window while images cannot reach low: left alone");
+            }
+            Event::Kept { id, tags, why } => log_kept(id, tags, why),
+            Event::Removing { id, reason, dry_run } => debug!(
+                image = %id,
+                reason = reason.as_str(),
+                "no container uses the image: {}",
+                if *dry_run { "it would be removed" } else { "removing it" }
+            ),
+            Event::Removed(removal) => info!(
+                image = %removal.id,
+                tags = ?removal.tags,
+                reason = removal.reason.as_str(),
+                size = removal.size,
+                freed_bytes = removal.freed_bytes,
+                last_used = %rfc3339(removal.last_used),
+                dry_run = removal.dry_run,
+                "{}",
+                if removal.dry_run { "would remove image (dry run)" } else { "removed image" }
+            ),
+            Event::RemovalFailed {
+                id,
+                tags,
+                reason,
+                error,
+            } => {
+                warn!(image = %id, tags = ?tags, reason = reason.as_str(), error = %error, "could not remove image");
+            }
+            Event::RemovalNotDone { id, endpoint, first } => {
+                if *first {
+                    warn!(
+                        image = %id,
+                        endpoint,
+                        "RemoveImage answered OK, but the runtime still lists the image: not counted as removed \
+                         (said once; later cases are logged at debug level)"
+                    );
+                } else {
+                    debug!(image = %id, "RemoveImage answered OK, but the image is still listed");
+                }
+            }
+            Event::RemovedDespiteError { id, error } => {
+                warn!(image = %id, error = %error, "RemoveImage failed, but the image is gone: counted as removed");
+            }
+            Event::RemovalUnsettled { id, error } => warn!(
+                image = %id,
+                error = %error,
+                "the runtime did not say whether it removed the image and still lists it: no further image \
+                 is removed for space this cycle; the removal is journaled if a later listing shows it went"
+            ),
+            Event::PendingSettled {
+                id,
+                tags,
+                reason,
+                earlier_process,
+                how,
+            } => log_settled(id, tags, reason, *earlier_process, *how),
+            Event::Saved(Ok(records)) => debug!(records, "state saved"),
+            Event::Saved(Err(err)) => warn!(error = %err, "could not save state; will retry at the next save"),
+            Event::CycleFinished(report) => log_summary(report),
+            _ => {}
+        }
+    }
+}
+
+fn log_listed(observed: &Observed, images: usize) {
+    if observed.vanished > 0 {
+        let grace = short(crate::records::VANISHED_GRACE);
+        if images == 0 {
+            warn!(
+                vanished = observed.vanished,
+                %grace,
+                "the runtime listed no image at all: keeping the history of the images it listed before, \
+                 in case it lists them again"
+            );
+        } else {
+            info!(
+                vanished = observed.vanished,
+                %grace,
+                "images are no longer listed: their history is kept in case the runtime lists them again"
+            );
+        }
+    }
+    if observed.returned > 0 {
+        info!(
+            images = observed.returned,
+            "images listed again after a gap: their history is back"
+        );
+    }
+    if observed.dropped > 0 {
+        debug!(
+            records = observed.dropped,
+            "dropped the history of images gone for good"
+        );
+    }
+}
+
+fn log_repull(image: &Image, removed_ago: Duration, unreachable: Option<&SpaceOutlook>, window: Duration) {
+    let removed_ago = short(removed_ago);
+    match unreachable {
+        Some(outlook) => warn!(
+            image = %image.id,
+            tags = ?image.repo_tags,
+            %removed_ago,
+            not_image_bytes = outlook.not_image_bytes,
+            "an image imagegc removed was pulled again: the image filesystem is full of data that is not \
+             images, which removing images cannot fix; imagegc leaves images it removed alone for \
+             gc.thrash_window while this lasts. Free that data (logs, volumes, writable layers) or give \
+             the filesystem more room"
+        ),
+        None => warn!(
+            image = %image.id,
+            tags = ?image.repo_tags,
+            %removed_ago,
+            thrash_window = %short(window),
+            "an image imagegc removed was pulled again within the thrash window: \
+             the policy may be too aggressive for this node (raise the low threshold, max age or keep_recent_per_repository)"
+        ),
+    }
+}
+
+fn log_kept(id: &str, tags: &[String], why: &KeptAtRecheck<'_>) {
+    match why {
+        KeptAtRecheck::CameIntoUse => info!(image = %id, tags = ?tags, "image came into use; keeping it"),
+        KeptAtRecheck::PinnedSince => {
+            info!(image = %id, tags = ?tags, "the runtime pinned the image since the listing; keeping it");
+        }
+        KeptAtRecheck::SandboxSince => info!(
+            image = %id,
+            tags = ?tags,
+            "the image is a sandbox image under a name it gained since the listing; keeping it"
+        ),
+        KeptAtRecheck::ProtectedSince(pattern) => info!(
+            image = %id,
+            tags = ?tags,
+            %pattern,
+            "a name the image gained since the listing is protected; keeping it"
+        ),
+        KeptAtRecheck::MountsUnknown => {
+            info!(image = %id, "a container's mounted images cannot be read: keeping the image");
+        }
+        KeptAtRecheck::GoneAlready => {
+            info!(image = %id, tags = ?tags, "image is already gone: someone else removed it");
+        }
+    }
+}
+
+fn log_settled(id: &str, tags: &[String], reason: &str, earlier_process: bool, how: Settled) {
+    match (earlier_process, how) {
+        (true, Settled::Gone) => warn!(
+            image = %id,
+            tags = ?tags,
+            reason,
+            "a removal in flight when imagegc last stopped was completed after shutdown: journaling it"
+        ),
+        (true, Settled::StillThere) => warn!(
+            image = %id,
+            tags = ?tags,
+            "a removal in flight when imagegc last stopped was not removed: the image is still there"
+        ),
+        (false, Settled::Gone) => info!(
+            image = %id,
+            reason,
+            "a removal whose outcome the runtime did not tell went through"
+        ),
+        (false, Settled::StillThere) => info!(
+            image = %id,
+            "a removal whose outcome the runtime did not tell did not happen: the image is still listed"
+        ),
+    }
+}
+
+fn log_summary(report: &CycleReport) {
+    let by = |reason| report.removed.iter().filter(|r| r.reason == reason).count();
+    let (age, space) = (by(Reason::Age), by(Reason::Space));
+    let failed = report.failed.len();
+    let freed = report.freed_bytes();
+    let before = report.before.map(|s| s.usage_percent());
+    let after = report.after.map(|s| s.usage_percent());
+    let duration_ms = report.duration.as_millis() as u64;
+    match &report.outcome {
+        Outcome::Success => info!(
+            removed_age = age,
+            removed_space = space,
+            failed,
+            freed_bytes = freed,
+            usage_before = before,
+            usage_after = after,
+            duration_ms,
+            dry_run = report.dry_run,
+            "cycle finished"
+        ),
+        Outcome::LowNotReached {
+            freed_bytes,
+            remaining_bytes,
+        } => warn!(
+            removed_age = age,
+            removed_space = space,
+            failed,
+            freed_bytes,
+            remaining_bytes,
+            usage_after = after,
+            duration_ms,
+            "cycle could not reach the low threshold: no more removable images"
+        ),
+        // An unreachable runtime is reported by the daemon once per change.
+        Outcome::Failed(err) if !report.runtime_reached => debug!(error = %err, "cycle failed"),
+        Outcome::Failed(err) => warn!(error = %err, removed = age + space, duration_ms, "cycle failed"),
+        Outcome::Interrupted => info!(removed = age + space, "cycle interrupted by shutdown"),
+    }
+}

@@ -1,0 +1,373 @@
+//! The engine: what happens between the runtime's answers and the removals,
+//! each part in its own module.
+//!
+//! - [`observe`]: reading the runtime (images, containers and their
+//!   mounts, sandbox images from every source, the image filesystem). A
+//!   runtime quirk goes there.
+//! - [`cycle`]: one cycle: observe, plan ([`crate::policy`]), the age
+//!   pass, then the space pass driven by the policy's [`crate::policy::Walk`].
+//! - [`removal`]: one removal's lifecycle: re-check, pending note,
+//!   `RemoveImage`, measuring what came back, settling what the runtime did
+//!   not tell ([`crate::pending`]).
+//! - [`thrash`]: the memory of recent removals (re-pulls) and of the
+//!   episode in which images cannot reach low. Pure.
+//! - [`usage`]: marking images used between cycles (polls and container
+//!   events).
+//! - [`events`]: what the engine reports, typed, and the [`Sink`]s that
+//!   turn it into logs, metrics and health. A new metric or log line is a
+//!   sink's business, not the engine's.
+//! - [`report`]: what a cycle did ([`CycleReport`]).
+//!
+//! [`Collector`] holds what they share: the runtime, the configuration,
+//! the records and the state directory.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, SystemTime};
+
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::cri::{Image, Runtime};
+use crate::fs::FsProbe;
+use crate::journal::Journal;
+use crate::metrics::Metrics;
+use crate::pending::Pending;
+use crate::policy::{DiskFootprint, SpaceTarget};
+use crate::records::Records;
+use crate::state::{Loaded, StateStore};
+use crate::time::{Clock, rfc3339};
+
+pub mod cycle;
+pub mod events;
+pub mod observe;
+pub mod removal;
+pub mod report;
+pub mod thrash;
+pub mod usage;
+
+#[cfg(test)]
+mod tests;
+
+pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
+pub use observe::{ImageFs, MountCache, Observation, Observer, PodImages, SandboxImages, image_fs, sandbox_images};
+pub use removal::RemovingImage;
+pub use report::{CycleError, CycleReport, Outcome, Removal};
+pub use usage::Listing;
+
+/// The longest the state file goes unsaved while only last-used times of
+/// images in use move: it bounds how late age removals can come after a
+/// crash (see `Collector::save_if_due`).
+pub const STATE_REFRESH: Duration = Duration::from_secs(30 * 60);
+
+/// What is said once per episode or once per process.
+#[derive(Debug, Default)]
+struct Said {
+    /// A container's mounted images could not be read at the last listing.
+    mounts_unread: bool,
+    /// A pod's sandbox image could not be read at the last listing.
+    sandbox_pods_unread: bool,
+    /// The missing sandbox image (once per process).
+    sandbox_unnamed: bool,
+    /// `runtime.sandbox_image` naming no listed image (once per process).
+    sandbox_configured: bool,
+    /// A runtime that answers OK to `RemoveImage` and keeps the image
+    /// (once per process).
+    lying_runtime: bool,
+    /// The kubelet-eviction check against the measured capacity (once).
+    eviction_checked: bool,
+}
+
+/// The collector: the runtime, the records and everything a cycle touches.
+pub struct Collector<R> {
+    runtime: R,
+    config: Arc<Config>,
+    records: Records,
+    store: StateStore,
+    journal: Journal,
+    pending: Pending,
+    probe: Arc<dyn FsProbe>,
+    metrics: Arc<Metrics>,
+    sinks: Sinks,
+    clock: Clock,
+    observer: observe::Observer,
+    thrash: thrash::Thrash,
+    said: Said,
+    /// Images of the last listing, to resolve container references between cycles.
+    last_images: Vec<Image>,
+    /// When the records were last saved by this process.
+    last_saved: Option<SystemTime>,
+    /// True while a `RemoveImage` is in flight: shutdown waits for it, and
+    /// for nothing else.
+    removing: Arc<AtomicBool>,
+    removing_image: RemovingImage,
+    /// What an image takes on disk per reported byte, from the runtime's
+    /// name and this process's measured removals.
+    footprint: DiskFootprint,
+    /// Whether the runtime's name was learnt (for [`DiskFootprint`]).
+    runtime_named: bool,
+    /// Why the measured filesystem is not the runtime's image filesystem,
+    /// while it is not (see [`ImageFs::mismatch`]): no space pass runs.
+    image_fs_mismatch: Option<String>,
+    /// The image filesystem as the last listing found it, when it can be
+    /// trusted: what [`Collector::check_usage`] measures between cycles.
+    disk_path: Option<PathBuf>,
+    /// Why `Status` failed while no sandbox image was known yet: the sandbox
+    /// image cannot be told from an unused image then, so nothing is removed.
+    sandbox_unknown: Option<String>,
+    /// When the last cycle ended above low with images kept only for being
+    /// younger than `gc.min_age`: when the first of them becomes removable.
+    young_removable_at: Option<tokio::time::Instant>,
+}
+
+impl<R: Runtime> Collector<R> {
+    /// Creates a collector and loads the records from the state directory.
+    pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
+        let store = StateStore::new(&config.state.dir);
+        Self::with_store(runtime, config, probe, metrics, clock, store)
+    }
+
+    /// A collector that only observes and plans (`imagegc plan`): its state
+    /// is read, never written, and a corrupt file is left where it is.
+    pub fn new_read_only(
+        runtime: R,
+        config: Arc<Config>,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> Self {
+        let store = StateStore::new(&config.state.dir).read_only();
+        Self::with_store(runtime, config, probe, metrics, clock, store)
+    }
+
+    fn with_store(
+        runtime: R,
+        config: Arc<Config>,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+        store: StateStore,
+    ) -> Self {
+        let sinks = Sinks::standard(&metrics);
+        let (records, last_success) = load_records(&store, &clock, &config);
+        sinks.emit(&Event::HistoryLoaded { last_success });
+        sinks.emit(&Event::Configured {
+            dry_run: config.gc.dry_run,
+            high: config.gc.high_threshold_percent,
+            low: config.gc.low_threshold_percent,
+        });
+        let journal = Journal::new(&config.state.dir);
+        let pending = Pending::load(&config.state.dir, store.is_read_only());
+        let mut collector = Collector {
+            runtime,
+            config,
+            records,
+            store,
+            journal,
+            pending,
+            probe,
+            metrics,
+            sinks,
+            clock,
+            observer: observe::Observer::default(),
+            thrash: thrash::Thrash::default(),
+            said: Said::default(),
+            last_images: Vec::new(),
+            last_saved: None,
+            removing: Arc::new(AtomicBool::new(false)),
+            removing_image: RemovingImage::default(),
+            footprint: DiskFootprint::default(),
+            runtime_named: false,
+            image_fs_mismatch: None,
+            disk_path: None,
+            young_removable_at: None,
+            sandbox_unknown: None,
+        };
+        collector.seed_thrash_from_journal();
+        collector
+    }
+
+    /// Seeds thrash detection from the journal, so a re-pull right after a
+    /// restart is still noticed.
+    fn seed_thrash_from_journal(&mut self) {
+        let since = self.clock.now().checked_sub(self.config.gc.thrash_window);
+        if let Ok(entries) = self.journal.read(since) {
+            for entry in entries.into_iter().filter(|e| !e.dry_run) {
+                if let Some(at) = entry.timestamp() {
+                    self.thrash.remember(at, entry.image, &entry.digests);
+                }
+            }
+        }
+    }
+
+    /// Adds an output for the engine's events (see [`events`]).
+    pub fn with_sink(mut self, sink: Arc<dyn Sink>) -> Self {
+        self.sinks.push(sink);
+        self
+    }
+
+    /// Reports progress (liveness) to the health endpoint while cycles run.
+    pub fn with_health(self, health: Arc<crate::health::Health>) -> Self {
+        self.with_sink(Arc::new(HealthSink(health)))
+    }
+
+    /// The configuration in force: the one given at start, or the last reload
+    /// (see [`Collector::set_config`]).
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// Applies a reloaded configuration from the next cycle on.
+    pub fn set_config(&mut self, config: Arc<Config>) {
+        self.sinks.emit(&Event::Configured {
+            dry_run: config.gc.dry_run,
+            high: config.gc.high_threshold_percent,
+            low: config.gc.low_threshold_percent,
+        });
+        self.config = config;
+    }
+
+    /// The per-image records as of the last listing (saved to the state file).
+    pub fn records(&self) -> &Records {
+        &self.records
+    }
+
+    /// The runtime the collector talks to.
+    pub fn runtime(&self) -> &R {
+        &self.runtime
+    }
+
+    /// The clock the collector reads `now` from.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The metric families this collector updates.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// True while a removal is in flight (see [`crate::daemon`]'s shutdown).
+    pub fn removal_in_flight(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.removing)
+    }
+
+    /// The image a removal in flight removes.
+    pub fn removal_in_flight_image(&self) -> RemovingImage {
+        Arc::clone(&self.removing_image)
+    }
+
+    /// Why the measured filesystem is not the runtime's image filesystem,
+    /// as the last listing found it.
+    pub fn image_fs_mismatch(&self) -> Option<&str> {
+        self.image_fs_mismatch.as_deref()
+    }
+
+    /// When the last cycle could not reach low and images it kept only for
+    /// being younger than `gc.min_age` become removable (the first of them):
+    /// the daemon runs a cycle then rather than at the next interval, since
+    /// usage that stays above high is not a crossing.
+    pub fn young_removable_at(&self) -> Option<tokio::time::Instant> {
+        self.young_removable_at
+    }
+
+    /// What an image takes on disk per reported byte, as this collector
+    /// knows it.
+    pub fn footprint(&self) -> DiskFootprint {
+        self.footprint
+    }
+
+    /// Measures the image filesystem between cycles (statvfs: no call to
+    /// the runtime) and publishes usage. Returns whether a space pass is
+    /// due; `None` when there is nothing to measure yet, or the measurement
+    /// failed (the next cycle reports it).
+    pub fn check_usage(&self) -> Option<bool> {
+        let path = self.disk_path.as_ref()?;
+        let stats = self.probe.stats(path).ok()?;
+        let due = SpaceTarget::new(&self.config).due(&stats);
+        self.sinks.emit(&Event::Usage { stats: &stats, due });
+        Some(due)
+    }
+
+    /// Saves the records; a failure is logged, never fatal: the collector
+    /// goes on and tries again at the next save.
+    pub async fn save(&mut self) {
+        let store = self.store.clone();
+        let records = self.records.clone();
+        let now = self.clock.now();
+        let last_success = self.metrics.last_success();
+        let result =
+            tokio::task::spawn_blocking(move || store.save_with_last_success(&records, now, last_success)).await;
+        match result {
+            Ok(Ok(())) => {
+                self.sinks.emit(&Event::Saved(Ok(self.records.len())));
+                self.records.saved();
+                self.last_saved = Some(now);
+            }
+            Ok(Err(err)) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
+            Err(err) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
+        }
+    }
+
+    /// Saves the records when something other than the last-used times of
+    /// images in use changed, or when the last save is [`STATE_REFRESH`]
+    /// old. Skipping the others loses nothing a restart needs: on load, the
+    /// time since the save beyond one interval moves every last-used time
+    /// forward, which covers the images still in use since (they are in
+    /// use again at the first listing anyway); the cost falls on the safe
+    /// side, age removals after a crash coming up to [`STATE_REFRESH`]
+    /// late. A clean shutdown always saves.
+    async fn save_if_due(&mut self) {
+        let now = self.clock.now();
+        let stale = self
+            .last_saved
+            .is_none_or(|at| now.duration_since(at).map_or(true, |d| d >= STATE_REFRESH));
+        if self.records.changed() || stale {
+            self.save().await;
+        } else {
+            tracing::debug!("records unchanged but for last-used times: state save skipped");
+        }
+    }
+}
+
+/// The records of the state directory, and the last successful cycle of
+/// the process that saved them.
+fn load_records(store: &StateStore, clock: &Clock, config: &Config) -> (Records, Option<SystemTime>) {
+    match store.load(clock.now(), config.gc.interval) {
+        Loaded::Fresh => {
+            info!(path = %store.path().display(), "no state file: starting with no history");
+            (Records::new(), None)
+        }
+        Loaded::Records {
+            records,
+            saved_at,
+            last_success,
+        } => {
+            info!(
+                path = %store.path().display(),
+                records = records.len(),
+                saved_at = %rfc3339(saved_at),
+                "loaded image history"
+            );
+            (records, last_success)
+        }
+        Loaded::Corrupt { reason, .. } if store.is_read_only() => {
+            warn!(
+                path = %store.path().display(),
+                %reason,
+                "state file is corrupt: left where it is (this command writes nothing), planning with no history"
+            );
+            (Records::new(), None)
+        }
+        Loaded::Corrupt { reason, moved_to } => {
+            warn!(
+                path = %store.path().display(),
+                %reason,
+                moved_to = %moved_to.as_ref().map_or("(could not be moved)".to_string(), |p| p.display().to_string()),
+                "state file is corrupt: set aside, starting with no history (no age-based removal until max age has passed)"
+            );
+            (Records::new(), None)
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! Reading the runtime: one listing of images, containers (with the images
+//! they mount), the sandbox images from every source, and the image
+//! filesystem. It serves the cycle, `plan` and `images` alike; what the
+//! runtime answers is reported as it is, and the engine decides.
+//!
+//! Runtime quirks live here: which source names the sandbox image in which
+//! dialect, image volumes only `ContainerStatus` reports, `ImageFsInfo`
+//! that names no mount point.
+
+use std::path::PathBuf;
+
+use futures_util::StreamExt as _;
+use tracing::debug;
+
+use crate::collections::HashMap;
+use crate::config::Config;
+use crate::cri::{Container, Image, Runtime, RuntimeError, Snapshot};
+use crate::fs::FsProbe;
+use crate::matching;
+use crate::policy::DiskFootprint;
+use crate::reference::ProtectPattern;
+
+/// `ContainerStatus` calls in flight at once while learning new
+/// containers' image volumes: enough to hide the round trips, few enough
+/// to leave the runtime to the kubelet.
+const CONTAINER_STATUS_CONCURRENCY: usize = 4;
+
+/// The images each container mounts as volumes (CRI `Mount.image`), which
+/// only `ContainerStatus` reports. A container's mounts never change, so
+/// each container costs one call, when it is first listed.
+#[derive(Debug, Default)]
+pub struct MountCache {
+    by_container: HashMap<String, Vec<String>>,
+    /// Why a container's mounts could not be read at the last listing.
+    unread: Option<String>,
+}
+
+impl MountCache {
+    /// Lists the containers and fills in their mounted images, asking
+    /// `ContainerStatus` for the containers not seen before. A container
+    /// gone in between (`NotFound`) mounts nothing any more; one whose
+    /// status fails otherwise is marked [`Container::mounts_unknown`] (it
+    /// may mount any image, so the planner keeps them all) and asked again
+    /// at the next listing: one broken container does not fail the listing.
+    ///
+    /// A mount named by a tag is remembered with the id of the image the
+    /// tag names in `images` (the listing made right before) when the
+    /// mount is first read: the container mounts that image, and keeps it
+    /// in use after the tag moves to another one.
+    pub async fn list<R: Runtime>(&mut self, runtime: &R, images: &[Image]) -> Result<Vec<Container>, RuntimeError> {
+        let mut containers = runtime.list_containers().await?;
+        let new: Vec<&str> = containers
+            .iter()
+            .filter(|c| !self.by_container.contains_key(&c.id))
+            .map(|c| c.id.as_str())
+            .collect();
+        // At most CONTAINER_STATUS_CONCURRENCY calls in flight.
+        let mut learnt = Vec::new();
+        {
+            let mut pending = new.into_iter();
+            let mut in_flight = futures_util::stream::FuturesUnordered::new();
+            loop {
+                while in_flight.len() < CONTAINER_STATUS_CONCURRENCY
+                    && let Some(id) = pending.next()
+                {
+                    in_flight.push(async move { (id, runtime.container_mounts(id).await) });
+                }
+                match in_flight.next().await {
+                    Some((id, mounts)) => learnt.push((id.to_string(), mounts)),
+                    None => break,
+                }
+            }
+        }
+        self.unread = None;
+        for (id, mounts) in learnt {
+            let mounts = match mounts {
+                Ok(mut mounts) => {
+                    let ids: Vec<String> = matching::images_named(images, mounts.iter().map(String::as_str))
+                        .into_iter()
+                        .filter(|id| !mounts.iter().any(|m| m == id))
+                        .map(str::to_string)
+                        .collect();
+                    mounts.extend(ids);
+                    mounts
+                }
+                Err(err) if err.is_not_found() => Vec::new(),
+                Err(err) => {
+                    self.unread = Some(format!("container {id}: {err}"));
+                    continue;
+                }
+            };
+            self.by_container.insert(id, mounts);
+        }
+        if self.by_container.len() > containers.len() {
+            let listed: HashMap<&str, ()> = containers.iter().map(|c| (c.id.as_str(), ())).collect();
+            self.by_container.retain(|id, _| listed.contains_key(id.as_str()));
+        }
+        for container in &mut containers {
+            match self.by_container.get(&container.id) {
+                Some(mounts) => container.mounted_images.clone_from(mounts),
+                None => container.mounts_unknown = true,
+            }
+        }
+        Ok(containers)
+    }
+
+    /// Why a container's mounted images could not be read at the last
+    /// listing, when one could not.
+    pub fn unread(&self) -> Option<&str> {
+        self.unread.as_deref()
+    }
+}
+
+/// The sandbox images named in pods' verbose statuses, by pod: each pod
+/// costs one `PodSandboxStatus`, when it is first listed.
+#[derive(Debug, Default)]
+pub struct PodImages {
+    by_pod: HashMap<String, Option<String>>,
+}
+
+impl PodImages {
+    /// The sandbox images the runtime's pods name (each once).
+    pub async fn images<R: Runtime>(&mut self, runtime: &R) -> Result<Vec<String>, RuntimeError> {
+        let pods = runtime.pod_sandboxes().await?;
+        for pod in &pods {
+            if self.by_pod.contains_key(pod) {
+                continue;
+            }
+            match runtime.pod_sandbox_image(pod).await {
+                Ok(image) => {
+                    self.by_pod.insert(pod.clone(), image);
+                }
+                Err(err) if err.is_not_found() => {}
+                Err(err) => return Err(err),
+            }
+        }
+        self.by_pod.retain(|id, _| pods.contains(id));
+        let mut images: Vec<String> = self.by_pod.values().flatten().cloned().collect();
+        images.sort();
+        images.dedup();
+        Ok(images)
+    }
+}
+
+/// Images, then containers (with their mounts): a container created from
+/// an image in between is listed with it.
+async fn list_images_and_containers<R: Runtime>(
+    runtime: &R,
+    mounts: &mut MountCache,
+) -> Result<(Vec<Image>, Vec<Container>), RuntimeError> {
+    let images = runtime.list_images().await?;
+    let containers = mounts.list(runtime, &images).await?;
+    Ok((images, containers))
+}
+
+/// The sandbox images imagegc knows of, from every source.
+#[derive(Debug, Default)]
+pub struct SandboxImages {
+    /// Each sandbox image's reference (or id).
+    pub names: Vec<String>,
+    /// Why a pod's sandbox image could not be read, when one could not.
+    pub pods_unread: Option<String>,
+    /// Whether `runtime.sandbox_image` is set and names no listed image.
+    pub configured_unmatched: bool,
+}
+
+/// Every sandbox image imagegc knows of: `runtime.sandbox_image` (read as a
+/// protect pattern is: a bare repository means every tag), what the
+/// runtime's `Status` names (containerd 1.x, CRI-O 1.27+), and what each
+/// running pod's status names (containerd 2.x, CRI-O, and containerd 1.x in
+/// the sandbox's runtime spec): a pod started on a sandbox image the
+/// runtime has since been configured away from still runs on it.
+/// `runtime.sandbox_image` that names no listed image counts for nothing, so
+/// that it does not switch off the rule for a runtime that names none.
+pub async fn sandbox_images<R: Runtime>(
+    runtime: &R,
+    config: &Config,
+    from_status: Option<&str>,
+    pods: &mut PodImages,
+    images: &[Image],
+) -> SandboxImages {
+    let mut found = SandboxImages::default();
+    if let Some(configured) = &config.runtime.sandbox_image {
+        let pattern = ProtectPattern::new(configured);
+        let matched: Vec<&Image> = images
+            .iter()
+            .filter(|i| pattern.matches_image(&i.id, &i.repo_tags, &i.repo_digests))
+            .collect();
+        found.configured_unmatched = matched.is_empty();
+        if !matched.is_empty() {
+            found.names.push(configured.clone());
+            found.names.extend(matched.iter().map(|i| i.id.clone()));
+        }
+    }
+    found.names.extend(from_status.map(str::to_string));
+    match pods.images(runtime).await {
+        Ok(images) => found.names.extend(images),
+        Err(err) if err.is_unimplemented() => debug!(error = %err, "the runtime does not list pods"),
+        Err(err) => found.pods_unread = Some(err.to_string()),
+    }
+    found.names.sort();
+    found.names.dedup();
+    found
+}
+
+/// Where the image filesystem is, and what the runtime says images use of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageFs {
+    /// The configured `gc.image_fs_path`, else the mount point the runtime's
+    /// `ImageFsInfo` names (empty when it names none).
+    pub path: PathBuf,
+    /// The bytes images use, from `ImageFsInfo`, when the runtime reports it.
+    pub image_bytes: Option<u64>,
+    /// The mount point the runtime's `ImageFsInfo` names, when it names one
+    /// (asked also when `gc.image_fs_path` is set, to check it).
+    pub runtime_mount_point: Option<PathBuf>,
+}
+
+impl ImageFs {
+    /// Why the filesystem measured at [`ImageFs::path`] (a configured
+    /// `gc.image_fs_path`) is not the image filesystem the runtime names:
+    /// it is another filesystem (when the runtime's mount point can be
+    /// measured here), or it holds fewer used bytes than the runtime says
+    /// its images take. `None` when it is the runtime's, or cannot be told.
+    pub fn mismatch(&self, probe: &dyn FsProbe) -> Option<String> {
+        let runtime = self.runtime_mount_point.as_ref().filter(|m| **m != self.path)?;
+        let measured = probe.stats(&self.path).ok()?;
+        match probe.stats(runtime) {
+            Ok(theirs) => measured.other_filesystem_than(&theirs).filter(|&other| other).map(|_| {
+                format!(
+                    "gc.image_fs_path {} is not the filesystem the runtime keeps its images on ({} is on another \
+                     filesystem)",
+                    self.path.display(),
+                    runtime.display()
+                )
+            }),
+            Err(_) => self
+                .image_bytes
+                .filter(|&bytes| bytes > measured.used_bytes())
+                .map(|bytes| {
+                    format!(
+                        "gc.image_fs_path {} is not the filesystem the runtime keeps its images on: {} bytes are used \
+                     there, fewer than the {bytes} bytes the runtime says its images take on {}",
+                        self.path.display(),
+                        measured.used_bytes(),
+                        runtime.display()
+                    )
+                }),
+        }
+    }
+}
+
+/// Where the image filesystem is: the configured `gc.image_fs_path`, else
+/// the first entry of the runtime's `ImageFsInfo` that names a mount point
+/// (an empty path when none does), with the bytes it says images use.
+/// `ImageFsInfo` is asked either way, so that a configured path can be
+/// checked against the runtime's ([`ImageFs::mismatch`]); with a configured
+/// path, its failure costs nothing but that check.
+pub async fn image_fs<R: Runtime>(runtime: &R, config: &Config) -> Result<ImageFs, RuntimeError> {
+    let reported = runtime
+        .image_fs_info()
+        .await
+        .map(|filesystems| filesystems.into_iter().find(|fs| !fs.mount_point.is_empty()));
+    let reported = match (&config.gc.image_fs_path, reported) {
+        (_, Ok(reported)) => reported,
+        (Some(_), Err(err)) => {
+            debug!(error = %err, "ImageFsInfo failed: gc.image_fs_path cannot be checked against the runtime's");
+            None
+        }
+        (None, Err(err)) => return Err(err),
+    };
+    let runtime_mount_point = reported.as_ref().map(|fs| PathBuf::from(&fs.mount_point));
+    Ok(ImageFs {
+        path: config
+            .gc
+            .image_fs_path
+            .clone()
+            .or_else(|| runtime_mount_point.clone())
+            .unwrap_or_default(),
+        image_bytes: reported.and_then(|fs| fs.used_bytes),
+        runtime_mount_point,
+    })
+}
+
+/// One listing of the runtime, as [`Observer::observe`] returns it.
+#[derive(Debug)]
+pub struct Observation {
+    /// What the runtime listed.
+    pub snapshot: Snapshot,
+    /// The image filesystem (see [`ImageFs`]), or why it is unknown.
+    pub image_fs: Result<ImageFs, RuntimeError>,
+    /// Why `Status` failed while no sandbox image was known yet: the
+    /// sandbox image cannot be told from an unused image then.
+    pub sandbox_unknown: Option<String>,
+    /// Whether `runtime.sandbox_image` is set and names no listed image.
+    pub sandbox_configured_unmatched: bool,
+    /// Why a container's mounted images could not be read, when one could not.
+    pub mounts_unread: Option<String>,
+}
+
+/// What reading the runtime remembers between listings: each container's
+/// mounts and each pod's sandbox image (one call each, when first listed),
+/// the sandbox image `Status` last named, and the runtime's name.
+#[derive(Debug, Default)]
+pub struct Observer {
+    mounts: MountCache,
+    pod_images: PodImages,
+    sandbox_image: Option<String>,
+    footprint: Option<DiskFootprint>,
+}
+
+impl Observer {
+    /// Lists images, containers, the sandbox images and the image
+    /// filesystem. `Status` and `ImageFsInfo` go beside the listings rather
+    /// than after them: one round trip less per cycle. Images are listed
+    /// before containers, so a container created from a listed image in
+    /// between is listed too.
+    pub async fn observe<R: Runtime>(&mut self, runtime: &R, config: &Config) -> Result<Observation, RuntimeError> {
+        let listings = list_images_and_containers(runtime, &mut self.mounts);
+        let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs(runtime, config));
+        let (images, containers) = listings?;
+        if self.footprint.is_none()
+            && let Ok(version) = runtime.version().await
+        {
+            self.footprint = Some(DiskFootprint::for_runtime(&version.runtime_name));
+        }
+        let mut sandbox_unknown = None;
+        match status {
+            Ok(status) => {
+                if status.sandbox_image.is_some() {
+                    self.sandbox_image = status.sandbox_image;
+                }
+            }
+            Err(err) if self.sandbox_image.is_none() && !err.is_unimplemented() => {
+                sandbox_unknown = Some(err.to_string());
+            }
+            Err(err) => debug!(error = %err, "runtime status unavailable; keeping the last known sandbox image"),
+        }
+        let sandbox = sandbox_images(
+            runtime,
+            config,
+            self.sandbox_image.as_deref(),
+            &mut self.pod_images,
+            &images,
+        )
+        .await;
+        Ok(Observation {
+            snapshot: Snapshot {
+                images,
+                containers,
+                sandbox_images: sandbox.names,
+                sandbox_pods_unread: sandbox.pods_unread,
+            },
+            image_fs,
+            sandbox_unknown,
+            sandbox_configured_unmatched: sandbox.configured_unmatched,
+            mounts_unread: self.mounts.unread().map(str::to_string),
+        })
+    }
+
+    /// Images and containers only (the usage poll between cycles).
+    pub async fn list<R: Runtime>(&mut self, runtime: &R) -> Result<(Vec<Image>, Vec<Container>), RuntimeError> {
+        list_images_and_containers(runtime, &mut self.mounts).await
+    }
+
+    /// The containers as they are now, with their mounts (the re-check
+    /// before a removal); `images` resolves mounts named by a tag.
+    pub async fn containers<R: Runtime>(
+        &mut self,
+        runtime: &R,
+        images: &[Image],
+    ) -> Result<Vec<Container>, RuntimeError> {
+        self.mounts.list(runtime, images).await
+    }
+
+    /// What an image takes on disk per reported byte, for this runtime
+    /// (once its name is known).
+    pub fn footprint(&self) -> Option<DiskFootprint> {
+        self.footprint
+    }
+}

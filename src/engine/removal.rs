@@ -1,0 +1,463 @@
+//! One removal's lifecycle: re-check right before it (the image as the
+//! runtime holds it now, against every keep rule), a pending note written
+//! before `RemoveImage`, the call, what the filesystem gained back, and
+//! settling what the runtime did not tell. Every removal known to have
+//! happened, at once or settled later (by this process or the next), goes
+//! through [`Collector::removed`]: one event, one journal line, the record
+//! dropped, the re-pull memory fed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cri::{Image, Removed, Runtime, RuntimeError, Snapshot};
+use crate::fs::{FsError, FsProbe, FsStats};
+use crate::journal::JournalEntry;
+use crate::matching;
+use crate::model::{Reason, Removal};
+use crate::pending::Settled;
+use crate::policy::{self, Candidate};
+
+use super::events::KeptAtRecheck;
+use super::report::{CycleError, CycleReport};
+use super::{Collector, Event};
+
+/// What became of one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Removed (or, in dry run, would have been).
+    Removed,
+    /// Kept: in use, already gone, or the removal failed.
+    Kept,
+    /// The runtime did not tell whether it removed the image, and the
+    /// image is still listed: the space pass stops here, so that a removal
+    /// the runtime finishes later does not add to the ones after it.
+    Unknown,
+}
+
+/// How long the outcome of a `RemoveImage` that timed out or broke is
+/// watched for (`ImageStatus` every [`UNSETTLED_STEP`]), at most.
+const UNSETTLED_WATCH: Duration = Duration::from_secs(30);
+const UNSETTLED_STEP: Duration = Duration::from_millis(250);
+
+/// How long the filesystem is watched after a removal for the space to come
+/// back: containerd 2.x deletes an image's content and snapshots in the
+/// background after `RemoveImage` returns, a few milliseconds later.
+pub(super) const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Between two readings while the space comes back.
+pub(super) const SETTLE_STEP: Duration = Duration::from_millis(20);
+/// The second look when the space was already back as `RemoveImage`
+/// returned (containerd 1.x and CRI-O delete before they answer): enough to
+/// see a deletion still under way, without making every removal wait a
+/// [`SETTLE_STEP`].
+pub(super) const SETTLE_CONFIRM: Duration = Duration::from_millis(2);
+
+/// A view of the filesystem for one cycle: where it is and how to measure it.
+pub(super) struct Disk {
+    pub(super) probe: Arc<dyn FsProbe>,
+    pub(super) path: Option<PathBuf>,
+}
+
+impl Disk {
+    /// The filesystem once a removal's space has come back: re-measured
+    /// until available space has grown and then held still for one step,
+    /// for at most [`SETTLE_TIMEOUT`] (an image whose layers are all shared
+    /// frees nothing). Stopping at the first reading would undercount what
+    /// the removal freed and remove images beyond the low threshold. The
+    /// step is [`SETTLE_CONFIRM`] when the space had already grown as the
+    /// call returned, [`SETTLE_STEP`] once it grows after it.
+    pub(super) async fn settled(&self, before: Option<FsStats>) -> Result<FsStats, FsError> {
+        let mut last = self.measure()?;
+        let Some(before) = before else {
+            return Ok(last);
+        };
+        let mut step = if last.available() > before.available() {
+            SETTLE_CONFIRM
+        } else {
+            SETTLE_STEP
+        };
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(step).await;
+            let now = self.measure()?;
+            if now.available() > before.available() && now.available() == last.available() {
+                return Ok(now);
+            }
+            if now.available() != last.available() {
+                // Still coming back after the call returned: the runtime
+                // deletes in the background.
+                step = SETTLE_STEP;
+            }
+            last = now;
+        }
+        Ok(last)
+    }
+
+    pub(super) fn measure(&self) -> Result<FsStats, FsError> {
+        match &self.path {
+            Some(path) => self.probe.stats(path),
+            None => Err(FsError::Io {
+                path: "(unknown)".to_string(),
+                source: std::io::Error::other("the runtime reported no image filesystem"),
+            }),
+        }
+    }
+
+    /// Bytes that came back between two readings.
+    fn freed(before: Option<FsStats>, after: Option<FsStats>) -> Option<u64> {
+        before
+            .zip(after)
+            .map(|(b, a)| a.available().saturating_sub(b.available()))
+    }
+}
+
+/// Which image a removal in flight removes (None between removals): the
+/// daemon names it when shutdown gives up waiting.
+pub type RemovingImage = Arc<std::sync::Mutex<Option<String>>>;
+
+/// Marks a removal in flight until dropped.
+struct InFlight(Arc<AtomicBool>, RemovingImage);
+
+impl InFlight {
+    fn new(flag: &Arc<AtomicBool>, image: &RemovingImage, id: &str) -> Self {
+        *image.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_string());
+        flag.store(true, Ordering::SeqCst);
+        InFlight(Arc::clone(flag), Arc::clone(image))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+        *self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+}
+
+impl<R: Runtime> Collector<R> {
+    /// The re-check right before a removal: the image as the runtime holds
+    /// it now, when no container uses it under any of its current names,
+    /// the runtime did not pin it meanwhile, and no keep rule that reads
+    /// names (a protect pattern, the sandbox image) holds for a name it
+    /// gained; `None` when it is to be kept (or is gone already). An error
+    /// means the check could not be made.
+    async fn recheck(
+        &mut self,
+        candidate: &Candidate<'_>,
+        snapshot: &Snapshot,
+        report: &mut CycleReport,
+    ) -> Result<Option<Image>, CycleError> {
+        let images = &snapshot.images;
+        let recheck_error = |what, source| CycleError::Recheck {
+            what,
+            image: candidate.id.to_string(),
+            source,
+        };
+        let containers = self
+            .observer
+            .containers(&self.runtime, images)
+            .await
+            .map_err(|source| recheck_error("containers", source))?;
+        let current = self
+            .runtime
+            .image_status(candidate.id)
+            .await
+            .map_err(|source| recheck_error("the image", source))?;
+        let Some(current) = current else {
+            self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
+            self.records.remove(candidate.id);
+            return Ok(None);
+        };
+        if containers.iter().any(|c| c.mounts_unknown) {
+            self.kept(candidate.id, &current.repo_tags, KeptAtRecheck::MountsUnknown);
+            return Ok(None);
+        }
+        // The listing's other images tell which containers' ids and digests
+        // name an image exactly (a container whose digest names another
+        // image does not use every image its tag names); this image is
+        // matched under the names it has now.
+        let listing: Vec<&Image> = images
+            .iter()
+            .filter(|i| i.id != current.id)
+            .chain(std::iter::once(&current))
+            .collect();
+        let matches = matching::References::new(&containers, &[]).matches(listing.iter().copied());
+        let why = if !matches.users(listing.len() - 1).is_empty() {
+            self.records.mark_used([candidate.id], self.clock.now());
+            report.became_in_use.push(candidate.id.to_string());
+            Some(KeptAtRecheck::CameIntoUse)
+        } else if current.pinned {
+            Some(KeptAtRecheck::PinnedSince)
+        } else if matching::References::new(&[], &sandbox_names(snapshot))
+            .matches(std::iter::once(&current))
+            .sandbox(0)
+        {
+            Some(KeptAtRecheck::SandboxSince)
+        } else {
+            policy::protecting_pattern(&self.config, &current).map(KeptAtRecheck::ProtectedSince)
+        };
+        match why {
+            Some(why) => {
+                self.sinks.emit(&Event::Kept {
+                    id: candidate.id,
+                    tags: &current.repo_tags,
+                    why,
+                });
+                Ok(None)
+            }
+            None => Ok(Some(current)),
+        }
+    }
+
+    fn kept(&self, id: &str, tags: &[String], why: KeptAtRecheck<'_>) {
+        self.sinks.emit(&Event::Kept { id, tags, why });
+    }
+
+    /// Removes one candidate after re-checking that it is not in use.
+    /// A runtime error while re-checking ends the cycle: when in doubt, keep.
+    ///
+    /// The re-check lists the containers, then asks the runtime for the
+    /// image as it is now: a name it gained since the cycle's listing (a
+    /// pull, a tag) counts, so a container created under that name keeps
+    /// it. Only what really went is counted and journaled: `NotFound` (a
+    /// second collector, `crictl rmi`) is not this collector's removal, a
+    /// runtime that answers OK and still lists the image did not remove it,
+    /// and a call that timed out or broke is watched until the image is gone
+    /// or the outcome stays unknown (see [`Step::Unknown`]), and then stays
+    /// pending (see [`crate::pending`]) until a listing settles it.
+    pub(super) async fn remove(
+        &mut self,
+        candidate: &Candidate<'_>,
+        snapshot: &Snapshot,
+        disk: &Disk,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> Result<Step, CycleError> {
+        let Some(current) = self.recheck(candidate, snapshot, report).await? else {
+            return Ok(Step::Kept);
+        };
+        let mut removal = Removal {
+            id: candidate.id.to_string(),
+            tags: current.repo_tags.clone(),
+            digests: current.repo_digests.clone(),
+            reason: candidate.reason,
+            size: candidate.size,
+            freed_bytes: None,
+            first_seen: candidate.first_seen,
+            last_used: candidate.last_used,
+            dry_run: report.dry_run,
+        };
+        self.sinks.emit(&Event::Removing {
+            id: candidate.id,
+            reason: candidate.reason,
+            dry_run: report.dry_run,
+        });
+        if report.dry_run {
+            self.removed(removal, None, report).await;
+            return Ok(Step::Removed);
+        }
+        // From the call until the removal is measured, recorded and
+        // journaled: shutdown waits for all of it.
+        let _in_flight = InFlight::new(&self.removing, &self.removing_image, candidate.id);
+        // Noted before the call, forgotten once journaled or failed: a
+        // process that ends in between leaves it for the next one to settle.
+        self.pending
+            .request(JournalEntry::from_removal(&removal, self.clock.now()));
+        let before = disk.measure().ok();
+        let result = self.runtime.remove_image(candidate.id).await;
+        let (step, after) = self.outcome(candidate, result, disk, before, cancel, report).await;
+        match step {
+            Step::Removed => {
+                removal.freed_bytes = Disk::freed(before, after);
+                if let Some(freed) = removal.freed_bytes {
+                    self.footprint.learn(removal.size, freed);
+                }
+                self.removed(removal, None, report).await;
+            }
+            Step::Kept => self.pending.forget(candidate.id),
+            Step::Unknown => self.pending.mark_unknown(candidate.id),
+        }
+        Ok(step)
+    }
+
+    /// What `RemoveImage` answered comes to: removed (with the filesystem
+    /// once its space came back), kept (refused, gone already, or OK but
+    /// still listed), or unknown.
+    async fn outcome(
+        &mut self,
+        candidate: &Candidate<'_>,
+        result: Result<Removed, RuntimeError>,
+        disk: &Disk,
+        before: Option<FsStats>,
+        cancel: &CancellationToken,
+        report: &mut CycleReport,
+    ) -> (Step, Option<FsStats>) {
+        let step = match result {
+            Ok(Removed::AlreadyGone) => {
+                self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
+                self.records.remove(candidate.id);
+                Step::Kept
+            }
+            Ok(Removed::Done) => {
+                // Whether the image is really gone is asked while the
+                // space comes back, not after.
+                let (after, status) = tokio::join!(disk.settled(before), self.runtime.image_status(candidate.id));
+                if let Ok(Some(_)) = status {
+                    let first = !std::mem::replace(&mut self.said.lying_runtime, true);
+                    self.sinks.emit(&Event::RemovalNotDone {
+                        id: candidate.id,
+                        endpoint: self.runtime.endpoint(),
+                        first,
+                    });
+                    report.failed.push((
+                        candidate.id.to_string(),
+                        "RemoveImage answered OK, but the image is still listed".to_string(),
+                    ));
+                    return (Step::Kept, None);
+                }
+                return (Step::Removed, after.ok());
+            }
+            // The call failed, but the runtime may have removed the image
+            // all the same (a deadline that passed while it worked, a
+            // connection that broke): ask it.
+            Err(err) => match self.watch_unsettled(candidate.id, &err, cancel).await {
+                Some(true) => {
+                    let error = err.to_string();
+                    self.sinks.emit(&Event::RemovedDespiteError {
+                        id: candidate.id,
+                        error: &error,
+                    });
+                    return (Step::Removed, disk.settled(before).await.ok());
+                }
+                Some(false) => {
+                    let error = err.to_string();
+                    self.sinks.emit(&Event::RemovalFailed {
+                        id: candidate.id,
+                        tags: candidate.tags,
+                        reason: candidate.reason,
+                        error: &error,
+                    });
+                    report.failed.push((candidate.id.to_string(), error));
+                    Step::Kept
+                }
+                None => {
+                    let error = err.to_string();
+                    self.sinks.emit(&Event::RemovalUnsettled {
+                        id: candidate.id,
+                        error: &error,
+                    });
+                    report.unsettled.push(candidate.id.to_string());
+                    Step::Unknown
+                }
+            },
+        };
+        (step, None)
+    }
+
+    /// After a `RemoveImage` that failed with `err`: `Some(true)` when the
+    /// image is gone all the same, `Some(false)` when the runtime refused
+    /// and still has it, `None` when the outcome is unknown (the call timed
+    /// out or broke, and the image is still listed after watching it for up
+    /// to [`UNSETTLED_WATCH`] or until shutdown).
+    async fn watch_unsettled(&self, id: &str, err: &RuntimeError, cancel: &CancellationToken) -> Option<bool> {
+        let unknown = err.outcome_unknown();
+        let deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(self.config.runtime.timeout);
+        loop {
+            match self.runtime.image_status(id).await {
+                Ok(None) => return Some(true),
+                Ok(Some(_)) if !unknown => return Some(false),
+                // Still there, or the runtime cannot say yet.
+                Ok(Some(_)) | Err(_) => {}
+            }
+            if tokio::time::Instant::now() >= deadline || cancel.is_cancelled() {
+                return None;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(UNSETTLED_STEP) => {}
+                () = cancel.cancelled() => {}
+            }
+        }
+    }
+
+    /// A removal known to have happened (or, in dry run, that would have):
+    /// reported, journaled (with `note` when learnt later than the call),
+    /// its record dropped and its image remembered for re-pulls; and, in a
+    /// cycle, added to the report.
+    pub(super) async fn removed(&mut self, removal: Removal, note: Option<&str>, report: &mut CycleReport) {
+        self.account(&removal, note).await;
+        report.removed.push(removal);
+    }
+
+    async fn account(&mut self, removal: &Removal, note: Option<&str>) {
+        self.sinks.emit(&Event::Removed(removal));
+        let mut entry = JournalEntry::from_removal(removal, self.clock.now());
+        entry.note = note.map(str::to_string);
+        let journal = self.journal.clone();
+        // File IO stays off the runtime's thread (metrics and health answer
+        // from it); awaited, so the journal keeps the removals' order.
+        let _ = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
+        if !removal.dry_run {
+            self.records.remove(&removal.id);
+            self.thrash
+                .remember(self.clock.now(), removal.id.clone(), &removal.digests);
+            self.pending.forget(&removal.id);
+        }
+    }
+
+    /// Settles every pending removal (this process's or an earlier one's)
+    /// against a listing: gone means removed, through the same path as any
+    /// removal; still listed means it did not happen.
+    pub(super) async fn settle_pending(&mut self, images: &[Image]) {
+        if self.pending.entries().is_empty() {
+            return;
+        }
+        let listed: crate::collections::HashMap<&str, ()> = images.iter().map(|i| (i.id.as_str(), ())).collect();
+        let settled = self.pending.settle(images.is_empty(), |id| listed.contains_key(id));
+        for (pending, how) in settled {
+            let entry = pending.entry;
+            self.sinks.emit(&Event::PendingSettled {
+                id: &entry.image,
+                tags: &entry.tags,
+                reason: &entry.reason,
+                earlier_process: !pending.this_process,
+                how,
+            });
+            if how == Settled::Gone {
+                let note = if pending.this_process {
+                    "completed after RemoveImage failed"
+                } else {
+                    "completed after shutdown"
+                };
+                self.account(&removal_of(&entry), Some(note)).await;
+            }
+        }
+    }
+}
+
+/// The sandbox images' names, borrowed.
+fn sandbox_names(snapshot: &Snapshot) -> Vec<&str> {
+    snapshot.sandbox_images.iter().map(String::as_str).collect()
+}
+
+/// The removal a journal entry describes (times that do not parse read as
+/// the epoch: they are only reported).
+fn removal_of(entry: &JournalEntry) -> Removal {
+    let time = |t: &str| humantime::parse_rfc3339(t).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    Removal {
+        id: entry.image.clone(),
+        tags: entry.tags.clone(),
+        digests: entry.digests.clone(),
+        reason: if entry.reason == Reason::Age.as_str() {
+            Reason::Age
+        } else {
+            Reason::Space
+        },
+        size: entry.size_bytes,
+        freed_bytes: None,
+        first_seen: time(&entry.first_seen),
+        last_used: time(&entry.last_used),
+        dry_run: false,
+    }
+}

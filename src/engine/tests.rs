@@ -1,0 +1,770 @@
+//! The engine on an in-process runtime and disk.
+
+use super::*;
+use crate::cri::{Container, Image, ImageFsUsage, Removed, RuntimeError, RuntimeStatus, RuntimeVersion};
+use crate::fs::{FsError, FsStats};
+use crate::policy::Reason;
+use removal::{Disk, SETTLE_CONFIRM, SETTLE_STEP, SETTLE_TIMEOUT};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A runtime and a disk in one: removing an image gives back the bytes
+/// the test says it occupies on disk (0 for an image whose layers are
+/// all shared with another image still present).
+#[derive(Default)]
+struct Sim {
+    images: Vec<Image>,
+    containers: Vec<Container>,
+    on_disk: HashMap<String, u64>,
+    capacity: u64,
+    available: u64,
+    fail_remove: Vec<String>,
+    /// `RemoveImage` of these times out and removes nothing.
+    hang_remove: Vec<String>,
+    fail_stats: bool,
+    /// ListContainers fails while set: the runtime is down.
+    fail_lists: bool,
+    fail_status: bool,
+    removed: Vec<String>,
+    /// Containers that appear right before the n-th ListContainers call.
+    appear_at_list: Option<(usize, Container)>,
+    lists: usize,
+}
+
+#[derive(Clone, Default)]
+struct SimHandle(Arc<Mutex<Sim>>);
+
+impl SimHandle {
+    fn with(&self, f: impl FnOnce(&mut Sim)) {
+        f(&mut self.0.lock().unwrap());
+    }
+    fn removed(&self) -> Vec<String> {
+        self.0.lock().unwrap().removed.clone()
+    }
+}
+
+impl Runtime for SimHandle {
+    fn endpoint(&self) -> &str {
+        "unix:///sim.sock"
+    }
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        Ok(RuntimeVersion::default())
+    }
+    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+        if self.0.lock().unwrap().fail_status {
+            return Err(RuntimeError::Rpc {
+                rpc: "Status",
+                endpoint: "unix:///sim.sock".to_string(),
+                status: Box::new(tonic::Status::internal("injected failure")),
+            });
+        }
+        Ok(RuntimeStatus {
+            sandbox_image: Some("registry.k8s.io/pause:3.9".to_string()),
+        })
+    }
+    async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
+        Ok(self.0.lock().unwrap().images.clone())
+    }
+    async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
+        let mut sim = self.0.lock().unwrap();
+        if sim.fail_lists {
+            return Err(RuntimeError::Rpc {
+                rpc: "ListContainers",
+                endpoint: "unix:///sim.sock".to_string(),
+                status: Box::new(tonic::Status::unavailable("injected outage")),
+            });
+        }
+        sim.lists += 1;
+        if let Some((n, c)) = sim.appear_at_list.clone()
+            && sim.lists == n
+        {
+            sim.containers.push(c);
+        }
+        Ok(sim.containers.clone())
+    }
+    async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
+        Ok(vec![ImageFsUsage {
+            mount_point: "/sim".to_string(),
+            ..Default::default()
+        }])
+    }
+    async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
+        let mut sim = self.0.lock().unwrap();
+        if sim.fail_remove.iter().any(|f| f == id) {
+            return Err(RuntimeError::Rpc {
+                rpc: "RemoveImage",
+                endpoint: "unix:///sim.sock".to_string(),
+                status: Box::new(tonic::Status::internal("injected failure")),
+            });
+        }
+        if sim.hang_remove.iter().any(|f| f == id) {
+            return Err(RuntimeError::Timeout {
+                rpc: "RemoveImage",
+                endpoint: "unix:///sim.sock".to_string(),
+                timeout: Duration::from_millis(50),
+            });
+        }
+        sim.images.retain(|i| i.id != id);
+        let freed = sim.on_disk.remove(id).unwrap_or(0);
+        sim.available = (sim.available + freed).min(sim.capacity);
+        sim.removed.push(id.to_string());
+        Ok(Removed::Done)
+    }
+}
+
+impl FsProbe for SimHandle {
+    fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
+        let sim = self.0.lock().unwrap();
+        if sim.fail_stats {
+            return Err(FsError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::other("injected"),
+            });
+        }
+        Ok(FsStats {
+            capacity_bytes: sim.capacity,
+            available_bytes: sim.available,
+            ..Default::default()
+        })
+    }
+}
+
+fn image(id: &str, size: u64) -> Image {
+    crate::testing::library_image(id, size)
+}
+
+fn collector(sim: &SimHandle, configure: impl FnOnce(&mut Config)) -> (Collector<SimHandle>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.gc.high_threshold_percent = 90;
+    config.gc.low_threshold_percent = 80;
+    config.gc.min_age = Duration::ZERO;
+    config.state.dir = dir.path().to_path_buf();
+    configure(&mut config);
+    let c = Collector::new(
+        sim.clone(),
+        Arc::new(config),
+        Arc::new(sim.clone()),
+        Arc::new(Metrics::new()),
+        Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)),
+    );
+    (c, dir)
+}
+
+async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
+    c.cycle(&CancellationToken::new()).await
+}
+
+/// A filesystem whose available bytes follow a script, one reading
+/// each, the last repeated.
+struct Scripted(Mutex<std::collections::VecDeque<u64>>);
+
+impl FsProbe for Scripted {
+    fn stats(&self, _: &Path) -> Result<FsStats, FsError> {
+        let mut readings = self.0.lock().unwrap();
+        let available = if readings.len() > 1 {
+            readings.pop_front().unwrap()
+        } else {
+            readings[0]
+        };
+        Ok(FsStats {
+            capacity_bytes: 1000,
+            available_bytes: available,
+            ..Default::default()
+        })
+    }
+}
+
+/// What `Disk::settled` returns after a removal, and how long (on
+/// tokio's paused clock) it watched, when the filesystem reads
+/// `readings` from the moment `RemoveImage` returned, 100 available
+/// before.
+async fn settle(readings: &[u64]) -> (u64, Duration) {
+    let disk = Disk {
+        probe: Arc::new(Scripted(Mutex::new(readings.iter().copied().collect()))),
+        path: Some(PathBuf::from("/sim")),
+    };
+    let before = FsStats {
+        capacity_bytes: 1000,
+        available_bytes: 100,
+        ..Default::default()
+    };
+    let started = tokio::time::Instant::now();
+    let after = disk.settled(Some(before)).await.unwrap();
+    (after.available_bytes, started.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn space_back_when_the_removal_returns_is_confirmed_in_one_short_look() {
+    // containerd 1.x and CRI-O: deleted before they answer.
+    assert_eq!(settle(&[150, 150]).await, (150, SETTLE_CONFIRM));
+}
+
+#[tokio::test(start_paused = true)]
+async fn space_coming_back_after_the_removal_returns_is_watched_until_it_holds_still() {
+    // containerd 2.x: nothing yet as it answers, then in two steps.
+    assert_eq!(settle(&[100, 100, 140, 180, 180]).await, (180, SETTLE_STEP * 4));
+    // Some back as it answers, more a moment later: the short look
+    // sees it still growing, and the watch goes on at the long step.
+    assert_eq!(
+        settle(&[150, 170, 190, 190]).await,
+        (190, SETTLE_CONFIRM + SETTLE_STEP * 2)
+    );
+    // Nothing comes back (every layer shared): watched to the end.
+    assert_eq!(settle(&[100]).await, (100, SETTLE_TIMEOUT));
+}
+
+#[tokio::test]
+async fn the_usage_poll_reports_runtime_reachability_in_the_metric() {
+    let sim = SimHandle::default();
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let runtime_up = |c: &Collector<SimHandle>| {
+        let text = c.metrics().encode();
+        text.lines()
+            .find(|l| l.starts_with("imagegc_runtime_up "))
+            .map(str::to_string)
+    };
+    assert!(c.poll_usage().await.is_ok());
+    assert_eq!(runtime_up(&c).as_deref(), Some("imagegc_runtime_up 1"));
+    sim.with(|s| s.fail_lists = true);
+    assert!(c.poll_usage().await.is_err());
+    assert_eq!(runtime_up(&c).as_deref(), Some("imagegc_runtime_up 0"));
+    sim.with(|s| s.fail_lists = false);
+    assert!(c.poll_usage().await.is_ok());
+    assert_eq!(runtime_up(&c).as_deref(), Some("imagegc_runtime_up 1"));
+}
+
+#[tokio::test]
+async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 10), image("b", 10)];
+        s.containers = vec![crate::testing::container_naming("c", "a")];
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let path = c.store.path().to_path_buf();
+    let read = || std::fs::read(&path).expect("the state file");
+    cycle(&mut c).await;
+    let first = read();
+    // Only the last use of `a`, in use, moved: the file stays as it was.
+    cycle(&mut c).await;
+    assert_eq!(read(), first);
+    // A new image is saved at once.
+    sim.with(|s| s.images.push(image("n", 10)));
+    cycle(&mut c).await;
+    let second = read();
+    assert_ne!(second, first);
+    match StateStore::new(c.store.dir()).load(c.clock.now(), Duration::from_secs(300)) {
+        Loaded::Records { records, .. } => assert!(records.get("n").is_some()),
+        _ => panic!("the state file does not load"),
+    }
+    // Unchanged, but the last save is as old as the refresh period.
+    c.last_saved = Some(c.clock.now() - STATE_REFRESH);
+    cycle(&mut c).await;
+    assert_ne!(read(), second);
+    // A removal is saved at once.
+    let third = read();
+    sim.with(|s| s.images.retain(|i| i.id != "b"));
+    cycle(&mut c).await;
+    assert_ne!(read(), third);
+}
+
+fn sample(c: &Collector<SimHandle>, name: &str) -> Option<String> {
+    let text = c.metrics().encode();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ').map(str::to_owned))
+}
+
+#[tokio::test]
+async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pass_due() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 10)];
+        s.containers = vec![crate::testing::container_naming("c", "a")];
+        // 69.55 % used: the exact ratio is under 70 %, the kubelet's
+        // whole percent is 70.
+        (s.capacity, s.available) = (10_000, 3_045);
+    });
+    let (mut c, _dir) = collector(&sim, |config| {
+        config.gc.high_threshold_percent = 70;
+        config.gc.low_threshold_percent = 50;
+    });
+    let report = cycle(&mut c).await;
+    assert!(report.space_pass, "imagegc itself runs the space pass");
+    assert_eq!(sample(&c, "imagegc_space_pass_due").as_deref(), Some("1"));
+
+    // Freed to 69 % (rounded up): no pass due any more.
+    sim.with(|s| s.available = 3_150);
+    cycle(&mut c).await;
+    assert_eq!(sample(&c, "imagegc_space_pass_due").as_deref(), Some("0"));
+}
+
+#[tokio::test]
+async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
+    let sim = SimHandle::default();
+    sim.with(|s| (s.capacity, s.available) = (1000, 900));
+    let (mut c, dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert_eq!(report.outcome, Outcome::Success);
+    let before = c.metrics().last_success().expect("a success");
+    c.save().await;
+    drop(c);
+
+    let restarted = Collector::new(
+        sim.clone(),
+        Arc::new({
+            let mut config = Config::default();
+            config.state.dir = dir.path().to_path_buf();
+            config
+        }),
+        Arc::new(sim.clone()),
+        Arc::new(Metrics::new()),
+        Clock::starting_at(SystemTime::now()),
+    );
+    let restored = restarted
+        .metrics()
+        .last_success()
+        .expect("restored from the state file");
+    let millis = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis();
+    assert_eq!(millis(restored), millis(before));
+    assert_ne!(
+        sample(&restarted, "imagegc_last_success_timestamp_seconds").as_deref(),
+        Some("0.0")
+    );
+}
+
+// KUBELET.md scenario 9: below the low threshold nothing is removed.
+#[tokio::test]
+async fn below_threshold_removes_nothing() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100)];
+        s.on_disk.insert("a".into(), 100);
+        (s.capacity, s.available) = (1000, 600);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert_eq!(report.outcome, Outcome::Success);
+    assert!(!report.space_pass);
+    assert!(sim.removed().is_empty());
+}
+
+// Scenario 10: over the high threshold; one image frees enough, or not.
+#[tokio::test]
+async fn over_high_frees_enough_or_reports_failure() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 450)];
+        s.on_disk.insert("a".into(), 450);
+        (s.capacity, s.available) = (1000, 50);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(sim.removed(), ["a"]);
+    assert_eq!(report.removed[0].freed_bytes, Some(450));
+
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 50)];
+        s.on_disk.insert("a".into(), 50);
+        (s.capacity, s.available) = (1000, 50);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert_eq!(
+        report.outcome,
+        Outcome::LowNotReached {
+            freed_bytes: 50,
+            remaining_bytes: 100
+        }
+    );
+}
+
+// Scenario 11: filesystem stats fail: failure, nothing removed.
+#[tokio::test]
+async fn unmeasurable_filesystem_fails_the_cycle_and_removes_nothing() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 450)];
+        s.fail_stats = true;
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert!(
+        matches!(report.outcome, Outcome::Failed(ref e) if e.to_string().contains("/sim")),
+        "{:?}",
+        report.outcome
+    );
+    assert!(sim.removed().is_empty());
+}
+
+/// The heart of it: images whose layers are shared free less than their
+/// size. Adding sizes (the kubelet) stops early; measuring goes on to
+/// exactly the image that crosses the low threshold, and no further.
+#[tokio::test]
+async fn shared_layers_reach_low_in_one_cycle_and_no_further() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        for (id, disk) in [("a", 50), ("b", 50), ("c", 150), ("d", 300), ("e", 300)] {
+            s.images.push(image(id, 200));
+            s.on_disk.insert(id.into(), disk);
+        }
+        (s.capacity, s.available) = (1000, 50);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    // Give a strict LRU order a..e.
+    let report = cycle(&mut c).await;
+    // To free 150: a (50) + b (50) + c (150) reach it; d stays.
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(sim.removed(), ["a", "b", "c"]);
+    assert!(report.after.unwrap().usage_percent() <= 80);
+}
+
+#[tokio::test]
+async fn an_image_that_comes_into_use_before_removal_is_kept() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        s.on_disk.insert("a".into(), 100);
+        s.on_disk.insert("b".into(), 100);
+        (s.capacity, s.available) = (1000, 0);
+        // Cycle lists once, then re-checks before each removal: the
+        // container appears right before "a" would go.
+        s.appear_at_list = Some((2, crate::testing::container_naming("late", "a")));
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert_eq!(report.became_in_use, ["a"]);
+    assert_eq!(sim.removed(), ["b"]);
+}
+
+#[tokio::test]
+async fn nothing_is_removed_while_status_never_answered() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("pause", 100)];
+        s.on_disk.insert("pause".into(), 100);
+        (s.capacity, s.available) = (1000, 0);
+        s.fail_status = true;
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert!(
+        matches!(report.outcome, Outcome::Failed(ref e) if e.to_string().contains("sandbox image")),
+        "{:?}",
+        report.outcome
+    );
+    assert!(sim.removed().is_empty());
+    // Once Status answered (here: without a sandbox image), cycles run.
+    sim.with(|s| s.fail_status = false);
+    cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["pause"]);
+}
+
+#[tokio::test]
+async fn a_failed_removal_is_counted_and_the_walk_goes_on() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 300)];
+        s.on_disk.insert("a".into(), 100);
+        s.on_disk.insert("b".into(), 300);
+        (s.capacity, s.available) = (1000, 0);
+        s.fail_remove = vec!["a".into()];
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let report = cycle(&mut c).await;
+    assert_eq!(report.failed.len(), 1);
+    assert!(report.failed[0].1.contains("RemoveImage"));
+    assert_eq!(sim.removed(), ["b"]);
+    assert!(
+        c.records().get("a").is_some(),
+        "the record of the image not removed stays"
+    );
+    assert!(c.metrics().encode().contains("imagegc_removal_failures_total 1"));
+}
+
+#[tokio::test]
+async fn dry_run_removes_nothing_and_estimates_by_size() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        for id in ["a", "b", "c"] {
+            s.images.push(image(id, 100));
+            s.on_disk.insert(id.into(), 100);
+        }
+        (s.capacity, s.available) = (1000, 50);
+    });
+    let (mut c, dir) = collector(&sim, |c| c.gc.dry_run = true);
+    let report = cycle(&mut c).await;
+    assert!(sim.removed().is_empty());
+    // 150 to free at 100 bytes each: two would go.
+    assert_eq!(report.removed.len(), 2);
+    assert!(report.removed.iter().all(|r| r.dry_run && r.freed_bytes.is_none()));
+    let journal = Journal::new(dir.path()).read(None).unwrap();
+    assert_eq!(journal.len(), 2);
+    assert!(journal.iter().all(|e| e.dry_run));
+    assert!(
+        c.metrics()
+            .encode()
+            .contains("image_garbage_collected_total{reason=\"space\"} 0")
+    );
+}
+
+#[tokio::test]
+async fn cancellation_stops_between_removals_and_saves_state() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100)];
+        (s.capacity, s.available) = (1000, 0);
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let report = c.cycle(&cancel).await;
+    assert_eq!(report.outcome, Outcome::Interrupted);
+    assert!(sim.removed().is_empty());
+    assert!(dir.path().join(crate::state::FILE_NAME).exists());
+}
+
+#[tokio::test]
+async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        s.on_disk.insert("a".into(), 200);
+        (s.capacity, s.available) = (1000, 50);
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["a"]);
+    // A newer image under the same tag is not the removed one.
+    let mut newer = image("a", 100);
+    newer.id = "a2".to_string();
+    sim.with(|s| {
+        s.images.push(newer);
+        s.available = 900;
+    });
+    cycle(&mut c).await;
+    assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 0"));
+    // The removed image itself comes back.
+    sim.with(|s| s.images.push(image("a", 100)));
+    cycle(&mut c).await;
+    assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
+    // Counted once, and remembered across a restart through the journal.
+    cycle(&mut c).await;
+    assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
+    let restarted = Collector::new(
+        sim.clone(),
+        Arc::clone(c.config()),
+        Arc::new(sim.clone()),
+        Arc::new(Metrics::new()),
+        *c.clock(),
+    );
+    let now = restarted.clock().now();
+    let window = restarted.config().gc.thrash_window;
+    assert!(restarted.thrash.removed_recently(now, window, "a", &[]));
+    drop(dir);
+}
+
+#[tokio::test]
+async fn age_pass_runs_before_space_and_counts_by_reason() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("old", 100)];
+        s.on_disk.insert("old".into(), 100);
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(60));
+    // First seen now: not old yet.
+    assert!(cycle(&mut c).await.removed.is_empty());
+    // Pretend an hour passed by loading a record with an old last use.
+    let mut map = HashMap::new();
+    let old = SystemTime::now() - Duration::from_secs(7200);
+    map.insert(
+        "old".to_string(),
+        crate::records::Record {
+            first_seen: old,
+            last_used: old,
+            size: 100,
+            pinned: false,
+            tags: vec![],
+            digests: vec![],
+            from_history: true,
+            ever_used: false,
+        },
+    );
+    c.records = Records::from_map(map);
+    let report = cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["old"]);
+    assert_eq!(report.removed[0].reason, Reason::Age);
+    assert!(
+        c.metrics()
+            .encode()
+            .contains("image_garbage_collected_total{reason=\"age\"} 1")
+    );
+}
+
+fn journaled(dir: &tempfile::TempDir) -> Vec<crate::journal::JournalEntry> {
+    Journal::new(dir.path()).read(None).unwrap()
+}
+
+#[tokio::test]
+async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted_once() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100)];
+        s.on_disk.insert("a".into(), 100);
+        (s.capacity, s.available) = (1000, 50);
+        s.hang_remove = vec!["a".to_string()];
+    });
+    let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
+    let report = cycle(&mut c).await;
+    assert_eq!(report.unsettled, ["a"]);
+    assert!(journaled(&dir).is_empty(), "not known to have happened yet");
+    // SIGKILL: the process ends with nothing saved or cleaned up.
+    let config = Arc::clone(c.config());
+    drop(c);
+    // The runtime finished the removal meanwhile.
+    sim.with(|s| {
+        s.images = vec![image("b", 100)];
+        s.available = 900;
+    });
+    let mut next = Collector::new(
+        sim.clone(),
+        config,
+        Arc::new(sim.clone()),
+        Arc::new(Metrics::new()),
+        Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)),
+    );
+    cycle(&mut next).await;
+    cycle(&mut next).await;
+    let entries = journaled(&dir);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].image, "a");
+    assert_eq!(entries[0].note.as_deref(), Some("completed after shutdown"));
+    assert!(
+        next.metrics()
+            .encode()
+            .contains("image_garbage_collected_total{reason=\"space\"} 1"),
+        "counted once by the process that learnt of it"
+    );
+    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+}
+
+#[tokio::test]
+async fn a_removal_that_timed_out_and_went_is_journaled_by_the_same_process() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        (s.capacity, s.available) = (1000, 50);
+        s.hang_remove = vec!["a".to_string()];
+    });
+    let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
+    assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
+    sim.with(|s| {
+        s.images.retain(|i| i.id != "a");
+        s.available = 900;
+    });
+    assert!(c.poll_usage().await.is_ok());
+    let entries = journaled(&dir);
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].note.as_deref(), Some("completed after RemoveImage failed"));
+    cycle(&mut c).await;
+    assert_eq!(journaled(&dir).len(), 1, "journaled once");
+}
+
+#[tokio::test]
+async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
+    let sim = SimHandle::default();
+    sim.with(|s| (s.capacity, s.available) = (1000, 900));
+    let (mut c, dir) = collector(&sim, |_| {});
+    // A removal an earlier process had in flight.
+    let removal = Removal {
+        id: "a".to_string(),
+        tags: vec![],
+        digests: vec![],
+        reason: Reason::Space,
+        size: 100,
+        freed_bytes: None,
+        first_seen: SystemTime::UNIX_EPOCH,
+        last_used: SystemTime::UNIX_EPOCH,
+        dry_run: false,
+    };
+    crate::pending::Pending::load(dir.path(), false)
+        .request(crate::journal::JournalEntry::from_removal(&removal, SystemTime::now()));
+    c.pending = crate::pending::Pending::load(dir.path(), false);
+    // The runtime is restarting: it lists nothing.
+    cycle(&mut c).await;
+    assert!(journaled(&dir).is_empty(), "no false \"completed after shutdown\"");
+    // Back, and the image is still there: the removal did not happen.
+    sim.with(|s| s.images = vec![image("a", 100)]);
+    cycle(&mut c).await;
+    assert!(journaled(&dir).is_empty());
+    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+}
+
+#[tokio::test]
+async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("old", 100), image("a", 100), image("b", 100), image("c", 100)];
+        (s.capacity, s.available) = (1000, 50);
+    });
+    let (mut c, _dir) = collector(&sim, |c| {
+        c.gc.dry_run = true;
+        c.gc.max_age = Duration::from_secs(60);
+    });
+    cycle(&mut c).await;
+    let old = SystemTime::now() - Duration::from_secs(7200);
+    let mut map = HashMap::new();
+    for (id, at) in [
+        ("old", old),
+        ("a", old + Duration::from_secs(60)),
+        ("b", SystemTime::now()),
+        ("c", SystemTime::now()),
+    ] {
+        map.insert(
+            id.to_string(),
+            crate::records::Record {
+                first_seen: old,
+                last_used: at,
+                size: 100,
+                pinned: false,
+                tags: vec![],
+                digests: vec![],
+                from_history: true,
+                ever_used: true,
+            },
+        );
+    }
+    c.records = Records::from_map(map);
+    // What `plan` shows.
+    let listing = c.observe().await.unwrap();
+    let (age, space) = {
+        let plan = c.plan(&listing.snapshot, &listing.listed);
+        let stats = sim.stats(Path::new("/sim")).unwrap();
+        let forecast = c.forecast(&plan, &stats).expect("a space pass is due");
+        let age: Vec<String> = plan.age.iter().map(|c| c.id.to_string()).collect();
+        let space: Vec<String> = forecast.removals.iter().map(|c| c.id.to_string()).collect();
+        (age, space)
+    };
+    // 150 bytes to free: the age removals' 200 (old, a) already cover it.
+    assert_eq!(age, ["old", "a"]);
+    assert!(space.is_empty(), "{space:?}");
+    // What a dry-run cycle does.
+    let report = cycle(&mut c).await;
+    let by = |reason| -> Vec<String> {
+        report
+            .removed
+            .iter()
+            .filter(|r| r.reason == reason)
+            .map(|r| r.id.clone())
+            .collect()
+    };
+    assert_eq!(by(Reason::Age), age);
+    assert_eq!(by(Reason::Space), space, "the cycle walked as the forecast said");
+}

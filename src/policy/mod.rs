@@ -1,0 +1,13 @@
+//! The policy, pure (no IO, no clock reads): [`plan`] says which images a
+//! cycle may remove, in which order, and why every other image is kept;
+//! [`space`] says when a space pass is due and done, and walks the space
+//! candidates ([`Walk`]) for the cycle, the dry run and `plan` alike.
+//!
+//! A new keep rule goes in [`plan::plan_listed`] (with its
+//! [`KeepReason`]).
+
+pub mod plan;
+pub mod space;
+
+pub use plan::{Candidate, KeepReason, Kept, Plan, Reason, plan, plan_listed, protecting_pattern};
+pub use space::{DiskFootprint, Forecast, SpaceOutlook, SpaceTarget, Step, Walk, total_size};

@@ -1,0 +1,440 @@
+//! The space pass's arithmetic, pure: whether a pass is due and when it
+//! is done ([`SpaceTarget`]), what an image takes on disk
+//! ([`DiskFootprint`]), whether images can reach low at all
+//! ([`SpaceOutlook`]), and the walk over the space candidates ([`Walk`])
+//! that the cycle drives with measurements and `plan` and the dry run drive
+//! with the estimate: one stopping rule for all three.
+
+use crate::config::Config;
+use crate::cri::Image;
+use crate::fs::FsStats;
+
+use super::plan::Candidate;
+
+/// Whether a space pass is due, what it must free and when it is done: the
+/// one answer the collector, its dry-run estimate and `plan` share. Bytes
+/// use the kubelet's arithmetic (usage rounded up, see [`FsStats`]); inode
+/// thresholds, when configured, start a pass too and must be met as well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceTarget {
+    high: u8,
+    low: u8,
+    /// `gc.high_inodes_percent` and `gc.low_inodes_percent`, when set.
+    inodes: Option<(u8, u8)>,
+}
+
+impl SpaceTarget {
+    /// The thresholds from `config.gc`: high and low percent of bytes, and the
+    /// inode pair when both are set.
+    pub fn new(config: &Config) -> Self {
+        SpaceTarget {
+            high: config.gc.high_threshold_percent,
+            low: config.gc.low_threshold_percent,
+            inodes: config.gc.high_inodes_percent.zip(config.gc.low_inodes_percent),
+        }
+    }
+
+    /// The disk usage, in percent of capacity, at which a space pass starts
+    /// (`gc.high_threshold_percent`).
+    pub fn high_percent(&self) -> u8 {
+        self.high
+    }
+
+    /// The disk usage, in percent of capacity, that a space pass frees down to
+    /// (`gc.low_threshold_percent`).
+    pub fn low_percent(&self) -> u8 {
+        self.low
+    }
+
+    /// True when usage (bytes, or inodes when configured) is at or above
+    /// the high threshold.
+    pub fn due(&self, stats: &FsStats) -> bool {
+        stats.usage_percent() >= u64::from(self.high)
+            || self
+                .inodes
+                .is_some_and(|(high, _)| stats.inode_usage_percent().is_some_and(|u| u >= u64::from(high)))
+    }
+
+    /// Bytes to free to bring usage to the low threshold.
+    pub fn bytes_to_free(&self, stats: &FsStats) -> u64 {
+        stats.bytes_to_free(self.low)
+    }
+
+    /// True when usage is at or below low, in bytes and (when configured)
+    /// in inodes.
+    pub fn reached(&self, stats: &FsStats) -> bool {
+        stats.bytes_to_free(self.low) == 0 && self.inodes.is_none_or(|(_, low)| stats.inodes_to_free(low) == 0)
+    }
+}
+
+/// How many bytes of the image filesystem an image takes per byte of the
+/// size the runtime reports for it. containerd reports the compressed size
+/// of an image's content, and keeps on the same filesystem both that content
+/// and the unpacked snapshot, which is at least as large: at least twice the
+/// reported size. CRI-O (and cri-dockerd) report the unpacked size of the
+/// layers they store: once. Measured removals that free more per reported
+/// byte raise the factor; it never drops below the runtime's own, so that
+/// the verdict "images cannot bring usage to low" is given only when even
+/// this generous estimate of what images hold says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskFootprint {
+    /// On-disk bytes per reported byte, in thousandths.
+    permille: u64,
+    /// The runtime's own factor: the floor.
+    floor: u64,
+}
+
+/// The most a measured removal may raise the factor to (8 on-disk bytes per
+/// reported byte): a removal that frees far more than its image (someone
+/// else deleted data meanwhile) must not make every image look huge.
+const FOOTPRINT_CAP_PERMILLE: u64 = 8_000;
+
+impl DiskFootprint {
+    /// The factor for a runtime by the name its `Version` call gives
+    /// (`containerd`, `cri-o`, `docker`): twice for containerd, once for
+    /// the others.
+    pub fn for_runtime(name: &str) -> Self {
+        let permille = if name.eq_ignore_ascii_case("containerd") {
+            2_000
+        } else {
+            1_000
+        };
+        DiskFootprint {
+            permille,
+            floor: permille,
+        }
+    }
+
+    /// A measured removal of an image the runtime reported at `reported`
+    /// bytes freed `freed` bytes: the factor rises to what it shows.
+    pub fn learn(&mut self, reported: u64, freed: u64) {
+        if reported == 0 {
+            return;
+        }
+        let seen = (u128::from(freed) * 1000 / u128::from(reported)).min(u128::from(FOOTPRINT_CAP_PERMILLE)) as u64;
+        self.permille = self.permille.max(seen).max(self.floor);
+    }
+
+    /// The bytes an image of `reported` bytes may take on disk.
+    pub fn on_disk(&self, reported: u64) -> u64 {
+        (u128::from(reported) * u128::from(self.permille) / 1000).min(u128::from(u64::MAX)) as u64
+    }
+
+    /// On-disk bytes per reported byte.
+    pub fn factor(&self) -> f64 {
+        self.permille as f64 / 1000.0
+    }
+}
+
+impl Default for DiskFootprint {
+    /// Once: the factor of a runtime that reports what it stores.
+    fn default() -> Self {
+        DiskFootprint::for_runtime("")
+    }
+}
+
+/// Whether removing images can bring usage down to the low threshold
+/// (kubernetes#71869: a disk full of logs, volumes or other data is not
+/// fixed by removing images, only by removing every image again each time
+/// the node pulls it back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SpaceOutlook {
+    /// What reaching the low threshold needs.
+    pub bytes_to_free: u64,
+    /// What the candidates could free at most: their reported sizes times
+    /// the runtime's [`DiskFootprint`]; `u64::MAX` when a candidate's size
+    /// is unknown (reported as 0, as mid-pull), which can free anything.
+    pub could_free: u64,
+    /// Used bytes of the image filesystem that are not images: used minus
+    /// what the listed images may take on disk (their reported sizes times
+    /// the footprint; shared layers counted in each image, which errs on the
+    /// side of counting too much as images).
+    pub not_image_bytes: u64,
+}
+
+impl SpaceOutlook {
+    /// `candidates`: every image the pass may still remove; `images`: every
+    /// listed image.
+    pub fn new<'c>(
+        stats: &FsStats,
+        low_percent: u8,
+        candidates: impl IntoIterator<Item = &'c Candidate<'c>>,
+        images: &[Image],
+        footprint: DiskFootprint,
+    ) -> Self {
+        let mut could_free = 0u64;
+        for candidate in candidates {
+            if candidate.size == 0 {
+                could_free = u64::MAX;
+                break;
+            }
+            could_free = could_free.saturating_add(footprint.on_disk(candidate.size));
+        }
+        let all_images = images
+            .iter()
+            .fold(0u64, |sum, i| sum.saturating_add(footprint.on_disk(i.size)));
+        let used = stats.capacity_bytes.saturating_sub(stats.available());
+        SpaceOutlook {
+            bytes_to_free: stats.bytes_to_free(low_percent),
+            could_free,
+            not_image_bytes: used.saturating_sub(all_images),
+        }
+    }
+
+    /// True when the candidates cannot free what reaching low needs.
+    pub fn unreachable(&self) -> bool {
+        self.could_free < self.bytes_to_free
+    }
+}
+
+/// What a [`Walk`] says to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step<'w, 'a> {
+    /// Remove this candidate, then tell the walk what came of it
+    /// ([`Walk::removed`] or [`Walk::kept`]).
+    Remove(&'w Candidate<'a>),
+    /// Leave this candidate: imagegc removed it within `gc.thrash_window`
+    /// while images cannot bring usage to low.
+    HoldBack(&'w Candidate<'a>),
+    /// Usage is at or below low: measured, or by the estimate.
+    Done,
+    /// No candidate is left and usage is still above low.
+    LowNotReached {
+        /// Bytes still to free to reach low (measured, or by the estimate).
+        remaining: u64,
+    },
+}
+
+/// The space pass over the space candidates, in order, with the one
+/// stopping rule the cycle, its dry run and `plan` share: stop as soon as
+/// usage is at or below low, by measurement after each removal when the
+/// filesystem can be measured (the cycle), else by the estimate from the
+/// reported sizes (dry run and `plan`, or a cycle whose statvfs starts
+/// failing midway: it falls back to the estimate from the last reading).
+/// Pure: whoever drives it does the removals and the measuring.
+#[derive(Debug, Clone)]
+pub struct Walk<'w, 'a> {
+    target: SpaceTarget,
+    candidates: &'w [Candidate<'a>],
+    next: usize,
+    /// The last reading.
+    stats: FsStats,
+    /// Bytes still to free by reported sizes, once the walk estimates.
+    estimate: Option<u64>,
+}
+
+impl<'w, 'a> Walk<'w, 'a> {
+    /// A walk that re-measures after each removal, from `stats`.
+    pub fn measured(target: SpaceTarget, stats: FsStats, candidates: &'w [Candidate<'a>]) -> Self {
+        Walk {
+            target,
+            candidates,
+            next: 0,
+            stats,
+            estimate: None,
+        }
+    }
+
+    /// A walk that removes nothing for real (dry run, `plan`): it estimates
+    /// from `stats` by reported sizes, after `freed_before` bytes (the
+    /// reported sizes of the age removals before it, which a dry run does
+    /// not make either).
+    pub fn estimated(target: SpaceTarget, stats: FsStats, candidates: &'w [Candidate<'a>], freed_before: u64) -> Self {
+        Walk {
+            target,
+            candidates,
+            next: 0,
+            stats,
+            estimate: Some(target.bytes_to_free(&stats).saturating_sub(freed_before)),
+        }
+    }
+
+    /// True when usage is at or below low.
+    pub fn reached(&self) -> bool {
+        match self.estimate {
+            Some(left) => left == 0,
+            None => self.target.reached(&self.stats),
+        }
+    }
+
+    /// Bytes still to free to reach low.
+    pub fn remaining(&self) -> u64 {
+        self.estimate.unwrap_or_else(|| self.target.bytes_to_free(&self.stats))
+    }
+
+    /// The last reading of the filesystem.
+    pub fn stats(&self) -> FsStats {
+        self.stats
+    }
+
+    /// True when the walk goes by reported sizes rather than measurements.
+    pub fn estimating(&self) -> bool {
+        self.estimate.is_some()
+    }
+
+    /// The next step: `hold_back` says which candidates are left alone.
+    pub fn next(&mut self, hold_back: impl Fn(&Candidate<'a>) -> bool) -> Step<'w, 'a> {
+        if self.reached() {
+            return Step::Done;
+        }
+        let Some(candidate) = self.candidates.get(self.next) else {
+            return Step::LowNotReached {
+                remaining: self.remaining(),
+            };
+        };
+        self.next += 1;
+        if hold_back(candidate) {
+            Step::HoldBack(candidate)
+        } else {
+            Step::Remove(candidate)
+        }
+    }
+
+    /// The candidate of the last [`Step::Remove`] went, reported at `size`
+    /// bytes; `measured` is the filesystem after it, `None` when it could
+    /// not be measured (the walk then estimates from the last reading on).
+    pub fn removed(&mut self, size: u64, measured: Option<FsStats>) {
+        match (&mut self.estimate, measured) {
+            (Some(left), _) => *left = left.saturating_sub(size),
+            (None, Some(stats)) => self.stats = stats,
+            (None, None) => {
+                self.estimate = Some(self.target.bytes_to_free(&self.stats).saturating_sub(size));
+            }
+        }
+    }
+
+    /// The candidate of the last [`Step::Remove`] was kept (in use now,
+    /// gone already, or the removal failed); `measured`, when given, is a
+    /// new reading: someone else may have freed space meanwhile.
+    pub fn kept(&mut self, measured: Option<FsStats>) {
+        if self.estimate.is_none()
+            && let Some(stats) = measured
+        {
+            self.stats = stats;
+        }
+    }
+}
+
+/// What a walk by the estimate removes when no candidate is kept on the
+/// way: `plan`'s forecast, and what a dry-run cycle reports when nothing
+/// changes between the two.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forecast<'w, 'a> {
+    /// The space candidates the walk removes, in order.
+    pub removals: Vec<&'w Candidate<'a>>,
+    /// The ones it holds back (see [`Step::HoldBack`]).
+    pub held_back: Vec<&'w Candidate<'a>>,
+    /// Bytes still to free when the walk ends (0 when it reaches low).
+    pub remaining: u64,
+}
+
+impl<'w, 'a> Forecast<'w, 'a> {
+    /// Walks `candidates` by the estimate from `stats`, after age removals
+    /// of `freed_before` reported bytes.
+    pub fn new(
+        target: SpaceTarget,
+        stats: FsStats,
+        candidates: &'w [Candidate<'a>],
+        freed_before: u64,
+        hold_back: impl Fn(&Candidate<'a>) -> bool,
+    ) -> Self {
+        let mut walk = Walk::estimated(target, stats, candidates, freed_before);
+        let mut forecast = Forecast {
+            removals: Vec::new(),
+            held_back: Vec::new(),
+            remaining: 0,
+        };
+        loop {
+            match walk.next(&hold_back) {
+                Step::Remove(candidate) => {
+                    forecast.removals.push(candidate);
+                    walk.removed(candidate.size, None);
+                }
+                Step::HoldBack(candidate) => forecast.held_back.push(candidate),
+                Step::Done => return forecast,
+                Step::LowNotReached { remaining } => {
+                    forecast.remaining = remaining;
+                    return forecast;
+                }
+            }
+        }
+    }
+}
+
+/// Reported sizes added up; sizes are the runtime's word, so absurd ones
+/// saturate rather than overflow.
+pub fn total_size<'c, 'a: 'c>(candidates: impl IntoIterator<Item = &'c Candidate<'a>>) -> u64 {
+    candidates.into_iter().fold(0u64, |sum, c| sum.saturating_add(c.size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Reason;
+    use crate::testing::library_image as image;
+    use std::time::{Duration, SystemTime};
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    #[test]
+    fn containerd_images_take_at_least_twice_their_reported_size_and_measured_removals_raise_it() {
+        let mut containerd = DiskFootprint::for_runtime("containerd");
+        assert_eq!(containerd.on_disk(100), 200);
+        assert_eq!(DiskFootprint::for_runtime("cri-o").on_disk(100), 100);
+        // A removal that freed less (shared layers) never lowers it.
+        containerd.learn(100, 50);
+        assert_eq!(containerd.on_disk(100), 200);
+        containerd.learn(100, 350);
+        assert_eq!(containerd.on_disk(100), 350);
+        // Nor does one that freed far more (someone else deleted data) make
+        // every image look huge.
+        containerd.learn(1, u64::MAX);
+        assert_eq!(containerd.on_disk(100), 800);
+        containerd.learn(0, 1000);
+        assert_eq!(containerd.on_disk(u64::MAX), u64::MAX, "no overflow");
+    }
+
+    #[test]
+    fn an_outlook_on_containerd_counts_content_and_snapshot_as_images() {
+        // 1000 bytes, 800 used, all of it four 100-byte (compressed) images
+        // taking 200 each; low 40 needs 400 freed, which two candidates do.
+        let stats = FsStats {
+            capacity_bytes: 1000,
+            available_bytes: 200,
+            free_bytes: 200,
+            ..FsStats::default()
+        };
+        let images: Vec<Image> = ["a", "b", "c", "d"].iter().map(|n| image(n, 100)).collect();
+        fn candidate(image: &Image) -> Candidate<'_> {
+            Candidate {
+                id: &image.id,
+                tags: &image.repo_tags,
+                digests: &image.repo_digests,
+                size: image.size,
+                first_seen: t(0),
+                last_used: t(0),
+                reason: Reason::Space,
+            }
+        }
+        let candidates = [candidate(&images[0]), candidate(&images[1])];
+        let outlook = SpaceOutlook::new(
+            &stats,
+            40,
+            &candidates,
+            &images,
+            DiskFootprint::for_runtime("containerd"),
+        );
+        assert!(!outlook.unreachable(), "{outlook:?}");
+        assert_eq!(outlook.not_image_bytes, 0);
+        // Sizes taken as the whole image on disk: a false "cannot".
+        let naive = SpaceOutlook::new(&stats, 40, &candidates, &images, DiskFootprint::for_runtime("cri-o"));
+        assert!(naive.unreachable());
+        assert_eq!(naive.not_image_bytes, 400);
+        // A candidate of unknown size can free anything.
+        let unknown = image("e", 0);
+        let outlook = SpaceOutlook::new(&stats, 40, &[candidate(&unknown)], &images, DiskFootprint::default());
+        assert!(!outlook.unreachable());
+    }
+}
