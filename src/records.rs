@@ -183,6 +183,8 @@ impl Records {
         }
     }
 
+    // Long on purpose: one pass over the listing updates each record and
+    // notes its place, so the planner looks nothing up again.
     fn observe_matched(&mut self, images: &[Image], matches: Matches, now: SystemTime) -> (Observed, Listed) {
         let mut observed = Observed::default();
         let new_ids = &mut observed.new_ids;

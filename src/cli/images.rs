@@ -63,6 +63,8 @@ struct ImageView<'a> {
 }
 
 /// `images`: the inventory, with in-use marks and the filesystem.
+// Long on purpose: the listing, then the table or the JSON, each field
+// where it is printed.
 pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
     let version = runtime.version().await?;
     let images = runtime.list_images().await?;

@@ -141,6 +141,9 @@ impl<R: Runtime> Collector<R> {
     /// The space pass: when [`SpaceTarget::due`], the walk over the space
     /// candidates (see [`Walk`]), each removal re-measured.
     #[allow(clippy::too_many_arguments)] // the cycle's parts, passed down as they are
+    // Long on purpose: measuring, the outlook, and the loop that drives the
+    // walk with removals and readings read best in one place; the stopping
+    // rule itself is the policy's (`Walk`).
     async fn space_pass(
         &mut self,
         config: &Config,

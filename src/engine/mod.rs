@@ -39,13 +39,13 @@ use crate::records::Records;
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
-pub mod cycle;
+mod cycle;
 pub mod events;
-pub mod observe;
-pub mod removal;
+mod observe;
+mod removal;
 pub mod report;
-pub mod thrash;
-pub mod usage;
+mod thrash;
+mod usage;
 
 #[cfg(test)]
 mod tests;

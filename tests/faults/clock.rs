@@ -98,7 +98,7 @@ fn only_the_clock_and_reporting_read_the_wall_clock() {
             "time.rs",
             "Clock::start: the wall-clock time at start; Clock::from_wall: a runtime's event stamp",
         ),
-        ("state.rs", "names a set-aside corrupt file"),
+        ("state/mod.rs", "names a set-aside corrupt file"),
         (
             "metrics.rs",
             "the last-success timestamp dashboards compare with time()",
