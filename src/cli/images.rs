@@ -9,8 +9,8 @@ use serde::Serialize;
 use super::table::{Table, cell, fs_line, human_bytes, printable, short_id, tags_cell, yes_no};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
-use crate::cri::{CriClient, Runtime};
-use crate::engine::{ImageFs, MountCache, PodImages, image_fs, sandbox_images};
+use crate::cri::{CriClient, Runtime, Snapshot};
+use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::matching::InUse;
 
@@ -67,19 +67,14 @@ struct ImageView<'a> {
 // where it is printed.
 pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
     let version = runtime.version().await?;
-    let images = runtime.list_images().await?;
-    let containers = MountCache::default().list(runtime, &images).await?;
-    let from_status = runtime.status().await.ok().and_then(|s| s.sandbox_image);
-    let sandbox_images = sandbox_images(
-        runtime,
-        config,
-        from_status.as_deref(),
-        &mut PodImages::default(),
-        &images,
-    )
-    .await
-    .names;
-    let image_fs = image_fs(runtime, config).await?;
+    let observation = Observer::default().observe(runtime, config).await?;
+    let Snapshot {
+        images,
+        containers,
+        sandbox_images,
+        ..
+    } = observation.snapshot;
+    let image_fs = observation.image_fs?;
     let image_fs_mismatch = image_fs.mismatch(&Statvfs);
     let ImageFs { path: mount_point, .. } = image_fs;
     let fs = Statvfs.stats(&mount_point);

@@ -4,7 +4,6 @@
 //! [`SpaceTarget`] the collector acts on.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde::Serialize;
@@ -14,10 +13,10 @@ use super::table::{Table, fs_line, human_bytes, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
 use crate::cri::CriClient;
-use crate::engine::{Collector, Listing};
+use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
-use crate::metrics::Metrics;
-use crate::policy::{Candidate, Forecast, KeepReason, Kept, Plan, SpaceOutlook, SpaceTarget};
+use crate::policy::{self, Candidate, Forecast, KeepReason, Kept, Plan, SpaceOutlook, SpaceTarget};
+use crate::state::StateStore;
 use crate::time::{Clock, ago, rfc3339};
 
 #[derive(Serialize)]
@@ -48,23 +47,26 @@ struct FilesystemView<'a> {
 
 /// `plan`: what a cycle would do now.
 pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
-    let mut collector = Collector::new_read_only(
-        runtime,
-        Arc::new(config.clone()),
-        Arc::new(Statvfs),
-        Arc::new(Metrics::new()),
-        Clock::start(),
-    );
-    let Listing {
-        snapshot,
-        listed,
-        image_fs,
-    } = collector.observe().await?;
-    let image_fs = image_fs?;
+    let clock = Clock::start();
+    let store = StateStore::new(&config.state.dir).read_only();
+    let (mut records, _) = engine::load_records(&store, &clock, &config);
+    let observation = Observer::default().observe(&runtime, &config).await?;
+    let snapshot = observation.snapshot;
+    let image_fs = observation.image_fs?;
+    let footprint = observation.footprint;
+    let mismatch = image_fs.mismatch(&Statvfs);
+    let (_, listed) = records.observe_snapshot(&snapshot, clock.now());
+    // Planned after the listing, as a cycle plans: an image first seen by
+    // this very listing is not "used at this instant".
+    let now = clock.now();
+    let plan = policy::plan_listed(&snapshot, &listed, &config, now, clock.started());
     let fs = Statvfs.stats(&image_fs.path).ok();
-    let now = collector.clock().now();
-    let plan = collector.plan(&snapshot, &listed);
-    let forecast = fs.as_ref().and_then(|fs| collector.forecast(&plan, fs));
+    let target = SpaceTarget::new(&config);
+    // A dry-run cycle's walk (a read-only `plan` remembers no removals to
+    // hold back).
+    let forecast = fs
+        .filter(|fs| target.due(fs))
+        .map(|fs| Forecast::new(target, fs, &plan.space, policy::total_size(&plan.age), |_| false));
     let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), &config);
     let outlook = fs
         .as_ref()
@@ -75,7 +77,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
                 config.gc.low_threshold_percent,
                 plan.age.iter().chain(&plan.space),
                 &snapshot.images,
-                collector.footprint(),
+                footprint,
             )
         })
         .filter(SpaceOutlook::unreachable);
@@ -94,7 +96,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
             space_pass: view.space_pass,
             bytes_to_free: view.bytes_to_free,
             space_unreachable: outlook,
-            image_fs_mismatch: collector.image_fs_mismatch(),
+            image_fs_mismatch: mismatch.as_deref(),
             removals: plan.age.iter().chain(view.space_expected(&plan)).collect(),
             further_space_candidates: view.space_further(&plan),
             kept: plan.kept.iter().map(|kept| kept_json(kept, now)).collect(),
@@ -102,7 +104,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
         return Ok(0);
     }
     let mut text = fs_line(&image_fs.path.display().to_string(), fs.as_ref(), &config);
-    if let Some(why) = collector.image_fs_mismatch() {
+    if let Some(why) = &mismatch {
         text.push_str(&format!("no space pass: {}\n", printable(why)));
     }
     text.push_str(&summary(&plan, &view, outlook.as_ref(), &config));

@@ -51,7 +51,7 @@ mod usage;
 mod tests;
 
 pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
-pub use observe::{ImageFs, MountCache, Observation, Observer, PodImages, SandboxImages, image_fs, sandbox_images};
+pub use observe::{ImageFs, Observation, Observer};
 pub use removal::RemovingImage;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
 pub use usage::Listing;
@@ -125,30 +125,6 @@ impl<R: Runtime> Collector<R> {
     /// Creates a collector and loads the records from the state directory.
     pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
         let store = StateStore::new(&config.state.dir);
-        Self::with_store(runtime, config, probe, metrics, clock, store)
-    }
-
-    /// A collector that only observes and plans (`imagegc plan`): its state
-    /// is read, never written, and a corrupt file is left where it is.
-    pub fn new_read_only(
-        runtime: R,
-        config: Arc<Config>,
-        probe: Arc<dyn FsProbe>,
-        metrics: Arc<Metrics>,
-        clock: Clock,
-    ) -> Self {
-        let store = StateStore::new(&config.state.dir).read_only();
-        Self::with_store(runtime, config, probe, metrics, clock, store)
-    }
-
-    fn with_store(
-        runtime: R,
-        config: Arc<Config>,
-        probe: Arc<dyn FsProbe>,
-        metrics: Arc<Metrics>,
-        clock: Clock,
-        store: StateStore,
-    ) -> Self {
         let sinks = Sinks::standard(&metrics);
         let (records, last_success) = load_records(&store, &clock, &config);
         sinks.emit(&Event::HistoryLoaded { last_success });
@@ -333,7 +309,7 @@ impl<R: Runtime> Collector<R> {
 
 /// The records of the state directory, and the last successful cycle of
 /// the process that saved them.
-fn load_records(store: &StateStore, clock: &Clock, config: &Config) -> (Records, Option<SystemTime>) {
+pub(crate) fn load_records(store: &StateStore, clock: &Clock, config: &Config) -> (Records, Option<SystemTime>) {
     match store.load(clock.now(), config.gc.interval) {
         Loaded::Fresh => {
             info!(path = %store.path().display(), "no state file: starting with no history");

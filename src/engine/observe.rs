@@ -296,6 +296,9 @@ pub struct Observation {
     pub sandbox_configured_unmatched: bool,
     /// Why a container's mounted images could not be read, when one could not.
     pub mounts_unread: Option<String>,
+    /// What an image takes on disk per reported byte on this runtime (the
+    /// default until the runtime's name is known).
+    pub footprint: DiskFootprint,
 }
 
 /// What reading the runtime remembers between listings: each container's
@@ -355,6 +358,7 @@ impl Observer {
             sandbox_unknown,
             sandbox_configured_unmatched: sandbox.configured_unmatched,
             mounts_unread: self.mounts.unread().map(str::to_string),
+            footprint: self.footprint.unwrap_or_default(),
         })
     }
 
@@ -373,9 +377,8 @@ impl Observer {
         self.mounts.list(runtime, images).await
     }
 
-    /// What an image takes on disk per reported byte, for this runtime
-    /// (once its name is known).
-    pub fn footprint(&self) -> Option<DiskFootprint> {
-        self.footprint
+    /// Whether the runtime's name is known (see [`Observation::footprint`]).
+    pub fn runtime_named(&self) -> bool {
+        self.footprint.is_some()
     }
 }

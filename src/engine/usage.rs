@@ -33,11 +33,11 @@ impl<R: Runtime> Collector<R> {
             sandbox_unknown,
             sandbox_configured_unmatched,
             mounts_unread,
+            footprint,
         } = observation?;
         self.sandbox_unknown = sandbox_unknown;
-        if !self.runtime_named
-            && let Some(footprint) = self.observer.footprint()
-        {
+        if !self.runtime_named && self.observer.runtime_named() {
+            // Measured removals raise it from here on.
             self.runtime_named = true;
             self.footprint = footprint;
         }

@@ -101,6 +101,12 @@ impl Node {
         fs::write(&self.config, text.replace("timeout = \"20s\"", "timeout = \"60s\"")).unwrap();
     }
 
+    /// A runtime timeout (1 s) that a hung removal outlasts.
+    fn short_runtime_timeout(&self) {
+        let text = fs::read_to_string(&self.config).unwrap();
+        fs::write(&self.config, text.replace("timeout = \"20s\"", "timeout = \"1s\"")).unwrap();
+    }
+
     fn state_file(&self) -> PathBuf {
         self.state_dir.join(state::FILE_NAME)
     }
@@ -882,4 +888,40 @@ fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
         "{entries:?}"
     );
     assert_eq!(entries[0]["note"], "completed after shutdown", "{entries:?}");
+}
+
+#[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
+fn a_removal_that_timed_out_then_a_kill_is_journaled_once_when_the_next_start_finds_it_gone() {
+    let node = Node::start();
+    node.short_runtime_timeout();
+    let mut daemon = spawn_with_a_hung_removal(&node, "run", std::process::Stdio::null());
+    // RemoveImage times out after 1 s and the image is still listed after
+    // its outcome was watched: the removal stays pending, on disk.
+    let pending = node.state_dir.join("removal-in-flight.json");
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    while !fs::read_to_string(&pending).is_ok_and(|t| t.contains("\"unknown\"")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no removal of unknown outcome was kept"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+
+    // The runtime finished it after imagegc was killed.
+    let u1 = image("u1", 0).id;
+    node.fake.delay("RemoveImage", Duration::ZERO);
+    let removed = node.fake.remove_image_by_id(&u1).unwrap();
+    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let output = node.once();
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let entries = history_images(&node);
+    let of_u1: Vec<_> = entries.iter().filter(|e| e["image"] == u1.as_str()).collect();
+    assert_eq!(of_u1.len(), 1, "journaled once: {entries:?}");
+    assert_eq!(of_u1[0]["note"], "completed after shutdown", "{entries:?}");
+    assert!(!pending.exists());
 }
