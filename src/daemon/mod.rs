@@ -16,14 +16,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until};
-use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::cri::{EventStream, Runtime, RuntimeError};
-use crate::engine::Collector;
+use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
+use crate::engine::{Collector, UsageTracker};
 
 mod start;
 
@@ -39,15 +38,6 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_CAP: Duration = Duration::from_secs(60);
 
-/// How long after a container event the containers are listed: events
-/// come in bursts (a pod's containers, a replayed backlog), and one listing
-/// serves the whole burst.
-const EVENT_POLL_DELAY: Duration = Duration::from_secs(1);
-/// Event streams that end with no event, in a row, after which the runtime
-/// is taken not to stream events (CRI-O with `enable_pod_events = false`
-/// ends the stream at once) and containers are polled for good.
-const EMPTY_STREAMS_BEFORE_POLLING: u32 = 3;
-
 /// How often the image filesystem is measured between cycles (statvfs, no
 /// call to the runtime), at most: a space pass starts as soon as usage
 /// crosses the high threshold, well before the kubelet's eviction manager,
@@ -58,20 +48,6 @@ const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// long the next cycle waits: its first sighting and the clock it is
 /// measured against may differ by a few milliseconds.
 const YOUNG_MARGIN: Duration = Duration::from_millis(500);
-
-/// How the loop learns about container use between cycles.
-enum UsageSource {
-    /// Listing containers every `gc.usage_poll_interval`: the default, and
-    /// what a runtime without events gets.
-    Polling,
-    /// Following the runtime's container events. The stream opens when it
-    /// is first polled, inside the loop's `select!`: runtimes answer the
-    /// open only with the first event.
-    Events { stream: EventStream, received: u64 },
-    /// The stream broke (or is yet to be opened): open it at this time,
-    /// polling meanwhile.
-    Reconnect(Instant, Duration),
-}
 
 /// The node's name for `imagegc_node_info`: `NODE_NAME` (the DaemonSet sets
 /// it from `spec.nodeName`), else the host name (a systemd install).
@@ -110,7 +86,6 @@ pub async fn run<R: Runtime>(
     collector.metrics().set_node(&node_name());
     sd_notify("READY=1");
     let mut next_cycle = Instant::now();
-    let mut next_poll = Instant::now() + config.gc.usage_poll_interval;
     let mut next_check = Instant::now() + usage_check_interval(&config);
     // Whether usage was at or above high at the last measurement: a space
     // pass starts early only when usage crosses high, not while it stays
@@ -118,13 +93,7 @@ pub async fn run<R: Runtime>(
     let mut space_due = false;
     let mut retry = RETRY_FIRST;
     let mut runtime_up: Option<bool> = None;
-    let mut usage = usage_source(&config, false);
-    // Streams that ended with no event, in a row; past the limit, events
-    // are given up on for the life of the process.
-    let mut empty_streams = 0;
-    let mut events_given_up = false;
-    // A listing asked for by container events, coalesced.
-    let mut poll_soon: Option<Instant> = None;
+    let mut usage = UsageTracker::new(&config);
     // When the last cycle ended, while the next one is scheduled one
     // interval after it: a reload that changes the interval reschedules it.
     let mut interval_from: Option<Instant> = None;
@@ -132,25 +101,11 @@ pub async fn run<R: Runtime>(
     loop {
         health.heartbeat();
         let config = Arc::clone(collector.config());
-        if let UsageSource::Reconnect(at, delay) = usage
-            && Instant::now() >= at
-            && runtime_up == Some(true)
-        {
-            debug!(
-                retry_in_ms = delay.as_millis() as u64,
-                "opening the container event stream"
-            );
-            usage = UsageSource::Events {
-                stream: collector.runtime().container_events(),
-                received: 0,
-            };
+        if runtime_up == Some(true) {
+            usage.open_stream_if_due(collector.runtime());
         }
-        let polling = !matches!(usage, UsageSource::Events { .. });
-        let poll_at = if polling { Some(next_poll) } else { poll_soon };
-        let reopen_at = match usage {
-            UsageSource::Reconnect(at, _) if runtime_up == Some(true) => Some(at),
-            _ => None,
-        };
+        let poll_at = usage.poll_at();
+        let reopen_at = usage.reopen_at().filter(|_| runtime_up == Some(true));
         let heartbeat_at = Instant::now() + Duration::from_secs(10);
 
         tokio::select! {
@@ -166,10 +121,7 @@ pub async fn run<R: Runtime>(
                     next_cycle = ended + config.gc.interval;
                     debug!(next_in_ms = next_cycle.saturating_duration_since(Instant::now()).as_millis() as u64, "next cycle rescheduled for the new interval");
                 }
-                next_poll = Instant::now() + config.gc.usage_poll_interval;
-                if config.runtime.container_events != matches!(usage, UsageSource::Events { .. } | UsageSource::Reconnect(..)) {
-                    usage = usage_source(config, events_given_up);
-                }
+                usage.reconfigure(config);
             }
             () = sleep_until(next_cycle) => {
                 let ok = run_cycle(&mut collector, &shutdown).await;
@@ -198,7 +150,6 @@ pub async fn run<R: Runtime>(
                 next_check = Instant::now() + usage_check_interval(&config);
             }
             () = sleep_until_some(poll_at), if runtime_up == Some(true) => {
-                poll_soon = None;
                 let polled = tokio::select! {
                     polled = poll(&mut collector, &mut runtime_up, &health) => polled,
                     () = shutdown.cancelled() => break,
@@ -207,46 +158,11 @@ pub async fn run<R: Runtime>(
                     next_cycle = next_cycle.min(Instant::now() + retry);
                     interval_from = None;
                 }
-                next_poll = Instant::now() + config.gc.usage_poll_interval;
+                usage.polled(&config);
             }
-            event = next_event(&mut usage) => {
-                match event {
-                    Some(Ok(event)) => {
-                        if let UsageSource::Events { received, .. } = &mut usage {
-                            *received += 1;
-                        }
-                        empty_streams = 0;
-                        collector.mark_used_by_event(&event);
-                        poll_soon.get_or_insert(Instant::now() + EVENT_POLL_DELAY);
-                    }
-                    Some(Err(err)) if err.is_unimplemented() => {
-                        info!(
-                            poll_interval = %crate::time::short(config.gc.usage_poll_interval),
-                            "the runtime does not stream container events; polling containers to track image use"
-                        );
-                        events_given_up = true;
-                        usage = UsageSource::Polling;
-                    }
-                    Some(Err(err)) => {
-                        debug!(error = %err, "container event stream broke; polling until it is back");
-                        usage = reconnect(&usage);
-                    }
-                    None => {
-                        let received = matches!(usage, UsageSource::Events { received, .. } if received > 0);
-                        empty_streams = if received { 0 } else { empty_streams + 1 };
-                        if empty_streams >= EMPTY_STREAMS_BEFORE_POLLING {
-                            warn!(
-                                poll_interval = %crate::time::short(config.gc.usage_poll_interval),
-                                "the runtime ends the container event stream as soon as it is opened \
-                                 (CRI-O does with enable_pod_events = false, its default): polling containers instead"
-                            );
-                            events_given_up = true;
-                            usage = UsageSource::Polling;
-                        } else {
-                            debug!(received, "container event stream ended; polling until it is back");
-                            usage = reconnect(&usage);
-                        }
-                    }
+            event = usage.next_event() => {
+                if let Some(event) = usage.received(event, &config) {
+                    collector.mark_used_by_event(&event);
                 }
             }
             () = sleep_until(next_check) => {
@@ -277,27 +193,6 @@ pub async fn run<R: Runtime>(
 /// or the usage poll interval when that is shorter.
 fn usage_check_interval(config: &Config) -> Duration {
     USAGE_CHECK_INTERVAL.min(config.gc.usage_poll_interval)
-}
-
-/// How usage is tracked under `config`: events when configured (and not
-/// given up on), polling otherwise.
-fn usage_source(config: &Config, events_given_up: bool) -> UsageSource {
-    if config.runtime.container_events && !events_given_up {
-        info!("following container events to track image use between cycles (runtime.container_events)");
-        UsageSource::Reconnect(Instant::now(), RETRY_FIRST)
-    } else {
-        UsageSource::Polling
-    }
-}
-
-/// The next attempt to open the stream after `usage` broke: at once after
-/// a stream that delivered events, with a doubling delay otherwise.
-fn reconnect(usage: &UsageSource) -> UsageSource {
-    let delay = match usage {
-        UsageSource::Reconnect(_, delay) => (*delay * 2).min(RETRY_CAP),
-        _ => RETRY_FIRST,
-    };
-    UsageSource::Reconnect(Instant::now() + delay, delay)
 }
 
 async fn sleep_until_some(at: Option<Instant>) {
@@ -461,13 +356,6 @@ async fn poll<R: Runtime>(collector: &mut Collector<R>, runtime_up: &mut Option<
             );
             false
         }
-    }
-}
-
-async fn next_event(usage: &mut UsageSource) -> Option<Result<crate::cri::ContainerEvent, crate::cri::RuntimeError>> {
-    match usage {
-        UsageSource::Events { stream, .. } => stream.next().await,
-        _ => std::future::pending().await,
     }
 }
 

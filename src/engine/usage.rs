@@ -1,8 +1,18 @@
 //! Every listing, in a cycle or between cycles, marks the images in use
 //! now, gives images first seen their record, notices re-pulls and settles
-//! pending removals; container events mark use between listings.
+//! pending removals; container events mark use between listings, and
+//! [`UsageTracker`] decides when to list between cycles: every
+//! `gc.usage_poll_interval`, or, while the runtime streams container events,
+//! shortly after each burst of them.
 
-use crate::cri::{ContainerEvent, Image, Runtime, RuntimeError, Snapshot};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_stream::StreamExt as _;
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::cri::{ContainerEvent, EventStream, Image, Runtime, RuntimeError, Snapshot};
 use crate::matching::{self, InUse};
 use crate::policy::{self, Plan};
 use crate::records::{Listed, Observed};
@@ -154,5 +164,187 @@ impl<R: Runtime> Collector<R> {
         {
             self.sinks.emit(&Event::SandboxUnnamed);
         }
+    }
+}
+
+/// How long after a container event the containers are listed: events
+/// come in bursts (a pod's containers, a replayed backlog), and one listing
+/// serves the whole burst.
+const EVENT_POLL_DELAY: Duration = Duration::from_secs(1);
+/// Event streams that end with no event, in a row, after which the runtime
+/// is taken not to stream events (CRI-O with `enable_pod_events = false`
+/// ends the stream at once) and containers are polled for good.
+const EMPTY_STREAMS_BEFORE_POLLING: u32 = 3;
+/// Delays before reopening a broken stream: doubling from the first to the cap.
+const REOPEN_FIRST: Duration = Duration::from_secs(1);
+const REOPEN_CAP: Duration = Duration::from_secs(60);
+
+/// How the loop learns about container use between cycles.
+enum Source {
+    /// Listing containers every `gc.usage_poll_interval`: the default, and
+    /// what a runtime without events gets.
+    Polling,
+    /// Following the runtime's container events. The stream opens when it
+    /// is first polled, inside the loop's `select!`: runtimes answer the
+    /// open only with the first event.
+    Events { stream: EventStream, received: u64 },
+    /// The stream broke (or is yet to be opened): open it at this time,
+    /// polling meanwhile.
+    Reopen(Instant, Duration),
+}
+
+/// When to list between cycles, and the container event stream.
+pub struct UsageTracker {
+    source: Source,
+    /// When the next poll is due while polling.
+    next_poll: Instant,
+    /// A listing asked for by container events, coalesced.
+    poll_soon: Option<Instant>,
+    /// Streams that ended with no event, in a row; past the limit, events
+    /// are given up on for the life of the process.
+    empty_streams: u32,
+    given_up: bool,
+}
+
+impl UsageTracker {
+    /// Polling, or events when `runtime.container_events` asks for them.
+    pub fn new(config: &Config) -> Self {
+        UsageTracker {
+            source: source(config, false),
+            next_poll: Instant::now() + config.gc.usage_poll_interval,
+            poll_soon: None,
+            empty_streams: 0,
+            given_up: false,
+        }
+    }
+
+    /// Follows a reloaded configuration: the poll interval, and events
+    /// switched on or off.
+    pub fn reconfigure(&mut self, config: &Config) {
+        self.next_poll = Instant::now() + config.gc.usage_poll_interval;
+        if config.runtime.container_events != !matches!(self.source, Source::Polling) {
+            self.source = source(config, self.given_up);
+        }
+    }
+
+    /// Opens the event stream when it is due (call while the runtime is up).
+    pub fn open_stream_if_due<R: Runtime>(&mut self, runtime: &R) {
+        if let Source::Reopen(at, delay) = self.source
+            && Instant::now() >= at
+        {
+            debug!(
+                retry_in_ms = delay.as_millis() as u64,
+                "opening the container event stream"
+            );
+            self.source = Source::Events {
+                stream: runtime.container_events(),
+                received: 0,
+            };
+        }
+    }
+
+    /// When to list containers next: the poll while polling, soon after
+    /// events while following them.
+    pub fn poll_at(&self) -> Option<Instant> {
+        match self.source {
+            Source::Events { .. } => self.poll_soon,
+            _ => Some(self.next_poll),
+        }
+    }
+
+    /// When the event stream is to be reopened.
+    pub fn reopen_at(&self) -> Option<Instant> {
+        match self.source {
+            Source::Reopen(at, _) => Some(at),
+            _ => None,
+        }
+    }
+
+    /// A listing was made (or tried).
+    pub fn polled(&mut self, config: &Config) {
+        self.poll_soon = None;
+        self.next_poll = Instant::now() + config.gc.usage_poll_interval;
+    }
+
+    /// The next container event; pending forever while not following them.
+    pub async fn next_event(&mut self) -> Option<Result<ContainerEvent, RuntimeError>> {
+        match &mut self.source {
+            Source::Events { stream, .. } => stream.next().await,
+            _ => std::future::pending().await,
+        }
+    }
+
+    /// Handles what [`UsageTracker::next_event`] gave: an event to mark use
+    /// from, or a stream that ended or broke (reopened with backoff, or
+    /// given up on for polling).
+    pub fn received(
+        &mut self,
+        event: Option<Result<ContainerEvent, RuntimeError>>,
+        config: &Config,
+    ) -> Option<ContainerEvent> {
+        let poll_interval = crate::time::short(config.gc.usage_poll_interval);
+        match event {
+            Some(Ok(event)) => {
+                if let Source::Events { received, .. } = &mut self.source {
+                    *received += 1;
+                }
+                self.empty_streams = 0;
+                self.poll_soon.get_or_insert(Instant::now() + EVENT_POLL_DELAY);
+                return Some(event);
+            }
+            Some(Err(err)) if err.is_unimplemented() => {
+                info!(
+                    %poll_interval,
+                    "the runtime does not stream container events; polling containers to track image use"
+                );
+                self.give_up();
+            }
+            Some(Err(err)) => {
+                debug!(error = %err, "container event stream broke; polling until it is back");
+                self.reopen();
+            }
+            None => {
+                let received = matches!(self.source, Source::Events { received, .. } if received > 0);
+                self.empty_streams = if received { 0 } else { self.empty_streams + 1 };
+                if self.empty_streams >= EMPTY_STREAMS_BEFORE_POLLING {
+                    warn!(
+                        %poll_interval,
+                        "the runtime ends the container event stream as soon as it is opened \
+                         (CRI-O does with enable_pod_events = false, its default): polling containers instead"
+                    );
+                    self.give_up();
+                } else {
+                    debug!(received, "container event stream ended; polling until it is back");
+                    self.reopen();
+                }
+            }
+        }
+        None
+    }
+
+    fn give_up(&mut self) {
+        self.given_up = true;
+        self.source = Source::Polling;
+    }
+
+    /// The next attempt to open the stream: at once after a stream that
+    /// delivered events, with a doubling delay otherwise.
+    fn reopen(&mut self) {
+        let delay = match self.source {
+            Source::Reopen(_, delay) => (delay * 2).min(REOPEN_CAP),
+            _ => REOPEN_FIRST,
+        };
+        self.source = Source::Reopen(Instant::now() + delay, delay);
+    }
+}
+
+/// How usage is tracked under `config`: events when configured (and not
+/// given up on), polling otherwise.
+fn source(config: &Config, given_up: bool) -> Source {
+    if config.runtime.container_events && !given_up {
+        info!("following container events to track image use between cycles (runtime.container_events)");
+        Source::Reopen(Instant::now(), REOPEN_FIRST)
+    } else {
+        Source::Polling
     }
 }
