@@ -14,6 +14,12 @@
 //!
 //! `cargo bench --bench footprint [-- quick]` (quick: a 10 s idle window);
 //! needs `target/release/imagegc` (`scripts/bench.sh` builds it).
+//!
+//! `cargo bench --bench footprint -- memory IMAGES TAGS` measures only the
+//! memory of a big node: IMAGES images with TAGS tags and one digest each,
+//! cycles every 2 s; VmHWM and VmRSS once three cycles (and their state
+//! saves) are done, so that a cycle's listing, the previous one and the
+//! records are all counted.
 
 mod common;
 use common::{free_local_addr, hex, imagegc_binary, median};
@@ -48,13 +54,24 @@ impl Fake {
     /// `images` images (one tag and one digest each, plus the pause image)
     /// and one running container for every tenth image.
     fn start(images: usize, dir: &Path) -> Fake {
+        Fake::start_tagged(images, 1, dir)
+    }
+
+    /// As [`Fake::start`], with `tags` tags per image (a CI node tags each
+    /// build several times: commit, branch, build number).
+    fn start_tagged(images: usize, tags: usize, dir: &Path) -> Fake {
         let runtime = FakeRuntime::new();
         for i in 0..images {
             let repo = i / 10;
             let name = format!("registry.example.com/team-{}/app-{repo}", repo / 20);
             runtime.add_image(Image {
                 id: format!("sha256:{}", hex(1, i as u64)),
-                repo_tags: vec![format!("{name}:v1.2.{}", i % 10)],
+                repo_tags: (0..tags)
+                    .map(|t| match t {
+                        0 => format!("{name}:v1.2.{}", i % 10),
+                        t => format!("{name}:build-{}-{t}", hex(6, (i * tags + t) as u64).get(..12).unwrap_or("")),
+                    })
+                    .collect(),
                 repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
                 size: 50_000_000 + (i as u64 % 97) * 1_000_000,
                 pinned: false,
@@ -130,11 +147,17 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path, endpoint: &str, state: &Path) -> Daemon {
+        Daemon::start_every(dir, endpoint, state, "5m")
+    }
+
+    fn start_every(dir: &Path, endpoint: &str, state: &Path, interval: &str) -> Daemon {
         let addr = free_local_addr();
         let config = dir.join("imagegc.toml");
         std::fs::write(
             &config,
-            format!("[gc]\ninterval = \"5m\"\nusage_poll_interval = \"30s\"\n\n[metrics]\nlisten = \"{addr}\"\n"),
+            format!(
+                "[gc]\ninterval = \"{interval}\"\nusage_poll_interval = \"30s\"\n\n[metrics]\nlisten = \"{addr}\"\n"
+            ),
         )
         .expect("writing the configuration");
         let log = std::fs::OpenOptions::new()
@@ -194,6 +217,57 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// How many cycles succeeded, from `/metrics`.
+fn cycles_done(addr: SocketAddr) -> u64 {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return 0;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    if stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return 0;
+    }
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    String::from_utf8_lossy(&response)
+        .lines()
+        .find_map(|l| l.strip_prefix("imagegc_cycles_total{result=\"success\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// `memory IMAGES TAGS`: the daemon's memory on a big node (see the module docs).
+fn memory(images: usize, tags: usize) {
+    let dir = tempfile::Builder::new()
+        .prefix("imagegc-bench-memory-")
+        .tempdir()
+        .expect("a temporary directory");
+    let fake = Fake::start_tagged(images, tags, dir.path());
+    let mut daemon = Daemon::start_every(dir.path(), &fake.endpoint, &dir.path().join("state"), "2s");
+    let first = daemon.wait_ready();
+    let started = Instant::now();
+    while cycles_done(daemon.addr) < 3 {
+        assert!(started.elapsed() < READY_TIMEOUT, "three cycles not done in {READY_TIMEOUT:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let peak = status_kib(daemon.pid(), "VmHWM:");
+    let resident = status_kib(daemon.pid(), "VmRSS:");
+    let names = images * (tags + 1);
+    println!(
+        "memory: {images} images x {tags} tags (+1 digest): first cycle after {:.0} ms; after 3 cycles VmHWM {:.1} MiB, \
+         VmRSS {:.1} MiB; {:.0} bytes per image, {:.0} per name (peak)",
+        first.as_secs_f64() * 1000.0,
+        mib(peak),
+        mib(resident),
+        peak as f64 / images as f64,
+        peak as f64 / names as f64,
+    );
+    drop(daemon);
+    drop(fake);
 }
 
 /// The status code of `GET /readyz`, or None when nothing answers yet.
@@ -269,6 +343,11 @@ fn main() {
     if !args.iter().any(|a| a == "--bench") {
         // `cargo test --all-targets` runs bench targets without --bench.
         println!("footprint: starts the daemon for a minute; run it with `cargo bench --bench footprint`");
+        return;
+    }
+    if let Some(at) = args.iter().position(|a| a == "memory") {
+        let number = |n: usize, default: usize| args.get(at + n).and_then(|a| a.parse().ok()).unwrap_or(default);
+        memory(number(1, 100_000), number(2, 5));
         return;
     }
     let idle_window = if args.iter().any(|a| a == "quick") {
