@@ -83,8 +83,12 @@ fi
 # --- the checks -------------------------------------------------------------
 verbose=()
 [ -n "${CHECK_DEPLOY_VERBOSE:-}" ] && verbose=(-rA)
+# pytest's temporary directories (the image's rootfs, helm's renders) go
+# with this run.
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
 status=0
-PYTHONDONTWRITEBYTECODE=1 "$DEPLOY_PYTHON" -m pytest -p no:cacheprovider -v -rfEs --durations=0 \
-    --durations-min=1 "${verbose[@]}" deploy/tests "$@" || status=$?
+PYTHONDONTWRITEBYTECODE=1 "$DEPLOY_PYTHON" -m pytest -p no:cacheprovider --basetemp "$WORK" -v -rfEs \
+    --durations=0 --durations-min=1 "${verbose[@]}" deploy/tests "$@" || status=$?
 echo "==> deployment checks: exit $status; $((SECONDS - START))s with the tools and the builds"
 exit "$status"

@@ -61,15 +61,18 @@ def tail(text, lines=40):
 
 
 def run(*cmd, cwd=REPO, env=None, input=None):
-    """Runs a command as part of a check: its output (stdout and stderr, in
-    order) is printed, so pytest shows it when the check fails, and a
-    non-zero exit fails the check naming the command. Returns the output."""
+    """Runs a command as part of a check. A non-zero exit fails the check,
+    naming the command and showing the end of its output (stdout and
+    stderr, in order); otherwise the output is printed (pytest shows it with
+    -rA) and returned."""
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, input=input, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     line = shlex.join(str(c) for c in cmd)
-    print(f"$ {line}\n{proc.stdout}", end="" if proc.stdout.endswith("\n") else "\n")
     if proc.returncode != 0:
+        if proc.stdout.count("\n") > 40:
+            print(f"$ {line}\n{proc.stdout}")  # the whole of it; the failure shows the end
         pytest.fail(f"{line} exited with {proc.returncode}:\n{tail(proc.stdout)}", pytrace=False)
+    print(f"$ {line}\n{proc.stdout}", end="" if proc.stdout.endswith("\n") else "\n")
     return proc.stdout
 
 
