@@ -1,43 +1,45 @@
-#!/usr/bin/env python3
 """Checks the Helm chart's renders (deploy/helm/imagegc) against deploy/ and
-against the values they were rendered from.
+against the values they were rendered from. Each check returns the problems
+it found (an empty list: none); deploy/tests/test_helm.py runs them.
 
-  check_helm.py split RENDER CORE_OUT
+  split(RENDER, CORE_OUT)
       writes the resources of core Kubernetes kinds to CORE_OUT (for
-      kubernetes-validate) and lists the Prometheus Operator ones; fails on
-      any other kind, so nothing goes unvalidated.
-  check_helm.py crds RENDER CRD_DIR [KIND...]
+      kubernetes-validate) and lists the Prometheus Operator ones; any other
+      kind is a problem, so nothing goes unvalidated.
+  crds(RENDER, CRD_DIR, KINDS)
       validates every PodMonitor, ServiceMonitor and PrometheusRule against
       the openAPIV3Schema of the operator's own CRD (CRD_DIR holds
       monitoring.coreos.com_*.yaml), strictly: a field the schema does not
-      name is an error, as the API server would drop it silently. The KINDs
+      name is an error, as the API server would drop it silently. The KINDS
       listed must be present.
-  check_helm.py config RENDER OUT
+  config(RENDER, OUT)
       writes the imagegc.toml of the render's ConfigMap to OUT.
-  check_helm.py default KUSTOMIZED RENDER DEPLOY_DIR
+  default(KUSTOMIZED, RENDER, DEPLOY_DIR)
       the chart's default render and `kustomize build deploy/` agree: the
       DaemonSet's pod spec, its update strategy, the ServiceAccount, the
       NetworkPolicy, the ResourceQuota, and the configuration (the rendered
       imagegc.toml says what deploy/imagegc.toml says). Only what Helm
       legitimately changes is normalised: the labels it adds, resource
       names, and the pod's config checksum annotation.
-  check_helm.py monitors PODMONITOR_RENDER SERVICEMONITOR_RENDER DEPLOY_DIR
+  monitors(PODMONITOR_RENDER, SERVICEMONITOR_RENDER, DEPLOY_DIR)
       the chart's PodMonitor is deploy/podmonitor.yaml (less Helm's labels),
       and its ServiceMonitor's endpoint relabels as that PodMonitor does.
-  check_helm.py readme CHART_DIR
+  readme(CHART_DIR)
       every value of values.yaml (down to the leaves values.schema.json
       describes) has its row in the chart's README.md, and the README names
       no value the chart does not have.
-  check_helm.py values RENDER VALUES DEPLOY_DIR
+  values(RENDER, VALUES, DEPLOY_DIR)
       a non-default render carries its values: image, runtime socket,
       ports, paths, configuration, scrape namespace, resources, monitoring
       resources, and the rules and dashboard of deploy/ verbatim.
+
+A render that cannot be checked at all (no ConfigMap with imagegc.toml, a
+CRD without the version used) raises Unusable.
 """
 
 import copy
 import json
 import os
-import sys
 import tomllib
 
 import jsonschema
@@ -49,6 +51,10 @@ OPERATOR_KINDS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitor
 # Labels the chart adds to deploy/'s app.kubernetes.io/name.
 HELM_LABELS = {"app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
                "helm.sh/chart"}
+
+
+class Unusable(Exception):
+    """A render or a CRD that the checks cannot read."""
 
 
 class Problems(list):
@@ -89,7 +95,7 @@ def by_kind(docs):
 def node_config_map(docs):
     maps = [d for d in docs if d["kind"] == "ConfigMap" and "imagegc.toml" in d.get("data", {})]
     if len(maps) != 1:
-        raise SystemExit(f"expected one ConfigMap with imagegc.toml, found {len(maps)}")
+        raise Unusable(f"expected one ConfigMap with imagegc.toml, found {len(maps)}")
     return maps[0]
 
 
@@ -98,13 +104,12 @@ def split(render, out):
     core = [d for d in docs if d["kind"] in CORE_KINDS]
     other = sorted({d["kind"] for d in docs} - CORE_KINDS - set(OPERATOR_KINDS))
     if other:
-        print(f"{render}: kinds neither validated as core nor as operator CRDs: {other}")
-        return 1
+        return [f"{render}: kinds neither validated as core nor as operator CRDs: {other}"]
     with open(out, "w", encoding="utf-8") as f:
         yaml.safe_dump_all(core, f, sort_keys=False)
     print(f"{len(core)} core resources: {sorted(d['kind'] for d in core)}")
     print(f"operator resources: {sorted(d['kind'] for d in docs if d['kind'] in OPERATOR_KINDS)}")
-    return 0
+    return []
 
 
 def strict(schema):
@@ -136,7 +141,7 @@ def crd_schema(crd_dir, kind, version):
             # metadata is the API server's ObjectMeta, which the CRD leaves open.
             schema["properties"]["metadata"] = {"type": "object"}
             return schema
-    raise SystemExit(f"{path}: no version {version}")
+    raise Unusable(f"{path}: no version {version}")
 
 
 def crds(render, crd_dir, expected):
@@ -155,13 +160,12 @@ def crds(render, crd_dir, expected):
             problems.append(f"{d['kind']}/{d['metadata']['name']}: {path}: {e.message}")
         if not errors:
             print(f"{d['kind']}/{d['metadata']['name']} matches the {version} CRD schema")
-    return report(problems)
+    return problems
 
 
 def config(render, out):
     with open(out, "w", encoding="utf-8") as f:
         f.write(node_config_map(load(render))["data"]["imagegc.toml"])
-    return 0
 
 
 def without_helm_labels(labels):
@@ -191,7 +195,7 @@ def default(kustomized, render, deploy):
     for kind in set(chart) - {"ServiceAccount", "ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota"}:
         problems.append(f"the default render has a {kind}, which `kubectl apply -k deploy/` does not create")
     if problems:
-        return report(problems)
+        return problems
 
     k_ds, c_ds = kust["DaemonSet"][0], chart["DaemonSet"][0]
     k_name, c_name = k_ds["metadata"]["name"], c_ds["metadata"]["name"]
@@ -223,7 +227,7 @@ def default(kustomized, render, deploy):
     agree("imagegc.toml settings", got, want)
     for kind in ("ConfigMap", "DaemonSet"):
         agree(f"{kind} namespace", chart[kind][0]["metadata"]["namespace"], kust[kind][0]["metadata"]["namespace"])
-    return report(problems)
+    return problems
 
 
 def values(render, values_file, deploy):
@@ -236,8 +240,7 @@ def values(render, values_file, deploy):
         found = docs.get(kind, [])
         if len(found) != 1:
             problems.append(f"{render}: {len(found)} {kind}, expected one")
-            report(problems)
-            raise SystemExit(1)
+            raise Unusable("\n".join(problems))
         return found
 
     (ds,) = docs["DaemonSet"]
@@ -322,7 +325,7 @@ def values(render, values_file, deploy):
         with open(os.path.join(deploy, "grafana-dashboard.json"), encoding="utf-8") as f:
             problems.check(json.loads(dash["data"]["imagegc.json"]) == json.load(f),
                            "the dashboard ConfigMap does not carry deploy/grafana-dashboard.json")
-    return report(problems)
+    return problems
 
 
 def monitors(pod_render, service_render, deploy):
@@ -331,7 +334,7 @@ def monitors(pod_render, service_render, deploy):
     pods = [d for d in load(pod_render) if d["kind"] == "PodMonitor"]
     services = [d for d in load(service_render) if d["kind"] == "ServiceMonitor"]
     if not problems.check(len(pods) == 1 and len(services) == 1, "expected one PodMonitor and one ServiceMonitor"):
-        return report(problems)
+        return problems
     spec = copy.deepcopy(pods[0]["spec"])
     spec["selector"]["matchLabels"] = without_helm_labels(spec["selector"]["matchLabels"])
     problems.same("PodMonitor spec", spec, want["spec"], "deploy/podmonitor.yaml has")
@@ -340,7 +343,7 @@ def monitors(pod_render, service_render, deploy):
     for key in ("port", "path", "relabelings", "metricRelabelings"):
         problems.same(f"ServiceMonitor endpoint {key}", endpoint.get(key), wanted.get(key),
                       "deploy/podmonitor.yaml has")
-    return report(problems)
+    return problems
 
 
 def value_paths(schema, values, prefix=""):
@@ -373,25 +376,4 @@ def readme(chart):
     for path in sorted(documented - paths):
         problems.append(f"README.md documents {path}, which values.yaml does not have")
     print(f"{len(paths)} values, each with its README row")
-    return report(problems)
-
-
-def report(problems):
-    for p in problems:
-        print(p)
-    return 1 if problems else 0
-
-
-def main(argv):
-    commands = {"monitors": (monitors, 3), "readme": (readme, 1), "split": (split, 2), "config": (config, 2), "default": (default, 3), "values": (values, 3)}
-    if len(argv) >= 3 and argv[0] == "crds":
-        return crds(argv[1], argv[2], argv[3:])
-    if not argv or argv[0] not in commands or len(argv) - 1 != commands[argv[0]][1]:
-        print(__doc__, file=sys.stderr)
-        return 2
-    function, _ = commands[argv[0]]
-    return function(*argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    return problems

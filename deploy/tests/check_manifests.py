@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Checks what a schema cannot: that the files in deploy/ agree with each
 other and with what the daemon needs.
 
@@ -18,11 +17,11 @@ other and with what the daemon needs.
   privilege, and the grace period covers the daemon's 20 s shutdown;
 - the PrometheusRule carries the same groups as prometheus-rules.yaml.
 
-Usage: check_manifests.py DEPLOY_DIR
+check(DEPLOY_DIR) returns the problems found; deploy/tests/test_manifests.py
+runs it.
 """
 
 import os
-import sys
 import tomllib
 
 import yaml
@@ -57,7 +56,7 @@ def under(path, mount):
     return path == mount or path.startswith(mount.rstrip("/") + "/")
 
 
-def main(deploy):
+def check(deploy):
     problems = Problems()
     kust = load_all(os.path.join(deploy, "kustomization.yaml"))[0]
     resources = kust.get("resources", [])
@@ -203,12 +202,3 @@ def main(deploy):
             problems.check(doc["metadata"].get("namespace") == namespace, f"{name} is not in namespace {namespace}")
     return problems
 
-
-if __name__ == "__main__":
-    deploy = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
-    problems = main(deploy)
-    for p in problems:
-        print(f"FAIL {p}")
-    if not problems:
-        print("ok: deploy/ files agree with each other and with the daemon's needs")
-    sys.exit(1 if problems else 0)

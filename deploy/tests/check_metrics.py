@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Checks that the Grafana dashboard and the alerting rules use only metrics
 that imagegc exports, with label values it can produce.
 
@@ -9,23 +8,17 @@ label's values. The dashboard is also checked for structure: every panel
 has queries, ids are unique, panels do not overlap, and every $variable it
 uses is defined.
 
-Usage:
-  check_metrics.py [--emit-rules FILE] DASHBOARD.json RULES.yaml...
-
-With IMAGEGC_METRICS_FILE set to a scrape of /metrics, names are checked
-against that scrape instead of the list below, and the differences between
-the two are reported.
-
---emit-rules writes every dashboard query, with Grafana's variables replaced,
-as a recording rule, so that `promtool check rules` can parse them with
-Prometheus's own parser.
+check(DASHBOARD, RULES, scrape=None, emit_rules=None) returns the problems
+and notes; deploy/tests/test_prometheus.py runs it. Given a scrape of
+/metrics, names are checked against that scrape instead of the list below,
+and the differences between the two are noted. emit_rules writes every
+dashboard query, with Grafana's variables replaced, as a recording rule, so
+that `promtool check rules` can parse them with Prometheus's own parser.
 """
 
-import argparse
 import json
 import os
 import re
-import sys
 
 import promql_parser
 import yaml
@@ -306,16 +299,13 @@ def check_rules(path, checker):
                         checker.problem(f"{where} {name}", f"annotation {key} names a window, which users scale: {text}")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--emit-rules", metavar="FILE")
-    parser.add_argument("dashboard")
-    parser.add_argument("rules", nargs="+")
-    args = parser.parse_args()
-
+def check(dashboard, rules, scrape=None, emit_rules=None):
+    """Checks the dashboard and each rules file against the series imagegc
+    exports (the list above, or those of the scrape at SCRAPE). Returns the
+    problems and the notes (what differs from the scrape, what no panel or
+    rule shows, and a summary)."""
     source = "the list in check_metrics.py"
     series = exported_series()
-    scrape = os.environ.get("IMAGEGC_METRICS_FILE")
     notes = []
     if scrape:
         scraped = scraped_series(scrape)
@@ -335,27 +325,17 @@ def main():
     series.update(PROMETHEUS_SERIES)
     checker = Checker(series)
     emitted = []
-    check_dashboard(args.dashboard, checker, emitted)
-    for path in args.rules:
+    check_dashboard(dashboard, checker, emitted)
+    for path in rules:
         check_rules(path, checker)
 
-    if args.emit_rules:
-        rules = [{"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(emitted)]
-        with open(args.emit_rules, "w", encoding="utf-8") as f:
-            yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, f, sort_keys=False)
+    if emit_rules:
+        recording = [{"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(emitted)]
+        with open(emit_rules, "w", encoding="utf-8") as f:
+            yaml.safe_dump({"groups": [{"name": "dashboard", "rules": recording}]}, f, sort_keys=False)
 
-    for note in notes:
-        print(f"note: {note}")
     unused = sorted(n for n in EXPORTED if not any(u == n or u.startswith(n + "_") for u in checker.used))
     if unused:
-        print(f"note: exported but shown nowhere: {', '.join(unused)}")
-    if checker.problems:
-        for p in checker.problems:
-            print(f"FAIL {p}")
-        return 1
-    print(f"ok: {checker.checked} expressions use {len(checker.used)} series, all exported ({source})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        notes.append(f"exported but shown nowhere: {', '.join(unused)}")
+    notes.append(f"{checker.checked} expressions use {len(checker.used)} series ({source})")
+    return checker.problems, notes

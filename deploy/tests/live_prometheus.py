@@ -21,7 +21,7 @@ last success it had before, and that every dashboard query returns data,
 with the node picker filtering. Prints the alert table (fires / resolves /
 quiet when healthy). Needs root (it mounts a tmpfs).
 
-Usage:
+Run by deploy/tests/test_prometheus.py (check()), or alone:
   live_prometheus.py --imagegc BIN --fake-runtime BIN --rules RULES.yaml
                      --dashboard DASHBOARD.json [--prometheus BIN] [--promtool BIN]
 """
@@ -543,39 +543,50 @@ class Live:
             print(f"note: {note}")
 
 
+def check(imagegc, fake_runtime, rules, dashboard, prometheus=None, promtool=None):
+    """Runs the whole scenario and prints the alert table; returns what
+    failed (with the last lines of the daemons' and Prometheus's logs), or
+    None when everything held."""
+    args = argparse.Namespace(imagegc=imagegc, fake_runtime=fake_runtime, rules=rules, dashboard=dashboard,
+                              prometheus=prometheus or shutil.which("prometheus") or "/usr/bin/prometheus",
+                              promtool=promtool or shutil.which("promtool") or "promtool")
+    work = tempfile.mkdtemp(prefix="imagegc-live-")
+    live = Live(args, work)
+    failure = None
+    started = time.time()
+    try:
+        live.run()
+    except Failure as err:
+        failure = str(err)
+        for name in ("imagegc-a", "imagegc-b", "prometheus"):
+            path = os.path.join(work, f"{name}.log")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    failure += f"\n--- last lines of {name}.log\n" + "".join(f.readlines()[-15:]).rstrip("\n")
+    finally:
+        live.cleanup()
+        live.print_table()
+        print(f"took {time.time() - started:.0f}s")
+        shutil.rmtree(work, ignore_errors=True)
+    return failure
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--imagegc", required=True)
     parser.add_argument("--fake-runtime", required=True)
     parser.add_argument("--rules", required=True)
     parser.add_argument("--dashboard", required=True)
-    parser.add_argument("--prometheus", default=shutil.which("prometheus") or "/usr/bin/prometheus")
-    parser.add_argument("--promtool", default=shutil.which("promtool") or "promtool")
+    parser.add_argument("--prometheus")
+    parser.add_argument("--promtool")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("live_prometheus.py: run as root (it mounts a tmpfs)")
         return 2
-    work = tempfile.mkdtemp(prefix="imagegc-live-")
-    live = Live(args, work)
-    status = 0
-    started = time.time()
-    try:
-        live.run()
-    except Failure as err:
-        print(f"FAIL {err}")
-        for name in ("imagegc-a", "imagegc-b", "prometheus"):
-            path = os.path.join(work, f"{name}.log")
-            if os.path.exists(path):
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    print(f"--- last lines of {name}.log")
-                    print("".join(f.readlines()[-15:]), end="")
-        status = 1
-    finally:
-        live.cleanup()
-        live.print_table()
-        print(f"took {time.time() - started:.0f}s")
-        shutil.rmtree(work, ignore_errors=True)
-    return status
+    failure = check(args.imagegc, args.fake_runtime, args.rules, args.dashboard, args.prometheus, args.promtool)
+    if failure:
+        print(f"FAIL {failure}")
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ No runtime answers on the socket, so the daemon must: serve /healthz (200)
 and /readyz (503) and /metrics, refuse POST, stop on SIGTERM with exit code
 0 well within the pod's grace period, and leave its state file behind.
 
-Usage:
+Run by deploy/tests/test_daemon.py and test_image.py (smoke()), or alone:
   smoke_daemon.py --binary PATH --config TOML [--scrape-out FILE]
   smoke_daemon.py --rootfs DIR  --config TOML [--scrape-out FILE]
 """
@@ -91,19 +91,15 @@ def get(path, method="GET"):
         return err.code, err.read().decode()
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--binary")
-    what.add_argument("--rootfs")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--scrape-out")
-    args = parser.parse_args()
-
+def smoke(config, binary=None, rootfs=None, scrape_out=None):
+    """Runs the daemon from BINARY, or as /imagegc chrooted in ROOTFS, with
+    CONFIG; returns the problems found (none: all is as the kubelet and
+    Prometheus need it). Writes the /metrics scrape to SCRAPE_OUT."""
+    if (binary is None) == (rootfs is None):
+        raise ValueError("give binary or rootfs")
     with socket.socket() as s:
         if s.connect_ex(LISTEN) == 0:
-            print(f"FAIL {LISTEN[0]}:{LISTEN[1]} is already in use; stop what listens there")
-            return 1
+            return [f"{LISTEN[0]}:{LISTEN[1]} is already in use; stop what listens there"]
 
     work = tempfile.mkdtemp(prefix="imagegc-smoke-")
     problems = []
@@ -115,11 +111,11 @@ def main():
         for d in (config_dir, socket_dir, state_dir):
             os.makedirs(d)
         os.chmod(state_dir, 0o755)
-        with open(args.config, encoding="utf-8") as f:
+        with open(config, encoding="utf-8") as f:
             text = f.read()
         # Same configuration, but on loopback (this machine's own port), and
         # without the rootfs, measuring the temporary state directory.
-        fs_path = STATE_DIR if args.rootfs else state_dir
+        fs_path = STATE_DIR if rootfs else state_dir
         lines = []
         for line in text.splitlines():
             if line.startswith("listen ="):
@@ -130,17 +126,17 @@ def main():
         with open(os.path.join(config_dir, "imagegc.toml"), "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
 
-        if args.rootfs:
+        if rootfs:
             exe = "/imagegc"
             argv = [exe, "run", "--config", f"{CONFIG_DIR}/imagegc.toml",
                     "--runtime-endpoint", f"unix://{SOCKET_DIR}/containerd.sock",
                     "--state-dir", STATE_DIR, "--log-format", "json"]
 
             def setup():
-                enter_rootfs(os.path.abspath(args.rootfs), config_dir, socket_dir, state_dir)
+                enter_rootfs(os.path.abspath(rootfs), config_dir, socket_dir, state_dir)
                 drop_privileges()
         else:
-            exe = os.path.abspath(args.binary)
+            exe = os.path.abspath(binary)
             argv = [exe, "run", "--config", os.path.join(config_dir, "imagegc.toml"),
                     "--runtime-endpoint", f"unix://{socket_dir}/containerd.sock",
                     "--state-dir", state_dir, "--log-format", "json"]
@@ -176,8 +172,8 @@ def main():
                 if path == "/metrics" and method == "GET":
                     if "imagegc_runtime_up 0" not in body:
                         problems.append("/metrics does not say imagegc_runtime_up 0")
-                    if args.scrape_out:
-                        with open(args.scrape_out, "w", encoding="utf-8") as f:
+                    if scrape_out:
+                        with open(scrape_out, "w", encoding="utf-8") as f:
                             f.write(body)
             started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
@@ -199,11 +195,23 @@ def main():
             with open(os.path.join(work, "daemon.log"), errors="replace") as f:
                 sys.stdout.write("  daemon log:\n" + "".join("    " + l for l in f.readlines()[-20:]))
         shutil.rmtree(work, ignore_errors=True)
-    for p in problems:
-        print(f"FAIL {p}")
     if not problems:
         print("ok: healthz 200, readyz 503 without a runtime, metrics served, POST refused, "
               "no capabilities, clean SIGTERM, state saved")
+    return problems
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--binary")
+    what.add_argument("--rootfs")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--scrape-out")
+    args = parser.parse_args()
+    problems = smoke(args.config, binary=args.binary, rootfs=args.rootfs, scrape_out=args.scrape_out)
+    for p in problems:
+        print(f"FAIL {p}")
     return 1 if problems else 0
 
 

@@ -1,0 +1,189 @@
+"""The Helm chart (deploy/helm/imagegc): lint, then its renders with the
+default values and with each ci/*-values.yaml, for each Kubernetes version:
+every core resource through kubernetes-validate --strict, every PodMonitor,
+ServiceMonitor and PrometheusRule against the prometheus-operator's own CRD
+schemas; the default render against `kustomize build deploy/`; the other
+renders against their values; the packaged chart; bad values refused; the
+rendered imagegc.toml through `imagegc check-config`."""
+
+import difflib
+import filecmp
+import os
+
+import pytest
+
+from support import CHART, DEPLOY, K8S_VERSIONS, REPO, missing, module, no_problems, output, run, tool
+
+# name -> (release, namespace, values file or None). The default render uses
+# release and namespace "imagegc", as deploy/ does.
+SETS = {
+    "default": ("imagegc", "imagegc", None),
+    "everything": ("other", "gc-system", os.path.join(CHART, "ci", "everything-values.yaml")),
+    "podmonitor": ("imagegc", "monitoring", os.path.join(CHART, "ci", "podmonitor-values.yaml")),
+}
+EACH = [(name, version) for name in SETS for version in K8S_VERSIONS]
+
+
+def values_flags(name):
+    values = SETS[name][2]
+    return ["--values", values] if values else []
+
+
+class Helm:
+    """helm, and the chart's renders (rendered once per session)."""
+
+    def __init__(self, binary, work):
+        self.binary = binary
+        self.work = work
+        self.renders = {}
+
+    def render(self, name, version):
+        if (name, version) not in self.renders:
+            release, namespace, _ = SETS[name]
+            path = self.work / f"{name}-{version}.yaml"
+            path.write_text(output(self.binary, "template", release, CHART, "--namespace", namespace,
+                                   "--kube-version", version, *values_flags(name)))
+            self.renders[(name, version)] = path
+        return self.renders[(name, version)]
+
+
+@pytest.fixture(scope="module")
+def helm(work):
+    path = os.environ.get("IMAGEGC_HELM")
+    if not path:
+        missing("helm", "IMAGEGC_HELM is unset (scripts/check-deploy.sh builds helm from its Go module, "
+                        "when Go is installed in /usr/local/go/bin)")
+    if not os.access(path, os.X_OK):
+        missing("helm", f"IMAGEGC_HELM={path} is not an executable")
+    renders = work / "helm"
+    renders.mkdir()
+    return Helm(path, renders)
+
+
+@pytest.fixture(scope="module")
+def operator_crds():
+    path = os.environ.get("IMAGEGC_OPERATOR_CRDS")
+    if not path:
+        missing("operator-crds", "IMAGEGC_OPERATOR_CRDS is unset (scripts/check-deploy.sh downloads "
+                                 "the prometheus-operator's Go module, when Go is installed)")
+    if not os.path.isfile(os.path.join(path, "monitoring.coreos.com_podmonitors.yaml")):
+        missing("operator-crds", f"no monitoring.coreos.com_podmonitors.yaml in IMAGEGC_OPERATOR_CRDS={path}")
+    return path
+
+
+def check_helm():
+    module("yaml")
+    module("jsonschema")
+    import check_helm
+
+    return check_helm
+
+
+def test_helm_files_are_deploys_rules_and_dashboard():
+    # helm package does not follow symlinks: the chart keeps copies.
+    problems = [f"{CHART}/files/{f} differs from deploy/{f}: cp deploy/{f} {CHART}/files/{f}"
+                for f in ("prometheus-rules.yaml", "grafana-dashboard.json")
+                if not filecmp.cmp(os.path.join(DEPLOY, f), os.path.join(CHART, "files", f), shallow=False)]
+    no_problems(problems, "the chart's copies")
+
+
+def test_helm_every_value_has_its_readme_row():
+    no_problems(check_helm().readme(CHART), "the chart's README.md")
+
+
+@pytest.mark.parametrize("name,version", EACH)
+def test_helm_lint_strict(helm, name, version):
+    run(helm.binary, "lint", "--strict", "--kube-version", version, CHART, *values_flags(name))
+
+
+@pytest.mark.parametrize("name,version", EACH)
+def test_helm_template_core_resources_validate(helm, name, version):
+    render = helm.render(name, version)
+    core = f"{render}.core"
+    no_problems(check_helm().split(render, core), f"{name} render")
+    run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", version, core)
+
+
+# Each set must render the operator kinds it turns on; deploy/'s own
+# operator extras, which kubectl apply -k does not cover, too.
+CRD_CASES = [(name, version, kinds) for name, kinds in (
+    ("default", []), ("everything", ["ServiceMonitor", "PrometheusRule"]),
+    ("podmonitor", ["PodMonitor", "PrometheusRule"])) for version in K8S_VERSIONS]
+CRD_CASES += [("deploy/podmonitor.yaml", None, ["PodMonitor"]), ("deploy/prometheusrule.yaml", None, ["PrometheusRule"])]
+
+
+@pytest.mark.parametrize("name,version,kinds", CRD_CASES, ids=[f"{n}-{v}" if v else n for n, v, _ in CRD_CASES])
+def test_operator_resources_match_the_crds(helm, operator_crds, name, version, kinds):
+    path = helm.render(name, version) if version else os.path.join(REPO, name)
+    no_problems(check_helm().crds(path, operator_crds, kinds), f"{name} against the CRD schemas")
+
+
+def test_helm_default_render_is_the_kustomize_build(helm, kustomized):
+    no_problems(check_helm().default(kustomized, helm.render("default", "1.26.0"), DEPLOY),
+                "helm template (defaults) and kustomize build deploy/ disagree")
+
+
+def test_helm_render_carries_its_values(helm):
+    no_problems(check_helm().values(helm.render("everything", "1.26.0"), SETS["everything"][2], DEPLOY),
+                "helm template with ci/everything-values.yaml")
+
+
+def test_helm_pod_and_service_monitor_scrape_as_deploy_podmonitor(helm):
+    no_problems(check_helm().monitors(helm.render("podmonitor", "1.26.0"), helm.render("everything", "1.26.0"),
+                                      DEPLOY), "the chart's monitors")
+
+
+def test_helm_package_renders_the_same(helm, work):
+    # What users install is the package: it must carry files/ and render the
+    # same as the directory.
+    package = work / "package"
+    run(helm.binary, "package", CHART, "--destination", package)
+    (tgz,) = package.glob("imagegc-*.tgz")
+    packaged = output(helm.binary, "template", "other", tgz, "--namespace", "gc-system", "--kube-version", "1.26.0",
+                      "--values", SETS["everything"][2])
+    directory = helm.render("everything", "1.26.0").read_text()
+    diff = list(difflib.unified_diff(directory.splitlines(), packaged.splitlines(), "directory", "package",
+                                     lineterm=""))
+    assert not diff, "the packaged chart renders differently:\n" + "\n".join(diff[:60])
+
+
+# What: the error must say MESSAGE for --set SET...
+REFUSALS = [
+    ("a misspelt key", "additional properties 'dryrun' not allowed", ["gc.dryrun=true"]),
+    ("a percentage above 100", "/gc/highThresholdPercent", ["gc.highThresholdPercent=101"]),
+    ("low at or above high", "gc.lowThresholdPercent (90) must be less than gc.highThresholdPercent (85)",
+     ["gc.lowThresholdPercent=90"]),
+    ("an endpoint outside the mounted directory", "runtime.endpoint", ["runtime.socketDir=/run/crio"]),
+    ("an image filesystem path outside the runtime's root", "gc.imageFsPath", ["gc.imageFsPath=/var/lib/imagegc"]),
+    ("one inode threshold", "set both or neither", ["gc.highInodesPercent=90"]),
+    ("two monitors", "pick one", ["podMonitor.enabled=true", "serviceMonitor.enabled=true"]),
+    ("max age below min age", "gc.maxAge (1m) must be greater than gc.minAge (2m)", ["gc.maxAge=1m"]),
+    ("a poll longer than the interval", "gc.usagePollInterval (2h) must not be longer than gc.interval (1h)",
+     ["gc.interval=1h", "gc.usagePollInterval=2h"]),
+    ("an interval over a day", "gc.interval (2d) must be at most 1d", ["gc.interval=2d"]),
+    ("a max age over a year", "gc.maxAge (400d) must be at most 365d", ["gc.maxAge=400d"]),
+    ("a duration the binary cannot read", "/gc/minAge", ["gc.minAge=soon"]),
+]
+
+
+@pytest.mark.parametrize("what,message,sets", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_helm_template_refuses_bad_values_naming_them(helm, what, message, sets):
+    import subprocess
+
+    flags = [arg for s in sets for arg in ("--set", s)]
+    proc = subprocess.run([helm.binary, "template", "imagegc", CHART, "--kube-version", "1.26.0", *flags],
+                          capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, f"{what}: rendered with {' '.join(flags)}, expected a refusal"
+    said = [line for line in out.splitlines() if message in line]
+    assert said, f"{what}: the error does not say {message!r}:\n{out}"
+    print(f"{what}: {said[0]}")
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_helm_rendered_config_passes_check_config(helm, any_imagegc_bin, work, name):
+    if any_imagegc_bin is None:
+        pytest.skip("no imagegc binary (static, target/release or target/debug)")
+    toml = work / f"helm-{name}.toml"
+    check_helm().config(helm.render(name, "1.26.0"), toml)
+    run(any_imagegc_bin, "check-config", "--config", toml)

@@ -1,0 +1,34 @@
+"""The Kubernetes manifests of deploy/ (kubectl apply -k deploy/)."""
+
+import os
+
+import pytest
+
+from support import DEPLOY, K8S_VERSIONS, module, no_problems, run, tool
+
+
+def resources():
+    yaml = module("yaml")
+    with open(os.path.join(DEPLOY, "kustomization.yaml"), encoding="utf-8") as f:
+        return [os.path.join(DEPLOY, r) for r in yaml.safe_load(f)["resources"]]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_validate_strict_each_resource(version):
+    run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", version, *resources())
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kustomize_build_validates(kustomized, version):
+    run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", version, kustomized)
+
+
+def test_kustomize_build_sets_the_image(kustomized):
+    assert "image: ghcr.io/imagegc/imagegc:0.1.0" in kustomized.read_text(), "the image is not set"
+
+
+def test_deploy_files_agree_ports_paths_mounts_security():
+    module("yaml")
+    import check_manifests
+
+    no_problems(check_manifests.check(DEPLOY), "deploy/ files disagree")

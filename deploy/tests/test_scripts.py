@@ -1,0 +1,14 @@
+"""The scripts that run these checks."""
+
+import pytest
+
+from support import run, tool
+
+# The entry point, and what it sources to install the tools.
+SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_shellcheck(script):
+    # -x: follow what the entry point sources.
+    run(tool("shellcheck"), "-x", script)
