@@ -69,7 +69,10 @@ impl Fake {
                 repo_tags: (0..tags)
                     .map(|t| match t {
                         0 => format!("{name}:v1.2.{}", i % 10),
-                        t => format!("{name}:build-{}-{t}", hex(6, (i * tags + t) as u64).get(..12).unwrap_or("")),
+                        t => format!(
+                            "{name}:build-{}-{t}",
+                            hex(6, (i * tags + t) as u64).get(..12).unwrap_or("")
+                        ),
                     })
                     .collect(),
                 repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
@@ -156,7 +159,8 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "[gc]\ninterval = \"{interval}\"\nusage_poll_interval = \"30s\"\n\n[metrics]\nlisten = \"{addr}\"\n"
+                "[gc]\ninterval = \"{interval}\"\nusage_poll_interval = \"{poll}\"\n\n[metrics]\nlisten = \"{addr}\"\n",
+                poll = if interval == "5m" { "30s" } else { interval }
             ),
         )
         .expect("writing the configuration");
@@ -251,7 +255,10 @@ fn memory(images: usize, tags: usize) {
     let first = daemon.wait_ready();
     let started = Instant::now();
     while cycles_done(daemon.addr) < 3 {
-        assert!(started.elapsed() < READY_TIMEOUT, "three cycles not done in {READY_TIMEOUT:?}");
+        assert!(
+            started.elapsed() < READY_TIMEOUT,
+            "three cycles not done in {READY_TIMEOUT:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let peak = status_kib(daemon.pid(), "VmHWM:");

@@ -48,6 +48,10 @@ pub fn node_history(i: usize, now: SystemTime) -> (SystemTime, SystemTime) {
 
 /// The release build of the daemon, which the process benches run.
 pub fn imagegc_binary() -> PathBuf {
+    // A binary of one's own (one with symbols under a profiler's wrapper).
+    if let Some(binary) = std::env::var_os("IMAGEGC_BENCH_BINARY") {
+        return PathBuf::from(binary);
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"), PathBuf::from);
     let binary = target.join("release").join("imagegc");

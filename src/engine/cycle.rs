@@ -61,6 +61,11 @@ impl<R: Runtime> Collector<R> {
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<(), CycleError> {
+        // The last listing goes before the new one is made: two listings of
+        // a big node at once would double the daemon's memory. (Container
+        // events until the next listing that answers find no image to mark:
+        // the runtime is down, or that listing comes within the call.)
+        self.last_images = Vec::new();
         let Listing {
             snapshot,
             listed,

@@ -161,6 +161,8 @@ pub enum Event<'a> {
     MeasureFailedMidWalk(&'a str),
     /// A space candidate left alone: removed within the thrash window.
     HeldBack(&'a str),
+    /// The re-check before a removal starts (debug).
+    Rechecking(&'a str),
     /// A candidate kept at the re-check before its removal.
     Kept {
         /// The image id.
@@ -450,6 +452,7 @@ impl Sink for LogSink {
             Event::HeldBack(id) => {
                 debug!(image = %id, "removed within gc.thrash_window while images cannot reach low: left alone");
             }
+            Event::Rechecking(id) => debug!(image = %id, "re-checking containers before removal"),
             Event::Kept { id, tags, why } => log_kept(id, tags, why),
             Event::Removing { id, reason, dry_run } => debug!(
                 image = %id,

@@ -83,7 +83,10 @@ struct Said {
 pub struct Collector<R> {
     runtime: R,
     config: Arc<Config>,
-    records: Records,
+    /// Shared with a save in progress only: the save is awaited before the
+    /// records change again, so `Arc::make_mut` never copies them (a copy
+    /// of 100,000 records would double their memory for the save).
+    records: Arc<Records>,
     store: StateStore,
     journal: Journal,
     pending: Pending,
@@ -138,7 +141,7 @@ impl<R: Runtime> Collector<R> {
         let mut collector = Collector {
             runtime,
             config,
-            records,
+            records: Arc::new(records),
             store,
             journal,
             pending,
@@ -270,7 +273,7 @@ impl<R: Runtime> Collector<R> {
     /// goes on and tries again at the next save.
     pub async fn save(&mut self) {
         let store = self.store.clone();
-        let records = self.records.clone();
+        let records = Arc::clone(&self.records);
         let now = self.clock.now();
         let last_success = self.metrics.last_success();
         let result =
@@ -278,7 +281,7 @@ impl<R: Runtime> Collector<R> {
         match result {
             Ok(Ok(())) => {
                 self.sinks.emit(&Event::Saved(Ok(self.records.len())));
-                self.records.saved();
+                Arc::make_mut(&mut self.records).saved();
                 self.last_saved = Some(now);
             }
             Ok(Err(err)) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),

@@ -150,6 +150,7 @@ impl<R: Runtime> Collector<R> {
         report: &mut CycleReport,
     ) -> Result<Option<Image>, CycleError> {
         let images = &snapshot.images;
+        self.sinks.emit(&Event::Rechecking(candidate.id));
         let recheck_error = |what, source| CycleError::Recheck {
             what,
             image: candidate.id.to_string(),
@@ -167,7 +168,7 @@ impl<R: Runtime> Collector<R> {
             .map_err(|source| recheck_error("the image", source))?;
         let Some(current) = current else {
             self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
-            self.records.remove(candidate.id);
+            Arc::make_mut(&mut self.records).remove(candidate.id);
             return Ok(None);
         };
         if containers.iter().any(|c| c.mounts_unknown) {
@@ -185,7 +186,7 @@ impl<R: Runtime> Collector<R> {
             .collect();
         let matches = matching::References::new(&containers, &[]).matches(listing.iter().copied());
         let why = if !matches.users(listing.len() - 1).is_empty() {
-            self.records.mark_used([candidate.id], self.clock.now());
+            Arc::make_mut(&mut self.records).mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());
             Some(KeptAtRecheck::CameIntoUse)
         } else if current.pinned {
@@ -297,7 +298,7 @@ impl<R: Runtime> Collector<R> {
         let step = match result {
             Ok(Removed::AlreadyGone) => {
                 self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
-                self.records.remove(candidate.id);
+                Arc::make_mut(&mut self.records).remove(candidate.id);
                 Step::Kept
             }
             Ok(Removed::Done) => {
@@ -399,7 +400,7 @@ impl<R: Runtime> Collector<R> {
         // from it); awaited, so the journal keeps the removals' order.
         let _ = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
         if !removal.dry_run {
-            self.records.remove(&removal.id);
+            Arc::make_mut(&mut self.records).remove(&removal.id);
             self.thrash
                 .remember(self.clock.now(), removal.id.clone(), &removal.digests);
             self.pending.forget(&removal.id);

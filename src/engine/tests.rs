@@ -597,7 +597,7 @@ async fn age_pass_runs_before_space_and_counts_by_reason() {
             ever_used: false,
         },
     );
-    c.records = Records::from_map(map);
+    c.records = Arc::new(Records::from_map(map));
     let report = cycle(&mut c).await;
     assert_eq!(sim.removed(), ["old"]);
     assert_eq!(report.removed[0].reason, Reason::Age);
@@ -741,7 +741,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
             },
         );
     }
-    c.records = Records::from_map(map);
+    c.records = Arc::new(Records::from_map(map));
     // What `plan` shows.
     let listing = c.observe().await.unwrap();
     let (age, space) = {

@@ -5,6 +5,7 @@
 //! `gc.usage_poll_interval`, or, while the runtime streams container events,
 //! shortly after each burst of them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -53,7 +54,7 @@ impl<R: Runtime> Collector<R> {
         }
         self.note_image_fs(image_fs.as_ref().ok());
         self.note_sources(&snapshot, sandbox_configured_unmatched, mounts_unread.as_deref());
-        let (observed, listed) = self.records.observe_snapshot(&snapshot, self.clock.now());
+        let (observed, listed) = Arc::make_mut(&mut self.records).observe_snapshot(&snapshot, self.clock.now());
         self.note_listing(&observed, &snapshot.images).await;
         Ok(Listing {
             snapshot,
@@ -74,10 +75,12 @@ impl<R: Runtime> Collector<R> {
     /// used now. Like a cycle's listing, it tells whether the runtime
     /// answered: between cycles the poll is what notices an outage.
     pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
+        // Not held beside the new listing (see the cycle).
+        self.last_images = Vec::new();
         let listings = self.observer.list(&self.runtime).await;
         self.sinks.emit(&Event::RuntimeUp(listings.is_ok()));
         let (images, containers) = listings?;
-        let observed = self.records.observe(&images, &containers, self.clock.now());
+        let observed = Arc::make_mut(&mut self.records).observe(&images, &containers, self.clock.now());
         self.note_listing(&observed, &images).await;
         let in_use = InUse::new(&images, &containers).len();
         self.last_images = images;
@@ -94,7 +97,7 @@ impl<R: Runtime> Collector<R> {
         let at = event
             .created_at
             .map_or_else(|| self.clock.now(), |stamped| self.clock.from_wall(stamped));
-        self.records.mark_used(ids, at);
+        Arc::make_mut(&mut self.records).mark_used(ids, at);
     }
 
     /// What a listing did beyond last-used times: the records' changes,
