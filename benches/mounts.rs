@@ -22,7 +22,7 @@ use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, ContainerState, Image};
 use imagegc::engine::Collector;
 use imagegc::metrics::Metrics;
-use imagegc::testing::SimDisk;
+use imagegc::sim::SimDisk;
 use imagegc::time::Clock;
 
 const CONTAINERS: usize = 1_000;

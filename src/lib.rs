@@ -18,6 +18,8 @@
 //!   metrics and probes; [`cli`] is each command and what it prints.
 //! - [`config`]: raw files to a validated configuration; [`time`], [`fs`] and
 //!   [`log`] are the clock, the filesystem probe and logging.
+//! - [`sim`]: an image filesystem simulated in memory, measured through the
+//!   same probe as a real one.
 //!
 //! README.md's "Development" section lists the files.
 pub mod cli;
@@ -39,6 +41,7 @@ pub mod policy;
 pub mod records;
 pub(crate) mod reference;
 pub(crate) mod safe_file;
+pub mod sim;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
 #[allow(missing_docs)] // test support: documented where it is not obvious, not item by item

@@ -1,6 +1,6 @@
 //! What every test of imagegc builds its world from: images and containers
-//! as a runtime lists them, records as a previous process saved them, a
-//! simulated image filesystem, the value of one series in a metrics scrape,
+//! as a runtime lists them, records as a previous process saved them, what
+//! a removal frees on the simulated disk ([`crate::sim`]), the value of one series in a metrics scrape,
 //! and the `imagegc` binary with the flags every process-level test passes;
 //! and, for the end-to-end tests, the benches and the demo, a private real
 //! runtime ([`testbed`]) and the OCI images it imports ([`oci`]).
@@ -12,16 +12,15 @@
 //! turns on: a release build has none of it. The daemon's own code must
 //! never reach it.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::cri::fake::RemoveEffect;
 use crate::cri::{Container, Image, proto};
-use crate::fs::{FsError, FsProbe, FsStats};
 use crate::records::{Record, Records};
+use crate::sim::SimDisk;
 
 #[cfg(feature = "testing")]
 pub mod oci;
@@ -139,128 +138,25 @@ pub fn records(entries: impl IntoIterator<Item = (String, Record)>) -> Records {
     Records::from_map(entries)
 }
 
-/// A simulated image filesystem: its capacity, its available bytes, and
-/// what each image really occupies. Clones share one disk, so a test keeps
-/// one to look at and change while the collector measures another.
-#[derive(Clone, Default)]
-pub struct SimDisk(Arc<Mutex<DiskState>>);
-
-#[derive(Default)]
-struct DiskState {
-    capacity: u64,
-    available: u64,
-    on_disk: HashMap<String, u64>,
-    zero_capacity: bool,
-    measurements: usize,
-    /// Paths under which another filesystem is mounted (see
-    /// [`SimDisk::other_filesystem_at`]).
-    elsewhere: Vec<std::path::PathBuf>,
+/// The removal effects of a [`SimDisk`], to give
+/// [`FakeRuntime::on_remove`](crate::cri::fake::FakeRuntime::on_remove).
+pub trait DiskEffects {
+    /// A removed image frees what it [occupied](SimDisk::occupy), nothing if
+    /// it occupied nothing.
+    fn free_on_remove(&self) -> RemoveEffect;
+    /// A removed image frees the size the runtime lists for it.
+    fn free_listed_size_on_remove(&self) -> RemoveEffect;
 }
 
-/// The simulated disk's filesystem id, and that of the filesystem mounted
-/// elsewhere.
-const SIM_FILESYSTEM_ID: u64 = 1;
-const OTHER_FILESYSTEM_ID: u64 = 2;
-
-impl SimDisk {
-    pub fn new(capacity: u64, available: u64) -> Self {
-        let disk = SimDisk::default();
-        disk.set(capacity, available);
-        disk
-    }
-
-    fn lock(&self) -> MutexGuard<'_, DiskState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub fn set(&self, capacity: u64, available: u64) {
-        let mut state = self.lock();
-        state.capacity = capacity;
-        state.available = available;
-    }
-
-    pub fn set_available(&self, available: u64) {
-        self.lock().available = available;
-    }
-
-    pub fn available(&self) -> u64 {
-        self.lock().available
-    }
-
-    /// The image really occupies `bytes` (whatever size the runtime reports).
-    pub fn occupy(&self, image_id: &str, bytes: u64) {
-        self.lock().on_disk.insert(image_id.to_string(), bytes);
-    }
-
-    /// statvfs answers a capacity of 0 (the real probe turns it into
-    /// [`FsError::ZeroCapacity`]).
-    pub fn report_zero_capacity(&self) {
-        self.lock().zero_capacity = true;
-    }
-
-    /// Another filesystem (roomy, empty) is mounted at `path`: a path under
-    /// it is measured there, with another filesystem id.
-    pub fn other_filesystem_at(&self, path: impl AsRef<Path>) {
-        self.lock().elsewhere.push(path.as_ref().to_path_buf());
-    }
-
-    /// How many times the filesystem was measured.
-    pub fn measurements(&self) -> usize {
-        self.lock().measurements
-    }
-
-    /// The effect to give [`FakeRuntime::on_remove`](crate::cri::fake::FakeRuntime::on_remove):
-    /// a removed image frees what it [occupied](Self::occupy), nothing if
-    /// it occupied nothing.
-    pub fn free_on_remove(&self) -> RemoveEffect {
+impl DiskEffects for SimDisk {
+    fn free_on_remove(&self) -> RemoveEffect {
         let disk = self.clone();
         Arc::new(move |image: &Image| disk.release(&image.id))
     }
 
-    /// The effect to give [`FakeRuntime::on_remove`](crate::cri::fake::FakeRuntime::on_remove):
-    /// a removed image frees the size the runtime lists for it.
-    pub fn free_listed_size_on_remove(&self) -> RemoveEffect {
+    fn free_listed_size_on_remove(&self) -> RemoveEffect {
         let disk = self.clone();
-        Arc::new(move |image: &Image| disk.give_back(image.size))
-    }
-
-    /// The image is gone: what it occupied is available again.
-    pub fn release(&self, image_id: &str) {
-        let freed = self.lock().on_disk.remove(image_id).unwrap_or(0);
-        self.give_back(freed);
-    }
-
-    fn give_back(&self, bytes: u64) {
-        let mut state = self.lock();
-        state.available = (state.available + bytes).min(state.capacity);
-    }
-}
-
-impl FsProbe for SimDisk {
-    fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
-        let mut state = self.lock();
-        state.measurements += 1;
-        if state.elsewhere.iter().any(|other| path.starts_with(other)) {
-            return Ok(FsStats {
-                capacity_bytes: 1 << 40,
-                available_bytes: 1 << 40,
-                free_bytes: 1 << 40,
-                filesystem_id: OTHER_FILESYSTEM_ID,
-                ..Default::default()
-            });
-        }
-        if state.zero_capacity || state.capacity == 0 {
-            return Err(FsError::ZeroCapacity {
-                path: path.display().to_string(),
-            });
-        }
-        Ok(FsStats {
-            capacity_bytes: state.capacity,
-            available_bytes: state.available,
-            free_bytes: state.available,
-            filesystem_id: SIM_FILESYSTEM_ID,
-            ..Default::default()
-        })
+        Arc::new(move |image: &Image| disk.free(image.size))
     }
 }
 

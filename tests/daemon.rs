@@ -15,8 +15,8 @@ use imagegc::cri::proto::ContainerEventType;
 use imagegc::records::{Record, Records};
 use imagegc::state::{Loaded, StateStore};
 use support::{
-    Daemon, InProcess, Settings, SimDisk, container_using, eventually, free_local_addr, image, imagegc_json,
-    load_records, metric,
+    Daemon, DiskEffects, InProcess, Settings, SimDisk, container_using, eventually, free_local_addr, image,
+    imagegc_json, load_records, metric,
 };
 
 const SECOND: Duration = Duration::from_secs(1);

@@ -16,7 +16,7 @@ use imagegc::state::{self, Loaded, StateStore};
 use imagegc::time::Clock;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, ServedOnThread, SimDisk, container_using, describe, image, imagegc};
+use crate::support::{self, DiskEffects, ServedOnThread, SimDisk, container_using, describe, image, imagegc};
 
 const TEN_DAYS: Duration = Duration::from_secs(10 * 86_400);
 const DAY: Duration = Duration::from_secs(86_400);

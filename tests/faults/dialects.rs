@@ -8,7 +8,7 @@ use imagegc::cri::{Container, CriClient, Image, connect};
 use imagegc::engine::Collector;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, image, image_id};
+use crate::support::{self, DiskEffects, SimDisk, image, image_id};
 
 const PAUSE: &str = "registry.k8s.io/pause:3.10";
 

@@ -14,7 +14,7 @@ use imagegc::cri::{
 use imagegc::engine::Outcome;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, container_using, image, metric};
+use crate::support::{self, DiskEffects, SimDisk, container_using, image, metric};
 
 /// The hang injected: far longer than any test waits.
 const HANG: Duration = Duration::from_secs(10);

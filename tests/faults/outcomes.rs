@@ -14,7 +14,7 @@ use imagegc::journal::Journal;
 use imagegc::state::StateStore;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, history, image, metric, records};
+use crate::support::{self, DiskEffects, SimDisk, history, image, metric, records};
 
 /// A fake runtime serving `images` (each occupying its size on `disk`) and
 /// a collector over it; the server lives as long as the returned guard.

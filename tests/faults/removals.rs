@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use crate::support::{self, SimDisk, container_using, image, metric};
+use crate::support::{self, DiskEffects, SimDisk, container_using, image, metric};
 
 #[tokio::test]
 async fn refused_removals_keep_their_images_and_records_and_the_others_go() {

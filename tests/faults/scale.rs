@@ -18,7 +18,7 @@ use imagegc::records::Records;
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, peak_rss_kib, spawn_self};
+use crate::support::{self, DiskEffects, SimDisk, peak_rss_kib, spawn_self};
 
 const CHILD_ENV: &str = "IMAGEGC_FAULTS_SCALE_CHILD";
 const TEST: &str = "scale::fifty_thousand_images_and_twenty_thousand_containers";

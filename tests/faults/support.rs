@@ -18,7 +18,8 @@ use imagegc::cri::Runtime;
 use imagegc::cri::fake::FakeRuntime;
 use imagegc::engine::Collector;
 use imagegc::metrics::Metrics;
-pub use imagegc::testing::{SimDisk, container_using, history, image, image_id, metric, records};
+pub use imagegc::sim::SimDisk;
+pub use imagegc::testing::{DiskEffects, container_using, history, image, image_id, metric, records};
 use imagegc::time::Clock;
 
 /// Long enough for a slow CI machine, short enough to notice a hang.
