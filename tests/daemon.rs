@@ -10,10 +10,10 @@ mod support;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime};
 
-use imagegc::cri::fake::{Dialect, Events, FakeRuntime};
 use imagegc::cri::proto::ContainerEventType;
 use imagegc::records::{Record, Records};
 use imagegc::state::{Loaded, StateStore};
+use imagegc_testkit::fake::{Dialect, Events, FakeRuntime};
 use support::{
     Daemon, DiskEffects, InProcess, Settings, SimDisk, container_using, eventually, free_local_addr, image,
     imagegc_json, load_records, metric,

@@ -1,4 +1,4 @@
-//! What the daemon tests share beyond `imagegc::testing` (image and
+//! What the daemon tests share beyond `imagegc_testkit` (image and
 //! container builders, the simulated image filesystem and `metric`,
 //! re-exported here): the daemon loop run in-process against the fake runtime,
 //! the `imagegc` binary run as a child process, and raw HTTP.
@@ -16,13 +16,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use imagegc::config::Config;
-use imagegc::cri::fake::{FakeRuntime, FakeServer};
 use imagegc::daemon::Health;
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;
 pub use imagegc::sim::SimDisk;
 use imagegc::state::{Loaded, StateStore};
-pub use imagegc::testing::{DiskEffects, container_using, image, metric};
+pub use imagegc_testkit::fake::DiskEffects;
+use imagegc_testkit::fake::{FakeRuntime, FakeServer};
+pub use imagegc_testkit::{container_using, image, metric};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -205,7 +206,7 @@ pub fn free_local_addr() -> SocketAddr {
 }
 
 fn imagegc(config: &Path, endpoint: &str, state_dir: &Path) -> Command {
-    imagegc::testing::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
+    imagegc_testkit::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
 }
 
 /// Runs a short-lived `imagegc` command to completion, off the runtime

@@ -3,9 +3,9 @@
 //! digests, and image volumes. Each test is a cycle that must keep what a
 //! runtime's quirk could make look unused.
 
-use imagegc::cri::fake::{Dialect, FakeRuntime, FakeServer};
 use imagegc::cri::{Container, CriClient, Image, connect};
 use imagegc::engine::Collector;
+use imagegc_testkit::fake::{Dialect, FakeRuntime, FakeServer};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{self, DiskEffects, SimDisk, image, image_id};

@@ -3,11 +3,11 @@
 //! state file), and the journal lists only what was really removed.
 
 use imagegc::cri::connect;
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::engine::Outcome;
 use imagegc::journal::Journal;
 use imagegc::state::{Loaded, StateStore};
 use imagegc::time::{from_unix_millis, to_unix_millis};
+use imagegc_testkit::fake::FakeRuntime;
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;

@@ -1,31 +1,20 @@
 //! What every test of imagegc builds its world from: images and containers
-//! as a runtime lists them, records as a previous process saved them, what
-//! a removal frees on the simulated disk ([`crate::sim`]), the value of one series in a metrics scrape,
-//! and the `imagegc` binary with the flags every process-level test passes;
-//! and, for the end-to-end tests, the benches and the demo, a private real
-//! runtime ([`testbed`]) and the OCI images it imports ([`oci`]).
+//! as a runtime lists them, records as a previous process saved them, the
+//! value of one series in a metrics scrape, and the `imagegc` binary with
+//! the flags every process-level test passes.
 //!
-//! The unit tests, the integration tests, the benches and the example all
-//! use this one module (and the fake runtime in [`crate::cri::fake`]), so a
-//! fixture means the same thing everywhere. It is compiled only for tests
-//! and under the `testing` feature, which the package's own dev-dependency
-//! turns on: a release build has none of it. The daemon's own code must
-//! never reach it.
+//! This one file serves the integration tests, the benches and the examples
+//! (as the test kit's root) and the library's own unit tests, which compile
+//! it as `imagegc::testing` (the library cannot depend on the kit, which
+//! depends on it): a fixture means the same thing everywhere. So it names
+//! the library as `imagegc` and uses nothing but the library and `std`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::cri::fake::RemoveEffect;
-use crate::cri::{Container, Image, proto};
-use crate::records::{Record, Records};
-use crate::sim::SimDisk;
-
-#[cfg(feature = "testing")]
-pub mod oci;
-#[cfg(feature = "testing")]
-pub mod testbed;
+use imagegc::cri::{Container, Image, proto};
+use imagegc::records::{Record, Records};
 
 /// An image with one tag (`registry.example.com/team/<name>:1.0`) and one
 /// digest, named after `name`, with the id [`image_id`] gives it.
@@ -136,28 +125,6 @@ pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> 
 /// Records made of [`history`] entries.
 pub fn records(entries: impl IntoIterator<Item = (String, Record)>) -> Records {
     Records::from_map(entries)
-}
-
-/// The removal effects of a [`SimDisk`], to give
-/// [`FakeRuntime::on_remove`](crate::cri::fake::FakeRuntime::on_remove).
-pub trait DiskEffects {
-    /// A removed image frees what it [occupied](SimDisk::occupy), nothing if
-    /// it occupied nothing.
-    fn free_on_remove(&self) -> RemoveEffect;
-    /// A removed image frees the size the runtime lists for it.
-    fn free_listed_size_on_remove(&self) -> RemoveEffect;
-}
-
-impl DiskEffects for SimDisk {
-    fn free_on_remove(&self) -> RemoveEffect {
-        let disk = self.clone();
-        Arc::new(move |image: &Image| disk.release(&image.id))
-    }
-
-    fn free_listed_size_on_remove(&self) -> RemoveEffect {
-        let disk = self.clone();
-        Arc::new(move |image: &Image| disk.free(image.size))
-    }
 }
 
 /// The value of `series` (its name and labels, exactly as exposed, e.g.

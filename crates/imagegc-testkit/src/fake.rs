@@ -43,13 +43,14 @@ use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
-use super::client::MAX_MESSAGE_BYTES;
-use super::proto::{
+use imagegc::cri::client::MAX_MESSAGE_BYTES;
+use imagegc::cri::proto::{
     self,
     image_service_server::{ImageService, ImageServiceServer},
     runtime_service_server::{RuntimeService, RuntimeServiceServer},
 };
-use super::{Container, ContainerState, Image};
+use imagegc::cri::{Container, ContainerState, Image};
+use imagegc::sim::SimDisk;
 
 /// The RPCs the fake serves, by their CRI method names. Fault injection and
 /// call counting take these names; any other name panics, to catch typos.
@@ -139,6 +140,28 @@ type SharedHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Called after `RemoveImage` removed an image, with that image.
 pub type RemoveEffect = Arc<dyn Fn(&Image) + Send + Sync>;
+
+/// The removal effects of a [`SimDisk`], to give [`FakeRuntime::on_remove`]:
+/// what a removal frees on the simulated disk.
+pub trait DiskEffects {
+    /// A removed image frees what it [occupied](SimDisk::occupy), nothing if
+    /// it occupied nothing.
+    fn free_on_remove(&self) -> RemoveEffect;
+    /// A removed image frees the size the runtime lists for it.
+    fn free_listed_size_on_remove(&self) -> RemoveEffect;
+}
+
+impl DiskEffects for SimDisk {
+    fn free_on_remove(&self) -> RemoveEffect {
+        let disk = self.clone();
+        Arc::new(move |image: &Image| disk.release(&image.id))
+    }
+
+    fn free_listed_size_on_remove(&self) -> RemoveEffect {
+        let disk = self.clone();
+        Arc::new(move |image: &Image| disk.free(image.size))
+    }
+}
 
 /// A fake container runtime. Clones share one state, so a test keeps a clone
 /// to change the runtime and inspect its calls while it is being served.
@@ -1279,7 +1302,7 @@ mod tests {
     fn image(id: &str, tag: &str, digest: &str) -> Image {
         Image {
             repo_digests: vec![digest.to_string()],
-            ..crate::testing::tagged_image(id, tag)
+            ..crate::tagged_image(id, tag)
         }
     }
 

@@ -28,12 +28,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::cri::proto::{self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient};
-use crate::cri::{Container, ContainerState, CriClient, Image, ImageFsUsage, Runtime};
+use imagegc::cri::proto::{
+    self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+};
+use imagegc::cri::{Container, ContainerState, CriClient, Image, ImageFsUsage, Runtime};
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
-use super::oci::{BuiltImage, ImageSpec};
+use crate::oci::{BuiltImage, ImageSpec};
 
 /// The sandbox image every test bed imports and configures.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
@@ -85,12 +87,22 @@ impl Kind {
     }
 }
 
-/// Where scripts/testbed-runtimes.sh puts the runtimes it builds.
+/// Where scripts/testbed-runtimes.sh puts the runtimes it builds:
+/// `$IMAGEGC_RUNTIMES_DIR`, or `target/runtimes` in the workspace.
 pub fn runtimes_dir() -> PathBuf {
     match std::env::var_os("IMAGEGC_RUNTIMES_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/runtimes"),
+        None => workspace_root().join("target/runtimes"),
     }
+}
+
+/// The root of the workspace, two levels above this crate
+/// (`crates/imagegc-testkit`).
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the test kit lives in crates/ of the workspace")
 }
 
 /// A built runtime's bin directory; fails the test with how to build it.
@@ -325,7 +337,7 @@ impl TestBed {
         for sub in ["state", "opt", "runc", "s", "cni/bin", "cni/conf", "images", "logs"] {
             fs::create_dir_all(self.dir.join(sub)).expect("creating the test bed layout");
         }
-        let template = include_str!("../../tests/e2e/runtimes/containerd2.toml.example");
+        let template = include_str!("../runtimes/containerd2.toml.example");
         // Comments first, then the config; @DIR@ stands for the test bed's directory.
         let config = template.replace("@DIR@", &self.dir.display().to_string());
         fs::write(self.dir.join("config.toml"), config).expect("writing the containerd config");
@@ -419,7 +431,7 @@ disabled_plugins = [
     }
 
     async fn wait_until_ready(&mut self) {
-        let client = crate::cri::connect(&self.endpoint, Duration::from_secs(2)).expect("a valid endpoint");
+        let client = imagegc::cri::connect(&self.endpoint, Duration::from_secs(2)).expect("a valid endpoint");
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Some(status) = self.containerd.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -441,7 +453,7 @@ disabled_plugins = [
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.client = Some(crate::cri::connect(&self.endpoint, CALL_TIMEOUT).expect("a valid endpoint"));
+        self.client = Some(imagegc::cri::connect(&self.endpoint, CALL_TIMEOUT).expect("a valid endpoint"));
     }
 
     /// Starts the registry CRI-O pulls from: Debian's `docker-registry` on
@@ -502,14 +514,13 @@ disabled_plugins = [
         fs::write(&wrapper, RUNC_WRAPPER).expect("writing the runc wrapper");
         fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .expect("making the runc wrapper executable");
-        let config = include_str!("../../tests/e2e/runtimes/crio.conf.example")
+        let config = include_str!("../runtimes/crio.conf.example")
             .replace("@DIR@", &dir)
             .replace("@PINNS@", &bin.join("pinns").display().to_string())
             .replace("@PAUSE_IMAGE@", PAUSE_IMAGE)
-            .replace("@PAUSE_COMMAND@", super::oci::SLEEPER_PATH);
+            .replace("@PAUSE_COMMAND@", crate::oci::SLEEPER_PATH);
         fs::write(self.dir.join("crio.conf"), config).expect("writing the CRI-O config");
-        let registries =
-            include_str!("../../tests/e2e/runtimes/registries.conf.example").replace("@PORT@", &port.to_string());
+        let registries = include_str!("../runtimes/registries.conf.example").replace("@PORT@", &port.to_string());
         fs::write(self.dir.join("registries.conf"), registries).expect("writing registries.conf");
         fs::write(
             self.dir.join("policy.json"),
@@ -599,7 +610,7 @@ disabled_plugins = [
         self.pause.as_ref().expect("the pause image is imported at start")
     }
 
-    /// The CRI client (it implements [`crate::cri::Runtime`]).
+    /// The CRI client (it implements [`imagegc::cri::Runtime`]).
     pub fn client(&self) -> &CriClient {
         self.client.as_ref().expect("containerd is running")
     }
@@ -631,7 +642,7 @@ disabled_plugins = [
             Kind::Containerd2 => built
                 .names
                 .iter()
-                .map(|name| format!("{}@{}", crate::testing::oci::repository(name), built.manifest.digest))
+                .map(|name| format!("{}@{}", crate::oci::repository(name), built.manifest.digest))
                 .collect(),
             _ => Vec::new(),
         };
@@ -1071,7 +1082,7 @@ fn remove_all_pods(endpoint: &str) -> Result<(), String> {
             .build()
             .map_err(|e| format!("building a runtime for cleanup: {e}"))?;
         runtime.block_on(async {
-            let client = crate::cri::connect(&endpoint, CALL_TIMEOUT).map_err(|e| e.to_string())?;
+            let client = imagegc::cri::connect(&endpoint, CALL_TIMEOUT).map_err(|e| e.to_string())?;
             let mut service = client.runtime_service();
             let pods = service
                 .list_pod_sandbox(proto::ListPodSandboxRequest { filter: None })
