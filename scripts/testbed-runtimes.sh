@@ -6,7 +6,7 @@
 #   CRI-O           crio, and pinns (a minimal C stand-in, crates/imagegc-testkit/runtimes/pinns.c)
 #
 # from their Go modules (the module proxy), into $IMAGEGC_RUNTIMES_DIR
-# (default target/runtimes), where crates/imagegc-testkit/src/testbed.rs finds them. A
+# (default target/runtimes), where crates/imagegc-testkit/src/testbed/ finds them. A
 # runtime already built there is kept; Go's build cache makes a rebuild a
 # matter of linking. Needs Go >= 1.26 (/usr/local/go/bin is added to PATH),
 # gcc, pkg-config and libseccomp-dev (scripts/testbed-deps.sh installs them).
