@@ -69,7 +69,10 @@ impl Fake {
                 repo_tags: (0..tags)
                     .map(|t| match t {
                         0 => format!("{name}:v1.2.{}", i % 10),
-                        t => format!("{name}:build-{}-{t}", hex(6, (i * tags + t) as u64).get(..12).unwrap_or("")),
+                        t => format!(
+                            "{name}:build-{}-{t}",
+                            hex(6, (i * tags + t) as u64).get(..12).unwrap_or("")
+                        ),
                     })
                     .collect(),
                 repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
@@ -251,7 +254,10 @@ fn memory(images: usize, tags: usize) {
     let first = daemon.wait_ready();
     let started = Instant::now();
     while cycles_done(daemon.addr) < 3 {
-        assert!(started.elapsed() < READY_TIMEOUT, "three cycles not done in {READY_TIMEOUT:?}");
+        assert!(
+            started.elapsed() < READY_TIMEOUT,
+            "three cycles not done in {READY_TIMEOUT:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let peak = status_kib(daemon.pid(), "VmHWM:");
