@@ -1,4 +1,5 @@
-//! Generates the CRI v1 client (and, for tests, a server) from proto/cri.proto.
+//! Generates the CRI v1 client (and the server the test kit's fake runtime
+//! serves) from proto/cri.proto.
 //! protox compiles the proto in pure Rust, so no system `protoc` is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,5 +1,5 @@
 //! The daemon's footprint: `imagegc run` (the release binary) against the
-//! in-process fake CRI runtime (`imagegc::cri::fake`) served on a unix
+//! in-process fake CRI runtime (`imagegc_testkit::fake`) served on a unix
 //! socket by this process, so that thousands of images cost nothing to set
 //! up. Everything is measured on the daemon's process alone, from /proc.
 //!
@@ -30,8 +30,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, ContainerState, Image};
+use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
 
 const KNOWN_IMAGES: usize = 1_000;

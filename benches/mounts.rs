@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use imagegc::config::Config;
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, ContainerState, Image};
 use imagegc::engine::Collector;
 use imagegc::metrics::Metrics;
-use imagegc::testing::SimDisk;
+use imagegc::sim::SimDisk;
 use imagegc::time::Clock;
+use imagegc_testkit::fake::FakeRuntime;
 
 const CONTAINERS: usize = 1_000;
 const REPLACED: usize = 50;

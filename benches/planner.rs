@@ -12,7 +12,7 @@
 
 mod common;
 use common::{hex, node_history, node_image};
-use imagegc::testing::history;
+use imagegc_testkit::history;
 
 use std::collections::HashMap;
 use std::hint::black_box;

@@ -53,8 +53,8 @@ use imagegc::cri::{Container, Image, Runtime};
 use imagegc::fs::{FsStats, statvfs};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
-use imagegc::testing::history;
-use imagegc::testing::{oci, testbed};
+use imagegc_testkit::history;
+use imagegc_testkit::{oci, testbed};
 use oci::{BuiltImage, ImageSpec, Layer};
 use testbed::{Kind, TestBed};
 

@@ -11,7 +11,7 @@
 
 mod common;
 use common::{node_history, node_image};
-use imagegc::testing::history;
+use imagegc_testkit::history;
 
 use std::hint::black_box;
 use std::time::{Duration, SystemTime};

@@ -41,9 +41,9 @@ use imagegc::cri::{self, Runtime};
 use imagegc::engine::Collector;
 use imagegc::fs::Statvfs;
 use imagegc::metrics::Metrics;
-use imagegc::testing::oci::{ImageSpec, Layer};
-use imagegc::testing::testbed::{Kind, TestBed};
 use imagegc::time::Clock;
+use imagegc_testkit::oci::{ImageSpec, Layer};
+use imagegc_testkit::testbed::{Kind, TestBed};
 use tokio_util::sync::CancellationToken;
 
 const IMAGES: usize = 200;

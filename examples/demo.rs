@@ -17,7 +17,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::Duration;
 
 use imagegc::cri::Runtime;
-use imagegc::testing::{oci, testbed};
+use imagegc_testkit::{oci, testbed};
 use serde_json::Value;
 
 use oci::{BuiltImage, ImageSpec, Layer};

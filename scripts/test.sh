@@ -22,17 +22,24 @@ build_testbed_runtimes
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy"
-cargo clippy --locked --all-targets -- -D warnings
-echo "==> cargo check without the testing feature (the daemon never uses test support)"
+echo "==> cargo clippy (the package and its test kit, crates/imagegc-testkit)"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+echo "==> cargo check of the library and binary alone (without dev-dependencies: the daemon never uses the test kit)"
 cargo check --locked --lib --bins
-echo "==> cargo test (unit and integration tests, benches and examples as tests)"
+echo "==> cargo test (unit and integration tests, the test kit's own, benches and examples as tests)"
+# Integration tests: tests/NAME.rs and tests/NAME/main.rs; the end-to-end
+# suite (tests/e2e) runs below, once per runtime.
 targets=()
-for test in tests/*.rs; do
-    targets+=(--test "$(basename "$test" .rs)")
+for test in tests/*.rs tests/*/main.rs; do
+    name=${test#tests/}
+    name=${name%/main.rs}
+    name=${name%.rs}
+    [ "$name" = e2e ] || targets+=(--test "$name")
 done
 # Tests that need root are #[ignore]d for a plain `cargo test`; run here.
-cargo test --locked --lib --bins "${targets[@]}" -- --include-ignored
+# --workspace adds the test kit's unit tests (the fake runtime, the OCI
+# builder, the test bed's helpers).
+cargo test --locked --workspace --lib --bins "${targets[@]}" -- --include-ignored
 cargo test --locked --benches --examples
 # The end-to-end suite once per runtime, each timed: a runtime that cannot
 # be built or started fails its suite with the reason.
@@ -41,7 +48,7 @@ suite_times=()
 for runtime in containerd_1_6 containerd_2 crio; do
     echo "==> end-to-end tests on $runtime"
     started=$SECONDS
-    # (The test bed's own unit tests run with the library's, above.)
+    # (The test bed's own unit tests run with the test kit's, above.)
     cargo test --locked --test e2e -- --include-ignored "::$runtime"
     suite_times+=("$runtime $((SECONDS - started))s")
 done

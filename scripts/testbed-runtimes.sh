@@ -3,10 +3,10 @@
 # test bed's matrix beside Debian's containerd 1.6 (which apt installs):
 #
 #   containerd 2.x  containerd, containerd-shim-runc-v2, ctr
-#   CRI-O           crio, and pinns (a minimal C stand-in, tests/e2e/runtimes/pinns.c)
+#   CRI-O           crio, and pinns (a minimal C stand-in, crates/imagegc-testkit/runtimes/pinns.c)
 #
 # from their Go modules (the module proxy), into $IMAGEGC_RUNTIMES_DIR
-# (default target/runtimes), where src/testing/testbed.rs finds them. A
+# (default target/runtimes), where crates/imagegc-testkit/src/testbed/ finds them. A
 # runtime already built there is kept; Go's build cache makes a rebuild a
 # matter of linking. Needs Go >= 1.26 (/usr/local/go/bin is added to PATH),
 # gcc, pkg-config and libseccomp-dev (scripts/testbed-deps.sh installs them).
@@ -63,8 +63,8 @@ build_testbed_runtimes() {
         echo "==> building CRI-O $CRIO_VERSION"
         go_build "$CRIO_MODULE" "$CRIO_VERSION" "$CRIO_TAGS" "$crio" cmd/crio || return 1
     fi
-    if [ ! -x "$crio/pinns" ] || [ tests/e2e/runtimes/pinns.c -nt "$crio/pinns" ]; then
-        gcc -O2 -Wall -Werror -o "$crio/pinns" tests/e2e/runtimes/pinns.c || return 1
+    if [ ! -x "$crio/pinns" ] || [ crates/imagegc-testkit/runtimes/pinns.c -nt "$crio/pinns" ]; then
+        gcc -O2 -Wall -Werror -o "$crio/pinns" crates/imagegc-testkit/runtimes/pinns.c || return 1
     fi
     echo "==> runtimes ready in $((SECONDS - started))s: containerd $("$containerd2/containerd" --version | cut -d' ' -f3), $("$crio/crio" --version 2>/dev/null | head -n 1)"
 }

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use imagegc::cri::fake::{Dialect, Events, FakeRuntime, FakeServer};
 use imagegc::cri::proto;
 use imagegc::cri::{Container, ContainerState, CriClient, Image, Runtime, RuntimeError, connect, discover};
-use imagegc::testing::{list_images_response, tagged_image};
+use imagegc_testkit::fake::{Dialect, Events, FakeRuntime, FakeServer};
+use imagegc_testkit::{list_images_response, tagged_image};
 use prost::Message;
 use tokio_stream::StreamExt;
 
@@ -123,7 +123,7 @@ async fn reads_version_sandbox_image_and_image_filesystem() {
 
     assert_eq!(
         served.client.status().await.unwrap().sandbox_image.as_deref(),
-        Some(imagegc::cri::fake::DEFAULT_SANDBOX_IMAGE)
+        Some(imagegc_testkit::fake::DEFAULT_SANDBOX_IMAGE)
     );
     served.fake.set_sandbox_image(None);
     assert_eq!(served.client.status().await.unwrap().sandbox_image, None);

@@ -1,4 +1,4 @@
-//! What the benches share beyond `imagegc::testing`: the deterministic node
+//! What the benches share beyond `imagegc_testkit`: the deterministic node
 //! they build their worlds from, the release binary, the choice of cases on
 //! the command line, a free port, and the statistics they print. Each bench
 //! uses part of it.

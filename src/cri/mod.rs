@@ -6,9 +6,6 @@
 //! the collector can be tested against a hand-written fake.
 
 pub mod client;
-/// Compiled for tests and under the `testing` feature only.
-#[cfg(any(test, feature = "testing"))]
-pub mod fake;
 pub mod proto;
 
 use std::future::Future;
@@ -318,7 +315,8 @@ pub fn merge_listings(mut images: Vec<Image>) -> Vec<Image> {
 pub type EventStream = std::pin::Pin<Box<dyn futures_core::Stream<Item = Result<ContainerEvent, RuntimeError>> + Send>>;
 
 /// The calls imagegc makes to a container runtime. The CRI client implements
-/// it; tests use `fake::FakeRuntime` behind a real gRPC server, or their own.
+/// it; tests use the test kit's `FakeRuntime` behind a real gRPC server, or
+/// their own.
 pub trait Runtime: Send + Sync {
     /// The endpoint this runtime is reached at, for messages.
     fn endpoint(&self) -> &str;

@@ -1,12 +1,14 @@
-//! What the daemon tests share beyond `imagegc::testing` (image and
+//! What the daemon tests share beyond `imagegc_testkit` (image and
 //! container builders, the simulated image filesystem and `metric`,
 //! re-exported here): the daemon loop run in-process against the fake runtime,
-//! the `imagegc` binary run as a child process, and raw HTTP.
+//! the `imagegc` binary run as a child process, raw HTTP, and waiting for
+//! cycles.
 //!
 //! Every test runs on a current-thread tokio runtime that also serves the
 //! fake CRI runtime, so nothing here blocks that thread: child processes and
 //! HTTP requests are waited for with `spawn_blocking` or by polling.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -16,12 +18,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use imagegc::config::Config;
-use imagegc::cri::fake::{FakeRuntime, FakeServer};
 use imagegc::daemon::Health;
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;
+pub use imagegc::sim::SimDisk;
 use imagegc::state::{Loaded, StateStore};
-pub use imagegc::testing::{SimDisk, container_using, image, metric};
+pub use imagegc_testkit::fake::DiskEffects;
+use imagegc_testkit::fake::{FakeRuntime, FakeServer};
+pub use imagegc_testkit::{container_using, image, metric};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -204,7 +208,7 @@ pub fn free_local_addr() -> SocketAddr {
 }
 
 fn imagegc(config: &Path, endpoint: &str, state_dir: &Path) -> Command {
-    imagegc::testing::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
+    imagegc_testkit::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
 }
 
 /// Runs a short-lived `imagegc` command to completion, off the runtime
@@ -386,4 +390,43 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
     })
     .await
     .unwrap()
+}
+
+/// `n` seconds.
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A disk at 10% usage: below every high threshold the tests use.
+pub fn roomy_disk() -> SimDisk {
+    SimDisk::new(1_000_000, 900_000)
+}
+
+/// A time as `--output json` prints it (RFC 3339).
+pub fn parse_time(value: &serde_json::Value) -> SystemTime {
+    humantime::parse_rfc3339(value.as_str().expect("a time string")).expect("an RFC 3339 time")
+}
+
+/// Image ids as a set, to compare regardless of order.
+pub fn ids(list: &[String]) -> BTreeSet<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+/// Waits until the first cycle has finished (not merely started: a change
+/// the test makes next must not be seen by it).
+pub async fn first_cycle_done(daemon: &InProcess) {
+    cycles_done(daemon, 1).await;
+}
+
+/// Waits until `n` cycles have finished, whatever their outcome.
+pub async fn cycles_done(daemon: &InProcess, n: u32) {
+    eventually(secs(10), &format!("{n} cycle(s) to finish"), || {
+        let scrape = daemon.metrics.encode();
+        let done: f64 = ["success", "failure"]
+            .iter()
+            .filter_map(|result| metric(&scrape, &format!("imagegc_cycles_total{{result=\"{result}\"}}")))
+            .sum();
+        (done >= f64::from(n)).then_some(())
+    })
+    .await;
 }

@@ -30,7 +30,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use imagegc::cri::proto;
-use imagegc::testing::imagegc_command;
+use imagegc_testkit::imagegc_command;
 use serde_json::Value;
 
 use crate::oci::{BuiltImage, ImageSpec, Layer};

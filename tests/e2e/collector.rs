@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use imagegc::testing::imagegc_command;
+use imagegc_testkit::imagegc_command;
 use serde_json::Value;
 
 use crate::oci::{BuiltImage, ImageSpec, Layer};

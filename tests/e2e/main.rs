@@ -6,7 +6,7 @@
 //! `<scenario>::containerd_2` and `<scenario>::crio` (so `cargo test --test
 //! e2e crio` runs the CRI-O suite). Each run starts its own runtime on its
 //! own small loop-mounted ext4 filesystem ([`testbed::TestBed`], in
-//! `imagegc::testing`), imports images built in the test ([`oci::ImageSpec`]), runs pods and containers
+//! `imagegc_testkit`), imports images built in the test ([`oci::ImageSpec`]), runs pods and containers
 //! over CRI, and checks what imagegc sees and does. They need root, the
 //! runtimes scripts/testbed-runtimes.sh builds, and the tools
 //! scripts/testbed-deps.sh installs, so a plain `cargo test` leaves them
@@ -69,4 +69,4 @@ mod collector;
 mod inventory;
 mod runtime_restart;
 
-use imagegc::testing::{oci, testbed};
+use imagegc_testkit::{oci, testbed};

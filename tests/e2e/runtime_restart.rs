@@ -231,7 +231,7 @@ impl Http {
     /// The value of an unlabelled sample in `/metrics`.
     fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = self.get("/metrics")?;
-        imagegc::testing::metric(&body, name)
+        imagegc_testkit::metric(&body, name)
     }
 }
 

@@ -3,12 +3,12 @@
 //! digests, and image volumes. Each test is a cycle that must keep what a
 //! runtime's quirk could make look unused.
 
-use imagegc::cri::fake::{Dialect, FakeRuntime, FakeServer};
 use imagegc::cri::{Container, CriClient, Image, connect};
 use imagegc::engine::Collector;
+use imagegc_testkit::fake::{Dialect, FakeRuntime, FakeServer};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, image, image_id};
+use crate::support::{self, DiskEffects, SimDisk, image, image_id};
 
 const PAUSE: &str = "registry.k8s.io/pause:3.10";
 

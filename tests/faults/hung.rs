@@ -6,15 +6,15 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{
     Container, CriClient, EventStream, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus,
     RuntimeVersion, connect,
 };
 use imagegc::engine::Outcome;
+use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, container_using, image, metric};
+use crate::support::{self, DiskEffects, SimDisk, container_using, image, metric};
 
 /// The hang injected: far longer than any test waits.
 const HANG: Duration = Duration::from_secs(10);

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use imagegc::cri::Snapshot;
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use imagegc::engine::Outcome;
 use imagegc::policy::{self, KeepReason, Reason};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
+use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{self, ServedOnThread, SimDisk, container_using, describe, image, imagegc};

@@ -7,14 +7,14 @@
 
 use std::time::{Duration, SystemTime};
 
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, Image, connect};
 use imagegc::engine::Outcome;
 use imagegc::journal::Journal;
 use imagegc::state::StateStore;
+use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, history, image, metric, records};
+use crate::support::{self, DiskEffects, SimDisk, history, image, metric, records};
 
 /// A fake runtime serving `images` (each occupying its size on `disk`) and
 /// a collector over it; the server lives as long as the returned guard.
@@ -22,7 +22,7 @@ struct Bed {
     fake: FakeRuntime,
     disk: SimDisk,
     dir: tempfile::TempDir,
-    _server: imagegc::cri::fake::FakeServer,
+    _server: imagegc_testkit::fake::FakeServer,
     collector: imagegc::engine::Collector<imagegc::cri::CriClient>,
 }
 
@@ -207,7 +207,7 @@ async fn an_image_of_unknown_size_does_not_make_low_look_unreachable() {
 async fn a_configured_image_fs_path_on_another_filesystem_is_reported_and_runs_no_space_pass() {
     let images: Vec<Image> = NAMES.iter().map(|n| image(n, 100)).collect();
     let disk = SimDisk::new(1000, 50);
-    disk.other_filesystem_at(imagegc::cri::fake::DEFAULT_IMAGE_FS_MOUNT);
+    disk.other_filesystem_at(imagegc_testkit::fake::DEFAULT_IMAGE_FS_MOUNT);
     let mut bed = Bed::start(&images, disk, support::PATIENCE, |c| {
         c.gc.image_fs_path = Some("/var/lib/imagegc".into());
     })
@@ -225,7 +225,7 @@ async fn a_configured_image_fs_path_on_another_filesystem_is_reported_and_runs_n
 
     // The right path: the space pass runs, and the metric clears.
     let mut config = (**bed.collector.config()).clone();
-    config.gc.image_fs_path = Some(imagegc::cri::fake::DEFAULT_IMAGE_FS_MOUNT.into());
+    config.gc.image_fs_path = Some(imagegc_testkit::fake::DEFAULT_IMAGE_FS_MOUNT.into());
     bed.collector.set_config(std::sync::Arc::new(config));
     let report = bed.cycle().await;
     assert!(report.image_fs_mismatch.is_none());
@@ -328,7 +328,7 @@ async fn an_image_that_gains_a_name_right_before_its_removal_is_kept_for_a_conta
 async fn an_image_that_gains_a_protected_or_sandbox_name_right_before_its_removal_is_kept() {
     for (gained, why) in [
         ("registry.example.com/team/golden:1", "protect pattern"),
-        (imagegc::cri::fake::DEFAULT_SANDBOX_IMAGE, "sandbox image"),
+        (imagegc_testkit::fake::DEFAULT_SANDBOX_IMAGE, "sandbox image"),
     ] {
         let a = image("a", 500);
         let mut bed = Bed::start(

@@ -3,16 +3,16 @@
 //! state file), and the journal lists only what was really removed.
 
 use imagegc::cri::connect;
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::engine::Outcome;
 use imagegc::journal::Journal;
 use imagegc::state::{Loaded, StateStore};
 use imagegc::time::{from_unix_millis, to_unix_millis};
+use imagegc_testkit::fake::FakeRuntime;
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use crate::support::{self, SimDisk, container_using, image, metric};
+use crate::support::{self, DiskEffects, SimDisk, container_using, image, metric};
 
 #[tokio::test]
 async fn refused_removals_keep_their_images_and_records_and_the_others_go() {

@@ -10,15 +10,15 @@
 use std::time::{Duration, Instant};
 
 use imagegc::cri::Snapshot;
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::cri::{Container, Image, connect};
 use imagegc::engine::Outcome;
 use imagegc::policy;
 use imagegc::records::Records;
+use imagegc_testkit::fake::FakeRuntime;
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, SimDisk, peak_rss_kib, spawn_self};
+use crate::support::{self, DiskEffects, SimDisk, peak_rss_kib, spawn_self};
 
 const CHILD_ENV: &str = "IMAGEGC_FAULTS_SCALE_CHILD";
 const TEST: &str = "scale::fifty_thousand_images_and_twenty_thousand_containers";
@@ -110,7 +110,7 @@ fn child() {
         for image in &images {
             fake.add_image(image.clone());
         }
-        let list_images_bytes = imagegc::testing::list_images_response(&images).encoded_len();
+        let list_images_bytes = imagegc_testkit::list_images_response(&images).encoded_len();
         assert!(list_images_bytes > GRPC_DEFAULT_LIMIT, "{list_images_bytes} bytes");
         // 95% used, 80% to reach, 60,000 bytes per unused image: a full
         // space pass, three removals, each re-checking 20,000 containers.

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use imagegc::cri::Image;
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::state::{self, StateStore};
+use imagegc_testkit::fake::FakeRuntime;
 
 use crate::support::{self, ServedOnThread, Tmpfs, container_using, describe, image, imagegc};
 

@@ -1,4 +1,4 @@
-//! What the fault tests share beyond `imagegc::testing` (image and
+//! What the fault tests share beyond `imagegc_testkit` (image and
 //! container builders, records, the simulated image filesystem and
 //! `metric`, re-exported here): a collector wired to the simulated
 //! filesystem, the fake runtime served on its own thread (for tests that run
@@ -15,11 +15,13 @@ use std::time::Duration;
 
 use imagegc::config::Config;
 use imagegc::cri::Runtime;
-use imagegc::cri::fake::FakeRuntime;
 use imagegc::engine::Collector;
 use imagegc::metrics::Metrics;
-pub use imagegc::testing::{SimDisk, container_using, history, image, image_id, metric, records};
+pub use imagegc::sim::SimDisk;
 use imagegc::time::Clock;
+pub use imagegc_testkit::fake::DiskEffects;
+use imagegc_testkit::fake::FakeRuntime;
+pub use imagegc_testkit::{container_using, history, image, image_id, metric, records};
 
 /// Long enough for a slow CI machine, short enough to notice a hang.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -106,7 +108,7 @@ impl Drop for ServedOnThread {
 
 /// The `imagegc` binary with the flags every process-level test passes.
 pub fn imagegc(config: &Path, endpoint: &str, state_dir: &Path) -> Command {
-    imagegc::testing::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
+    imagegc_testkit::imagegc_command(env!("CARGO_BIN_EXE_imagegc"), config, endpoint, state_dir)
 }
 
 /// Runs a command to its end, failing the test if it takes longer than

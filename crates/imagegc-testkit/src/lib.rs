@@ -1,0 +1,33 @@
+//! Test support for imagegc, shared by its integration tests, benches and
+//! examples. Nothing here ships: the imagegc package depends on this crate
+//! for development only.
+//!
+//! - The fixtures, at the crate root ([`image`], [`container_using`],
+//!   [`history`], [`metric`], [`imagegc_command`] and the rest): images and
+//!   containers as a runtime lists them, records as a previous process saved
+//!   them, one series of a metrics scrape. The library's own unit tests
+//!   compile the same file (src/fixtures.rs), so a fixture means the same
+//!   thing everywhere.
+//! - [`fake`]: a fake CRI runtime behind the real gRPC server on a unix
+//!   socket, with fault injection, call recording and each runtime's
+//!   dialect; [`fake::DiskEffects`] connects its removals to the library's
+//!   simulated disk (`imagegc::sim::SimDisk`).
+//! - [`script`]: the same fake as a command driven on stdin (the
+//!   `fake_runtime` binary), for scripts and the deployment checks.
+//! - [`testbed`]: a private real runtime (containerd 1.6, containerd 2.x or
+//!   CRI-O) on its own small filesystem, for the end-to-end tests, the
+//!   benches and the demo (needs root); [`oci`] builds the OCI images it
+//!   imports.
+
+mod fixtures;
+
+pub mod fake;
+// The test bed and the OCI builder document what is not obvious, not item
+// by item.
+#[allow(missing_docs)]
+pub mod oci;
+pub mod script;
+#[allow(missing_docs)]
+pub mod testbed;
+
+pub use fixtures::*;

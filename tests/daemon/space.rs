@@ -1,0 +1,97 @@
+//! Space passes between scheduled cycles: started by usage crossing high,
+//! and run again when images held back by `gc.min_age` may go.
+
+use std::time::Instant;
+
+use imagegc_testkit::fake::FakeRuntime;
+
+use crate::support::{DiskEffects, InProcess, SimDisk, cycles_done, eventually, first_cycle_done, image, metric, secs};
+
+/// Usage that crosses the high threshold between cycles starts a space
+/// pass within seconds: the kubelet's eviction manager looks every 10 s,
+/// and a pull that fills the disk must not wait for the next interval.
+#[tokio::test]
+async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds() {
+    let old = image("old", 100);
+    let (fake, disk, mut daemon) =
+        one_image_on_a_1000_byte_disk(&old, 850, |c| c.gc.usage_poll_interval = secs(30)).await;
+    assert!(fake.removed().is_empty(), "15 % used: nothing to free");
+    assert_eq!(metric(&daemon.metrics.encode(), "imagegc_space_pass_due"), Some(0.0));
+
+    // Something else fills the disk to 90 %: the next measurement, not the
+    // next interval, starts the cycle.
+    disk.set_available(100);
+    let crossed = Instant::now();
+    eventually(secs(10), "the old image removed for space", || {
+        (!fake.removed().is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(fake.removed(), vec![old.id.clone()]);
+    assert!(
+        crossed.elapsed() < secs(10),
+        "acted {:?} after high was crossed",
+        crossed.elapsed()
+    );
+    assert_eq!(fake.count("ImageFsInfo"), 2, "one cycle more, started by the crossing");
+    cycles_done(&daemon, 2).await;
+    assert_eq!(
+        metric(&daemon.metrics.encode(), "imagegc_image_filesystem_usage_ratio"),
+        Some(0.8),
+        "the usage metric is the measurement's"
+    );
+
+    // Still above high after it (the rest is not images): the crossing is
+    // not seen again until usage has gone below high, so no cycle spins.
+    tokio::time::sleep(secs(5)).await;
+    assert_eq!(
+        fake.count("ImageFsInfo"),
+        2,
+        "no cycle while usage merely stays above high"
+    );
+    daemon.stop().await;
+}
+
+/// A cycle that could not reach low because the images it could free were
+/// younger than `gc.min_age` runs again as soon as the first of them may
+/// go, not at the next interval: usage staying above high is no crossing.
+#[tokio::test]
+async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() {
+    let fresh = image("fresh", 300);
+    let (fake, _disk, mut daemon) = one_image_on_a_1000_byte_disk(&fresh, 100, |c| c.gc.min_age = secs(3)).await;
+    assert!(fake.removed().is_empty(), "too young at the first cycle");
+    let removed = eventually(secs(10), "the image removed once old enough", || {
+        (!fake.removed().is_empty()).then(|| fake.removed())
+    })
+    .await;
+    assert_eq!(removed, vec![fresh.id.clone()]);
+    daemon.stop().await;
+}
+
+/// A daemon over one unused `image` occupying its size on a 1000-byte disk
+/// with `available` bytes free, high 80 and low 50, a cycle an hour (only
+/// what the test starts runs one), once its first cycle has finished.
+async fn one_image_on_a_1000_byte_disk(
+    image: &imagegc::cri::Image,
+    available: u64,
+    configure: impl FnOnce(&mut imagegc::config::Config),
+) -> (FakeRuntime, SimDisk, InProcess) {
+    let fake = FakeRuntime::new();
+    fake.add_image(image.clone());
+    let disk = SimDisk::new(1000, available);
+    disk.occupy(&image.id, image.size);
+    fake.on_remove(Some(disk.free_on_remove()));
+    let daemon = InProcess::start(
+        fake.clone(),
+        disk.clone(),
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.high_threshold_percent = 80;
+            c.gc.low_threshold_percent = 50;
+            configure(c);
+        },
+    )
+    .await;
+    first_cycle_done(&daemon).await;
+    (fake, disk, daemon)
+}
