@@ -13,7 +13,7 @@
 //! [`READ_MAX_BYTES`] of each, the newest.
 //!
 //! A removal is journaled once it is known to have happened; until then it
-//! is pending (see [`crate::pending`]).
+//! is pending (see `crate::pending`).
 
 use std::fs;
 use std::io::{self, Read, Seek, Write};

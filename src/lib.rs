@@ -2,28 +2,39 @@
 //!
 //! # Layout
 //!
-//! Data flows from the runtime to the removals, each step in one module:
+//! A module depends only on modules listed before it (no import circle),
+//! from the leaves to the commands:
 //!
-//! - [`cri`]: the runtime boundary (the [`cri::Runtime`] trait, the CRI v1
-//!   client); `matching` reads how a container names an image, in every
+//! - Leaves: [`time`] (the clock), [`fs`] (the filesystem probe), `model`
+//!   (a removal and its reason), [`health`], [`log`], `collections`,
+//!   `reference` (image names as people and runtimes write them),
+//!   `safe_file`.
+//! - [`config`]: raw files to a validated configuration (TOML or a
+//!   KubeletConfiguration), every problem named by its field.
+//! - [`cri`]: the runtime boundary: the [`cri::Runtime`] trait and the CRI
+//!   v1 client. `matching` reads how a container names an image, in every
 //!   runtime's dialect.
-//! - [`records`]: first seen and last used per image, persisted by [`state`]
-//!   (crash-safe, locked) through `safe_file`.
-//! - [`policy`]: the pure planner (no IO, no clock): which images go, in
-//!   which order, and why every other one stays; `SpaceTarget` and
-//!   `SpaceOutlook` say whether a space pass is due and can succeed.
-//! - [`collector`]: one cycle, executed; its report (`report`) feeds the
-//!   [`journal`], [`metrics`] and the logs.
-//! - [`daemon`]: the loop, health and the composition root; [`http`] serves
-//!   metrics and probes; [`cli`] is each command and what it prints.
-//! - [`config`]: raw files to a validated configuration; [`time`], [`fs`] and
-//!   [`log`] are the clock, the filesystem probe and logging.
-//! - [`sim`]: an image filesystem simulated in memory, measured through the
-//!   same probe as a real one.
+//! - [`records`]: first seen and last used per image; the state directory:
+//!   [`state`] (the records' file, crash-safe and locked), [`journal`] (the
+//!   removals), `pending` (removals whose outcome is not known yet).
+//! - [`policy`]: pure: the planner (which images go, in which order, why
+//!   every other one stays) and the space walk (when a pass is due and
+//!   done), shared by the cycle, its dry run and `plan`.
+//! - [`engine`]: the cycle executed: reading the runtime, removals and
+//!   their settling, the thrash memory, usage between cycles, and typed
+//!   events that sinks turn into [`metrics`], logs and health.
+//! - [`sim`]: an image filesystem simulated in memory.
+//! - [`daemon`] (the loop and the composition root), [`http`] (metrics and
+//!   probes), [`cli`] (each command and what it prints).
+//!
+//! Where a change goes: a keep rule in `policy::plan`; a runtime quirk in
+//! `engine::observe` (or `matching` when it is about names); a metric or a
+//! log line in a sink of `engine::events`, fed by an event the engine
+//! already sends (or a new variant of it).
 //!
 //! Test support (fixtures, a fake CRI runtime served over gRPC, real
 //! runtimes started for a test) is the workspace's dev crate,
-//! crates/imagegc-testkit. README.md's "Development" section lists the files.
+//! crates/imagegc-testkit. docs/development.md lists the files.
 pub mod cli;
 pub(crate) mod collections;
 pub mod config;

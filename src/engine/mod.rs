@@ -1,17 +1,17 @@
 //! The engine: what happens between the runtime's answers and the removals,
 //! each part in its own module.
 //!
-//! - [`observe`]: reading the runtime (images, containers and their
+//! - `observe`: reading the runtime (images, containers and their
 //!   mounts, sandbox images from every source, the image filesystem). A
 //!   runtime quirk goes there.
-//! - [`cycle`]: one cycle: observe, plan ([`crate::policy`]), the age
+//! - `cycle`: one cycle: observe, plan ([`crate::policy`]), the age
 //!   pass, then the space pass driven by the policy's [`crate::policy::Walk`].
-//! - [`removal`]: one removal's lifecycle: re-check, pending note,
+//! - `removal`: one removal's lifecycle: re-check, pending note,
 //!   `RemoveImage`, measuring what came back, settling what the runtime did
-//!   not tell ([`crate::pending`]).
-//! - [`thrash`]: the memory of recent removals (re-pulls) and of the
+//!   not tell (`crate::pending`).
+//! - `thrash`: the memory of recent removals (re-pulls) and of the
 //!   episode in which images cannot reach low. Pure.
-//! - [`usage`]: marking images used between cycles (polls and container
+//! - `usage`: marking images used between cycles (polls and container
 //!   events).
 //! - [`events`]: what the engine reports, typed, and the [`Sink`]s that
 //!   turn it into logs, metrics and health. A new metric or log line is a

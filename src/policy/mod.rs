@@ -1,4 +1,4 @@
-//! The policy, pure (no IO, no clock reads): [`plan`] says which images a
+//! The policy, pure (no IO, no clock reads): [`mod@plan`] says which images a
 //! cycle may remove, in which order, and why every other image is kept;
 //! [`space`] says when a space pass is due and done, and walks the space
 //! candidates ([`Walk`]) for the cycle, the dry run and `plan` alike.

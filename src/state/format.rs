@@ -352,7 +352,7 @@ fn decode_lines<L: serde::de::DeserializeOwned>(
     })
 }
 
-/// Checks a state file's bytes the way [`StateStore::load`] does and returns
+/// Checks a state file's bytes the way [`super::StateStore::load`] does and returns
 /// the number of records, or why it would be set aside (fuzzing entry point).
 pub fn verify(bytes: &[u8]) -> Result<usize, Corruption> {
     decode(bytes).map(|d| d.records.len())
