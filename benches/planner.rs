@@ -23,7 +23,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use imagegc::config::Config;
 use imagegc::cri::Snapshot;
 use imagegc::cri::{Container, ContainerState, Image};
-use imagegc::policy;
+use imagegc::policy::{self, Protections};
 use imagegc::records::Records;
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
@@ -148,7 +148,7 @@ fn bench_cycle_plan(c: &mut Criterion<ThreadCpuTime>) {
         let started = now - Duration::from_secs(86_400);
         let (_, listed) = records.observe_snapshot(&snapshot, now);
         assert_eq!(
-            policy::plan_listed(&snapshot, &listed, &config, now, started),
+            policy::plan_listed(&snapshot, &listed, &config, Protections::none(), now, started),
             policy::plan(&snapshot, &records, &config, now, started),
         );
         if n >= 100_000 {
@@ -158,7 +158,7 @@ fn bench_cycle_plan(c: &mut Criterion<ThreadCpuTime>) {
         observe_and_plan.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
                 let (_, listed) = records.observe_snapshot(black_box(&snapshot), now);
-                let plan = policy::plan_listed(&snapshot, &listed, &config, now, started);
+                let plan = policy::plan_listed(&snapshot, &listed, &config, Protections::none(), now, started);
                 (plan.age.len(), plan.space.len())
             });
         });
@@ -174,7 +174,16 @@ fn bench_cycle_plan(c: &mut Criterion<ThreadCpuTime>) {
         }
         from_listing.throughput(Throughput::Elements(n as u64));
         from_listing.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| policy::plan_listed(black_box(&snapshot), &listed, &config, now, started));
+            b.iter(|| {
+                policy::plan_listed(
+                    black_box(&snapshot),
+                    &listed,
+                    &config,
+                    Protections::none(),
+                    now,
+                    started,
+                )
+            });
         });
     }
     from_listing.finish();

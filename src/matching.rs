@@ -241,6 +241,31 @@ pub fn images_named<'a, 'r>(images: &'a [Image], references: impl IntoIterator<I
     ids
 }
 
+/// For each image that some of `references` name, matched the way
+/// [`InUse`] matches containers' references: its place in `images` and the
+/// place in `references` of the first reference that names it.
+pub fn named_by(images: &[Image], references: &[&str]) -> Vec<(usize, usize)> {
+    let forms = Forms::new(
+        references
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, Kind::Always, *r))
+            .collect(),
+    );
+    let mut named = Vec::new();
+    for (place, image) in images.iter().enumerate() {
+        let mut first: Option<u32> = None;
+        forms.hits(image, |entry| {
+            let owner = entry >> KIND_BITS;
+            first = Some(first.map_or(owner, |f| f.min(owner)));
+        });
+        if let Some(owner) = first {
+            named.push((place, owner as usize));
+        }
+    }
+    named
+}
+
 /// Bits of an owner entry that hold its [`Kind`]; the rest is the owner.
 const KIND_BITS: u32 = 2;
 const KIND_MASK: u32 = (1 << KIND_BITS) - 1;

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
-use crate::policy::{self, Candidate, Forecast, KeepReason, Kept, Plan, SpaceOutlook, SpaceTarget};
+use crate::policy::{self, Candidate, Forecast, KeepReason, Kept, Plan, Protections, SpaceOutlook, SpaceTarget};
 use crate::state::StateStore;
 use crate::time::{Clock, ago, rfc3339};
 
@@ -59,7 +59,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
     // Planned after the listing, as a cycle plans: an image first seen by
     // this very listing is not "used at this instant".
     let now = clock.now();
-    let plan = policy::plan_listed(&snapshot, &listed, &config, now, clock.started());
+    let plan = policy::plan_listed(&snapshot, &listed, &config, Protections::none(), now, clock.started());
     let fs = Statvfs.stats(&image_fs.path).ok();
     let target = SpaceTarget::new(&config);
     // A dry-run cycle's walk (a read-only `plan` remembers no removals to
@@ -256,6 +256,7 @@ fn keep_text(why: &KeepReason) -> String {
     match why {
         KeepReason::InUse { containers } if containers.is_empty() => "in use".to_string(),
         KeepReason::InUse { containers } => format!("in use by {} container(s)", containers.len()),
+        KeepReason::Pod { pod } => format!("named by pod {pod}, bound to this node"),
         KeepReason::Pinned => "pinned by the runtime".to_string(),
         KeepReason::Sandbox => "the runtime's sandbox image".to_string(),
         KeepReason::SandboxUnknown => {

@@ -95,7 +95,16 @@ impl<R: Runtime> Collector<R> {
             // container: without Status it would look unused.
             return Err(CycleError::SandboxUnknown(err.clone()));
         }
-        let plan = policy::plan_listed(snapshot, listed, config, self.clock.now(), self.clock.started());
+        // Shared, not borrowed: the plan holds on to it through removals.
+        let protections = Arc::clone(&self.protections);
+        let plan = policy::plan_listed(
+            snapshot,
+            listed,
+            config,
+            &protections,
+            self.clock.now(),
+            self.clock.started(),
+        );
         self.sinks.emit(&Event::Planned {
             in_use: plan.in_use_count(),
             unused: snapshot.images.len() - plan.in_use_count() - plan.protected_count(),

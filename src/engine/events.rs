@@ -35,6 +35,8 @@ pub enum KeptAtRecheck<'a> {
     SandboxSince,
     /// A name it gained since the listing is protected by this pattern.
     ProtectedSince(&'a str),
+    /// A pod bound to this node names it (under a name it may have gained).
+    Pod(&'a str),
     /// A container's mounted images cannot be read: it may mount this one.
     MountsUnknown,
     /// Someone else removed it (another collector, `crictl rmi`).
@@ -587,6 +589,12 @@ fn log_kept(id: &str, tags: &[String], why: &KeptAtRecheck<'_>) {
             tags = ?tags,
             %pattern,
             "a name the image gained since the listing is protected; keeping it"
+        ),
+        KeptAtRecheck::Pod(pod) => info!(
+            image = %id,
+            tags = ?tags,
+            %pod,
+            "a pod bound to this node names the image; keeping it"
         ),
         KeptAtRecheck::MountsUnknown => {
             info!(image = %id, "a container's mounted images cannot be read: keeping the image");

@@ -34,7 +34,7 @@ use crate::fs::FsProbe;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::pending::Pending;
-use crate::policy::{DiskFootprint, SpaceTarget};
+use crate::policy::{DiskFootprint, Protections, SpaceTarget};
 use crate::records::Records;
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
@@ -116,6 +116,8 @@ pub struct Collector<R> {
     /// The image filesystem as the last listing found it, when it can be
     /// trusted: what [`Collector::check_usage`] measures between cycles.
     disk_path: Option<PathBuf>,
+    /// Keep rules from outside the listing (pods bound to this node).
+    protections: Arc<Protections>,
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
     sandbox_unknown: Option<String>,
@@ -162,6 +164,7 @@ impl<R: Runtime> Collector<R> {
             disk_path: None,
             young_removable_at: None,
             sandbox_unknown: None,
+            protections: Arc::default(),
         };
         collector.seed_thrash_from_journal();
         collector
@@ -189,6 +192,12 @@ impl<R: Runtime> Collector<R> {
     /// Reports progress (liveness) to the health endpoint while cycles run.
     pub fn with_health(self, health: Arc<crate::health::Health>) -> Self {
         self.with_sink(Arc::new(HealthSink(health)))
+    }
+
+    /// Sets the keep rules from outside the runtime's listing (the pods
+    /// bound to this node): they hold from the next plan and re-check on.
+    pub fn set_protections(&mut self, protections: Protections) {
+        self.protections = Arc::new(protections);
     }
 
     /// The configuration in force: the one given at start, or the last reload

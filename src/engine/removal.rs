@@ -189,6 +189,8 @@ impl<R: Runtime> Collector<R> {
             Arc::make_mut(&mut self.records).mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());
             Some(KeptAtRecheck::CameIntoUse)
+        } else if let Some(pod) = self.held_by_pod(&current) {
+            Some(KeptAtRecheck::Pod(pod))
         } else if current.pinned {
             Some(KeptAtRecheck::PinnedSince)
         } else if matching::References::new(&[], &sandbox_names(snapshot))
@@ -210,6 +212,18 @@ impl<R: Runtime> Collector<R> {
             }
             None => Ok(Some(current)),
         }
+    }
+
+    /// The pod bound to this node that names `image` as it is named now.
+    fn held_by_pod(&self, image: &Image) -> Option<&str> {
+        let references = &self.protections.references;
+        if references.is_empty() {
+            return None;
+        }
+        let names: Vec<&str> = references.iter().map(|(r, _)| r.as_str()).collect();
+        matching::named_by(std::slice::from_ref(image), &names)
+            .first()
+            .map(|&(_, r)| references[r].1.as_str())
     }
 
     fn kept(&self, id: &str, tags: &[String], why: KeptAtRecheck<'_>) {

@@ -31,6 +31,8 @@ struct Sim {
     removed: Vec<String>,
     /// Containers that appear right before the n-th ListContainers call.
     appear_at_list: Option<(usize, Container)>,
+    /// A tag an image gains right before the n-th ListContainers call.
+    tag_at_list: Option<(usize, String, String)>,
     lists: usize,
 }
 
@@ -82,6 +84,12 @@ impl Runtime for SimHandle {
             && sim.lists == n
         {
             sim.containers.push(c);
+        }
+        if let Some((n, id, tag)) = sim.tag_at_list.clone()
+            && sim.lists == n
+            && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
+        {
+            image.repo_tags.push(tag);
         }
         Ok(sim.containers.clone())
     }
@@ -767,4 +775,31 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     };
     assert_eq!(by(Reason::Age), age);
     assert_eq!(by(Reason::Space), space, "the cycle walked as the forecast said");
+}
+
+#[tokio::test]
+async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100), image("c", 100)];
+        (s.capacity, s.available) = (1000, 0);
+        // b gains, between the listing and its removal, the name a pod
+        // bound to the node runs.
+        s.tag_at_list = Some((2, "b".to_string(), "docker.io/library/web:1".to_string()));
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    c.set_protections(crate::policy::Protections {
+        references: vec![
+            ("a".to_string(), "ns/starting".to_string()),
+            ("web:1".to_string(), "ns/web".to_string()),
+        ],
+    });
+    let report = cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["c"], "a kept by the plan, b by the re-check");
+    assert_eq!(report.removed.len(), 1);
+    // Once the pods are gone, so is the protection.
+    c.set_protections(crate::policy::Protections::default());
+    sim.with(|s| s.available = 0);
+    cycle(&mut c).await;
+    assert_eq!(sim.removed()[..2], ["c", "a"]);
 }

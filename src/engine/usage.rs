@@ -66,7 +66,14 @@ impl<R: Runtime> Collector<R> {
     /// Plans a cycle over a listing from [`Collector::observe`], without
     /// removing anything (`imagegc plan`).
     pub fn plan<'a>(&'a self, snapshot: &'a Snapshot, listed: &Listed) -> Plan<'a> {
-        policy::plan_listed(snapshot, listed, &self.config, self.clock.now(), self.clock.started())
+        policy::plan_listed(
+            snapshot,
+            listed,
+            &self.config,
+            &self.protections,
+            self.clock.now(),
+            self.clock.started(),
+        )
     }
 
     /// Lists images and containers between cycles: images first seen now

@@ -4,10 +4,11 @@
 //! candidates ([`Walk`]) for the cycle, the dry run and `plan` alike.
 //!
 //! A new keep rule goes in [`plan::plan_listed`] (with its
-//! [`KeepReason`]).
+//! [`KeepReason`]); one that comes from outside the runtime's listing (the
+//! pods bound to the node) comes in through [`Protections`].
 
 pub mod plan;
 pub mod space;
 
-pub use plan::{Candidate, KeepReason, Kept, Plan, Reason, plan, plan_listed, protecting_pattern};
+pub use plan::{Candidate, KeepReason, Kept, Plan, Protections, Reason, plan, plan_listed, protecting_pattern};
 pub use space::{DiskFootprint, Forecast, SpaceOutlook, SpaceTarget, Step, Walk, total_size};

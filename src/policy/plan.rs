@@ -14,9 +14,31 @@ use std::time::{Duration, SystemTime};
 use crate::collections::HashMap;
 use crate::config::Config;
 use crate::cri::{Image, Snapshot};
+use crate::matching;
 pub use crate::model::Reason;
 use crate::records::{Listed, Records};
 use crate::reference::{self, ProtectPattern};
+
+/// Keep rules that come from outside the runtime's listing: the image
+/// references of the pods bound to this node, with each pod's
+/// `namespace/name` (a pod names its images before the runtime creates its
+/// containers). An image any of them names is kept, with
+/// [`KeepReason::Pod`], as an image in use is; references match images as
+/// containers' references do (tags, digests, `docker.io` normalisation,
+/// every runtime's dialect).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protections {
+    /// `(image reference, pod)` pairs.
+    pub references: Vec<(String, String)>,
+}
+
+impl Protections {
+    /// Nothing held from outside: what a pure CRI agent plans with.
+    pub fn none() -> &'static Protections {
+        static NONE: Protections = Protections { references: Vec::new() };
+        &NONE
+    }
+}
 
 /// Why an image is kept.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -26,6 +48,12 @@ pub enum KeepReason<'a> {
     InUse {
         /// The ids of the containers that name the image.
         containers: Vec<&'a str>,
+    },
+    /// Named by a pod bound to this node (see [`Protections`]), which
+    /// will run it.
+    Pod {
+        /// The first such pod, `namespace/name`.
+        pod: &'a str,
     },
     /// The runtime marks it pinned.
     Pinned,
@@ -61,6 +89,7 @@ impl KeepReason<'_> {
     pub fn label(&self) -> &'static str {
         match self {
             KeepReason::InUse { .. } => "in-use",
+            KeepReason::Pod { .. } => "pod",
             KeepReason::Pinned => "pinned",
             KeepReason::Sandbox => "sandbox",
             KeepReason::SandboxUnknown => "sandbox-unknown",
@@ -73,7 +102,10 @@ impl KeepReason<'_> {
 
     /// True for the reasons that hold whatever the usage (everything but age).
     pub fn is_protection(&self) -> bool {
-        !matches!(self, KeepReason::InUse { .. } | KeepReason::TooYoung { .. })
+        !matches!(
+            self,
+            KeepReason::InUse { .. } | KeepReason::Pod { .. } | KeepReason::TooYoung { .. }
+        )
     }
 }
 
@@ -131,11 +163,12 @@ pub struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    /// How many kept images are in use by a container.
+    /// How many kept images are in use by a container, or named by a pod
+    /// bound to this node.
     pub fn in_use_count(&self) -> usize {
         self.kept
             .iter()
-            .filter(|k| matches!(k.why, KeepReason::InUse { .. }))
+            .filter(|k| matches!(k.why, KeepReason::InUse { .. } | KeepReason::Pod { .. }))
             .count()
     }
 
@@ -156,7 +189,14 @@ pub fn plan<'a>(
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan<'a> {
-    plan_listed(snapshot, &records.listed(snapshot), config, now, running_since)
+    plan_listed(
+        snapshot,
+        &records.listed(snapshot),
+        config,
+        Protections::none(),
+        now,
+        running_since,
+    )
 }
 
 /// [`plan`], from what the records made of this very listing
@@ -173,10 +213,12 @@ pub fn plan_listed<'a>(
     snapshot: &'a Snapshot,
     listed: &Listed,
     config: &'a Config,
+    protections: &'a Protections,
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan<'a> {
     assert_eq!(listed.len(), snapshot.images.len(), "a plan of another listing");
+    let held = held_by_pods(snapshot, protections);
     let sandbox_unknown = snapshot.sandbox_unknown();
     let mounts_unknown = snapshot.containers.iter().any(|c| c.mounts_unknown);
     let matches = &listed.matches;
@@ -232,6 +274,10 @@ pub fn plan_listed<'a>(
                     .map(|&c| snapshot.containers[c as usize].id.as_str())
                     .collect(),
             }));
+            continue;
+        }
+        if let Some(pod) = held.get(&i) {
+            plan.kept.push(keep(KeepReason::Pod { pod }));
             continue;
         }
         // Sandbox before pinned: runtimes pin their sandbox image, and
@@ -326,6 +372,31 @@ pub fn protecting_pattern<'c>(config: &'c Config, image: &Image) -> Option<&'c s
         .iter()
         .find(|p| ProtectPattern::new(p).matches_image(&image.id, &image.repo_tags, &image.repo_digests))
         .map(String::as_str)
+}
+
+/// The images pods name (by their place in the listing), each with the
+/// first pod that names it; an id listed more than once counts at each
+/// place.
+fn held_by_pods<'a>(snapshot: &Snapshot, protections: &'a Protections) -> HashMap<usize, &'a str> {
+    if protections.references.is_empty() {
+        return HashMap::default();
+    }
+    let references: Vec<&str> = protections.references.iter().map(|(r, _)| r.as_str()).collect();
+    let mut held: HashMap<usize, &'a str> = matching::named_by(&snapshot.images, &references)
+        .into_iter()
+        .map(|(place, r)| (place, protections.references[r].1.as_str()))
+        .collect();
+    // Every listing of an id is held when one is.
+    let by_id: HashMap<&str, &'a str> = held
+        .iter()
+        .map(|(&place, &pod)| (snapshot.images[place].id.as_str(), pod))
+        .collect();
+    for (place, image) in snapshot.images.iter().enumerate() {
+        if let Some(&pod) = by_id.get(image.id.as_str()) {
+            held.entry(place).or_insert(pod);
+        }
+    }
+    held
 }
 
 /// Time from `earlier` to `later`; zero when the clock says `earlier` is in
@@ -424,7 +495,14 @@ mod tests {
                 && seen.containers == self.snapshot.containers
                 && seen.sandbox_images == self.snapshot.sandbox_images
             {
-                let cycle = plan_listed(&self.snapshot, listed, &self.config, at, self.start);
+                let cycle = plan_listed(
+                    &self.snapshot,
+                    listed,
+                    &self.config,
+                    Protections::none(),
+                    at,
+                    self.start,
+                );
                 assert_eq!(cycle, plan, "the cycle's plan differs from the plan from the records");
             }
             plan
@@ -657,6 +735,25 @@ mod tests {
         let p = w.plan(t(100_000));
         assert_eq!(*kept(&p, "nginx"), KeepReason::Protected { pattern: "nginx:*" });
         assert_eq!(ids(&p.age), ["redis"]);
+    }
+
+    #[test]
+    fn an_image_a_pod_names_is_kept_for_the_pod_as_an_image_in_use() {
+        let mut w = World::new(vec![image("nginx", 1), image("redis", 1)]);
+        w.config.gc.max_age = MIN;
+        w.observe(t(0));
+        // The pod spec names it as people write it; the runtime lists
+        // `docker.io/library/nginx:latest`.
+        let pods = Protections {
+            references: vec![("nginx".to_string(), "default/web".to_string())],
+        };
+        let listed = w.records.listed(&w.snapshot);
+        let p = plan_listed(&w.snapshot, &listed, &w.config, &pods, t(100_000), w.start);
+        assert_eq!(*kept(&p, "nginx"), KeepReason::Pod { pod: "default/web" });
+        assert_eq!(ids(&p.age), ["redis"]);
+        assert_eq!(p.in_use_count(), 1);
+        // Without the pod, it goes.
+        assert_eq!(ids(&w.plan(t(100_000)).age), ["nginx", "redis"]);
     }
 
     #[test]

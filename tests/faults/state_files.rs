@@ -825,9 +825,7 @@ fn sigterm_during_a_slow_removal_names_the_image_and_journals_it_at_the_next_sta
     assert!(abandoned.contains(&u1), "{abandoned}");
 
     // The runtime finished the removal after imagegc had gone.
-    node.fake.delay("RemoveImage", Duration::ZERO);
-    let removed = node.fake.remove_image_by_id(&u1).unwrap();
-    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    the_runtime_completes_the_removal_of_u1(&node);
     let output = node.once();
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     assert!(
@@ -866,6 +864,17 @@ fn a_removal_abandoned_and_never_done_by_the_runtime_is_not_journaled() {
     );
 }
 
+/// The runtime completes, after imagegc is gone, the removal of `u1` that
+/// hung: it answers at once again, and the image and its layer are gone.
+/// Returns the image's id.
+fn the_runtime_completes_the_removal_of_u1(node: &Node) -> String {
+    let u1 = image("u1", 0).id;
+    node.fake.delay("RemoveImage", Duration::ZERO);
+    let removed = node.fake.remove_image_by_id(&u1).unwrap();
+    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    u1
+}
+
 #[test]
 #[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
 fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
@@ -875,10 +884,7 @@ fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
     once.wait().unwrap();
 
     // The runtime completed the removal imagegc asked for before it died.
-    let u1 = image("u1", 0).id;
-    node.fake.delay("RemoveImage", Duration::ZERO);
-    let removed = node.fake.remove_image_by_id(&u1).unwrap();
-    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    the_runtime_completes_the_removal_of_u1(&node);
     let output = node.once();
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let entries = history_images(&node);
@@ -911,10 +917,7 @@ fn a_removal_that_timed_out_then_a_kill_is_journaled_once_when_the_next_start_fi
     daemon.wait().unwrap();
 
     // The runtime finished it after imagegc was killed.
-    let u1 = image("u1", 0).id;
-    node.fake.delay("RemoveImage", Duration::ZERO);
-    let removed = node.fake.remove_image_by_id(&u1).unwrap();
-    fs::remove_file(layer_file(node._imagefs.path(), &removed)).unwrap();
+    let u1 = the_runtime_completes_the_removal_of_u1(&node);
     let output = node.once();
     assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
     let output = node.once();
