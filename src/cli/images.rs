@@ -6,13 +6,14 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::table::{Table, cell, fs_line, human_bytes, printable, short_id, tags_cell, yes_no};
+use super::table::{Table, cell, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell, yes_no};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
 use crate::cri::{CriClient, Runtime, Snapshot};
 use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::matching::InUse;
+use crate::policy::ImageBytes;
 
 #[derive(Serialize)]
 struct ImagesView<'a> {
@@ -38,6 +39,8 @@ struct RuntimeView<'a> {
 enum FilesystemView {
     Measured {
         mount_point: PathBuf,
+        /// What images take of it, and where the figure comes from.
+        image_bytes: Option<ImageBytes>,
         capacity_bytes: u64,
         used_bytes: u64,
         available_bytes: u64,
@@ -68,6 +71,7 @@ struct ImageView<'a> {
 pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
     let version = runtime.version().await?;
     let observation = Observer::default().observe(runtime, config).await?;
+    let footprint = observation.footprint;
     let Snapshot {
         images,
         containers,
@@ -76,13 +80,22 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     } = observation.snapshot;
     let image_fs = observation.image_fs?;
     let image_fs_mismatch = image_fs.mismatch(&Statvfs);
-    let ImageFs { path: mount_point, .. } = image_fs;
+    let ImageFs {
+        path: mount_point,
+        image_bytes: reported,
+        ..
+    } = image_fs;
     let fs = Statvfs.stats(&mount_point);
+    let image_bytes = fs
+        .as_ref()
+        .ok()
+        .map(|s| ImageBytes::new(reported, &images, footprint, s.used_bytes()));
     let in_use = InUse::new(&images, &containers);
     if output == Output::Json {
         let image_filesystem = match &fs {
             Ok(s) => FilesystemView::Measured {
                 mount_point,
+                image_bytes,
                 capacity_bytes: s.capacity_bytes,
                 used_bytes: s.used_bytes(),
                 available_bytes: s.available(),
@@ -137,8 +150,9 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     }
     let measured: Option<&FsStats> = fs.as_ref().ok();
     let mismatch = image_fs_mismatch.map_or_else(String::new, |why| format!("warning: {}\n", printable(&why)));
+    let images_take = image_bytes.map_or_else(String::new, |b| image_bytes_line(&b, footprint));
     let text = format!(
-        "runtime: {} {} at {}\n{}\n{mismatch}{}",
+        "runtime: {} {} at {}\n{}{images_take}\n{mismatch}{}",
         cell(&version.runtime_name),
         cell(&version.runtime_version),
         runtime.endpoint(),

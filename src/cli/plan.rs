@@ -9,13 +9,15 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use super::once::unreachable_text;
-use super::table::{Table, fs_line, human_bytes, printable, short_id, tags_cell};
+use super::table::{Table, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
 use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
-use crate::policy::{self, Candidate, Forecast, KeepReason, Kept, Plan, Protections, SpaceOutlook, SpaceTarget};
+use crate::policy::{
+    self, Candidate, Forecast, ImageBytes, KeepReason, Kept, Plan, Protections, SpaceOutlook, SpaceTarget,
+};
 use crate::state::StateStore;
 use crate::time::{Clock, ago, rfc3339};
 
@@ -40,6 +42,8 @@ struct PlanJson<'a> {
 #[derive(Serialize)]
 struct FilesystemView<'a> {
     mount_point: &'a PathBuf,
+    /// What images take of it, and where the figure comes from.
+    image_bytes: ImageBytes,
     capacity_bytes: u64,
     available_bytes: u64,
     usage_percent: u64,
@@ -78,6 +82,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
                 plan.age.iter().chain(&plan.space),
                 &snapshot.images,
                 footprint,
+                image_fs.image_bytes,
             )
         })
         .filter(SpaceOutlook::unreachable);
@@ -87,6 +92,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
             dry_run: config.gc.dry_run,
             image_filesystem: fs.map(|s| FilesystemView {
                 mount_point: &image_fs.path,
+                image_bytes: ImageBytes::new(image_fs.image_bytes, &snapshot.images, footprint, s.used_bytes()),
                 capacity_bytes: s.capacity_bytes,
                 available_bytes: s.available(),
                 usage_percent: s.usage_percent(),
@@ -104,6 +110,10 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
         return Ok(0);
     }
     let mut text = fs_line(&image_fs.path.display().to_string(), fs.as_ref(), &config);
+    if let Some(fs) = &fs {
+        let bytes = ImageBytes::new(image_fs.image_bytes, &snapshot.images, footprint, fs.used_bytes());
+        text.push_str(&image_bytes_line(&bytes, footprint));
+    }
     if let Some(why) = &mismatch {
         text.push_str(&format!("no space pass: {}\n", printable(why)));
     }

@@ -3,6 +3,23 @@
 
 use crate::config::Config;
 use crate::fs::FsStats;
+use crate::policy::{DiskFootprint, ImageBytes, ImageBytesSource};
+
+/// The line that says what images take of the image filesystem, and where
+/// the figure comes from.
+pub fn image_bytes_line(bytes: &ImageBytes, footprint: DiskFootprint) -> String {
+    match bytes.source {
+        ImageBytesSource::Runtime => format!(
+            "images take {} of it (the runtime's ImageFsInfo)\n",
+            human_bytes(bytes.bytes)
+        ),
+        ImageBytesSource::Listing => format!(
+            "images take about {} of it (the listed sizes times {:.1}: the runtime reports no plausible figure)\n",
+            human_bytes(bytes.bytes),
+            footprint.factor()
+        ),
+    }
+}
 
 /// `sha256:0123456789ab…` → `0123456789ab`.
 pub fn short_id(id: &str) -> String {

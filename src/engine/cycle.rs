@@ -113,16 +113,17 @@ impl<R: Runtime> Collector<R> {
             age_guarded: plan.age_guarded,
             max_age: config.gc.max_age,
         });
-        let path = match image_fs {
-            Ok(fs) => Some(fs.path).filter(|p| !p.as_os_str().is_empty()),
+        let (path, image_bytes) = match image_fs {
+            Ok(fs) => (Some(fs.path).filter(|p| !p.as_os_str().is_empty()), fs.image_bytes),
             Err(err) => {
                 self.sinks.emit(&Event::ImageFsUnknown(&err.to_string()));
-                None
+                (None, None)
             }
         };
         let disk = Disk {
             probe: Arc::clone(&self.probe),
             path,
+            image_bytes,
         };
         // Usage before the cycle removes anything: what the summary's
         // `usage_before` reports, also when the age pass frees space.
@@ -194,6 +195,7 @@ impl<R: Runtime> Collector<R> {
             &plan.space,
             &snapshot.images,
             self.footprint,
+            disk.image_bytes,
         );
         self.note_outlook(Some(outlook));
         report.space_unreachable = self.thrash.unreachable();

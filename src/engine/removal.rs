@@ -59,6 +59,8 @@ pub(super) const SETTLE_CONFIRM: Duration = Duration::from_millis(2);
 pub(super) struct Disk {
     pub(super) probe: Arc<dyn FsProbe>,
     pub(super) path: Option<PathBuf>,
+    /// What the runtime says images use of it (`ImageFsInfo`), when it says.
+    pub(super) image_bytes: Option<u64>,
 }
 
 impl Disk {

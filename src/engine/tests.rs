@@ -194,6 +194,7 @@ async fn settle(readings: &[u64]) -> (u64, Duration) {
     let disk = Disk {
         probe: Arc::new(Scripted(Mutex::new(readings.iter().copied().collect()))),
         path: Some(PathBuf::from("/sim")),
+        image_bytes: None,
     };
     let before = FsStats {
         capacity_bytes: 1000,

@@ -11,4 +11,6 @@ pub mod plan;
 pub mod space;
 
 pub use plan::{Candidate, KeepReason, Kept, Plan, Protections, Reason, plan, plan_listed, protecting_pattern};
-pub use space::{DiskFootprint, Forecast, SpaceOutlook, SpaceTarget, Step, Walk, total_size};
+pub use space::{
+    DiskFootprint, Forecast, ImageBytes, ImageBytesSource, SpaceOutlook, SpaceTarget, Step, Walk, total_size,
+};

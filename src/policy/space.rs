@@ -146,21 +146,68 @@ pub struct SpaceOutlook {
     /// is unknown (reported as 0, as mid-pull), which can free anything.
     pub could_free: u64,
     /// Used bytes of the image filesystem that are not images: used minus
-    /// what the listed images may take on disk (their reported sizes times
-    /// the footprint; shared layers counted in each image, which errs on the
-    /// side of counting too much as images).
+    /// [`SpaceOutlook::image_bytes`].
     pub not_image_bytes: u64,
+    /// What the images take on the filesystem, and where that comes from.
+    pub image_bytes: ImageBytes,
+}
+
+/// Where the figure of what images take on disk comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageBytesSource {
+    /// The runtime's `ImageFsInfo` used bytes, found plausible.
+    Runtime,
+    /// The listed images' reported sizes times the runtime's
+    /// [`DiskFootprint`] (shared layers counted in each image, which errs on
+    /// the side of counting too much as images): the runtime reports none,
+    /// or a figure the listing contradicts (containerd 1.6 reports 0, or
+    /// half the listed sizes).
+    Listing,
+}
+
+/// What the images take on the image filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ImageBytes {
+    /// Bytes.
+    pub bytes: u64,
+    /// Where the figure comes from.
+    pub source: ImageBytesSource,
+}
+
+impl ImageBytes {
+    /// The runtime's figure (`reported`) when it is plausible: at least what
+    /// the listing's reported sizes add up to (each image's content is on
+    /// the filesystem) and at most the filesystem's `used` bytes; else the
+    /// listing's estimate.
+    pub fn new(reported: Option<u64>, images: &[Image], footprint: DiskFootprint, used: u64) -> Self {
+        let listed = images.iter().fold(0u64, |sum, i| sum.saturating_add(i.size));
+        match reported {
+            Some(bytes) if bytes > 0 && bytes >= listed && bytes <= used => ImageBytes {
+                bytes,
+                source: ImageBytesSource::Runtime,
+            },
+            _ => ImageBytes {
+                bytes: images
+                    .iter()
+                    .fold(0u64, |sum, i| sum.saturating_add(footprint.on_disk(i.size))),
+                source: ImageBytesSource::Listing,
+            },
+        }
+    }
 }
 
 impl SpaceOutlook {
     /// `candidates`: every image the pass may still remove; `images`: every
-    /// listed image.
+    /// listed image; `reported`: what the runtime says images use (see
+    /// [`ImageBytes::new`]).
     pub fn new<'c>(
         stats: &FsStats,
         low_percent: u8,
         candidates: impl IntoIterator<Item = &'c Candidate<'c>>,
         images: &[Image],
         footprint: DiskFootprint,
+        reported: Option<u64>,
     ) -> Self {
         let mut could_free = 0u64;
         for candidate in candidates {
@@ -170,14 +217,13 @@ impl SpaceOutlook {
             }
             could_free = could_free.saturating_add(footprint.on_disk(candidate.size));
         }
-        let all_images = images
-            .iter()
-            .fold(0u64, |sum, i| sum.saturating_add(footprint.on_disk(i.size)));
         let used = stats.capacity_bytes.saturating_sub(stats.available());
+        let image_bytes = ImageBytes::new(reported, images, footprint, used);
         SpaceOutlook {
             bytes_to_free: stats.bytes_to_free(low_percent),
             could_free,
-            not_image_bytes: used.saturating_sub(all_images),
+            not_image_bytes: used.saturating_sub(image_bytes.bytes),
+            image_bytes,
         }
     }
 
@@ -425,16 +471,47 @@ mod tests {
             &candidates,
             &images,
             DiskFootprint::for_runtime("containerd"),
+            None,
         );
         assert!(!outlook.unreachable(), "{outlook:?}");
         assert_eq!(outlook.not_image_bytes, 0);
         // Sizes taken as the whole image on disk: a false "cannot".
-        let naive = SpaceOutlook::new(&stats, 40, &candidates, &images, DiskFootprint::for_runtime("cri-o"));
+        let naive = SpaceOutlook::new(
+            &stats,
+            40,
+            &candidates,
+            &images,
+            DiskFootprint::for_runtime("cri-o"),
+            None,
+        );
         assert!(naive.unreachable());
         assert_eq!(naive.not_image_bytes, 400);
         // A candidate of unknown size can free anything.
         let unknown = image("e", 0);
-        let outlook = SpaceOutlook::new(&stats, 40, &[candidate(&unknown)], &images, DiskFootprint::default());
+        let outlook = SpaceOutlook::new(
+            &stats,
+            40,
+            &[candidate(&unknown)],
+            &images,
+            DiskFootprint::default(),
+            None,
+        );
         assert!(!outlook.unreachable());
+    }
+
+    #[test]
+    fn the_runtimes_image_bytes_count_only_when_the_listing_does_not_contradict_them() {
+        let images: Vec<Image> = ["a", "b"].iter().map(|n| image(n, 100)).collect();
+        let containerd = DiskFootprint::for_runtime("containerd");
+        let from = |reported| ImageBytes::new(reported, &images, containerd, 800);
+        // Plausible: used.
+        assert_eq!(from(Some(300)).source, ImageBytesSource::Runtime);
+        assert_eq!(from(Some(300)).bytes, 300);
+        // containerd 1.6: 0, or half the listed sizes; or more than is used.
+        for implausible in [None, Some(0), Some(100), Some(900)] {
+            let bytes = from(implausible);
+            assert_eq!(bytes.source, ImageBytesSource::Listing, "{implausible:?}");
+            assert_eq!(bytes.bytes, 400, "the listing's sizes times the footprint");
+        }
     }
 }

@@ -524,7 +524,7 @@ impl ImageService for Service {
     ) -> Result<Response<proto::ImageFsInfoResponse>, Status> {
         self.enter("ImageFsInfo").await?;
         let state = self.fake.lock();
-        let used: u64 = state.images.iter().map(|i| i.size).sum();
+        let used = state.images.iter().fold(0u64, |sum, i| sum.saturating_add(i.size));
         Ok(Response::new(proto::ImageFsInfoResponse {
             image_filesystems: vec![proto::FilesystemUsage {
                 timestamp: unix_nanos(),
