@@ -234,6 +234,24 @@ fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }
+    // Against the `imagegc run` on this state directory, if one runs: what
+    // a reload (SIGHUP) would not apply, as the reload itself says.
+    if let Some(running) = crate::state::Running::read(&config.state.dir) {
+        let keys = running.keys.restart_keys(&crate::state::StartOnly::of(config));
+        if keys.is_empty() {
+            eprintln!(
+                "imagegc runs on this state directory (pid {}): a reload (SIGHUP) applies every change of this file",
+                running.pid
+            );
+        } else {
+            eprintln!(
+                "warning: imagegc runs on this state directory (pid {}): these keys take effect only after a \
+                 restart, a reload (SIGHUP) keeps the running values: {}",
+                running.pid,
+                keys.join(", ")
+            );
+        }
+    }
     out::text(&config.to_toml_string())?;
     Ok(0)
 }

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Cli, CliError, Command, ExitStatus, lock_state};
 use crate::config::{self, Config, Overrides};
 use crate::daemon::Daemon;
+use crate::state::Running;
 
 /// `run`: the daemon, until a signal stops it.
 pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> {
@@ -22,6 +23,8 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
         tracing::warn!("{warning}");
     }
     let _lock = lock_state(&config)?;
+    // For `check-config`: what only a restart changes, as read now.
+    Running::write(&config);
     let mut daemon = Daemon::new(config.clone());
     if let Some(addr) = config.metrics.listen {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -39,6 +42,7 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
     let signals = handle_signals(shutdown.clone(), cli.config.clone(), overrides, reload_tx)?;
     daemon.run(shutdown, reload_rx).await;
     signals.abort();
+    Running::remove(&config.state.dir);
     tracing::info!("stopped");
     Ok(0)
 }

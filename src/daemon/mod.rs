@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
 use crate::engine::{Collector, UsageTracker};
+use crate::state::StartOnly;
 
 mod start;
 
@@ -392,7 +393,8 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
     let Config {
         runtime:
             RuntimeConfig {
-                endpoint,
+                // Start-only (see `StartOnly`).
+                endpoint: _,
                 // The client's deadline (`Runtime::set_timeout`).
                 timeout: _,
                 // The loop switches between events and polling.
@@ -419,25 +421,16 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
             images: _,
             keep_recent_per_repository: _,
         },
-        state: StateConfig { dir },
-        metrics: MetricsConfig { listen },
+        // Start-only (see `StartOnly`).
+        state: StateConfig { dir: _ },
+        metrics: MetricsConfig { listen: _ },
         // Read again by the reload, with the file that names it.
         eviction_imagefs_available: _,
         kubelet_config: _,
         source: _,
         warnings: _,
     } = new;
-    let mut keys = Vec::new();
-    if *endpoint != old.runtime.endpoint {
-        keys.push("runtime.endpoint");
-    }
-    if *dir != old.state.dir {
-        keys.push("state.dir");
-    }
-    if *listen != old.metrics.listen {
-        keys.push("metrics.listen");
-    }
-    keys
+    StartOnly::of(old).restart_keys(&StartOnly::of(new))
 }
 
 /// Tells systemd (Type=notify) about readiness and shutdown, when started

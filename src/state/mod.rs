@@ -73,6 +73,9 @@ use crate::records::Records;
 use crate::time::{from_unix_millis, to_unix_millis};
 
 mod format;
+mod running;
+
+pub use running::{Running, StartOnly};
 
 use format::{Decoded, HEADER_BYTES, decode, encode_payload, header};
 pub use format::{encode, verify};

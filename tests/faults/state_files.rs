@@ -928,3 +928,46 @@ fn a_removal_that_timed_out_then_a_kill_is_journaled_once_when_the_next_start_fi
     assert_eq!(of_u1[0]["note"], "completed after shutdown", "{entries:?}");
     assert!(!pending.exists());
 }
+
+#[test]
+#[ignore = "needs root (a tmpfs and files of its own): scripts/test.sh runs it"]
+fn check_config_says_which_changes_a_reload_of_the_running_daemon_would_not_apply() {
+    let node = Node::start();
+    let mut daemon = node
+        .command(&["run"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let running = node.state_dir.join("running.json");
+    let deadline = std::time::Instant::now() + support::PATIENCE;
+    while !running.exists() {
+        assert!(std::time::Instant::now() < deadline, "the daemon noted nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let check = |node: &Node| {
+        let output = support::run(&mut node.command(&["check-config"]));
+        assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+        stderr_of(&output)
+    };
+    assert!(
+        check(&node).contains("a reload (SIGHUP) applies every change"),
+        "{}",
+        check(&node)
+    );
+    let text = fs::read_to_string(&node.config).unwrap();
+    fs::write(
+        &node.config,
+        text.replace("listen = \"\"", "listen = \"127.0.0.1:9999\""),
+    )
+    .unwrap();
+    let said = check(&node);
+    assert!(
+        said.contains("only after a restart") && said.contains("metrics.listen"),
+        "{said}"
+    );
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    daemon.wait().unwrap();
+    assert!(!running.exists(), "a clean exit forgets the note");
+    assert!(!check(&node).contains("imagegc runs"), "no daemon runs");
+}
