@@ -54,6 +54,13 @@ pub struct PendingRemoval {
     pub this_process: bool,
 }
 
+/// Whether a write of the file must be durable before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Synced,
+    Unsynced,
+}
+
 /// How a pending removal was settled by a listing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settled {
@@ -117,7 +124,7 @@ impl Pending {
             entry,
             this_process: true,
         });
-        self.persist();
+        self.persist(Durability::Synced);
     }
 
     /// The removal of `image` failed without telling whether it happened:
@@ -126,7 +133,7 @@ impl Pending {
         for pending in self.entries.iter_mut().filter(|p| p.entry.image == image) {
             pending.phase = Phase::Unknown;
         }
-        self.persist();
+        self.persist(Durability::Synced);
     }
 
     /// Forgets the removal of `image`: it was journaled, or it failed.
@@ -134,7 +141,7 @@ impl Pending {
         let before = self.entries.len();
         self.entries.retain(|p| p.entry.image != image);
         if self.entries.len() != before {
-            self.persist();
+            self.persist(Durability::Unsynced);
         }
     }
 
@@ -158,31 +165,38 @@ impl Pending {
                 (p, how)
             })
             .collect();
-        self.persist();
+        self.persist(Durability::Unsynced);
         settled
     }
 
     /// Writes the entries (or removes the file when there are none):
-    /// written to a temporary file, fsynced and renamed, and the directory
-    /// fsynced, so that a crash leaves the old list or the new one whole.
-    fn persist(&self) {
+    /// written to a temporary file and renamed, so that a crash leaves the
+    /// old list or the new one whole. A removal about to be asked for, or of
+    /// unknown outcome, is made durable (the file and the directory
+    /// fsynced) before the call: it must survive a power loss. Forgetting
+    /// one that was journaled or failed is not: lost, it comes back at the
+    /// next start, which finds it settled (journaled again at worst, never
+    /// lost).
+    fn persist(&self, durability: Durability) {
         if self.read_only {
             return;
         }
+        let synced = durability == Durability::Synced;
         let result = if self.entries.is_empty() {
             match fs::remove_file(&self.path) {
                 Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-                _ => sync_dir(&self.path),
+                _ if synced => sync_dir(&self.path),
+                _ => Ok(()),
             }
         } else {
-            self.write()
+            self.write(synced)
         };
         if let Err(err) = result {
             tracing::warn!(path = %self.path.display(), error = %err, "could not note the removals in flight");
         }
     }
 
-    fn write(&self) -> io::Result<()> {
+    fn write(&self, synced: bool) -> io::Result<()> {
         let tmp = self.path.with_extension(format!("tmp-{}", std::process::id()));
         let _ = fs::remove_file(&tmp);
         let bytes = serde_json::to_vec(&File {
@@ -197,9 +211,11 @@ impl Pending {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&tmp)?;
             file.write_all(&bytes)?;
-            file.sync_all()?;
+            if synced {
+                file.sync_all()?;
+            }
             fs::rename(&tmp, &self.path)?;
-            sync_dir(&self.path)
+            if synced { sync_dir(&self.path) } else { Ok(()) }
         })();
         if written.is_err() {
             let _ = fs::remove_file(&tmp);

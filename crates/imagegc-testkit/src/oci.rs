@@ -408,6 +408,9 @@ impl ImageSpec {
     }
 
     /// Writes the image as an OCI image-layout tarball at `path`.
+    // Long on purpose: the layout's files (blobs, manifest, config, index)
+    // are written in the order the format nests them, each digest feeding
+    // the next.
     pub fn write_layout(&self, path: &Path) -> io::Result<BuiltImage> {
         let file = BufWriter::new(File::create(path)?);
         let mut out = tar::Builder::new(file);

@@ -47,6 +47,8 @@ use crate::fake::{FakeRuntime, FakeServer};
 
 /// Runs the command: serves on the socket named by the only argument and
 /// reads commands from stdin until `quit` or the end of input.
+// Long on purpose: one match arm per command of the script language, which
+// reads as the language's reference.
 pub fn main() -> ExitCode {
     let mut args = std::env::args_os().skip(1);
     let (Some(socket), None) = (args.next(), args.next()) else {
