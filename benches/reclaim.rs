@@ -20,7 +20,7 @@
 //!    low threshold.
 //! 2. **imagegc**: `imagegc once --output json` (the release binary) with a
 //!    state file that holds the LRU order.
-//! 3. and 4. **kubelet**: the kubelet's space algorithm (KUBELET.md),
+//! 3. and 4. **kubelet**: the kubelet's space algorithm (docs/kubelet.md),
 //!    implemented here over CRI: `to_free = capacity*(100-low)/100 -
 //!    available`, walk the LRU order skipping images containers use (matched
 //!    by id, repo digest or tag) and pinned ones, add each removed image's
@@ -269,7 +269,7 @@ async fn replay(scenario: &Scenario, p: &Prepared, t: Thresholds) -> Replay {
 }
 
 /// Whether a container uses `image`, as the kubelet matches them
-/// (KUBELET.md, "Records"): by the container's image id, else its image
+/// (docs/kubelet.md, "Records"): by the container's image id, else its image
 /// ref, against the image's id or any of its repo digests or tags.
 fn kubelet_in_use(image: &Image, containers: &[Container]) -> bool {
     containers.iter().any(|c| {
@@ -370,7 +370,7 @@ async fn run_imagegc(p: &Prepared, t: Thresholds) -> Outcome {
     }
 }
 
-/// The kubelet's space pass, cycle after cycle (KUBELET.md, "One cycle").
+/// The kubelet's space pass, cycle after cycle (docs/kubelet.md, "One cycle").
 async fn run_kubelet(p: &Prepared, t: Thresholds) -> Outcome {
     let started = Instant::now();
     let mut removed: Vec<String> = Vec::new();

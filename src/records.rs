@@ -404,7 +404,7 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
     }
 
-    // KUBELET.md scenario 1: initial detection.
+    // docs/kubelet.md scenario 1: initial detection.
     #[test]
     fn initial_detection() {
         let images = [image("0", 1024), image("1", 2048), image("2", 2048)];

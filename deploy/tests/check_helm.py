@@ -313,9 +313,17 @@ def values(render, values_file, deploy):
             problems.same(f"ServiceMonitor label {key}", sm["metadata"]["labels"].get(key), value)
     if v.get("prometheusRule", {}).get("enabled"):
         (rule,) = one("PrometheusRule")
+        # deploy/prometheus-rules.yaml with this release's names: the job
+        # ImagegcDown matches, and the namespace and DaemonSet the
+        # descriptions name.
+        name, namespace = rule["metadata"]["name"], rule["metadata"]["namespace"]
         with open(os.path.join(deploy, "prometheus-rules.yaml"), encoding="utf-8") as f:
-            problems.check(rule["spec"] == yaml.safe_load(f),
-                           "the PrometheusRule's spec is not deploy/prometheus-rules.yaml")
+            expected = (f.read().replace('job=~"(.*/)?imagegc"', f'job=~"(.*/)?{name}"')
+                        .replace("kubectl -n imagegc get pods", f"kubectl -n {namespace} get pods")
+                        .replace("kubectl -n imagegc get daemonset imagegc",
+                                 f"kubectl -n {namespace} get daemonset {name}"))
+        problems.check(rule["spec"] == yaml.safe_load(expected),
+                       "the PrometheusRule's spec is not deploy/prometheus-rules.yaml with the release's names")
         for key, value in v["prometheusRule"]["labels"].items():
             problems.same(f"PrometheusRule label {key}", rule["metadata"]["labels"].get(key), value)
     if v.get("grafanaDashboard", {}).get("enabled"):

@@ -151,7 +151,7 @@ def test_helm_package_renders_the_same(helm, work):
 REFUSALS = [
     ("a misspelt key", "additional properties 'dryrun' not allowed", ["gc.dryrun=true"]),
     ("a percentage above 100", "/gc/highThresholdPercent", ["gc.highThresholdPercent=101"]),
-    ("low at or above high", "gc.lowThresholdPercent (90) must be less than gc.highThresholdPercent (85)",
+    ("low at or above high", "gc.lowThresholdPercent (90) must be less than gc.highThresholdPercent (80)",
      ["gc.lowThresholdPercent=90"]),
     ("an endpoint outside the mounted directory", "runtime.endpoint", ["runtime.socketDir=/run/crio"]),
     ("an image filesystem path outside the runtime's root", "gc.imageFsPath", ["gc.imageFsPath=/var/lib/imagegc"]),

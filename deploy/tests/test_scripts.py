@@ -4,8 +4,8 @@ import pytest
 
 from support import run, tool
 
-# The entry point, and what it sources to install the tools.
-SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh"]
+# The entry point, what it sources to install the tools, and the image build.
+SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh", "scripts/build-image.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -42,8 +42,12 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE", env = "IMAGEGC_CONFIG")]
     pub config: Option<PathBuf>,
     /// CRI endpoint, e.g. unix:///run/containerd/containerd.sock (default: discover).
-    #[arg(long, global = true, value_name = "ENDPOINT")]
+    #[arg(long, global = true, value_name = "ENDPOINT", env = "IMAGEGC_RUNTIME_ENDPOINT")]
     pub runtime_endpoint: Option<String>,
+    /// The node's KubeletConfiguration, to check the hand-over against
+    /// (replaces kubelet.config).
+    #[arg(long, global = true, value_name = "FILE", env = "IMAGEGC_KUBELET_CONFIG")]
+    pub kubelet_config: Option<PathBuf>,
     /// Where image history and the removal journal are kept.
     #[arg(long, global = true, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -189,6 +193,7 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         runtime_endpoint: cli.runtime_endpoint.clone(),
         state_dir: cli.state_dir.clone(),
         dry_run,
+        kubelet_config: cli.kubelet_config.clone(),
     };
     config::load(cli.config.as_deref(), &overrides)
 }

@@ -38,6 +38,7 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
         runtime_endpoint: cli.runtime_endpoint.clone(),
         state_dir: cli.state_dir.clone(),
         dry_run: matches!(cli.command, Command::Run { dry_run: true }),
+        kubelet_config: cli.kubelet_config.clone(),
     };
     let signals = handle_signals(shutdown.clone(), cli.config.clone(), overrides, reload_tx)?;
     daemon.run(shutdown, reload_rx).await;

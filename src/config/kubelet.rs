@@ -9,6 +9,7 @@
 //! honour any other kubelet field: the runtime endpoint, the pod limits and
 //! the rest are the kubelet's business.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -28,19 +29,53 @@ const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// or zero (beta, on by default, since Kubernetes 1.30).
 const IMAGE_MAXIMUM_GC_AGE_GATE: &str = "ImageMaximumGCAge";
 
-/// Reads the node's KubeletConfiguration named by `kubelet.config` and warns
-/// when the kubelet would collect images too, or would evict pods before
-/// imagegc's high threshold is reached. The kubelet file's own problems are
-/// reported against that file.
-pub(super) fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, problems: &mut Problems) {
+/// The kubelet's hard eviction thresholds on available disk when its file
+/// sets no `evictionHard` (Kubernetes `DefaultEvictionHard`, Linux): pods
+/// are evicted above 85 % usage of the image filesystem and above 90 % of
+/// the kubelet's root filesystem.
+const DEFAULT_IMAGEFS_AVAILABLE: EvictionThreshold = EvictionThreshold::Percent(15.0);
+/// See [`DEFAULT_IMAGEFS_AVAILABLE`].
+const DEFAULT_NODEFS_AVAILABLE: EvictionThreshold = EvictionThreshold::Percent(10.0);
+
+/// What imagegc reads from a KubeletConfiguration: its image GC fields as a
+/// `Config`, and the eviction lines that bound where imagegc's high
+/// threshold may sit.
+struct KubeletFile {
+    config: Config,
+    api_version: Option<String>,
+    eviction: Eviction,
+}
+
+/// The kubelet's hard eviction thresholds on available disk, as the kubelet
+/// will apply them: written in the file, or its defaults when the file sets
+/// no `evictionHard` (or asks for them with `mergeDefaultEvictionSettings`).
+/// A signal a partial `evictionHard` leaves out is off, as in the kubelet.
+#[derive(Debug, Default, Clone, Copy)]
+struct Eviction {
+    imagefs_available: Option<EvictionThreshold>,
+    nodefs_available: Option<EvictionThreshold>,
+    /// The thresholds above are the kubelet's defaults, not the file's.
+    defaulted: bool,
+}
+
+/// Reads the node's KubeletConfiguration named by `kubelet.config` (or
+/// `--kubelet-config`, the `key` problems are filed under) and warns when
+/// the kubelet would collect images too, or would evict pods before
+/// imagegc's high threshold is reached. A file that cannot be read is a
+/// warning, not an error: it only serves this check, and a collector that
+/// refuses to start for want of it leaves the node with none. The kubelet
+/// file's own problems are reported against that file.
+pub(super) fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, key: &str, problems: &mut Problems) {
     let mut found = Problems::new(kubelet_path.display().to_string());
     let text = match read_text(kubelet_path) {
         Ok(text) => text,
         Err(err) => {
-            problems.push(
-                "kubelet.config",
-                format!("cannot read {}: {err}", kubelet_path.display()),
-            );
+            config.warnings.push(format!(
+                "{key}: cannot read {}: {err}; the hand-over from the kubelet is not checked (in a pod, mount the \
+                 kubelet's file read-only at that path: deploy/components/kubelet-config, or the chart's \
+                 kubelet.configPath)",
+                kubelet_path.display()
+            ));
             return;
         }
     };
@@ -49,37 +84,46 @@ pub(super) fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, prob
         return;
     };
     if document.get("kind").and_then(Value::as_str) != Some(KUBELET_KIND) {
-        problems.push(
-            "kubelet.config",
-            format!("{} is not a {KUBELET_KIND}", kubelet_path.display()),
-        );
+        problems.push(key, format!("{} is not a {KUBELET_KIND}", kubelet_path.display()));
         return;
     }
-    let kubelet = read_kubelet(document, &mut found);
+    let kubelet = read_kubelet_file(document, &mut found);
     problems.list.extend(found.list);
     let file = kubelet_path.display();
-    if !kubelet.collection_disabled() {
+    if !kubelet.config.collection_disabled() {
         config.warnings.push(format!(
             "{file}: the kubelet's own image GC is enabled (imageGCHighThresholdPercent {}, imageMaximumGCAge {}): \
              both the kubelet and imagegc would remove images; set imageGCHighThresholdPercent: 100 and \
              imageMaximumGCAge: 0s there",
-            kubelet.gc.high_threshold_percent,
-            format_duration(kubelet.gc.max_age),
+            kubelet.config.gc.high_threshold_percent,
+            format_duration(kubelet.config.gc.max_age),
         ));
     }
-    config.eviction_imagefs_available = kubelet.eviction_imagefs_available;
-    config.warnings.extend(eviction_warning(
+    config.eviction_imagefs_available = kubelet.eviction.imagefs_available;
+    let default_note = format!(" (the kubelet's default: {file} sets no evictionHard)");
+    config.warnings.extend(eviction_warnings(
         "gc.high_threshold_percent",
         config.gc.high_threshold_percent,
-        kubelet.eviction_imagefs_available,
-        &format!("evictionHard imagefs.available in {file}:"),
+        kubelet.eviction,
+        &format!(" in {file}"),
+        &default_note,
     ));
 }
 
-/// Reads the image GC fields of a KubeletConfiguration, then builds the
-/// `Config` and adds what an operator should know about running imagegc from
-/// the kubelet's own file.
+/// Reads the image GC fields of a KubeletConfiguration as imagegc's own
+/// configuration, with what an operator should know about running imagegc
+/// from the kubelet's own file.
 pub(super) fn read_kubelet(document: Map<String, Value>, problems: &mut Problems) -> Config {
+    let kubelet = read_kubelet_file(document, problems);
+    let mut config = kubelet.config;
+    config.eviction_imagefs_available = kubelet.eviction.imagefs_available;
+    config.warnings = kubelet_warnings(&config, kubelet.api_version.as_deref(), kubelet.eviction);
+    config
+}
+
+/// The image GC fields of a KubeletConfiguration, validated as the kubelet
+/// does, and its eviction thresholds on disk.
+fn read_kubelet_file(document: Map<String, Value>, problems: &mut Problems) -> KubeletFile {
     let kubelet: RawKubelet = read_keys("", document, problems);
     let raw = RawConfig {
         gc: RawGc {
@@ -120,21 +164,48 @@ pub(super) fn read_kubelet(document: Map<String, Value>, problems: &mut Problems
         );
         config.gc.max_age = Duration::ZERO;
     }
-    let imagefs_available = kubelet
-        .eviction_hard
-        .as_ref()
-        .and_then(|hard| hard.get("imagefs.available"));
-    if let Some(text) = imagefs_available {
-        match parse_eviction_threshold(text) {
-            Ok(threshold) => config.eviction_imagefs_available = Some(threshold),
-            Err(message) => problems.push("evictionHard.imagefs.available", message),
-        }
+    let eviction = read_eviction(
+        kubelet.eviction_hard.as_ref(),
+        kubelet.merge_default_eviction_settings.unwrap_or(false),
+        problems,
+    );
+    KubeletFile {
+        config,
+        api_version: kubelet.api_version,
+        eviction,
     }
-    config.warnings = kubelet_warnings(&config, kubelet.api_version.as_deref());
-    config
 }
 
-fn kubelet_warnings(config: &Config, api_version: Option<&str>) -> Vec<String> {
+/// The disk eviction thresholds the kubelet applies: with no `evictionHard`
+/// its defaults; with one, what it says, the signals it leaves out off
+/// (kubernetes#112057) unless `mergeDefaultEvictionSettings` fills them in
+/// with the defaults.
+fn read_eviction(hard: Option<&BTreeMap<String, String>>, merge_defaults: bool, problems: &mut Problems) -> Eviction {
+    let Some(hard) = hard else {
+        return Eviction {
+            imagefs_available: Some(DEFAULT_IMAGEFS_AVAILABLE),
+            nodefs_available: Some(DEFAULT_NODEFS_AVAILABLE),
+            defaulted: true,
+        };
+    };
+    let mut read = |signal: &str, default: EvictionThreshold| match hard.get(signal) {
+        Some(text) => match parse_eviction_threshold(text) {
+            Ok(threshold) => Some(threshold),
+            Err(message) => {
+                problems.push(format!("evictionHard.{signal}"), message);
+                None
+            }
+        },
+        None => merge_defaults.then_some(default),
+    };
+    Eviction {
+        imagefs_available: read("imagefs.available", DEFAULT_IMAGEFS_AVAILABLE),
+        nodefs_available: read("nodefs.available", DEFAULT_NODEFS_AVAILABLE),
+        defaulted: false,
+    }
+}
+
+fn kubelet_warnings(config: &Config, api_version: Option<&str>, eviction: Eviction) -> Vec<String> {
     let mut warnings = Vec::new();
     if let Some(version) = api_version.filter(|v| *v != KUBELET_API_VERSION) {
         warnings.push(format!(
@@ -154,29 +225,51 @@ fn kubelet_warnings(config: &Config, api_version: Option<&str>) -> Vec<String> {
          give imagegc its own configuration"
             .to_owned(),
     );
-    warnings.extend(eviction_warning(
+    warnings.extend(eviction_warnings(
         "imageGCHighThresholdPercent",
         config.gc.high_threshold_percent,
-        config.eviction_imagefs_available,
-        "evictionHard imagefs.available",
+        eviction,
+        "",
+        " (the kubelet's default: this file sets no evictionHard)",
     ));
     warnings
 }
 
-/// The warning due when collection would only start after the kubelet's
-/// percentage eviction threshold for the image filesystem (sizes need the
-/// measured capacity; the collector checks those).
-fn eviction_warning(key: &str, high: u8, eviction: Option<EvictionThreshold>, source: &str) -> Option<String> {
-    let Some(EvictionThreshold::Percent(available)) = eviction else {
-        return None;
+/// The warnings due when collection would only start after one of the
+/// kubelet's percentage eviction lines on the image filesystem:
+/// `imagefs.available`, and `nodefs.available` where it is stricter, for a
+/// node whose image filesystem is also the kubelet's root filesystem (one
+/// disk, the usual node; the kubelet then applies both to that disk). Sizes
+/// need the measured capacity; the collector checks those.
+fn eviction_warnings(key: &str, high: u8, eviction: Eviction, source: &str, default_note: &str) -> Vec<String> {
+    let note = if eviction.defaulted { default_note } else { "" };
+    let evicts_at = |threshold| match threshold {
+        Some(EvictionThreshold::Percent(available)) if available > 0.0 => Some((available, 100.0 - available)),
+        _ => None,
     };
-    let evicts_at = 100.0 - available;
-    (available > 0.0 && f64::from(high) >= evicts_at).then(|| {
+    let warning = |signal: &str, available: f64, line: f64, condition: &str| {
         format!(
-            "{key} {high}: space collection starts at {high}% usage, but {source} {available}% makes the kubelet \
-             evict pods above {evicts_at}% usage; set it below {evicts_at}"
+            "{key} {high}: space collection starts at {high}% usage, but evictionHard {signal} {available}%{source} \
+             makes the kubelet evict pods above {line}% usage{condition}{note}; set it below {line}"
         )
-    })
+    };
+    let mut warnings = Vec::new();
+    let imagefs = evicts_at(eviction.imagefs_available);
+    if let Some((available, line)) = imagefs.filter(|(_, line)| f64::from(high) >= *line) {
+        warnings.push(warning("imagefs.available", available, line, ""));
+    }
+    let nodefs = evicts_at(eviction.nodefs_available);
+    if let Some((available, line)) = nodefs.filter(|(_, line)| f64::from(high) >= *line) {
+        if imagefs.is_none_or(|(_, image_line)| line < image_line) {
+            warnings.push(warning(
+                "nodefs.available",
+                available,
+                line,
+                " where the image filesystem is also the kubelet's root filesystem (one disk for both)",
+            ));
+        }
+    }
+    warnings
 }
 
 /// A kubelet eviction threshold value: a percentage (`"15%"`) or a
@@ -272,9 +365,155 @@ mod tests {
         assert_eq!(err.problems[0].key, "imageGCHighThresholdPercent");
         let err = write("kind: Pod\n", 85).unwrap_err();
         assert_eq!(err.problems[0].key, "kubelet.config");
-        std::fs::remove_file(&kubelet).unwrap();
-        let err = load(Some(&imagegc), &Overrides::default()).unwrap_err();
-        assert_eq!(err.problems[0].key, "kubelet.config");
+    }
+
+    /// A kubelet file the pod was not given (the DaemonSet does not mount
+    /// it) costs a warning naming the fix, not the collector: a pod that
+    /// exits 2 for it leaves the node with no image GC at all.
+    #[test]
+    fn a_kubelet_file_that_cannot_be_read_is_a_warning_naming_the_mount() {
+        let dir = tempfile::tempdir().unwrap();
+        let imagegc = dir.path().join("imagegc.toml");
+        std::fs::write(&imagegc, "[kubelet]\nconfig = \"/nonexistent/kubelet/config.yaml\"\n").unwrap();
+        let config = load(Some(&imagegc), &Overrides::default()).unwrap();
+        assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+        let warning = &config.warnings[0];
+        assert!(
+            warning.starts_with("kubelet.config: cannot read /nonexistent/kubelet/config.yaml"),
+            "{warning}"
+        );
+        assert!(warning.contains("deploy/components/kubelet-config"), "{warning}");
+        assert!(warning.contains("kubelet.configPath"), "{warning}");
+    }
+
+    /// `--kubelet-config` (`IMAGEGC_KUBELET_CONFIG`, which the DaemonSet's
+    /// kubelet-config component sets) names the kubelet's file without
+    /// touching imagegc's own.
+    #[test]
+    fn the_kubelet_file_named_on_the_command_line_is_cross_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = dir.path().join("config.yaml");
+        std::fs::write(&kubelet, "kind: KubeletConfiguration\n").unwrap();
+        let imagegc = dir.path().join("imagegc.toml");
+        std::fs::write(
+            &imagegc,
+            "[gc]\nhigh_threshold_percent = 80\nlow_threshold_percent = 75\n",
+        )
+        .unwrap();
+        let overrides = Overrides {
+            kubelet_config: Some(kubelet.clone()),
+            ..Overrides::default()
+        };
+        let config = load(Some(&imagegc), &overrides).unwrap();
+        assert_eq!(config.kubelet_config.as_deref(), Some(kubelet.as_path()));
+        assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+        assert!(config.warnings[0].contains("the kubelet's own image GC is enabled"));
+        let relative = Overrides {
+            kubelet_config: Some("config.yaml".into()),
+            ..Overrides::default()
+        };
+        let err = load(Some(&imagegc), &relative).unwrap_err();
+        assert_eq!(err.problems[0].key, "--kubelet-config");
+    }
+
+    /// The warnings `kubelet.config` gives for a kubelet file whose image
+    /// GC is off, with `evictionHard` as written (or absent).
+    fn handover_warnings(eviction: &str, high: u8) -> (Config, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = dir.path().join("config.yaml");
+        std::fs::write(
+            &kubelet,
+            format!("kind: KubeletConfiguration\nimageGCHighThresholdPercent: 100\nimageMaximumGCAge: 0s\n{eviction}"),
+        )
+        .unwrap();
+        let imagegc = dir.path().join("imagegc.toml");
+        std::fs::write(
+            &imagegc,
+            format!(
+                "[gc]\nhigh_threshold_percent = {high}\nlow_threshold_percent = 50\n[kubelet]\nconfig = {:?}\n",
+                kubelet.display().to_string()
+            ),
+        )
+        .unwrap();
+        let config = load(Some(&imagegc), &Overrides::default()).unwrap();
+        let warnings = config.warnings.clone();
+        (config, warnings)
+    }
+
+    /// A kubelet file that sets no `evictionHard` evicts at the kubelet's
+    /// defaults (imagefs.available 15%: above 85% usage): the shipped high
+    /// of 85 gets a warning, 80 none.
+    #[test]
+    fn a_kubelet_file_without_eviction_hard_is_checked_against_the_kubelets_defaults() {
+        let (config, warnings) = handover_warnings("", 85);
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(15.0))
+        );
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(
+                "gc.high_threshold_percent 85: space collection starts at 85% usage, but evictionHard \
+                 imagefs.available 15% in "
+            ),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[0].contains("evict pods above 85% usage (the kubelet's default: "),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[0].ends_with("sets no evictionHard); set it below 85"),
+            "{}",
+            warnings[0]
+        );
+        assert_eq!(handover_warnings("", 80).1, Vec::<String>::new());
+    }
+
+    /// A partial `evictionHard` turns the signals it leaves out off, as the
+    /// kubelet does (kubernetes#112057), unless `mergeDefaultEvictionSettings`
+    /// asks for the defaults.
+    #[test]
+    fn a_partial_eviction_hard_leaves_the_other_disk_signals_off_unless_defaults_are_merged() {
+        let partial = "evictionHard:\n  memory.available: 100Mi\n";
+        let (config, warnings) = handover_warnings(partial, 95);
+        assert_eq!(config.eviction_imagefs_available, None);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let merged = format!("{partial}mergeDefaultEvictionSettings: true\n");
+        let (config, warnings) = handover_warnings(&merged, 85);
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(15.0))
+        );
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("imagefs.available 15%"), "{}", warnings[0]);
+        assert!(!warnings[0].contains("the kubelet's default"), "{}", warnings[0]);
+    }
+
+    /// On one disk the kubelet applies `nodefs.available` to the image
+    /// filesystem too: where it is the stricter line, it is named.
+    #[test]
+    fn nodefs_available_is_named_where_it_is_the_stricter_line_on_one_disk() {
+        let eviction = "evictionHard:\n  imagefs.available: 5%\n  nodefs.available: 10%\n";
+        let (_, warnings) = handover_warnings(eviction, 92);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("evictionHard nodefs.available 10% in "),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[0].contains("above 90% usage where the image filesystem is also the kubelet's root filesystem"),
+            "{}",
+            warnings[0]
+        );
+        assert!(handover_warnings(eviction, 89).1.is_empty());
+        // Both lines crossed: imagefs.available is the stricter, named alone.
+        let (_, warnings) = handover_warnings("evictionHard:\n  imagefs.available: 15%\n  nodefs.available: 10%\n", 92);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("imagefs.available 15%"), "{}", warnings[0]);
     }
 
     #[test]

@@ -326,6 +326,11 @@ pub struct Overrides {
     /// `--dry-run` of `run` or `once`: forces `gc.dry_run` on (false leaves the
     /// file's value).
     pub dry_run: bool,
+    /// `--kubelet-config` (`IMAGEGC_KUBELET_CONFIG`): replaces `kubelet.config`,
+    /// the node's KubeletConfiguration to check the hand-over against (an
+    /// absolute path). The DaemonSet sets it where it mounts the kubelet's
+    /// file, so the ConfigMap need not change.
+    pub kubelet_config: Option<PathBuf>,
 }
 
 /// One configuration problem: the file, the key as the user wrote it, and
@@ -382,6 +387,19 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
     let mut found = Problems::new(COMMAND_LINE);
     apply_overrides(&mut config, overrides, &mut found);
     problems.extend(found.list);
+    // The node's KubeletConfiguration, from the file's `kubelet.config` or
+    // `--kubelet-config`; its problems are the kubelet file's, or filed
+    // under the key that named it.
+    if let Some(kubelet_path) = config.kubelet_config.clone() {
+        let (file, key) = match (&overrides.kubelet_config, &path) {
+            (Some(_), _) => (COMMAND_LINE.to_owned(), "--kubelet-config"),
+            (None, Some(path)) => (path.display().to_string(), "kubelet.config"),
+            (None, None) => (COMMAND_LINE.to_owned(), "kubelet.config"),
+        };
+        let mut found = Problems::new(file);
+        kubelet::cross_check_kubelet(&mut config, &kubelet_path, key, &mut found);
+        problems.extend(found.list);
+    }
     if problems.is_empty() {
         Ok(config)
     } else {
@@ -431,7 +449,8 @@ fn read_text(path: &Path) -> std::io::Result<String> {
 }
 
 /// The configuration in the file at `path`: its own schema, or a
-/// KubeletConfiguration and the kubelet file `kubelet.config` names.
+/// KubeletConfiguration (the kubelet file `kubelet.config` names is read by
+/// [`load`], once the command line has had its say).
 fn read_file(path: &Path, problems: &mut Problems) -> Config {
     let unread = Config {
         source: Some(path.to_path_buf()),
@@ -451,11 +470,7 @@ fn read_file(path: &Path, problems: &mut Problems) -> Config {
         kubelet::read_kubelet(document, problems)
     } else {
         let raw = raw::read_imagegc(document, problems);
-        let mut config = validate::build(raw, &validate::IMAGEGC_KEYS, problems);
-        if let Some(kubelet_path) = config.kubelet_config.clone() {
-            kubelet::cross_check_kubelet(&mut config, &kubelet_path, problems);
-        }
-        config
+        validate::build(raw, &validate::IMAGEGC_KEYS, problems)
     };
     config.source = Some(path.to_path_buf());
     config
@@ -471,6 +486,11 @@ fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Pr
         config.state.dir = dir.clone();
     }
     config.gc.dry_run |= overrides.dry_run;
+    if let Some(path) = &overrides.kubelet_config {
+        if validate::check_absolute("--kubelet-config", path, problems) {
+            config.kubelet_config = Some(path.clone());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -555,6 +575,7 @@ mod tests {
             runtime_endpoint: Some("unix:///run/other.sock".to_owned()),
             state_dir: Some(PathBuf::from("/tmp/state")),
             dry_run: true,
+            ..Overrides::default()
         };
         let (_, config) = load_named("a.toml", EVERY_KEY_TOML, &overrides);
         let config = config.unwrap();
@@ -577,6 +598,7 @@ mod tests {
             runtime_endpoint: Some("tcp://10.0.0.1:1234".to_owned()),
             state_dir: Some(PathBuf::from("state")),
             dry_run: false,
+            ..Overrides::default()
         };
         let (file, result) = load_named("a.toml", "[gc]\ninterval = \"0s\"\n", &overrides);
         let lines: Vec<String> = result.unwrap_err().problems.iter().map(ToString::to_string).collect();

@@ -103,6 +103,10 @@ pub(super) struct RawKubelet {
     #[serde(rename = "imageMaximumGCAge")]
     pub(super) image_maximum_gc_age: Option<RawDuration>,
     pub(super) eviction_hard: Option<BTreeMap<String, String>>,
+    /// Whether the kubelet's default eviction thresholds fill in the signals
+    /// `evictionHard` leaves out (Kubernetes 1.33+); without it a partial
+    /// `evictionHard` turns every other signal off.
+    pub(super) merge_default_eviction_settings: Option<bool>,
     /// Read only for the gates of the fields above; the others are the
     /// kubelet's business and are ignored whatever they hold.
     pub(super) feature_gates: Option<Map<String, Value>>,

@@ -548,7 +548,7 @@ mod tests {
         assert_eq!(keys, ["protect.images[1]", "protect.images[2]"]);
     }
 
-    // The kubelet's validation scenarios (KUBELET.md, scenario 14), in both
+    // The kubelet's validation scenarios (docs/kubelet.md, scenario 14), in both
     // schemas.
 
     #[test]

@@ -10,6 +10,7 @@ skipped silently.
 """
 
 import os
+import subprocess
 import sys
 import time
 
@@ -17,11 +18,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import oci  # noqa: E402
 from cluster import IMAGEGC_IMAGE, Cluster  # noqa: E402
-from deploy import DEPLOY, Prometheus  # noqa: E402
+from deploy import DEPLOY, REPO, Prometheus  # noqa: E402
 
 TIMINGS = {}
+# The OCI architecture of this machine, for the image built for it.
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def record(name, seconds):
@@ -36,16 +38,18 @@ def _env(name):
 
 
 def build_imagegc_image(cluster, binary):
-    """The Containerfile's final stage: the static binary as /imagegc and
-    deploy/imagegc.toml as /etc/imagegc/imagegc.toml on an empty base."""
-    with open(binary, "rb") as f:
-        exe = f.read()
-    with open(os.path.join(DEPLOY, "imagegc.toml"), "rb") as f:
-        config = f.read()
-    layer = oci.layer([("/imagegc", exe, 0o755), ("/etc/imagegc/imagegc.toml", config, 0o644)])
-    return cluster.build_and_import(IMAGEGC_IMAGE, [layer], entrypoint=["/imagegc"],
-                                    cmd=["run", "--config", "/etc/imagegc/imagegc.toml"], user="0:0",
-                                    exposed_ports={"9105/tcp": {}})
+    """The image scripts/build-image.sh builds (scripts/oci-image.py: the
+    static binary as /imagegc and deploy/imagegc.toml as
+    /etc/imagegc/imagegc.toml on an empty base), for this machine's
+    architecture, imported into the node's containerd."""
+    tar = cluster.path("images", "imagegc.oci.tar")
+    arch = ARCH[os.uname().machine]
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "oci-image.py"), "--name", IMAGEGC_IMAGE,
+                    "--binary", f"{arch}={binary}", "--config", os.path.join(DEPLOY, "imagegc.toml"),
+                    "--output", tar], check=True, capture_output=True)
+    cluster.ctr("images", "import", "--all-platforms", tar)
+    os.unlink(tar)
+    return IMAGEGC_IMAGE
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Builds imagegc's container image in one command: a static (musl) binary
+# per architecture and one OCI image holding them all (an index of one
+# manifest per architecture), then pushes it to a registry or loads it into
+# a local containerd.
+#
+#   scripts/build-image.sh [--image REF] [--arch amd64,arm64] [--push] [--load-containerd SOCKET]
+#
+#   --image REF      the image reference (default ghcr.io/imagegc/imagegc:<version>,
+#                    the name the manifests and the chart use)
+#   --arch LIST      architectures, comma-separated: amd64, arm64 (default both)
+#   --push           push every architecture to REF (skopeo copy --all; log in
+#                    first with `skopeo login REGISTRY`)
+#   --load-containerd SOCKET
+#                    import into the containerd at SOCKET, namespace k8s.io (ctr)
+#
+# The image is written to target/image/imagegc-<version>.oci.tar either way.
+# Needs rustup and cargo; nothing else for the build: every dependency is
+# Rust (no C code), so arm64 links with the toolchain's own rust-lld and no
+# cross compiler. --push needs skopeo (apt-get install skopeo); the image is
+# assembled by scripts/oci-image.py (python3, standard library only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+image=ghcr.io/imagegc/imagegc:$version
+arches=amd64,arm64
+push=false
+load_socket=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --image) image=$2; shift 2 ;;
+        --arch) arches=$2; shift 2 ;;
+        --push) push=true; shift ;;
+        --load-containerd) load_socket=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "scripts/build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+binaries=()
+IFS=, read -ra wanted <<<"$arches"
+for arch in "${wanted[@]}"; do
+    case $arch in
+        amd64) triple=x86_64-unknown-linux-musl ;;
+        arm64) triple=aarch64-unknown-linux-musl ;;
+        *) echo "scripts/build-image.sh: unknown architecture $arch (amd64, arm64)" >&2; exit 2 ;;
+    esac
+    rustup target add "$triple" >/dev/null
+    echo "==> building imagegc $version for linux/$arch ($triple)"
+    if [ "$arch" = arm64 ] && [ "$(uname -m)" != aarch64 ]; then
+        # rust-lld links the musl target with the toolchain's own crt
+        # objects: no cross gcc is needed, as no dependency compiles C.
+        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=rust-lld \
+            cargo build --release --locked --target "$triple"
+    else
+        cargo build --release --locked --target "$triple"
+    fi
+    binary=$target_dir/$triple/release/imagegc
+    if readelf -d "$binary" 2>/dev/null | grep -q NEEDED; then
+        echo "scripts/build-image.sh: $binary links shared libraries" >&2
+        exit 1
+    fi
+    binaries+=(--binary "$arch=$binary")
+done
+
+mkdir -p "$target_dir/image"
+archive=$target_dir/image/imagegc-$version.oci.tar
+python3 scripts/oci-image.py --name "$image" --version "$version" --config deploy/imagegc.toml \
+    --output "$archive" "${binaries[@]}"
+
+if $push; then
+    command -v skopeo >/dev/null || { echo "scripts/build-image.sh: --push needs skopeo" >&2; exit 1; }
+    echo "==> pushing $image ($arches)"
+    skopeo copy --all "oci-archive:$archive" "docker://$image"
+fi
+if [ -n "$load_socket" ]; then
+    echo "==> importing $image into the containerd at $load_socket (namespace k8s.io)"
+    ctr -a "$load_socket" -n k8s.io images import --all-platforms "$archive"
+fi
+echo "==> $archive"
