@@ -346,7 +346,7 @@ async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
     );
 }
 
-// KUBELET.md scenario 9: below the low threshold nothing is removed.
+// docs/kubelet.md scenario 9: below the low threshold nothing is removed.
 #[tokio::test]
 async fn below_threshold_removes_nothing() {
     let sim = SimHandle::default();
