@@ -14,7 +14,7 @@ pub fn image_bytes_line(bytes: &ImageBytes, footprint: DiskFootprint) -> String 
             human_bytes(bytes.bytes)
         ),
         ImageBytesSource::Listing => format!(
-            "images take about {} of it (the listed sizes times {:.1}: the runtime reports no plausible figure)\n",
+            "images take about {} of it (the listed sizes times {:.1}; the runtime reports no plausible larger figure)\n",
             human_bytes(bytes.bytes),
             footprint.factor()
         ),

@@ -161,8 +161,8 @@ pub enum ImageBytesSource {
     /// The listed images' reported sizes times the runtime's
     /// [`DiskFootprint`] (shared layers counted in each image, which errs on
     /// the side of counting too much as images): the runtime reports none,
-    /// or a figure the listing contradicts (containerd 1.6 reports 0, or
-    /// half the listed sizes).
+    /// a figure the listing contradicts (containerd 1.6 reports 0, or half
+    /// the listed sizes), or a smaller one.
     Listing,
 }
 
@@ -176,21 +176,25 @@ pub struct ImageBytes {
 }
 
 impl ImageBytes {
-    /// The runtime's figure (`reported`) when it is plausible: at least what
-    /// the listing's reported sizes add up to (each image's content is on
-    /// the filesystem) and at most the filesystem's `used` bytes; else the
-    /// listing's estimate.
+    /// The larger of the listing's estimate (reported sizes times the
+    /// footprint) and the runtime's figure (`reported`) when that is
+    /// plausible: at least what the listing's reported sizes add up to
+    /// (each image's content is on the filesystem) and at most the
+    /// filesystem's `used` bytes. The larger: the figure errs on the side
+    /// of counting too much as images, so that "images cannot fix this" is
+    /// said only when even it says so.
     pub fn new(reported: Option<u64>, images: &[Image], footprint: DiskFootprint, used: u64) -> Self {
         let listed = images.iter().fold(0u64, |sum, i| sum.saturating_add(i.size));
+        let estimate = images
+            .iter()
+            .fold(0u64, |sum, i| sum.saturating_add(footprint.on_disk(i.size)));
         match reported {
-            Some(bytes) if bytes > 0 && bytes >= listed && bytes <= used => ImageBytes {
+            Some(bytes) if bytes > 0 && bytes >= listed && bytes <= used && bytes > estimate => ImageBytes {
                 bytes,
                 source: ImageBytesSource::Runtime,
             },
             _ => ImageBytes {
-                bytes: images
-                    .iter()
-                    .fold(0u64, |sum, i| sum.saturating_add(footprint.on_disk(i.size))),
+                bytes: estimate,
                 source: ImageBytesSource::Listing,
             },
         }
@@ -504,11 +508,12 @@ mod tests {
         let images: Vec<Image> = ["a", "b"].iter().map(|n| image(n, 100)).collect();
         let containerd = DiskFootprint::for_runtime("containerd");
         let from = |reported| ImageBytes::new(reported, &images, containerd, 800);
-        // Plausible: used.
-        assert_eq!(from(Some(300)).source, ImageBytesSource::Runtime);
-        assert_eq!(from(Some(300)).bytes, 300);
-        // containerd 1.6: 0, or half the listed sizes; or more than is used.
-        for implausible in [None, Some(0), Some(100), Some(900)] {
+        // Plausible and more than the estimate: used.
+        assert_eq!(from(Some(500)).source, ImageBytesSource::Runtime);
+        assert_eq!(from(Some(500)).bytes, 500);
+        // containerd 1.6: 0, or half the listed sizes; or more than is
+        // used; or less than the estimate, which is kept as the larger.
+        for implausible in [None, Some(0), Some(100), Some(900), Some(300)] {
             let bytes = from(implausible);
             assert_eq!(bytes.source, ImageBytesSource::Listing, "{implausible:?}");
             assert_eq!(bytes.bytes, 400, "the listing's sizes times the footprint");
