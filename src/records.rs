@@ -40,11 +40,11 @@ pub struct Record {
     pub size: u64,
     /// The runtime's pinned flag, as last listed.
     pub pinned: bool,
-    /// The image's tags, as last listed (kept so `history` and the journal can
-    /// name an image after it is gone).
-    pub tags: Vec<String>,
+    /// The image's tags, as last listed (kept so the state file names an
+    /// image after it is gone).
+    pub tags: Names,
     /// The image's repository digests, as last listed.
-    pub digests: Vec<String>,
+    pub digests: Names,
     /// True when the record came from the state file (or survived a cycle
     /// that was itself loaded from it): its times span a previous process.
     pub from_history: bool,
@@ -52,6 +52,61 @@ pub struct Record {
     /// or an earlier one (kept in the state file: the times cannot tell,
     /// since loading moves last-used times forward past first sightings).
     pub ever_used: bool,
+}
+
+/// A record's names (tags or digests), in one allocation: a record keeps
+/// them for as long as the image is listed, and on a node of 100,000
+/// images with several tags each, a `Vec<String>` apiece took about as much
+/// memory again as the names themselves. Each name is followed by a newline
+/// (a runtime's name with a newline in it reads back split, which only the
+/// state file's copy of the names would show).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Names(Box<str>);
+
+impl Names {
+    /// The names, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.split_terminator('\n')
+    }
+
+    /// How many names.
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// True when there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether these are `names`, in order.
+    pub fn is(&self, names: &[String]) -> bool {
+        let mut rest = &*self.0;
+        for name in names {
+            match rest.strip_prefix(name.as_str()).and_then(|r| r.strip_prefix('\n')) {
+                Some(after) => rest = after,
+                None => return false,
+            }
+        }
+        rest.is_empty()
+    }
+}
+
+impl From<&[String]> for Names {
+    fn from(names: &[String]) -> Self {
+        let mut text = String::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+        for name in names {
+            text.push_str(name);
+            text.push('\n');
+        }
+        Names(text.into_boxed_str())
+    }
+}
+
+impl From<Vec<String>> for Names {
+    fn from(names: Vec<String>) -> Self {
+        Names::from(names.as_slice())
+    }
 }
 
 /// All records, keyed by image id.
@@ -211,8 +266,8 @@ impl Records {
                             last_used: now,
                             size: image.size,
                             pinned: image.pinned,
-                            tags: Vec::new(),
-                            digests: Vec::new(),
+                            tags: Names::default(),
+                            digests: Names::default(),
                             from_history: false,
                             ever_used: false,
                         }
@@ -233,12 +288,12 @@ impl Records {
                 record.pinned = image.pinned;
                 self.changed = true;
             }
-            if record.tags != image.repo_tags {
-                record.tags.clone_from(&image.repo_tags);
+            if !record.tags.is(&image.repo_tags) {
+                record.tags = Names::from(image.repo_tags.as_slice());
                 self.changed = true;
             }
-            if record.digests != image.repo_digests {
-                record.digests.clone_from(&image.repo_digests);
+            if !record.digests.is(&image.repo_digests) {
+                record.digests = Names::from(image.repo_digests.as_slice());
                 self.changed = true;
             }
             out.places.push(Place {
@@ -405,6 +460,22 @@ mod tests {
     }
 
     // docs/kubelet.md scenario 1: initial detection.
+    #[test]
+    fn names_are_kept_in_one_piece_and_compared_to_a_listing_in_order() {
+        let listed = vec!["a:1".to_string(), "a:2".to_string()];
+        let names = Names::from(listed.as_slice());
+        assert!(names.is(&listed));
+        assert_eq!(names.iter().collect::<Vec<_>>(), ["a:1", "a:2"]);
+        assert_eq!(names.len(), 2);
+        assert!(!names.is(&listed[..1]));
+        assert!(!names.is(&["a:2".to_string(), "a:1".to_string()]));
+        assert!(Names::default().is(&[]) && Names::default().is_empty());
+        // A name with a newline in it still compares equal to its listing,
+        // so it does not count as a change at every cycle.
+        let odd = vec!["a\nb".to_string()];
+        assert!(Names::from(odd.as_slice()).is(&odd));
+    }
+
     #[test]
     fn initial_detection() {
         let images = [image("0", 1024), image("1", 2048), image("2", 2048)];

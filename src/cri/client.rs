@@ -25,6 +25,8 @@ use super::{
 use crate::metrics::Metrics;
 use crate::reference::{bare_id, canonical_id};
 
+use super::listing::ListedImages;
+
 /// Endpoints tried in order when none is configured: containerd, CRI-O, cri-dockerd.
 pub const DEFAULT_ENDPOINTS: [&str; 3] = [
     "unix:///run/containerd/containerd.sock",
@@ -49,6 +51,9 @@ pub struct CriClient {
     timeout_nanos: Arc<AtomicU64>,
     runtime: RuntimeServiceClient<Channel>,
     image: ImageServiceClient<Channel>,
+    /// The image service's channel for `ListImages`, whose answer is
+    /// decoded straight into [`Image`]s (see `listing.rs`).
+    listing: tonic::client::Grpc<Channel>,
     /// Whether the runtime lists ids as bare hex (CRI-O): imagegc uses
     /// `sha256:<hex>` everywhere and gives the runtime back its own form.
     bare_ids: Arc<AtomicBool>,
@@ -96,7 +101,10 @@ pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeEr
         runtime: RuntimeServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        image: ImageServiceClient::new(channel)
+        image: ImageServiceClient::new(channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        listing: tonic::client::Grpc::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         bare_ids: Arc::new(AtomicBool::new(false)),
@@ -416,19 +424,30 @@ impl Runtime for CriClient {
     }
 
     async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
-        let mut client = self.image.clone();
-        let response = self
-            .call(
-                "ListImages",
-                client.list_images(proto::ListImagesRequest { filter: None }),
-            )
+        let mut grpc = self.listing.clone();
+        let listed = self
+            .call("ListImages", async move {
+                grpc.ready()
+                    .await
+                    .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+                let path = tonic::codegen::http::uri::PathAndQuery::from_static("/runtime.v1.ImageService/ListImages");
+                let codec = tonic_prost::ProstCodec::<proto::ListImagesRequest, ListedImages>::default();
+                grpc.unary(
+                    tonic::Request::new(proto::ListImagesRequest { filter: None }),
+                    path,
+                    codec,
+                )
+                .await
+            })
             .await?;
-        if response.images.iter().any(|i| i.id.len() == 64) {
+        let mut images = listed.0;
+        if images.iter().any(|i| i.id.len() == 64) {
             self.bare_ids.store(true, Ordering::Relaxed);
         }
-        Ok(super::merge_listings(
-            response.images.into_iter().map(image_from_proto).collect(),
-        ))
+        for image in &mut images {
+            image.id = canonical_id(std::mem::take(&mut image.id));
+        }
+        Ok(super::merge_listings(images))
     }
 
     async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {

@@ -6,6 +6,7 @@
 //! the collector can be tested against a hand-written fake.
 
 pub mod client;
+mod listing;
 pub mod proto;
 
 use std::future::Future;

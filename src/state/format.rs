@@ -269,8 +269,8 @@ fn record(
         last_used: from_unix_millis(last_used),
         size,
         pinned,
-        tags,
-        digests,
+        tags: tags.into(),
+        digests: digests.into(),
         from_history: true,
         ever_used,
     }

@@ -700,8 +700,8 @@ mod tests {
             last_used: t(last),
             size,
             pinned,
-            tags: tags.iter().map(ToString::to_string).collect(),
-            digests: digests.iter().map(ToString::to_string).collect(),
+            tags: tags.iter().map(ToString::to_string).collect::<Vec<_>>().into(),
+            digests: digests.iter().map(ToString::to_string).collect::<Vec<_>>().into(),
             from_history: true,
             ever_used: last > first,
         };
@@ -809,8 +809,8 @@ mod tests {
                 to_unix_millis(r.last_used),
                 r.size,
                 r.pinned,
-                &r.tags,
-                &r.digests,
+                r.tags.iter().collect::<Vec<_>>(),
+                r.digests.iter().collect::<Vec<_>>(),
                 r.ever_used,
             );
             serde_json::to_writer(&mut expected, &line).unwrap();
@@ -834,8 +834,8 @@ mod tests {
                     last_used: t(n + 1),
                     size: n,
                     pinned: n % 3 == 0,
-                    tags: names(n as usize, "tag"),
-                    digests: names(n as usize, "digest"),
+                    tags: names(n as usize, "tag").into(),
+                    digests: names(n as usize, "digest").into(),
                     from_history: true,
                     ever_used: n % 2 == 0,
                 };

@@ -37,8 +37,9 @@ fn generation(g: u64) -> imagegc::records::Records {
                 pinned: n % 7 == 0,
                 tags: vec![format!(
                     "registry.example.com/a-team/an-application-with-a-long-name-{n}:generation-{g}"
-                )],
-                digests: vec![format!("registry.example.com/a-team/app-{n}@sha256:{g:064x}")],
+                )]
+                .into(),
+                digests: vec![format!("registry.example.com/a-team/app-{n}@sha256:{g:064x}")].into(),
                 from_history: false,
                 ever_used: n % 2 == 0,
             },

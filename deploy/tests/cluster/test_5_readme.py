@@ -151,17 +151,17 @@ def test_readme_install_verify_takeover_uninstall(cluster, how, runtime, request
         assert re.search(r"image filesystem: \S+: .* used of .*; high 80%, low 75%", verify), verify
         assert "cannot be measured" not in verify, verify
         assert cluster.containerd_root in verify, verify
-        if how == "kustomize":
-            # Step 3 of the takeover done on the node: the kubelet's file with
-            # its image GC off, where the kubelet-config component mounts it.
-            assert not os.path.exists(KUBELET_FILE)
-            with open(KUBELET_FILE, "w") as f:
-                f.write("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
-                        "imageGCHighThresholdPercent: 100\nimageMaximumGCAge: 0s\n")
-            kubelet_file_made = True
-            out = readme.run("takeover")
-            assert "warning" not in out.lower(), out
-            assert f"config = \"{KUBELET_FILE}\"" in out, out
+        # Step 3 of the takeover done on the node: the kubelet's file with
+        # its image GC off, where the kubelet-config component (or the
+        # chart's kubelet.configPath) mounts it.
+        assert not os.path.exists(KUBELET_FILE)
+        with open(KUBELET_FILE, "w") as f:
+            f.write("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                    "imageGCHighThresholdPercent: 100\nimageMaximumGCAge: 0s\n")
+        kubelet_file_made = True
+        out = readme.run(f"takeover-{how}")
+        assert "warning:" not in out.lower(), out
+        assert f"config = \"{KUBELET_FILE}\"" in out, out
         readme.run(f"uninstall-{how}")
         assert cluster.kubectl("get", "namespace", "imagegc", check=False).returncode != 0
         assert leftovers(cluster) == []
