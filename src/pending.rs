@@ -17,8 +17,7 @@
 //! versions reads as one `requested` entry.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -70,9 +69,15 @@ pub enum Settled {
     StillThere,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct File {
     removals: Vec<PendingRemoval>,
+}
+
+/// [`File`] as written, borrowing the entries.
+#[derive(Serialize)]
+struct FileRef<'a> {
+    removals: &'a [PendingRemoval],
 }
 
 /// The pending removals of one state directory, in memory and on disk.
@@ -80,14 +85,12 @@ struct File {
 pub struct Pending {
     path: PathBuf,
     entries: Vec<PendingRemoval>,
-    read_only: bool,
 }
 
 impl Pending {
     /// Loads the pending removals of `state_dir` (none when the file is
-    /// missing; an unreadable file is logged and ignored). A read-only
-    /// store (`imagegc plan`) never writes the file.
-    pub fn load(state_dir: &Path, read_only: bool) -> Self {
+    /// missing; an unreadable file is logged and ignored).
+    pub fn load(state_dir: &Path) -> Self {
         let path = state_dir.join(FILE_NAME);
         let entries = match safe_file::read_bounded(&path, Links::Refuse, MAX_BYTES) {
             Ok(bytes) => match parse(&bytes) {
@@ -103,11 +106,7 @@ impl Pending {
                 Vec::new()
             }
         };
-        Pending {
-            path,
-            entries,
-            read_only,
-        }
+        Pending { path, entries }
     }
 
     /// The removals pending now.
@@ -178,49 +177,23 @@ impl Pending {
     /// next start, which finds it settled (journaled again at worst, never
     /// lost).
     fn persist(&self, durability: Durability) {
-        if self.read_only {
-            return;
-        }
         let synced = durability == Durability::Synced;
         let result = if self.entries.is_empty() {
             match fs::remove_file(&self.path) {
                 Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-                _ if synced => sync_dir(&self.path),
+                _ if synced => safe_file::sync_parent(&self.path),
                 _ => Ok(()),
             }
         } else {
-            self.write(synced)
+            serde_json::to_vec(&FileRef {
+                removals: &self.entries,
+            })
+            .map_err(io::Error::other)
+            .and_then(|bytes| safe_file::replace(&self.path, &bytes, synced))
         };
         if let Err(err) = result {
             tracing::warn!(path = %self.path.display(), error = %err, "could not note the removals in flight");
         }
-    }
-
-    fn write(&self, synced: bool) -> io::Result<()> {
-        let tmp = self.path.with_extension(format!("tmp-{}", std::process::id()));
-        let _ = fs::remove_file(&tmp);
-        let bytes = serde_json::to_vec(&File {
-            removals: self.entries.clone(),
-        })
-        .map_err(io::Error::other)?;
-        let written = (|| {
-            let mut file = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
-            file.write_all(&bytes)?;
-            if synced {
-                file.sync_all()?;
-            }
-            fs::rename(&tmp, &self.path)?;
-            if synced { sync_dir(&self.path) } else { Ok(()) }
-        })();
-        if written.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        written
     }
 }
 
@@ -237,14 +210,6 @@ fn parse(bytes: &[u8]) -> Result<Vec<PendingRemoval>, serde_json::Error> {
             }]),
             Err(_) => Err(err),
         },
-    }
-}
-
-/// Makes a rename or removal in `path`'s directory durable.
-fn sync_dir(path: &Path) -> io::Result<()> {
-    match path.parent() {
-        Some(dir) => fs::File::open(dir)?.sync_all(),
-        None => Ok(()),
     }
 }
 
@@ -271,12 +236,12 @@ mod tests {
     #[test]
     fn an_unknown_removal_survives_a_restart_and_settles_once() {
         let dir = tempfile::tempdir().unwrap();
-        let mut pending = Pending::load(dir.path(), false);
+        let mut pending = Pending::load(dir.path());
         pending.request(entry("a"));
         pending.mark_unknown("a");
         // The process ends here, however it ends.
         drop(pending);
-        let mut pending = Pending::load(dir.path(), false);
+        let mut pending = Pending::load(dir.path());
         assert_eq!(pending.entries().len(), 1);
         assert_eq!(pending.entries()[0].phase, Phase::Unknown);
         assert!(!pending.entries()[0].this_process);
@@ -293,17 +258,9 @@ mod tests {
     fn an_earlier_versions_single_entry_reads_as_requested() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(FILE_NAME), serde_json::to_vec(&entry("old")).unwrap()).unwrap();
-        let mut pending = Pending::load(dir.path(), false);
+        let mut pending = Pending::load(dir.path());
         assert_eq!(pending.entries()[0].phase, Phase::Requested);
         let settled = pending.settle(false, |id| id == "old");
         assert_eq!(settled[0].1, Settled::StillThere);
-    }
-
-    #[test]
-    fn a_read_only_store_writes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut pending = Pending::load(dir.path(), true);
-        pending.request(entry("a"));
-        assert!(!dir.path().join(FILE_NAME).exists());
     }
 }

@@ -12,7 +12,7 @@
 //! This module owns no policy on what to do with a refusal: callers decide.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -109,6 +109,42 @@ fn explain_open(path: &Path, links: Links, err: io::Error) -> io::Error {
         );
     }
     err
+}
+
+/// Replaces the file at `path` with `bytes`: written to a private temporary
+/// file beside it (mode 0600, never through a link planted at its name)
+/// and renamed over it, so a reader finds the old content or the new one,
+/// whole. `durable`: the file and its directory are fsynced before this
+/// returns, so the new content survives a power loss.
+pub fn replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        if durable {
+            file.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if durable { sync_parent(path) } else { Ok(()) }
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Makes a rename or a removal in `path`'s directory durable.
+pub fn sync_parent(path: &Path) -> io::Result<()> {
+    match path.parent() {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 fn too_large(len: u64, max: u64) -> io::Error {

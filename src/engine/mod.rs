@@ -139,7 +139,7 @@ impl<R: Runtime> Collector<R> {
             low: config.gc.low_threshold_percent,
         });
         let journal = Journal::new(&config.state.dir);
-        let pending = Pending::load(&config.state.dir, store.is_read_only());
+        let pending = Pending::load(&config.state.dir);
         let mut collector = Collector {
             runtime,
             config,

@@ -703,9 +703,9 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
         last_used: SystemTime::UNIX_EPOCH,
         dry_run: false,
     };
-    crate::pending::Pending::load(dir.path(), false)
+    crate::pending::Pending::load(dir.path())
         .request(crate::journal::JournalEntry::from_removal(&removal, SystemTime::now()));
-    c.pending = crate::pending::Pending::load(dir.path(), false);
+    c.pending = crate::pending::Pending::load(dir.path());
     // The runtime is restarting: it lists nothing.
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty(), "no false \"completed after shutdown\"");

@@ -75,7 +75,7 @@ impl Running {
         let path = config.state.dir.join(FILE_NAME);
         let written = serde_json::to_vec(&running)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| write_private(&path, &bytes));
+            .and_then(|bytes| safe_file::replace(&path, &bytes, false));
         if let Err(err) = written {
             tracing::warn!(path = %path.display(), error = %err, "could not note the running configuration");
         }
@@ -103,26 +103,6 @@ fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     pid > 0
         && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
-}
-
-/// Writes `bytes` to `path` through a private temporary file renamed into
-/// place (never through a link planted there).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
-    let written = file.write_all(bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 #[cfg(test)]
