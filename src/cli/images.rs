@@ -71,7 +71,7 @@ struct ImageView<'a> {
 pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
     let version = runtime.version().await?;
     let observation = Observer::default().observe(runtime, config).await?;
-    let footprint = observation.footprint;
+    let footprint = observation.footprint.unwrap_or_default();
     let Snapshot {
         images,
         containers,

@@ -57,7 +57,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
     let observation = Observer::default().observe(&runtime, &config).await?;
     let snapshot = observation.snapshot;
     let image_fs = observation.image_fs?;
-    let footprint = observation.footprint;
+    let footprint = observation.footprint.unwrap_or_default();
     let mismatch = image_fs.mismatch(&Statvfs);
     let (_, listed) = records.observe_snapshot(&snapshot, clock.now());
     // Planned after the listing, as a cycle plans: an image first seen by

@@ -215,12 +215,9 @@ impl<R: Runtime> Collector<R> {
         } else {
             Walk::measured(target, stats, &plan.space)
         };
-        let (now, window) = (self.clock.now(), config.gc.thrash_window);
-        let unreachable = self.thrash.unreachable().is_some();
+        let now = self.clock.now();
         loop {
-            let hold_back =
-                |c: &Candidate<'_>| unreachable && self.thrash.removed_recently(now, window, c.id, c.digests);
-            match walk.next(hold_back) {
+            match walk.next(|c| self.holds_back(now, c)) {
                 WalkStep::Remove(candidate) => {
                     if cancel.is_cancelled() {
                         report.outcome = Outcome::Interrupted;
@@ -277,15 +274,24 @@ impl<R: Runtime> Collector<R> {
         if !target.due(stats) {
             return None;
         }
-        let (now, window) = (self.clock.now(), self.config.gc.thrash_window);
-        let unreachable = self.thrash.unreachable().is_some();
+        let now = self.clock.now();
         Some(Forecast::new(
             target,
             *stats,
             &plan.space,
             policy::total_size(&plan.age),
-            |c| unreachable && self.thrash.removed_recently(now, window, c.id, c.digests),
+            |c| self.holds_back(now, c),
         ))
+    }
+
+    /// Whether the space walk leaves `candidate` alone at `now`: imagegc
+    /// removed it within `gc.thrash_window` while images cannot bring usage
+    /// to low.
+    fn holds_back(&self, now: std::time::SystemTime, candidate: &Candidate<'_>) -> bool {
+        self.thrash.unreachable().is_some()
+            && self
+                .thrash
+                .removed_recently(now, self.config.gc.thrash_window, candidate.id, candidate.digests)
     }
 
     /// Starts or ends an episode in which images cannot bring usage to low.

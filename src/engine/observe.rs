@@ -296,9 +296,9 @@ pub struct Observation {
     pub sandbox_configured_unmatched: bool,
     /// Why a container's mounted images could not be read, when one could not.
     pub mounts_unread: Option<String>,
-    /// What an image takes on disk per reported byte on this runtime (the
-    /// default until the runtime's name is known).
-    pub footprint: DiskFootprint,
+    /// What an image takes on disk per reported byte on this runtime, once
+    /// its name is known (`Version`).
+    pub footprint: Option<DiskFootprint>,
 }
 
 /// What reading the runtime remembers between listings: each container's
@@ -358,7 +358,7 @@ impl Observer {
             sandbox_unknown,
             sandbox_configured_unmatched: sandbox.configured_unmatched,
             mounts_unread: self.mounts.unread().map(str::to_string),
-            footprint: self.footprint.unwrap_or_default(),
+            footprint: self.footprint,
         })
     }
 
@@ -375,10 +375,5 @@ impl Observer {
         images: &[Image],
     ) -> Result<Vec<Container>, RuntimeError> {
         self.mounts.list(runtime, images).await
-    }
-
-    /// Whether the runtime's name is known (see [`Observation::footprint`]).
-    pub fn runtime_named(&self) -> bool {
-        self.footprint.is_some()
     }
 }

@@ -169,8 +169,7 @@ impl<R: Runtime> Collector<R> {
             .await
             .map_err(|source| recheck_error("the image", source))?;
         let Some(current) = current else {
-            self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
-            Arc::make_mut(&mut self.records).remove(candidate.id);
+            self.gone_already(candidate);
             return Ok(None);
         };
         if containers.iter().any(|c| c.mounts_unknown) {
@@ -191,7 +190,7 @@ impl<R: Runtime> Collector<R> {
             Arc::make_mut(&mut self.records).mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());
             Some(KeptAtRecheck::CameIntoUse)
-        } else if let Some(pod) = self.held_by_pod(&current) {
+        } else if let Some(&(_, pod)) = self.protections.pods_naming(std::slice::from_ref(&current)).first() {
             Some(KeptAtRecheck::Pod(pod))
         } else if current.pinned {
             Some(KeptAtRecheck::PinnedSince)
@@ -205,31 +204,23 @@ impl<R: Runtime> Collector<R> {
         };
         match why {
             Some(why) => {
-                self.sinks.emit(&Event::Kept {
-                    id: candidate.id,
-                    tags: &current.repo_tags,
-                    why,
-                });
+                self.kept(candidate.id, &current.repo_tags, why);
                 Ok(None)
             }
             None => Ok(Some(current)),
         }
     }
 
-    /// The pod bound to this node that names `image` as it is named now.
-    fn held_by_pod(&self, image: &Image) -> Option<&str> {
-        let references = &self.protections.references;
-        if references.is_empty() {
-            return None;
-        }
-        let names: Vec<&str> = references.iter().map(|(r, _)| r.as_str()).collect();
-        matching::named_by(std::slice::from_ref(image), &names)
-            .first()
-            .map(|&(_, r)| references[r].1.as_str())
-    }
-
     fn kept(&self, id: &str, tags: &[String], why: KeptAtRecheck<'_>) {
         self.sinks.emit(&Event::Kept { id, tags, why });
+    }
+
+    /// Someone else removed the candidate (another collector, `crictl
+    /// rmi`): not this collector's removal, so neither counted nor
+    /// journaled; its record goes.
+    fn gone_already(&mut self, candidate: &Candidate<'_>) {
+        self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
+        Arc::make_mut(&mut self.records).remove(candidate.id);
     }
 
     /// Removes one candidate after re-checking that it is not in use.
@@ -313,8 +304,7 @@ impl<R: Runtime> Collector<R> {
     ) -> (Step, Option<FsStats>) {
         let step = match result {
             Ok(Removed::AlreadyGone) => {
-                self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
-                Arc::make_mut(&mut self.records).remove(candidate.id);
+                self.gone_already(candidate);
                 Step::Kept
             }
             Ok(Removed::Done) => {

@@ -47,7 +47,9 @@ impl<R: Runtime> Collector<R> {
             footprint,
         } = observation?;
         self.sandbox_unknown = sandbox_unknown;
-        if !self.runtime_named && self.observer.runtime_named() {
+        if !self.runtime_named
+            && let Some(footprint) = footprint
+        {
             // Measured removals raise it from here on.
             self.runtime_named = true;
             self.footprint = footprint;

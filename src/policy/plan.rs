@@ -33,6 +33,19 @@ pub struct Protections {
 }
 
 impl Protections {
+    /// The images of `images` a pod names, by their place, each with the
+    /// first pod that names it.
+    pub fn pods_naming<'p>(&'p self, images: &[Image]) -> Vec<(usize, &'p str)> {
+        if self.references.is_empty() {
+            return Vec::new();
+        }
+        let references: Vec<&str> = self.references.iter().map(|(r, _)| r.as_str()).collect();
+        matching::named_by(images, &references)
+            .into_iter()
+            .map(|(place, r)| (place, self.references[r].1.as_str()))
+            .collect()
+    }
+
     /// Nothing held from outside: what a pure CRI agent plans with.
     pub fn none() -> &'static Protections {
         static NONE: Protections = Protections { references: Vec::new() };
@@ -378,14 +391,10 @@ pub fn protecting_pattern<'c>(config: &'c Config, image: &Image) -> Option<&'c s
 /// first pod that names it; an id listed more than once counts at each
 /// place.
 fn held_by_pods<'a>(snapshot: &Snapshot, protections: &'a Protections) -> HashMap<usize, &'a str> {
-    if protections.references.is_empty() {
-        return HashMap::default();
+    let mut held: HashMap<usize, &'a str> = protections.pods_naming(&snapshot.images).into_iter().collect();
+    if held.is_empty() {
+        return held;
     }
-    let references: Vec<&str> = protections.references.iter().map(|(r, _)| r.as_str()).collect();
-    let mut held: HashMap<usize, &'a str> = matching::named_by(&snapshot.images, &references)
-        .into_iter()
-        .map(|(place, r)| (place, protections.references[r].1.as_str()))
-        .collect();
     // Every listing of an id is held when one is.
     let by_id: HashMap<&str, &'a str> = held
         .iter()
