@@ -37,7 +37,7 @@ fn container(n: usize, generation: u64) -> Container {
         image: format!("registry.example.com/app-{}:1", n % 100),
         image_ref: format!("sha256:{}", hex(1, (n % 100) as u64)),
         state: Some(ContainerState::Running),
-        mounted_images: if n % 10 == 0 {
+        mounted_images: if n.is_multiple_of(10) {
             vec![format!("registry.example.com/data-{}:1", n % 7)]
         } else {
             Vec::new()

@@ -24,6 +24,9 @@
 //!   their settling, the thrash memory, usage between cycles, and typed
 //!   events that sinks turn into [`metrics`], logs and health.
 //! - [`sim`]: an image filesystem simulated in memory.
+//! - `kubernetes` (the `kubernetes` feature): the pods bound to this node,
+//!   watched, as keep rules for the policy; events on the Node, as a sink
+//!   of the engine's events.
 //! - [`daemon`] (the loop and the composition root), [`http`] (metrics and
 //!   probes), [`cli`] (each command and what it prints).
 //!
@@ -45,6 +48,8 @@ pub mod fs;
 pub mod health;
 pub mod http;
 pub mod journal;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod log;
 pub(crate) mod matching;
 pub mod metrics;

@@ -112,6 +112,75 @@ struct CriMethodLabels {
     method: &'static str,
 }
 
+/// A Kubernetes event imagegc posts on its Node (see
+/// `crate::kubernetes`): the reason, a closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeEventReason {
+    /// Images cannot bring usage to the low threshold (the kubelet's
+    /// reason for the same).
+    FreeDiskSpaceFailed,
+    /// Cycles fail (the kubelet's reason for a failed image GC).
+    ImageGCFailed,
+    /// Images imagegc removed are pulled again within the thrash window.
+    ImageRepullThrash,
+    /// No source names the runtime's sandbox image, or the configured one
+    /// matches no image.
+    SandboxImageUnknown,
+}
+
+impl NodeEventReason {
+    /// Every reason, in a fixed order.
+    pub const ALL: [NodeEventReason; 4] = [
+        NodeEventReason::FreeDiskSpaceFailed,
+        NodeEventReason::ImageGCFailed,
+        NodeEventReason::ImageRepullThrash,
+        NodeEventReason::SandboxImageUnknown,
+    ];
+
+    /// The event's `reason`, as `kubectl get events` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeEventReason::FreeDiskSpaceFailed => "FreeDiskSpaceFailed",
+            NodeEventReason::ImageGCFailed => "ImageGCFailed",
+            NodeEventReason::ImageRepullThrash => "ImageRepullThrash",
+            NodeEventReason::SandboxImageUnknown => "SandboxImageUnknown",
+        }
+    }
+}
+
+impl EncodeLabelValue for NodeEventReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// What became of a node event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeEventResult {
+    /// Created, or an earlier one of the same reason updated.
+    Posted,
+    /// The API server refused it or did not answer.
+    Failed,
+    /// Not sent: the queue to the poster was full.
+    Dropped,
+}
+
+impl EncodeLabelValue for NodeEventResult {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(match self {
+            NodeEventResult::Posted => "posted",
+            NodeEventResult::Failed => "failed",
+            NodeEventResult::Dropped => "dropped",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NodeEventLabels {
+    reason: NodeEventReason,
+    result: NodeEventResult,
+}
+
 type GaugeF64 = Gauge<f64, AtomicU64>;
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -125,6 +194,62 @@ pub struct Metrics {
     filesystem: FilesystemFamilies,
     node: NodeFamilies,
     cri: CriFamilies,
+    kubernetes: KubernetesFamilies,
+}
+
+/// What imagegc knows of the cluster (`[kubernetes]`); zero when off.
+#[derive(Debug)]
+struct KubernetesFamilies {
+    watch_up: Gauge,
+    pods: Gauge,
+    pods_stale: Gauge,
+    node_events: Family<NodeEventLabels, Counter>,
+}
+
+impl KubernetesFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let watch_up = Gauge::default();
+        registry.register(
+            "imagegc_kubernetes_pods_watch_up",
+            "1 while the watch of the pods bound to this node is listed and current, 0 while the API \
+             server cannot be watched (or [kubernetes] is off)",
+            watch_up.clone(),
+        );
+        let pods = Gauge::default();
+        registry.register(
+            "imagegc_kubernetes_pods",
+            "Pods bound to this node whose images are kept with reason pod",
+            pods.clone(),
+        );
+        let pods_stale = Gauge::default();
+        registry.register(
+            "imagegc_kubernetes_pods_stale",
+            "1 when the last known pods were dropped after kubernetes.pods_stale_after without a watch: \
+             only the runtime's containers protect images until the watch returns",
+            pods_stale.clone(),
+        );
+        let node_events = Family::<NodeEventLabels, Counter>::default();
+        registry.register(
+            "imagegc_kubernetes_node_events",
+            "Events on this node's Node object, by reason and result",
+            node_events.clone(),
+        );
+        for reason in NodeEventReason::ALL {
+            for result in [
+                NodeEventResult::Posted,
+                NodeEventResult::Failed,
+                NodeEventResult::Dropped,
+            ] {
+                let _ = node_events.get_or_create(&NodeEventLabels { reason, result });
+            }
+        }
+        KubernetesFamilies {
+            watch_up,
+            pods,
+            pods_stale,
+            node_events,
+        }
+    }
 }
 
 /// What imagegc asks of the runtime: every CRI call, counted and timed.
@@ -466,6 +591,7 @@ impl Metrics {
         let filesystem = FilesystemFamilies::register(&mut registry);
         let node = NodeFamilies::register(&mut registry);
         let cri = CriFamilies::register(&mut registry);
+        let kubernetes = KubernetesFamilies::register(&mut registry);
         Metrics {
             registry,
             removals,
@@ -473,6 +599,7 @@ impl Metrics {
             filesystem,
             node,
             cri,
+            kubernetes,
         }
     }
 
@@ -552,6 +679,23 @@ impl Metrics {
     /// Whether the last call to the runtime succeeded.
     pub fn set_runtime_up(&self, up: bool) {
         self.node.runtime_up.set(i64::from(up));
+    }
+
+    /// The watch of this node's pods: whether it is current, how many pods
+    /// it holds, and whether they were dropped as stale.
+    pub fn set_pods_watch(&self, up: bool, pods: usize, stale: bool) {
+        let k = &self.kubernetes;
+        k.watch_up.set(i64::from(up));
+        k.pods.set(i64::try_from(pods).unwrap_or(i64::MAX));
+        k.pods_stale.set(i64::from(stale));
+    }
+
+    /// A node event was posted, failed, or was dropped.
+    pub fn node_event(&self, reason: NodeEventReason, result: NodeEventResult) {
+        self.kubernetes
+            .node_events
+            .get_or_create(&NodeEventLabels { reason, result })
+            .inc();
     }
 
     /// Whether imagegc runs in dry-run mode.

@@ -226,9 +226,9 @@ pub fn format_duration(duration: Duration) -> String {
     let nanos = duration.subsec_nanos();
     if nanos == 0 {
         // Nothing below a second.
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         out.push_str(&format!("{}ms", nanos / 1_000_000));
-    } else if nanos % 1_000 == 0 {
+    } else if nanos.is_multiple_of(1_000) {
         out.push_str(&format!("{}us", nanos / 1_000));
     } else {
         out.push_str(&format!("{nanos}ns"));

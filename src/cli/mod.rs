@@ -48,6 +48,10 @@ pub struct Cli {
     /// (replaces kubelet.config).
     #[arg(long, global = true, value_name = "FILE", env = "IMAGEGC_KUBELET_CONFIG")]
     pub kubelet_config: Option<PathBuf>,
+    /// Read this node's pods and post events on its Node (turns
+    /// kubernetes.enabled on; IMAGEGC_KUBERNETES=false leaves the file's).
+    #[arg(long, global = true, env = "IMAGEGC_KUBERNETES")]
+    pub kubernetes: bool,
     /// Where image history and the removal journal are kept.
     #[arg(long, global = true, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -194,6 +198,7 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         state_dir: cli.state_dir.clone(),
         dry_run,
         kubelet_config: cli.kubelet_config.clone(),
+        kubernetes: cli.kubernetes,
     };
     config::load(cli.config.as_deref(), &overrides)
 }
@@ -210,15 +215,43 @@ pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> 
         Command::Plan { output } => {
             StateStore::new(&config.state.dir).check_dir()?;
             let runtime = runtime_client(&config).await?;
-            plan::plan(runtime, config, *output).await
+            let pods = pod_protections(&config).await?;
+            plan::plan(runtime, config, &pods, *output).await
         }
         Command::Once { output, .. } => {
             let _lock = lock_state(&config)?;
             let runtime = runtime_client(&config).await?;
-            once::once(runtime, config, *output).await
+            let pods = pod_protections(&config).await?;
+            once::once(runtime, config, pods, *output).await
         }
         Command::Run { .. } => unreachable!("run is handled by the daemon"),
     }
+}
+
+/// The images the pods bound to this node name, listed once, when
+/// `[kubernetes]` asks for it (`once` and `plan` keep them as the daemon
+/// does). A listing that fails stops the command: it could not tell which
+/// images a starting pod is about to run.
+async fn pod_protections(config: &Config) -> Result<crate::policy::Protections, CliError> {
+    #[cfg(feature = "kubernetes")]
+    if config.kubernetes.enabled && config.kubernetes.protect_pods {
+        let file = config
+            .source
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let cluster = crate::kubernetes::Cluster::connect(&config.kubernetes, &file).await?;
+        return match cluster.list_pods().await {
+            Ok(pods) => Ok(pods.unwrap_or_default()),
+            Err(err) => Err(CliError::Other(anyhow::anyhow!(
+                "cannot list the pods bound to node {} ({err}): nothing was done; set kubernetes.enabled = false \
+                 to act on what the runtime says alone",
+                cluster.node()
+            ))),
+        };
+    }
+    let _ = config;
+    Ok(crate::policy::Protections::default())
 }
 
 /// Takes the state directory's lock for `run` and `once` (see

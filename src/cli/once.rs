@@ -13,7 +13,7 @@ use crate::engine::Collector;
 use crate::engine::report::{CycleReport, Outcome, Removal};
 use crate::fs::Statvfs;
 use crate::metrics::Metrics;
-use crate::policy::SpaceOutlook;
+use crate::policy::{Protections, SpaceOutlook};
 use crate::time::Clock;
 
 #[derive(Serialize)]
@@ -52,7 +52,12 @@ struct Failed<'a> {
 }
 
 /// `once`: one cycle.
-pub async fn once(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
+pub async fn once(
+    runtime: CriClient,
+    config: Config,
+    pods: Protections,
+    output: Output,
+) -> Result<ExitStatus, CliError> {
     let mut collector = Collector::new(
         runtime,
         Arc::new(config),
@@ -60,6 +65,7 @@ pub async fn once(runtime: CriClient, config: Config, output: Output) -> Result<
         Arc::new(Metrics::new()),
         Clock::start(),
     );
+    collector.set_protections(pods);
     let cancel = tokio_util::sync::CancellationToken::new();
     let report = collector.cycle(&cancel).await;
     if output == Output::Json {

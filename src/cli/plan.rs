@@ -50,7 +50,12 @@ struct FilesystemView<'a> {
 }
 
 /// `plan`: what a cycle would do now.
-pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<ExitStatus, CliError> {
+pub async fn plan(
+    runtime: CriClient,
+    config: Config,
+    pods: &Protections,
+    output: Output,
+) -> Result<ExitStatus, CliError> {
     let clock = Clock::start();
     let store = StateStore::new(&config.state.dir).read_only();
     let (mut records, _) = engine::load_records(&store, &clock, &config);
@@ -63,7 +68,7 @@ pub async fn plan(runtime: CriClient, config: Config, output: Output) -> Result<
     // Planned after the listing, as a cycle plans: an image first seen by
     // this very listing is not "used at this instant".
     let now = clock.now();
-    let plan = policy::plan_listed(&snapshot, &listed, &config, Protections::none(), now, clock.started());
+    let plan = policy::plan_listed(&snapshot, &listed, &config, pods, now, clock.started());
     let fs = Statvfs.stats(&image_fs.path).ok();
     let target = SpaceTarget::new(&config);
     // A dry-run cycle's walk (a read-only `plan` remembers no removals to

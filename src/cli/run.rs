@@ -25,7 +25,24 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
     let _lock = lock_state(&config)?;
     // For `check-config`: what only a restart changes, as read now.
     Running::write(&config);
+    #[allow(unused_mut)] // only the `kubernetes` feature changes it
     let mut daemon = Daemon::new(config.clone());
+    #[cfg(feature = "kubernetes")]
+    if config.kubernetes.enabled {
+        let file = config
+            .source
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        let cluster = crate::kubernetes::Cluster::connect(&config.kubernetes, &file).await?;
+        tracing::info!(
+            node = cluster.node(),
+            protect_pods = config.kubernetes.protect_pods,
+            node_events = config.kubernetes.node_events,
+            "Kubernetes: reading this node's pods and posting its events"
+        );
+        daemon = daemon.cluster(cluster);
+    }
     if let Some(addr) = config.metrics.listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -39,6 +56,7 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
         state_dir: cli.state_dir.clone(),
         dry_run: matches!(cli.command, Command::Run { dry_run: true }),
         kubelet_config: cli.kubelet_config.clone(),
+        kubernetes: cli.kubernetes,
     };
     let signals = handle_signals(shutdown.clone(), cli.config.clone(), overrides, reload_tx)?;
     daemon.run(shutdown, reload_rx).await;

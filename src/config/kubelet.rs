@@ -259,15 +259,15 @@ fn eviction_warnings(key: &str, high: u8, eviction: Eviction, source: &str, defa
         warnings.push(warning("imagefs.available", available, line, ""));
     }
     let nodefs = evicts_at(eviction.nodefs_available);
-    if let Some((available, line)) = nodefs.filter(|(_, line)| f64::from(high) >= *line) {
-        if imagefs.is_none_or(|(_, image_line)| line < image_line) {
-            warnings.push(warning(
-                "nodefs.available",
-                available,
-                line,
-                " where the image filesystem is also the kubelet's root filesystem (one disk for both)",
-            ));
-        }
+    if let Some((available, line)) = nodefs.filter(|(_, line)| f64::from(high) >= *line)
+        && imagefs.is_none_or(|(_, image_line)| line < image_line)
+    {
+        warnings.push(warning(
+            "nodefs.available",
+            available,
+            line,
+            " where the image filesystem is also the kubelet's root filesystem (one disk for both)",
+        ));
     }
     warnings
 }

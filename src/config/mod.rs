@@ -55,6 +55,11 @@ pub const DEFAULT_RUNTIME_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MIN_AGE: Duration = Duration::from_secs(120);
 /// A removed image that comes back within this window counts as a re-pull.
 pub const DEFAULT_THRASH_WINDOW: Duration = Duration::from_secs(3600);
+
+/// How long pods last seen bound to the node keep protecting their images
+/// while the API server is unreachable: an hour covers an API server's
+/// upgrade or restart, and bounds what a pod deleted meanwhile holds.
+pub const DEFAULT_PODS_STALE_AFTER: Duration = Duration::from_secs(3600);
 /// The `file` of problems found in command-line overrides.
 const COMMAND_LINE: &str = "command line";
 
@@ -83,6 +88,8 @@ pub struct Config {
     /// that the kubelet's own image GC is off and that its eviction threshold
     /// leaves room for imagegc's high threshold.
     pub kubelet_config: Option<PathBuf>,
+    /// The `[kubernetes]` section.
+    pub kubernetes: KubernetesConfig,
     /// The file this configuration was read from, if any.
     pub source: Option<PathBuf>,
     /// Non-fatal findings (for example: the kubelet would evict before the
@@ -175,6 +182,41 @@ pub struct MetricsConfig {
     pub listen: Option<SocketAddr>,
 }
 
+/// `[kubernetes]`: what imagegc reads from and tells the cluster, off
+/// unless `enabled` (imagegc is then a pure CRI agent).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubernetesConfig {
+    /// Whether imagegc talks to the API server at all.
+    pub enabled: bool,
+    /// This node's name (`spec.nodeName` of its pods, the Node object's
+    /// name); `None`: the `NODE_NAME` environment variable, which the
+    /// DaemonSet sets from the downward API.
+    pub node_name: Option<String>,
+    /// A kubeconfig file (a systemd install); `None`: the pod's in-cluster
+    /// service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// Keep every image that a pod bound to this node names.
+    pub protect_pods: bool,
+    /// Post events on this node's Node object.
+    pub node_events: bool,
+    /// How long the last known pods keep protecting their images while the
+    /// API server cannot be watched.
+    pub pods_stale_after: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            enabled: false,
+            node_name: None,
+            kubeconfig: None,
+            protect_pods: true,
+            node_events: true,
+            pods_stale_after: DEFAULT_PODS_STALE_AFTER,
+        }
+    }
+}
+
 /// A kubelet hard eviction threshold on available space: the kubelet evicts
 /// pods when less than this is available.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -228,6 +270,7 @@ impl Default for Config {
             },
             eviction_imagefs_available: None,
             kubelet_config: None,
+            kubernetes: KubernetesConfig::default(),
             source: None,
             warnings: Vec::new(),
         }
@@ -283,6 +326,14 @@ listen = {listen}
 
 [kubelet]
 config = {kubelet_config}
+
+[kubernetes]
+enabled = {kube_enabled}
+node_name = {kube_node}
+kubeconfig = {kubeconfig}
+protect_pods = {protect_pods}
+node_events = {node_events}
+pods_stale_after = "{pods_stale_after}"
 "#,
             endpoint = toml_string(runtime.endpoint.as_deref().unwrap_or("")),
             timeout = format_duration(runtime.timeout),
@@ -304,6 +355,12 @@ config = {kubelet_config}
             state_dir = path(Some(&self.state.dir)),
             listen = toml_string(&self.metrics.listen.map(|addr| addr.to_string()).unwrap_or_default()),
             kubelet_config = path(self.kubelet_config.as_deref()),
+            kube_enabled = self.kubernetes.enabled,
+            kube_node = toml_string(self.kubernetes.node_name.as_deref().unwrap_or("")),
+            kubeconfig = path(self.kubernetes.kubeconfig.as_deref()),
+            protect_pods = self.kubernetes.protect_pods,
+            node_events = self.kubernetes.node_events,
+            pods_stale_after = format_duration(self.kubernetes.pods_stale_after),
         )
     }
 }
@@ -331,6 +388,10 @@ pub struct Overrides {
     /// absolute path). The DaemonSet sets it where it mounts the kubelet's
     /// file, so the ConfigMap need not change.
     pub kubelet_config: Option<PathBuf>,
+    /// `--kubernetes` (`IMAGEGC_KUBERNETES`): turns `kubernetes.enabled` on
+    /// (false leaves the file's value). The kustomize component and the
+    /// chart set it with the RBAC they add.
+    pub kubernetes: bool,
 }
 
 /// One configuration problem: the file, the key as the user wrote it, and
@@ -486,10 +547,19 @@ fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Pr
         config.state.dir = dir.clone();
     }
     config.gc.dry_run |= overrides.dry_run;
-    if let Some(path) = &overrides.kubelet_config {
-        if validate::check_absolute("--kubelet-config", path, problems) {
-            config.kubelet_config = Some(path.clone());
+    if let Some(path) = &overrides.kubelet_config
+        && validate::check_absolute("--kubelet-config", path, problems)
+    {
+        config.kubelet_config = Some(path.clone());
+    }
+    if overrides.kubernetes {
+        if !cfg!(feature = "kubernetes") {
+            problems.push(
+                "--kubernetes",
+                "this imagegc was built without Kubernetes support (cargo feature `kubernetes`)",
+            );
         }
+        config.kubernetes.enabled = true;
     }
 }
 
@@ -648,7 +718,7 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 20, "{keys:?}");
+        assert_eq!(keys.len(), 26, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));

@@ -33,10 +33,11 @@ pub(super) struct RawConfig {
     pub(super) state: RawState,
     pub(super) metrics: RawMetrics,
     pub(super) kubelet: RawKubeletRef,
+    pub(super) kubernetes: RawKubernetes,
 }
 
 /// The sections of imagegc's schema, in the order of the example file.
-const SECTIONS: [&str; 6] = ["runtime", "gc", "protect", "state", "metrics", "kubelet"];
+const SECTIONS: [&str; 7] = ["runtime", "gc", "protect", "state", "metrics", "kubelet", "kubernetes"];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -86,6 +87,17 @@ pub(super) struct RawMetrics {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawKubeletRef {
     pub(super) config: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKubernetes {
+    pub(super) enabled: Option<bool>,
+    pub(super) node_name: Option<String>,
+    pub(super) kubeconfig: Option<String>,
+    pub(super) protect_pods: Option<bool>,
+    pub(super) node_events: Option<bool>,
+    pub(super) pods_stale_after: Option<RawDuration>,
 }
 
 /// The fields of a KubeletConfiguration that imagegc reads; every other
@@ -258,6 +270,7 @@ pub(super) fn read_imagegc(document: Map<String, Value>, problems: &mut Problems
             "protect" => raw.protect = read_keys(&name, table, problems),
             "state" => raw.state = read_keys(&name, table, problems),
             "kubelet" => raw.kubelet = read_keys(&name, table, problems),
+            "kubernetes" => raw.kubernetes = read_keys(&name, table, problems),
             _ => raw.metrics = read_keys(&name, table, problems),
         }
     }
@@ -287,7 +300,7 @@ mod tests {
         let problem = &rejected("a.toml", "[metric]\n")[0];
         assert_eq!(
             problem.message,
-            "unknown key; expected one of runtime, gc, protect, state, metrics, kubelet"
+            "unknown key; expected one of runtime, gc, protect, state, metrics, kubelet, kubernetes"
         );
         let problem = &rejected("a.toml", "[runtime]\nsocket = \"x\"\n")[0];
         assert_eq!(

@@ -14,8 +14,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawMetrics, RawProtect, RawRuntime, RawState};
-use super::{Config, GcConfig, MetricsConfig, Problems, ProtectConfig, RuntimeConfig, StateConfig};
+use super::raw::{
+    RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawKubernetes, RawMetrics, RawProtect, RawRuntime, RawState,
+};
+use super::{Config, GcConfig, KubernetesConfig, MetricsConfig, Problems, ProtectConfig, RuntimeConfig, StateConfig};
 use crate::time::format_duration;
 
 /// What `check-config` and `run` say when container events are on.
@@ -71,6 +73,7 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
     let state = state_section(raw.state, &defaults.state, problems);
     let metrics = metrics_section(&raw.metrics, &defaults.metrics, problems);
     let kubelet_config = kubelet_section(raw.kubelet, problems);
+    let kubernetes = kubernetes_section(raw.kubernetes, problems);
     Config {
         runtime,
         gc,
@@ -78,6 +81,7 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
         state,
         metrics,
         kubelet_config,
+        kubernetes,
         warnings,
         ..defaults
     }
@@ -298,6 +302,70 @@ fn kubelet_section(raw: RawKubeletRef, problems: &mut Problems) -> Option<PathBu
     check_absolute("kubelet.config", &path, problems).then_some(path)
 }
 
+/// `[kubernetes]`: off unless `enabled`; a node name as Kubernetes spells
+/// one, an absolute kubeconfig path, a bounded staleness.
+fn kubernetes_section(raw: RawKubernetes, problems: &mut Problems) -> KubernetesConfig {
+    let defaults = KubernetesConfig::default();
+    let enabled = raw.enabled.unwrap_or(defaults.enabled);
+    if enabled && !cfg!(feature = "kubernetes") {
+        problems.push(
+            "kubernetes.enabled",
+            "this imagegc was built without Kubernetes support (cargo feature `kubernetes`)",
+        );
+    }
+    let node_name = raw.node_name.filter(|name| !name.is_empty());
+    if let Some(name) = &node_name
+        && !is_dns_subdomain(name)
+    {
+        problems.push(
+            "kubernetes.node_name",
+            format!("must be a node name (lower-case letters, digits, '-' and '.', at most 253), got {name:?}"),
+        );
+    }
+    let kubeconfig = raw
+        .kubeconfig
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .filter(|path| check_absolute("kubernetes.kubeconfig", path, problems));
+    let pods_stale_after = match raw.pods_stale_after {
+        Some(RawDuration(d)) if d.is_zero() => {
+            problems.push(
+                "kubernetes.pods_stale_after",
+                "must be more than 0: the last known pods would protect nothing while the API server is away",
+            );
+            defaults.pods_stale_after
+        }
+        other => age(
+            "kubernetes.pods_stale_after",
+            other,
+            defaults.pods_stale_after,
+            problems,
+        ),
+    };
+    KubernetesConfig {
+        enabled,
+        node_name,
+        kubeconfig,
+        protect_pods: raw.protect_pods.unwrap_or(defaults.protect_pods),
+        node_events: raw.node_events.unwrap_or(defaults.node_events),
+        pods_stale_after,
+    }
+}
+
+/// A DNS subdomain (RFC 1123), what Kubernetes requires of a node's name.
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
 /// A period that must be at least [`MIN_PERIOD`] and at most [`MAX_PERIOD`].
 fn period(key: &str, value: Option<RawDuration>, default: Duration, problems: &mut Problems) -> Duration {
     match value {
@@ -436,6 +504,59 @@ mod tests {
     use super::*;
     use crate::config::tests_support::*;
     use crate::config::{GcConfig, Overrides};
+
+    #[test]
+    fn the_kubernetes_section_is_off_by_default_and_read_when_given() {
+        let config = load_ok("k.toml", "");
+        assert_eq!(config.kubernetes, KubernetesConfig::default());
+        assert!(!config.kubernetes.enabled);
+        let config = load_ok(
+            "k.toml",
+            "[kubernetes]\nenabled = true\nnode_name = \"node-1.example\"\nkubeconfig = \"/etc/imagegc/kubeconfig\"\n\
+             protect_pods = false\nnode_events = true\npods_stale_after = \"15m\"\n",
+        );
+        let k = &config.kubernetes;
+        assert!(k.enabled && !k.protect_pods && k.node_events);
+        assert_eq!(k.node_name.as_deref(), Some("node-1.example"));
+        assert_eq!(k.kubeconfig.as_deref(), Some(Path::new("/etc/imagegc/kubeconfig")));
+        assert_eq!(k.pods_stale_after, Duration::from_secs(900));
+        // The effective file reads back the same.
+        assert_eq!(
+            load_ok("k.toml", &config.to_toml_string()).kubernetes,
+            config.kubernetes
+        );
+    }
+
+    #[test]
+    fn a_bad_kubernetes_section_names_each_key() {
+        let keys = problem_keys(
+            "k.toml",
+            "[kubernetes]\nnode_name = \"Node_1\"\nkubeconfig = \"kubeconfig\"\npods_stale_after = \"0s\"\nwatch = true\n",
+        );
+        assert_eq!(
+            keys,
+            [
+                "kubernetes.kubeconfig",
+                "kubernetes.node_name",
+                "kubernetes.pods_stale_after",
+                "kubernetes.watch"
+            ]
+        );
+        assert_eq!(
+            problem_keys("k.toml", "[kubernetes]\nenabled = \"yes\"\n"),
+            ["kubernetes.enabled"]
+        );
+    }
+
+    #[test]
+    fn node_names_are_dns_subdomains() {
+        for good in ["localhost", "ip-10-0-0-1.ec2.internal", "a", "n1"] {
+            assert!(is_dns_subdomain(good), "{good}");
+        }
+        for bad in ["", "-a", "a-", "A", "a..b", "a_b", &"a".repeat(64), "a/b"] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn a_protect_pattern_that_can_match_no_image_is_warned_about_by_key() {

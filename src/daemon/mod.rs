@@ -427,6 +427,8 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
         // Read again by the reload, with the file that names it.
         eviction_imagefs_available: _,
         kubelet_config: _,
+        // Start-only (see `StartOnly`).
+        kubernetes: _,
         source: _,
         warnings: _,
     } = new;

@@ -27,7 +27,16 @@ pub struct Daemon {
     probe: Arc<dyn FsProbe>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    #[cfg(feature = "kubernetes")]
+    cluster: Option<crate::kubernetes::Cluster>,
 }
+
+/// How long the first cycle waits for the first listing of the pods bound
+/// to this node (`[kubernetes]`): a cycle that ran before it would not know
+/// which images starting pods are about to run. Later cycles never wait;
+/// the listing usually takes well under a second.
+#[cfg(feature = "kubernetes")]
+const FIRST_PODS_LISTING_WAIT: Duration = Duration::from_secs(10);
 
 impl Daemon {
     /// A daemon measuring the real filesystem, with fresh metrics and a
@@ -40,7 +49,17 @@ impl Daemon {
             probe: Arc::new(Statvfs),
             metrics: Arc::new(Metrics::new()),
             health,
+            #[cfg(feature = "kubernetes")]
+            cluster: None,
         }
+    }
+
+    /// Reads the pods bound to this node and posts events on its Node
+    /// (`[kubernetes]`), through `cluster`.
+    #[cfg(feature = "kubernetes")]
+    pub fn cluster(mut self, cluster: crate::kubernetes::Cluster) -> Self {
+        self.cluster = Some(cluster);
+        self
     }
 
     /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (bound by
@@ -82,8 +101,12 @@ impl Daemon {
                 shutdown.clone(),
             ))
         });
+        // Started before the runtime is found: the pods are listed meanwhile.
+        #[cfg(feature = "kubernetes")]
+        let started = self.cluster.map(|cluster| cluster.start(&self.metrics, &shutdown));
         if let Some(runtime) = find_runtime(&self.config, &self.metrics, &self.health, &shutdown).await {
-            let collector = Collector::new(
+            #[allow(unused_mut)] // only the `kubernetes` feature adds to it
+            let mut collector = Collector::new(
                 runtime,
                 Arc::new(self.config),
                 self.probe,
@@ -91,12 +114,39 @@ impl Daemon {
                 Clock::start(),
             )
             .with_health(Arc::clone(&self.health));
+            #[cfg(feature = "kubernetes")]
+            if let Some(started) = started {
+                if let Some(events) = started.events {
+                    collector = collector.with_sink(Arc::new(events));
+                }
+                if let Some(mut pods) = started.pods {
+                    collector.protections_from(pods.protections.clone());
+                    wait_for_pods(&mut pods, &shutdown).await;
+                }
+            }
             super::run(collector, self.health, shutdown.clone(), reloads).await;
         }
         shutdown.cancel();
         if let Some(server) = server {
             let _ = server.await;
         }
+    }
+}
+
+/// Waits for the first listing of the pods bound to this node, at most
+/// [`FIRST_PODS_LISTING_WAIT`]: the first cycle then knows them.
+#[cfg(feature = "kubernetes")]
+async fn wait_for_pods(pods: &mut crate::kubernetes::PodWatch, shutdown: &CancellationToken) {
+    let listed = tokio::select! {
+        () = shutdown.cancelled() => return,
+        listed = tokio::time::timeout(FIRST_PODS_LISTING_WAIT, pods.synced.wait_for(|synced| *synced)) => listed,
+    };
+    if !matches!(listed, Ok(Ok(_))) {
+        warn!(
+            waited_s = FIRST_PODS_LISTING_WAIT.as_secs(),
+            "the pods bound to this node are not listed yet: cycles go on with what the runtime says, \
+             and pods protect their images once the listing comes in"
+        );
     }
 }
 

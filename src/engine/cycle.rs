@@ -70,6 +70,7 @@ impl<R: Runtime> Collector<R> {
             snapshot,
             listed,
             image_fs,
+            ..
         } = self.observe().await.map_err(CycleError::Listing)?;
         let result = self.execute(config, &snapshot, &listed, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
@@ -95,8 +96,9 @@ impl<R: Runtime> Collector<R> {
             // container: without Status it would look unused.
             return Err(CycleError::SandboxUnknown(err.clone()));
         }
-        // Shared, not borrowed: the plan holds on to it through removals.
-        let protections = Arc::clone(&self.protections);
+        // The latest; shared, not borrowed: the plan holds on to it through
+        // removals.
+        let protections = self.protections();
         let plan = policy::plan_listed(
             snapshot,
             listed,

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::Config;
@@ -116,8 +117,9 @@ pub struct Collector<R> {
     /// The image filesystem as the last listing found it, when it can be
     /// trusted: what [`Collector::check_usage`] measures between cycles.
     disk_path: Option<PathBuf>,
-    /// Keep rules from outside the listing (pods bound to this node).
-    protections: Arc<Protections>,
+    /// Keep rules from outside the listing (pods bound to this node), the
+    /// latest of which is read at each plan and each re-check.
+    protections: watch::Receiver<Arc<Protections>>,
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
     sandbox_unknown: Option<String>,
@@ -164,7 +166,7 @@ impl<R: Runtime> Collector<R> {
             disk_path: None,
             young_removable_at: None,
             sandbox_unknown: None,
-            protections: Arc::default(),
+            protections: watch::channel(Arc::default()).1,
         };
         collector.seed_thrash_from_journal();
         collector
@@ -197,7 +199,19 @@ impl<R: Runtime> Collector<R> {
     /// Sets the keep rules from outside the runtime's listing (the pods
     /// bound to this node): they hold from the next plan and re-check on.
     pub fn set_protections(&mut self, protections: Protections) {
-        self.protections = Arc::new(protections);
+        self.protections = watch::channel(Arc::new(protections)).1;
+    }
+
+    /// Takes the keep rules from outside the runtime's listing from
+    /// `source`, which a watch of the pods bound to this node updates: each
+    /// plan and each re-check reads its latest value, never waiting.
+    pub fn protections_from(&mut self, source: watch::Receiver<Arc<Protections>>) {
+        self.protections = source;
+    }
+
+    /// The keep rules from outside the listing, as they are now.
+    fn protections(&self) -> Arc<Protections> {
+        Arc::clone(&self.protections.borrow())
     }
 
     /// The configuration in force: the one given at start, or the last reload

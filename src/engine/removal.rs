@@ -186,11 +186,13 @@ impl<R: Runtime> Collector<R> {
             .chain(std::iter::once(&current))
             .collect();
         let matches = matching::References::new(&containers, &[]).matches(listing.iter().copied());
+        // The latest: a pod bound since the listing protects too.
+        let protections = self.protections();
         let why = if !matches.users(listing.len() - 1).is_empty() {
             Arc::make_mut(&mut self.records).mark_used([candidate.id], self.clock.now());
             report.became_in_use.push(candidate.id.to_string());
             Some(KeptAtRecheck::CameIntoUse)
-        } else if let Some(&(_, pod)) = self.protections.pods_naming(std::slice::from_ref(&current)).first() {
+        } else if let Some(&(_, pod)) = protections.pods_naming(std::slice::from_ref(&current)).first() {
             Some(KeptAtRecheck::Pod(pod))
         } else if current.pinned {
             Some(KeptAtRecheck::PinnedSince)

@@ -33,8 +33,13 @@ struct Sim {
     appear_at_list: Option<(usize, Container)>,
     /// A tag an image gains right before the n-th ListContainers call.
     tag_at_list: Option<(usize, String, String)>,
+    /// Keep rules published right before the n-th ListContainers call (a
+    /// pod bound to the node meanwhile).
+    pods_at_list: Option<(usize, PodsSender, crate::policy::Protections)>,
     lists: usize,
 }
+
+type PodsSender = tokio::sync::watch::Sender<Arc<crate::policy::Protections>>;
 
 #[derive(Clone, Default)]
 struct SimHandle(Arc<Mutex<Sim>>);
@@ -90,6 +95,11 @@ impl Runtime for SimHandle {
             && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
         {
             image.repo_tags.push(tag);
+        }
+        if let Some((n, sender, pods)) = &sim.pods_at_list
+            && sim.lists == *n
+        {
+            sender.send_replace(Arc::new(pods.clone()));
         }
         Ok(sim.containers.clone())
     }
@@ -754,7 +764,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     // What `plan` shows.
     let listing = c.observe().await.unwrap();
     let (age, space) = {
-        let plan = c.plan(&listing.snapshot, &listing.listed);
+        let plan = c.plan(&listing);
         let stats = sim.stats(Path::new("/sim")).unwrap();
         let forecast = c.forecast(&plan, &stats).expect("a space pass is due");
         let age: Vec<String> = plan.age.iter().map(|c| c.id.to_string()).collect();
@@ -803,4 +813,25 @@ async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
     sim.with(|s| s.available = 0);
     cycle(&mut c).await;
     assert_eq!(sim.removed()[..2], ["c", "a"]);
+}
+
+#[tokio::test]
+async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
+    let sim = SimHandle::default();
+    let (sender, pods) = tokio::sync::watch::channel(Arc::new(crate::policy::Protections::default()));
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        (s.capacity, s.available) = (1000, 0);
+        // The watch learns of a pod naming b after the cycle's listing,
+        // before b's re-check.
+        let pods = crate::policy::Protections {
+            references: vec![("b".to_string(), "ns/late".to_string())],
+        };
+        s.pods_at_list = Some((2, sender, pods));
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    c.protections_from(pods);
+    let report = cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["a"], "b was kept at its re-check");
+    assert_eq!(report.removed.len(), 1);
 }

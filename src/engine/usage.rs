@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::cri::{ContainerEvent, EventStream, Image, Runtime, RuntimeError, Snapshot};
 use crate::matching::{self, InUse};
-use crate::policy::{self, Plan};
+use crate::policy::{self, Plan, Protections};
 use crate::records::{Listed, Observed};
 
 use super::observe::{ImageFs, Observation};
@@ -30,6 +30,9 @@ pub struct Listing {
     pub listed: Listed,
     /// The image filesystem (see [`ImageFs`]), or why it is unknown.
     pub image_fs: Result<ImageFs, RuntimeError>,
+    /// The keep rules from outside the listing as they were when it was
+    /// made (see [`Collector::protections_from`]).
+    pub protections: Arc<Protections>,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -62,17 +65,18 @@ impl<R: Runtime> Collector<R> {
             snapshot,
             listed,
             image_fs,
+            protections: self.protections(),
         })
     }
 
     /// Plans a cycle over a listing from [`Collector::observe`], without
     /// removing anything (`imagegc plan`).
-    pub fn plan<'a>(&'a self, snapshot: &'a Snapshot, listed: &Listed) -> Plan<'a> {
+    pub fn plan<'a>(&'a self, listing: &'a Listing) -> Plan<'a> {
         policy::plan_listed(
-            snapshot,
-            listed,
+            &listing.snapshot,
+            &listing.listed,
             &self.config,
-            &self.protections,
+            &listing.protections,
             self.clock.now(),
             self.clock.started(),
         )

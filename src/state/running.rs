@@ -25,6 +25,11 @@ pub struct StartOnly {
     pub state_dir: PathBuf,
     /// `metrics.listen` (the listener is bound).
     pub metrics_listen: Option<String>,
+    /// The `[kubernetes]` section (the client, the watch and the event
+    /// poster are made for it), as a line of its effective keys. Absent from
+    /// files written before it was noted.
+    #[serde(default)]
+    pub kubernetes: String,
 }
 
 impl StartOnly {
@@ -34,6 +39,7 @@ impl StartOnly {
             runtime_endpoint: config.runtime.endpoint.clone(),
             state_dir: config.state.dir.clone(),
             metrics_listen: config.metrics.listen.map(|a| a.to_string()),
+            kubernetes: format!("{:?}", config.kubernetes),
         }
     }
 
@@ -49,6 +55,9 @@ impl StartOnly {
         }
         if new.metrics_listen != self.metrics_listen {
             keys.push("metrics.listen");
+        }
+        if !self.kubernetes.is_empty() && new.kubernetes != self.kubernetes {
+            keys.push("kubernetes");
         }
         keys
     }

@@ -43,7 +43,7 @@ impl Bed {
     /// The ids `plan` keeps, with why.
     async fn kept(&mut self) -> Vec<(String, String)> {
         let listing = self.collector.observe().await.unwrap();
-        let plan = self.collector.plan(&listing.snapshot, &listing.listed);
+        let plan = self.collector.plan(&listing);
         plan.kept
             .iter()
             .map(|k| (k.id.to_string(), k.why.label().to_string()))

@@ -1,0 +1,391 @@
+//! Events on this node's Node object: what an operator must know, where
+//! they look first (`kubectl describe node`, `kubectl get events`).
+//!
+//! A [`NodeEventSink`] is one more output of the engine's events: it turns
+//! the start of an episode into one [`NodeEvent`] and hands it to a task
+//! that posts it, never waiting on the API server (a full queue drops the
+//! event and counts it). Reasons, in the kubelet's style:
+//! - `FreeDiskSpaceFailed` (Warning): images cannot bring usage to the low
+//!   threshold, with the bytes that are not images. The kubelet's own reason
+//!   for the same, so alerts written for it keep working after the hand-over.
+//! - `ImageGCFailed` (Warning): cycles fail (the kubelet's reason).
+//! - `ImageRepullThrash` (Warning): an image imagegc removed was pulled
+//!   again within `gc.thrash_window`.
+//! - `SandboxImageUnknown` (Warning): no source names the sandbox image, or
+//!   the configured one matches no image.
+//!
+//! One event per episode, and at most one per reason every
+//! [`MIN_INTERVAL`]. A reason seen again updates the event posted before
+//! (its count and last time, as the kubelet's event correlator does) rather
+//! than adding one. Removals are not events: they are counted in
+//! `image_garbage_collected_total`, and a busy node removes hundreds a day.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Event as KubeEvent, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::engine::{Event, Outcome, Sink};
+use crate::metrics::{Metrics, NodeEventReason, NodeEventResult};
+
+/// The least time between two events of one reason: an episode that ends
+/// and starts again at every cycle is said once per ten minutes (the
+/// kubelet's event correlator uses the same window).
+pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Events waiting for the poster: more are dropped (and counted).
+const QUEUE: usize = 16;
+
+/// How long one call to the API server may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The namespace of node events (as the kubelet posts them).
+const NAMESPACE: &str = "default";
+
+/// One event to post.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEvent {
+    /// Its reason.
+    pub reason: NodeEventReason,
+    /// What a person reads.
+    pub message: String,
+}
+
+/// Which episodes are on, and when each reason was last said.
+#[derive(Debug, Default)]
+pub struct Episodes {
+    unreachable: bool,
+    failing: bool,
+    sandbox_said: bool,
+    said_at: HashMap<NodeEventReason, Instant>,
+}
+
+impl Episodes {
+    /// The event to post for `event` at `now`, if it starts an episode
+    /// and its reason was not said within [`MIN_INTERVAL`].
+    pub fn on(&mut self, event: &Event<'_>, now: Instant) -> Option<NodeEvent> {
+        let (reason, message) = match event {
+            Event::SpaceUnreachable { outlook: Some(o), .. } => {
+                if std::mem::replace(&mut self.unreachable, true) {
+                    return None;
+                }
+                let could = if o.could_free == u64::MAX {
+                    "an unknown amount (some sizes are not reported)".to_owned()
+                } else {
+                    format!("{} bytes at most", o.could_free)
+                };
+                (
+                    NodeEventReason::FreeDiskSpaceFailed,
+                    format!(
+                        "Images cannot bring image filesystem usage down to the low threshold: {} bytes must \
+                         be freed, removable images free {could}; {} bytes of the filesystem are not images",
+                        o.bytes_to_free, o.not_image_bytes
+                    ),
+                )
+            }
+            Event::SpaceUnreachable { outlook: None, .. } => {
+                self.unreachable = false;
+                return None;
+            }
+            Event::CycleFinished(report) => match &report.outcome {
+                Outcome::Failed(err) => {
+                    if std::mem::replace(&mut self.failing, true) {
+                        return None;
+                    }
+                    (
+                        NodeEventReason::ImageGCFailed,
+                        format!("Image garbage collection failed: {err}"),
+                    )
+                }
+                Outcome::Interrupted => return None,
+                Outcome::Success | Outcome::LowNotReached { .. } => {
+                    self.failing = false;
+                    return None;
+                }
+            },
+            Event::Repulled { image, removed_ago, .. } => (
+                NodeEventReason::ImageRepullThrash,
+                format!(
+                    "Image {} was pulled again {} after imagegc removed it: the disk budget may be too small \
+                     for this node's images",
+                    image.repo_tags.first().unwrap_or(&image.id),
+                    humantime::format_duration(Duration::from_secs(removed_ago.as_secs()))
+                ),
+            ),
+            Event::SandboxUnnamed | Event::SandboxConfiguredUnmatched(_) => {
+                if std::mem::replace(&mut self.sandbox_said, true) {
+                    return None;
+                }
+                let message = match event {
+                    Event::SandboxConfiguredUnmatched(configured) => format!(
+                        "runtime.sandbox_image {configured:?} matches no image: images never used by a \
+                         container are kept, as one of them may be the sandbox image"
+                    ),
+                    _ => "The runtime names no sandbox image: images never used by a container are kept, as \
+                          one of them may be the sandbox image (set runtime.sandbox_image)"
+                        .to_owned(),
+                };
+                (NodeEventReason::SandboxImageUnknown, message)
+            }
+            _ => return None,
+        };
+        if let Some(at) = self.said_at.get(&reason)
+            && now.saturating_duration_since(*at) < MIN_INTERVAL
+        {
+            return None;
+        }
+        self.said_at.insert(reason, now);
+        Some(NodeEvent { reason, message })
+    }
+}
+
+/// The engine's events, as events on the Node (see the module).
+pub struct NodeEventSink {
+    episodes: Mutex<Episodes>,
+    queue: mpsc::Sender<NodeEvent>,
+    metrics: Arc<Metrics>,
+}
+
+impl Sink for NodeEventSink {
+    fn emit(&self, event: &Event<'_>) {
+        let posted = self
+            .episodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .on(event, Instant::now());
+        if let Some(event) = posted {
+            let reason = event.reason;
+            if self.queue.try_send(event).is_err() {
+                warn!(
+                    reason = reason.as_str(),
+                    "node event dropped: the API server is not keeping up"
+                );
+                self.metrics.node_event(reason, NodeEventResult::Dropped);
+            }
+        }
+    }
+}
+
+/// Starts the poster for `node` and returns the sink that feeds it.
+pub fn spawn(client: Client, node: &str, metrics: Arc<Metrics>, shutdown: CancellationToken) -> NodeEventSink {
+    let (queue, events) = mpsc::channel(QUEUE);
+    let poster = Poster {
+        api: Api::namespaced(client, NAMESPACE),
+        node: node.to_owned(),
+        posted: HashMap::new(),
+        metrics: Arc::clone(&metrics),
+    };
+    tokio::spawn(poster.run(events, shutdown));
+    NodeEventSink {
+        episodes: Mutex::new(Episodes::default()),
+        queue,
+        metrics,
+    }
+}
+
+/// Posts events, one at a time.
+struct Poster {
+    api: Api<KubeEvent>,
+    node: String,
+    /// The event posted for each reason, by name, and its count.
+    posted: HashMap<NodeEventReason, (String, i32)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Poster {
+    async fn run(mut self, mut events: mpsc::Receiver<NodeEvent>, shutdown: CancellationToken) {
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => return,
+                event = events.recv() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+            };
+            let reason = event.reason;
+            let result = tokio::select! {
+                () = shutdown.cancelled() => return,
+                result = tokio::time::timeout(CALL_TIMEOUT, self.post(event)) => {
+                    result.unwrap_or_else(|_| Err("no answer within 10s".to_owned()))
+                }
+            };
+            match result {
+                Ok(name) => {
+                    info!(reason = reason.as_str(), event = name, "node event posted");
+                    self.metrics.node_event(reason, NodeEventResult::Posted);
+                }
+                Err(err) => {
+                    warn!(reason = reason.as_str(), error = err, "could not post a node event");
+                    self.metrics.node_event(reason, NodeEventResult::Failed);
+                }
+            }
+        }
+    }
+
+    /// Updates the event of this reason posted before, or creates one.
+    async fn post(&mut self, event: NodeEvent) -> Result<String, String> {
+        let now = Timestamp::now();
+        if let Some((name, count)) = self.posted.get(&event.reason).cloned() {
+            let patch = serde_json::json!({
+                "count": count + 1,
+                "lastTimestamp": Time(now),
+                "message": event.message,
+            });
+            match self
+                .api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.posted.insert(event.reason, (name.clone(), count + 1));
+                    return Ok(name);
+                }
+                // Events expire (an hour by default): post a new one.
+                Err(kube::Error::Api(status)) if status.is_not_found() => {
+                    debug!(event = name, "the node event to update has expired");
+                }
+                Err(err) => return Err(err.to_string()),
+            }
+        }
+        let name = format!("{}.{:x}", self.node, unix_nanos());
+        let object = KubeEvent {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(NAMESPACE.to_owned()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(self.node.clone()),
+                // What the kubelet puts there for its own node events.
+                uid: Some(self.node.clone()),
+                ..ObjectReference::default()
+            },
+            reason: Some(event.reason.as_str().to_owned()),
+            message: Some(event.message),
+            type_: Some("Warning".to_owned()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: None::<MicroTime>,
+            source: Some(EventSource {
+                component: Some("imagegc".to_owned()),
+                host: Some(self.node.clone()),
+            }),
+            reporting_component: Some("imagegc".to_owned()),
+            reporting_instance: Some(self.node.clone()),
+            ..KubeEvent::default()
+        };
+        self.api
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(|err| err.to_string())?;
+        self.posted.insert(event.reason, (name.clone(), 1));
+        Ok(name)
+    }
+}
+
+fn unix_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{CycleError, CycleReport};
+    use crate::policy::{ImageBytes, ImageBytesSource, SpaceOutlook};
+
+    fn outlook() -> SpaceOutlook {
+        SpaceOutlook {
+            bytes_to_free: 500,
+            could_free: 100,
+            not_image_bytes: 9_000,
+            image_bytes: ImageBytes {
+                bytes: 1_000,
+                source: ImageBytesSource::Listing,
+            },
+        }
+    }
+
+    fn unreachable(on: bool) -> Event<'static> {
+        Event::SpaceUnreachable {
+            outlook: on.then(outlook),
+            thrash_window: Duration::from_secs(3600),
+        }
+    }
+
+    #[test]
+    fn images_that_cannot_reach_low_are_said_once_per_episode() {
+        let mut episodes = Episodes::default();
+        let t0 = Instant::now();
+        let first = episodes.on(&unreachable(true), t0).expect("the episode starts");
+        assert_eq!(first.reason, NodeEventReason::FreeDiskSpaceFailed);
+        assert!(first.message.contains("500 bytes must be freed"), "{}", first.message);
+        assert!(
+            first.message.contains("9000 bytes of the filesystem are not images"),
+            "{}",
+            first.message
+        );
+        // Every cycle of the episode says it again to the engine's sinks.
+        for minutes in 1..30 {
+            assert_eq!(
+                episodes.on(&unreachable(true), t0 + Duration::from_secs(60 * minutes)),
+                None
+            );
+        }
+        // It ends, and starts again within the interval: not said.
+        assert_eq!(episodes.on(&unreachable(false), t0 + Duration::from_secs(100)), None);
+        assert_eq!(episodes.on(&unreachable(true), t0 + Duration::from_secs(120)), None);
+        // Later, a new episode is said.
+        episodes.on(&unreachable(false), t0 + Duration::from_secs(700));
+        assert!(episodes.on(&unreachable(true), t0 + Duration::from_secs(720)).is_some());
+    }
+
+    #[test]
+    fn failing_cycles_are_said_once_until_a_cycle_succeeds() {
+        let mut episodes = Episodes::default();
+        let t0 = Instant::now();
+        let mut failed = CycleReport::new(false);
+        failed.outcome = Outcome::Failed(Arc::new(CycleError::SandboxUnknown("no mount point".into())));
+        let ok = CycleReport::new(false);
+        let first = episodes.on(&Event::CycleFinished(&failed), t0).expect("said");
+        assert_eq!(first.reason, NodeEventReason::ImageGCFailed);
+        assert!(first.message.contains("no mount point"), "{}", first.message);
+        assert_eq!(episodes.on(&Event::CycleFinished(&failed), t0 + MIN_INTERVAL * 2), None);
+        assert_eq!(episodes.on(&Event::CycleFinished(&ok), t0 + MIN_INTERVAL * 2), None);
+        assert!(
+            episodes
+                .on(&Event::CycleFinished(&failed), t0 + MIN_INTERVAL * 3)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn removals_and_other_events_are_not_node_events() {
+        let mut episodes = Episodes::default();
+        let now = Instant::now();
+        assert_eq!(episodes.on(&Event::CycleStarted, now), None);
+        assert_eq!(episodes.on(&Event::Progress, now), None);
+        assert_eq!(
+            episodes.on(&Event::SandboxUnnamed, now).map(|e| e.reason),
+            Some(NodeEventReason::SandboxImageUnknown)
+        );
+        assert_eq!(
+            episodes.on(&Event::SandboxUnnamed, now + MIN_INTERVAL * 2),
+            None,
+            "said once"
+        );
+    }
+}

@@ -1,0 +1,422 @@
+//! The pods bound to this node, watched: every image such a pod names
+//! becomes a keep rule ([`Protections`], reason `pod`) until the pod is gone.
+//!
+//! The CRI shows a container only once it is created, so between a pod
+//! landing on the node and its containers being created (an init container
+//! that runs for a minute, volumes that mount slowly, a sandbox that waits)
+//! the images it will run look unused to the runtime. The pods' specs say
+//! which they are.
+//!
+//! One watch (`spec.nodeName=<node>`), a cache of the images each pod names
+//! (not the pods themselves), no list per cycle. The cycle never waits on it:
+//! it reads the latest [`Protections`] from a `tokio::sync::watch` channel.
+//! While the API server cannot be watched the last known pods keep
+//! protecting for `kubernetes.pods_stale_after`, then only the runtime's
+//! containers do, until the watch lists again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::metrics::Metrics;
+use crate::policy::Protections;
+
+/// The images every pod bound to this node names, by `namespace/name`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PodImages {
+    pods: BTreeMap<String, Vec<String>>,
+}
+
+impl PodImages {
+    /// Notes `pod` as it is now: its images replace what it named before.
+    /// Returns whether anything changed.
+    pub fn apply(&mut self, pod: &Pod) -> bool {
+        let Some(key) = key(pod) else { return false };
+        let images = images_of(pod);
+        if self.pods.get(&key) == Some(&images) {
+            return false;
+        }
+        self.pods.insert(key, images);
+        true
+    }
+
+    /// Forgets `pod`. Returns whether it was known.
+    pub fn delete(&mut self, pod: &Pod) -> bool {
+        key(pod).is_some_and(|key| self.pods.remove(&key).is_some())
+    }
+
+    /// How many pods are known.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether no pod is known.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// The keep rules: each image a pod names, with the pod.
+    pub fn protections(&self) -> Protections {
+        Protections {
+            references: self
+                .pods
+                .iter()
+                .flat_map(|(pod, images)| images.iter().map(move |image| (image.clone(), pod.clone())))
+                .collect(),
+        }
+    }
+}
+
+/// `namespace/name`, or `None` for a pod without a name (never from the API
+/// server).
+fn key(pod: &Pod) -> Option<String> {
+    let name = pod.metadata.name.as_deref()?;
+    Some(format!(
+        "{}/{name}",
+        pod.metadata.namespace.as_deref().unwrap_or("default")
+    ))
+}
+
+/// Every image `pod` names, once each: its containers', init containers' and
+/// ephemeral containers' images, its image volumes' references, and the
+/// image ids its statuses report (the image a tag resolved to when the
+/// container was created: the tag may have moved since).
+pub fn images_of(pod: &Pod) -> Vec<String> {
+    let mut images: Vec<String> = Vec::new();
+    let mut add = |image: Option<&String>| {
+        if let Some(image) = image.map(|i| i.trim()).filter(|i| !i.is_empty())
+            && !images.iter().any(|known| known == image)
+        {
+            images.push(image.to_owned());
+        }
+    };
+    if let Some(PodSpec {
+        containers,
+        init_containers,
+        ephemeral_containers,
+        volumes,
+        ..
+    }) = &pod.spec
+    {
+        containers.iter().for_each(|c| add(c.image.as_ref()));
+        init_containers.iter().flatten().for_each(|c| add(c.image.as_ref()));
+        ephemeral_containers
+            .iter()
+            .flatten()
+            .for_each(|c| add(c.image.as_ref()));
+        volumes
+            .iter()
+            .flatten()
+            .for_each(|v| add(v.image.as_ref().and_then(|i| i.reference.as_ref())));
+    }
+    if let Some(PodStatus {
+        container_statuses,
+        init_container_statuses,
+        ephemeral_container_statuses,
+        ..
+    }) = &pod.status
+    {
+        for status in [
+            container_statuses,
+            init_container_statuses,
+            ephemeral_container_statuses,
+        ]
+        .into_iter()
+        .flatten()
+        .flatten()
+        {
+            // Docker-era statuses write `docker-pullable://` before it.
+            let id = status.image_id.trim_start_matches("docker-pullable://").to_owned();
+            add(Some(&id));
+        }
+    }
+    images
+}
+
+/// The pods bound to `node`, listed once, as keep rules.
+pub async fn list(client: Client, node: &str) -> Result<Protections, kube::Error> {
+    let api: Api<Pod> = Api::all(client);
+    let selector = format!("spec.nodeName={node}");
+    let mut pods = PodImages::default();
+    let mut params = kube::api::ListParams::default().fields(&selector).limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        page.items.iter().for_each(|pod| {
+            pods.apply(pod);
+        });
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(pods.protections()),
+        }
+    }
+}
+
+/// What the watch publishes: the keep rules, and whether the first listing
+/// came in.
+pub struct PodWatch {
+    /// The latest keep rules (see [`crate::engine::Collector::protections_from`]).
+    pub protections: watch::Receiver<Arc<Protections>>,
+    /// True once the pods were listed (the first time).
+    pub synced: watch::Receiver<bool>,
+}
+
+/// Watches the pods bound to `node` until `shutdown`, in a task of its own.
+pub fn spawn(
+    client: Client,
+    node: &str,
+    stale_after: Duration,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> PodWatch {
+    let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
+    let (synced_tx, synced) = watch::channel(false);
+    let api: Api<Pod> = Api::all(client);
+    let selector = format!("spec.nodeName={node}");
+    let config = watcher::Config::default().fields(&selector);
+    let stream = watcher::watcher(api, config).default_backoff();
+    let mut state = WatchState {
+        pods: PodImages::default(),
+        listing: None,
+        up: false,
+        down_since: Instant::now(),
+        stale: false,
+        stale_after,
+        protections: protections_tx,
+        synced: synced_tx,
+        metrics,
+    };
+    let node = node.to_owned();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        info!(node, "watching the pods bound to this node");
+        loop {
+            let stale_at = (!state.up && !state.stale).then(|| state.down_since + state.stale_after);
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = sleep_until_some(stale_at) => state.went_stale(),
+                item = stream.next() => match item {
+                    Some(Ok(event)) => state.event(event),
+                    Some(Err(err)) => state.failed(&err),
+                    None => break,
+                },
+            }
+        }
+    });
+    PodWatch { protections, synced }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The watch's cache and what it has said.
+struct WatchState {
+    pods: PodImages,
+    /// A listing in progress (after `Init`, until `InitDone`).
+    listing: Option<PodImages>,
+    /// Listed and watching.
+    up: bool,
+    down_since: Instant,
+    /// The last known pods were dropped for staleness.
+    stale: bool,
+    stale_after: Duration,
+    protections: watch::Sender<Arc<Protections>>,
+    synced: watch::Sender<bool>,
+    metrics: Arc<Metrics>,
+}
+
+impl WatchState {
+    fn event(&mut self, event: Event<Pod>) {
+        match event {
+            Event::Init => self.listing = Some(PodImages::default()),
+            Event::InitApply(pod) => {
+                if let Some(listing) = &mut self.listing {
+                    listing.apply(&pod);
+                }
+            }
+            Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                if !self.up {
+                    info!(
+                        pods = listed.len(),
+                        "pods bound to this node listed: their images are kept"
+                    );
+                }
+                self.pods = listed;
+                self.up = true;
+                self.stale = false;
+                self.publish();
+                self.synced.send_replace(true);
+            }
+            Event::Apply(pod) => {
+                if self.pods.apply(&pod) {
+                    debug!(pod = key(&pod).unwrap_or_default(), "pod bound to this node");
+                    self.publish();
+                }
+            }
+            Event::Delete(pod) => {
+                if self.pods.delete(&pod) {
+                    debug!(pod = key(&pod).unwrap_or_default(), "pod gone from this node");
+                    self.publish();
+                }
+            }
+        }
+    }
+
+    fn failed(&mut self, err: &watcher::Error) {
+        if self.up {
+            warn!(
+                error = %err,
+                keep_for = %humantime::format_duration(self.stale_after),
+                "cannot watch the pods bound to this node: the last known pods keep their images meanwhile"
+            );
+            self.up = false;
+            self.down_since = Instant::now();
+        } else {
+            debug!(error = %err, "watching the pods bound to this node: still failing");
+        }
+        self.listing = None;
+        self.publish_metrics();
+    }
+
+    fn went_stale(&mut self) {
+        self.stale = true;
+        if !self.pods.is_empty() {
+            warn!(
+                pods = self.pods.len(),
+                after = %humantime::format_duration(self.stale_after),
+                "the pods bound to this node could not be watched for kubernetes.pods_stale_after: \
+                 only the runtime's containers protect images until the watch returns"
+            );
+        }
+        self.pods = PodImages::default();
+        self.publish();
+    }
+
+    fn publish(&self) {
+        self.protections.send_replace(Arc::new(self.pods.protections()));
+        self.publish_metrics();
+    }
+
+    fn publish_metrics(&self) {
+        self.metrics.set_pods_watch(self.up, self.pods.len(), self.stale);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::Image;
+
+    fn image(id: &str, tags: &[&str], digests: &[&str]) -> Image {
+        Image {
+            id: id.to_owned(),
+            repo_tags: tags.iter().map(|t| (*t).to_owned()).collect(),
+            repo_digests: digests.iter().map(|d| (*d).to_owned()).collect(),
+            size: 1_000_000,
+            pinned: false,
+        }
+    }
+
+    fn pod(yaml: &str) -> Pod {
+        serde_yaml_ng::from_str(yaml).expect("a pod")
+    }
+
+    const STARTING: &str = r#"
+metadata: {name: web, namespace: shop}
+spec:
+  nodeName: node-1
+  initContainers: [{name: wait, image: "busybox:1.36"}]
+  containers:
+    - {name: app, image: nginx}
+    - {name: side, image: "registry.example:5000/tools/side@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}
+  ephemeralContainers: [{name: debug, image: "nicolaka/netshoot:v0.13"}]
+  volumes:
+    - {name: models, image: {reference: "quay.io/models/llm:v2"}}
+    - {name: scratch, emptyDir: {}}
+status:
+  containerStatuses:
+    - {name: app, image: nginx, imageID: "docker.io/library/nginx@sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", ready: false, restartCount: 0}
+"#;
+
+    #[test]
+    fn every_image_a_pod_names_is_read_once() {
+        assert_eq!(
+            images_of(&pod(STARTING)),
+            [
+                "nginx",
+                "registry.example:5000/tools/side@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                "busybox:1.36",
+                "nicolaka/netshoot:v0.13",
+                "quay.io/models/llm:v2",
+                "docker.io/library/nginx@sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pods_images_are_matched_as_the_runtime_names_them() {
+        let mut pods = PodImages::default();
+        assert!(pods.apply(&pod(STARTING)));
+        assert!(!pods.apply(&pod(STARTING)), "the same pod again changes nothing");
+        let side =
+            "registry.example:5000/tools/side@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let listed: Vec<Image> = vec![
+            image("sha256:01", &["docker.io/library/nginx:latest"], &[]),
+            image("sha256:02", &["docker.io/library/busybox:1.36"], &[]),
+            image("sha256:03", &["quay.io/models/llm:v2"], &[]),
+            image("sha256:04", &[], &[side]),
+            image("sha256:05", &["docker.io/library/nginx:1.27"], &[]),
+            image("sha256:06", &["docker.io/library/busybox:1.37"], &[]),
+        ];
+        let protections = pods.protections();
+        let named: Vec<(usize, &str)> = protections.pods_naming(&listed);
+        assert_eq!(
+            named,
+            [(0, "shop/web"), (1, "shop/web"), (2, "shop/web"), (3, "shop/web")]
+        );
+    }
+
+    #[test]
+    fn a_deleted_pod_protects_nothing() {
+        let mut pods = PodImages::default();
+        pods.apply(&pod(STARTING));
+        pods.apply(&pod(
+            "metadata: {name: job-1, namespace: ci}\nspec: {containers: [{name: c, image: \"alpine:3\"}]}",
+        ));
+        assert_eq!(pods.len(), 2);
+        assert!(pods.delete(&pod(STARTING)));
+        assert!(!pods.delete(&pod(STARTING)));
+        let protections = pods.protections();
+        let images: Vec<&str> = protections.references.iter().map(|(r, _)| r.as_str()).collect();
+        assert_eq!(images, ["alpine:3"]);
+    }
+
+    #[test]
+    fn a_pod_whose_image_changes_protects_the_new_one() {
+        let mut pods = PodImages::default();
+        pods.apply(&pod(
+            "metadata: {name: a}\nspec: {containers: [{name: c, image: \"app:v1\"}]}",
+        ));
+        assert!(pods.apply(&pod(
+            "metadata: {name: a}\nspec: {containers: [{name: c, image: \"app:v2\"}]}"
+        )));
+        assert_eq!(
+            pods.protections().references,
+            [("app:v2".to_owned(), "default/a".to_owned())]
+        );
+    }
+}
