@@ -15,9 +15,12 @@
 #                    import into the containerd at SOCKET, namespace k8s.io (ctr)
 #
 # The image is written to target/image/imagegc-<version>.oci.tar either way.
-# Needs rustup and cargo; nothing else for the build: every dependency is
-# Rust (no C code), so arm64 links with the toolchain's own rust-lld and no
-# cross compiler. --push needs skopeo (apt-get install skopeo); the image is
+# Needs rustup, cargo and a C compiler for each target: the Kubernetes
+# client's TLS (rustls with ring) compiles C and assembly. amd64: musl-gcc
+# (apt-get install musl-tools). arm64 on an amd64 machine: clang (apt-get
+# install clang lld) compiles ring for aarch64 musl, and the toolchain's own
+# rust-lld links. Or build without Kubernetes support
+# (IMAGEGC_CARGO_FLAGS=--no-default-features): no C at all. --push needs skopeo (apt-get install skopeo); the image is
 # assembled by scripts/oci-image.py (python3, standard library only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,13 +52,17 @@ for arch in "${wanted[@]}"; do
     esac
     rustup target add "$triple" >/dev/null
     echo "==> building imagegc $version for linux/$arch ($triple)"
+    # shellcheck disable=SC2086 # flags, split on purpose
     if [ "$arch" = arm64 ] && [ "$(uname -m)" != aarch64 ]; then
         # rust-lld links the musl target with the toolchain's own crt
-        # objects: no cross gcc is needed, as no dependency compiles C.
+        # objects; clang compiles ring's C for the target.
         CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=rust-lld \
-            cargo build --release --locked --target "$triple"
+            CC_aarch64_unknown_linux_musl=clang CFLAGS_aarch64_unknown_linux_musl=--target=aarch64-linux-musl \
+            cargo build --release --locked --target "$triple" ${IMAGEGC_CARGO_FLAGS:-}
+    elif [ "$arch" = amd64 ] && command -v musl-gcc >/dev/null; then
+        CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$triple" ${IMAGEGC_CARGO_FLAGS:-}
     else
-        cargo build --release --locked --target "$triple"
+        cargo build --release --locked --target "$triple" ${IMAGEGC_CARGO_FLAGS:-}
     fi
     binary=$target_dir/$triple/release/imagegc
     if readelf -d "$binary" 2>/dev/null | grep -q NEEDED; then

@@ -52,6 +52,11 @@ echo "==> tools: promtool $(promtool --version 2>&1 | head -n1 | awk '{print $3}
 # (CHECK_DEPLOY_NO_BUILD says why).
 build_static() {
     local target=$MUSL_TARGET flags=${RUSTFLAGS:-} started=$SECONDS
+    # ring (the Kubernetes client's TLS) compiles C: musl's gcc for musl.
+    if ! command -v musl-gcc >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q musl-tools >/dev/null 2>&1 || true
+    fi
+    export CC_x86_64_unknown_linux_musl=musl-gcc
     if ! rustup target add "$MUSL_TARGET" >/dev/null 2>&1; then
         target=$(rustc -vV | sed -n 's/^host: //p')
         echo "==> rustup cannot install $MUSL_TARGET: building a static glibc binary for $target instead"

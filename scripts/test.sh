@@ -26,6 +26,8 @@ echo "==> cargo clippy (the package and its test kit, crates/imagegc-testkit)"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 echo "==> cargo check of the library and binary alone (without dev-dependencies: the daemon never uses the test kit)"
 cargo check --locked --lib --bins
+echo "==> cargo check without the default features (no Kubernetes client: a pure CRI agent)"
+cargo check --locked --lib --bins --no-default-features
 echo "==> cargo test (unit and integration tests, the test kit's own, benches and examples as tests)"
 # Integration tests: tests/NAME.rs and tests/NAME/main.rs; the end-to-end
 # suite (tests/e2e) runs below, once per runtime.

@@ -13,7 +13,7 @@
 #                           (target/cluster-venv)
 #
 # apt installs what is missing: runc, the CNI plugins, busybox-static,
-# iptables, openssl, e2fsprogs, python3-venv. Run as root from the
+# iptables, openssl, e2fsprogs, python3-venv, musl-tools. Run as root from the
 # repository's top directory.
 
 PROMETHEUS_VERSION=v0.316.0
@@ -32,6 +32,8 @@ prepare_cluster_suite() {
     command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
     command -v losetup >/dev/null || missing+=(mount)
     dpkg -s python3-venv >/dev/null 2>&1 || missing+=(python3-venv)
+    # The Kubernetes client's TLS (rustls with ring) compiles C: musl's gcc.
+    command -v musl-gcc >/dev/null || missing+=(musl-tools)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "==> installing ${missing[*]}"
         apt-get update -q >/dev/null
@@ -52,7 +54,7 @@ prepare_cluster_suite() {
     local build_started=$SECONDS
     target=x86_64-unknown-linux-musl
     if rustup target add "$target" >/dev/null 2>&1; then
-        cargo build --release --locked --target "$target"
+        CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$target"
     else
         target=$(rustc -vV | sed -n 's/^host: //p')
         echo "==> the musl target cannot be installed: a static glibc build"

@@ -14,6 +14,8 @@ install_testbed_deps() {
     command -v docker-registry >/dev/null || missing+=(docker-registry)
     command -v gcc >/dev/null || missing+=(gcc)
     command -v pkg-config >/dev/null || missing+=(pkg-config)
+    # The static (musl) builds compile ring's C for the Kubernetes client.
+    command -v musl-gcc >/dev/null || missing+=(musl-tools)
     for pkg in libc6-dev libseccomp-dev; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done

@@ -46,6 +46,13 @@ EXPORTED = {
     "imagegc_space_pass_due": {},
     "imagegc_consecutive_failed_cycles": {},
     "imagegc_start_time_seconds": {},
+    "imagegc_kubernetes_pods_watch_up": {},
+    "imagegc_kubernetes_pods": {},
+    "imagegc_kubernetes_pods_stale": {},
+    "imagegc_kubernetes_node_events_total": {
+        "reason": {"FreeDiskSpaceFailed", "ImageGCFailed", "ImageRepullThrash", "SandboxImageUnknown"},
+        "result": {"posted", "failed", "dropped"},
+    },
     "imagegc_node_info": {"node": None},  # any value
     "imagegc_build_info": {"version": None},  # any value
 }

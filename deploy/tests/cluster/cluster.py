@@ -32,6 +32,10 @@ IMAGEGC_IMAGE = "ghcr.io/imagegc/imagegc:0.1.0"
 MIB = 1024 * 1024
 FS_SIZE = 1024 * MIB
 POD_SUBNET = "10.253.0.0/24"
+# The bridge's address on the host (host-local's first address): pods reach
+# the API server there, as there is no kube-proxy to route the kubernetes
+# Service's 10.0.0.1 (imagegc's [kubernetes] scenarios).
+GATEWAY = "10.253.0.1"
 BRIDGE = "igck0"
 # Paths the kubelet or the CNI plugins use whatever their flags say.
 HOST_PATHS = ["/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/usr/libexec/kubernetes",
@@ -197,7 +201,7 @@ class Cluster:
                     "-out", f"{name}.crt", "-days", "3", "-extfile", f"{name}.ext")
 
         cert("apiserver", "/CN=kube-apiserver", server=True,
-             sans=("IP:127.0.0.1", "IP:10.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
+             sans=("IP:127.0.0.1", "IP:10.0.0.1", f"IP:{GATEWAY}", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
                    "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"))
         cert("admin", "/O=system:masters/CN=admin")
         cert("apiserver-kubelet", "/O=system:masters/CN=kube-apiserver-kubelet-client")
@@ -273,7 +277,9 @@ class Cluster:
         pki = self.path("pki")
         self._start("kube-apiserver", [
             self.bin("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            # Every address, for pods to reach it on the bridge (GATEWAY);
+            # clients still need the cluster's certificates or tokens.
+            "--bind-address=0.0.0.0", "--advertise-address=127.0.0.1",
             f"--secure-port={self.ports['apiserver']}", "--service-cluster-ip-range=10.0.0.0/24",
             "--endpoint-reconciler-type=none", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
             f"--client-ca-file={pki}/ca.crt", f"--tls-cert-file={pki}/apiserver.crt",
@@ -291,6 +297,14 @@ class Cluster:
             self._alive("kube-apiserver")
             return self.kubectl("get", "--raw", "/readyz", check=False, timeout=10).stdout.strip() == "ok"
         wait_for("the API server", ready, 60, 0.5)
+
+    def stop_apiserver(self):
+        """Stops the API server (SIGTERM, SIGKILL after 5 s): an outage."""
+        self._stop("kube-apiserver", timeout=5)
+
+    def start_apiserver(self):
+        """Starts the API server again and waits until it is ready."""
+        self._start_apiserver()
 
     def containerd_config(self):
         d = self.dir

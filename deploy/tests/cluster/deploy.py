@@ -14,7 +14,7 @@ import urllib.request
 
 import yaml
 
-from cluster import IMAGEGC_IMAGE, free_port, wait_for
+from cluster import GATEWAY, IMAGEGC_IMAGE, free_port, wait_for
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -71,11 +71,13 @@ def metric(samples, name, **labels):
 class Deployment:
     """One imagegc DaemonSet on the cluster, deployed with kustomize or Helm."""
 
-    def __init__(self, cluster, name, how, config=None, namespace=None):
+    def __init__(self, cluster, name, how, config=None, namespace=None, components=()):
         self.cluster = cluster
         self.name = name
         self.how = how
         self.config = dict(config or {})
+        # deploy/components/NAME added to the overlay (kustomize only).
+        self.components = list(components)
         self.namespace = namespace or ("imagegc" if how == "kustomize" else f"imagegc-{name}")
         self.state_dir = cluster.path("imagegc-state", name)
         self.overlay = cluster.path("work", f"overlay-{name}")
@@ -103,6 +105,14 @@ class Deployment:
                     "path": f"/spec/template/spec/containers/0/volumeMounts/{mounts.index('runtime-root')}/mountPath",
                     "value": c.containerd_root})
         # The socket is mounted at /run/containerd in the pod, as shipped.
+        if "kubernetes" in self.components:
+            # No kube-proxy here: the API server on the bridge's address
+            # instead of the kubernetes Service's (what in-cluster clients
+            # read from these two variables).
+            for name, value in (("KUBERNETES_SERVICE_HOST", GATEWAY),
+                                ("KUBERNETES_SERVICE_PORT", str(c.ports["apiserver"]))):
+                ops.append({"op": "add", "path": "/spec/template/spec/containers/0/env/-",
+                            "value": {"name": name, "value": value}})
         return ops
 
     def _write_overlay(self):
@@ -113,6 +123,8 @@ class Deployment:
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": [os.path.relpath(DEPLOY, self.overlay)],
+            "components": [os.path.relpath(os.path.join(DEPLOY, "components", c), self.overlay)
+                           for c in self.components],
             "patches": [
                 {"target": {"kind": "DaemonSet", "name": "imagegc"}, "patch": json.dumps(self._daemonset_patch())},
                 {"target": {"kind": "ConfigMap", "name": "imagegc"},

@@ -169,3 +169,36 @@ def test_shipped_configurations_stay_below_the_kubelets_default_eviction_line():
     with tempfile.NamedTemporaryFile("w", suffix=".toml") as empty:
         out = check_config(empty.name, handed_over)
     assert "imagefs.available 15%" in out and "the kubelet's default" in out, out
+
+
+RBAC_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+              {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+
+
+def test_kubernetes_awareness_adds_exactly_its_rbac_token_and_egress():
+    for docs in (kustomize([]), helm()):
+        kinds = {d["kind"] for d in docs}
+        assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}, kinds
+        assert daemonset(docs)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    for name, docs in (("component", kustomize(["kubernetes"])), ("chart", helm("imagegc", "kubernetes.enabled=true"))):
+        roles = [d for d in docs if d["kind"] == "ClusterRole"]
+        assert len(roles) == 1 and roles[0]["rules"] == RBAC_RULES, (name, roles)
+        bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+        assert len(bindings) == 1, (name, bindings)
+        assert bindings[0]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                          "name": roles[0]["metadata"]["name"]}, name
+        account = next(d for d in docs if d["kind"] == "ServiceAccount")
+        assert bindings[0]["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                            "namespace": "imagegc"}], name
+        assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")], name
+        spec = daemonset(docs)["spec"]["template"]["spec"]
+        assert spec["automountServiceAccountToken"] is True, name
+        assert spec["serviceAccountName"] == account["metadata"]["name"], name
+        egress = next(d for d in docs if d["kind"] == "NetworkPolicy")["spec"]["egress"]
+        assert egress == [{"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}], name
+        # Turned on: by the component's variable, by the chart's file.
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["imagegc.toml"]
+        enabled = env.get("IMAGEGC_KUBERNETES") == "true" or "[kubernetes]\nenabled = true" in config
+        assert enabled, (name, env, config)
+        assert "NODE_NAME" in env, name

@@ -67,7 +67,11 @@ Cross-field rules the schema cannot express, failing with the value's name.
 {{- fail (printf "%s (%s) must be at most 1d" $key $value) -}}
 {{- end -}}
 {{- end -}}
-{{- range $key, $value := dict "gc.minAge" .Values.gc.minAge "gc.maxAge" .Values.gc.maxAge "gc.thrashWindow" .Values.gc.thrashWindow -}}
+{{- $stale := include "imagegc.milliseconds" .Values.kubernetes.podsStaleAfter | atoi -}}
+{{- if eq $stale 0 -}}
+{{- fail (printf "kubernetes.podsStaleAfter (%s) must be more than 0" .Values.kubernetes.podsStaleAfter) -}}
+{{- end -}}
+{{- range $key, $value := dict "gc.minAge" .Values.gc.minAge "gc.maxAge" .Values.gc.maxAge "gc.thrashWindow" .Values.gc.thrashWindow "kubernetes.podsStaleAfter" .Values.kubernetes.podsStaleAfter -}}
 {{- if gt (include "imagegc.milliseconds" $value | atoi) 31536000000 -}}
 {{- fail (printf "%s (%s) must be at most 365d" $key $value) -}}
 {{- end -}}
@@ -136,6 +140,12 @@ dir = {{ include "imagegc.stateDir" . | toJson }}
 # The pod IP only (hostNetwork is off); the NetworkPolicy narrows who may
 # connect.
 listen = "0.0.0.0:{{ int .Values.metrics.port }}"
+
+[kubernetes]
+enabled = {{ .Values.kubernetes.enabled }}
+protect_pods = {{ .Values.kubernetes.protectPods }}
+node_events = {{ .Values.kubernetes.nodeEvents }}
+pods_stale_after = {{ .Values.kubernetes.podsStaleAfter | toJson }}
 {{- end -}}
 
 {{/*
