@@ -405,6 +405,58 @@ status:
         assert_eq!(images, ["alpine:3"]);
     }
 
+    fn watch_state(stale_after: Duration) -> (WatchState, watch::Receiver<Arc<Protections>>, Arc<Metrics>) {
+        let (protections, receiver) = watch::channel(Arc::new(Protections::default()));
+        let metrics = Arc::new(Metrics::new());
+        let state = WatchState {
+            pods: PodImages::default(),
+            listing: None,
+            up: false,
+            down_since: Instant::now(),
+            stale: false,
+            stale_after,
+            protections,
+            synced: watch::channel(false).0,
+            metrics: Arc::clone(&metrics),
+        };
+        (state, receiver, metrics)
+    }
+
+    fn named(receiver: &watch::Receiver<Arc<Protections>>) -> Vec<String> {
+        receiver.borrow().references.iter().map(|(image, _)| image.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn the_last_known_pods_protect_through_an_outage_until_they_are_stale() {
+        let (mut state, receiver, _metrics) = watch_state(Duration::from_secs(3600));
+        let web = pod("metadata: {name: web}\nspec: {containers: [{name: c, image: \"web:1\"}]}");
+        // A listing protects only once it is complete.
+        state.event(Event::Init);
+        state.event(Event::InitApply(web.clone()));
+        assert!(named(&receiver).is_empty());
+        state.event(Event::InitDone);
+        assert_eq!(named(&receiver), ["web:1"]);
+        assert!(state.up);
+        // The API server goes away: the pods stay.
+        state.failed(&watcher::Error::NoResourceVersion);
+        assert!(!state.up);
+        assert_eq!(named(&receiver), ["web:1"]);
+        // Past pods_stale_after they go, and it says so.
+        state.went_stale();
+        assert!(named(&receiver).is_empty());
+        assert!(state.stale);
+        // A relisting brings them back, without the pods deleted meanwhile.
+        let job = pod("metadata: {name: job}\nspec: {containers: [{name: c, image: \"job:2\"}]}");
+        state.event(Event::Init);
+        state.event(Event::InitApply(job));
+        state.event(Event::InitDone);
+        assert_eq!(named(&receiver), ["job:2"]);
+        assert!(state.up && !state.stale);
+        // Then deletions as they come.
+        state.event(Event::Delete(pod("metadata: {name: job}\nspec: {containers: []}")));
+        assert!(named(&receiver).is_empty());
+    }
+
     #[test]
     fn a_pod_whose_image_changes_protects_the_new_one() {
         let mut pods = PodImages::default();
