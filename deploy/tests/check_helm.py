@@ -45,7 +45,8 @@ import tomllib
 import jsonschema
 import yaml
 
-CORE_KINDS = {"ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota", "Service", "ServiceAccount"}
+CORE_KINDS = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota", "Service",
+              "ServiceAccount"}
 OPERATOR_KINDS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitors",
                   "PrometheusRule": "prometheusrules"}
 # Labels the chart adds to deploy/'s app.kubernetes.io/name.
@@ -289,7 +290,24 @@ def values(render, values_file, deploy):
                     "keep_recent_per_repository": v["protect"]["keepRecentPerRepository"]},
         "state": {"dir": "/var/lib/imagegc"},
         "metrics": {"listen": f"0.0.0.0:{port}"},
+        "kubernetes": {"enabled": v["kubernetes"]["enabled"], "protect_pods": v["kubernetes"]["protectPods"],
+                       "node_events": v["kubernetes"]["nodeEvents"],
+                       "pods_stale_after": v["kubernetes"]["podsStaleAfter"]},
     }
+    if v["kubernetes"]["enabled"]:
+        # Exactly the RBAC imagegc needs, for its account, and its token.
+        (role,) = one("ClusterRole")
+        problems.same("ClusterRole rules", role["rules"],
+                      [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                       {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}])
+        (binding,) = one("ClusterRoleBinding")
+        problems.same("ClusterRoleBinding role", binding["roleRef"]["name"], role["metadata"]["name"])
+        problems.same("ClusterRoleBinding subject", [s["name"] for s in binding["subjects"]],
+                      [pod["spec"]["serviceAccountName"]])
+        problems.same("automountServiceAccountToken", pod["spec"]["automountServiceAccountToken"], True)
+    else:
+        problems.check(not docs.get("ClusterRole") and not docs.get("ClusterRoleBinding"),
+                       "RBAC without kubernetes.enabled")
     if gc["imageFsPath"]:
         want["gc"]["image_fs_path"] = gc["imageFsPath"]
     problems.same("imagegc.toml", toml, want)

@@ -35,6 +35,7 @@ CONFIG_KEYS = {
     "state": {"dir"},
     "metrics": {"listen"},
     "kubelet": {"config"},
+    "kubernetes": {"enabled", "protect_pods", "node_events", "pods_stale_after"},
 }
 OPERATOR_EXTRAS = {"prometheusrule.yaml", "podmonitor.yaml"}
 SHUTDOWN_GRACE_SECONDS = 20  # the daemon's own bound on finishing a removal
