@@ -129,3 +129,42 @@ fn error_case_names_are_unique() {
     names.dedup();
     assert_eq!(names.len(), cases::CASES.len());
 }
+
+/// `[kubernetes]` on without what it needs: `run` and `once` stop at start
+/// with status 2, naming the key, before they call the runtime.
+#[cfg(feature = "kubernetes")]
+#[test]
+fn kubernetes_without_a_node_name_or_credentials_stops_at_start_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("k.toml");
+    std::fs::write(&file, "[kubernetes]\nenabled = true\n").unwrap();
+    let state = dir.path().join("state");
+    let start = |command: &str, node: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_imagegc"));
+        cmd.arg(command)
+            .arg("--config")
+            .arg(&file)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--runtime-endpoint", "unix:///nonexistent/imagegc-test.sock"])
+            .env_remove("NODE_NAME")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env_remove("KUBECONFIG");
+        if let Some(node) = node {
+            cmd.env("NODE_NAME", node);
+        }
+        cmd.output().unwrap()
+    };
+    let expected = |key: &str| format!("{}: kubernetes.{key}: ", file.display());
+    for command in ["run", "once"] {
+        let output = start(command, None);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains(&expected("node_name")), "{command}: {stderr}");
+        let output = start(command, Some("node-1"));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains(&expected("kubeconfig")), "{command}: {stderr}");
+    }
+}

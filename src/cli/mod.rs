@@ -214,44 +214,70 @@ pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> 
         }
         Command::Plan { output } => {
             StateStore::new(&config.state.dir).check_dir()?;
+            let cluster = PodSource::connect(&config).await?;
             let runtime = runtime_client(&config).await?;
-            let pods = pod_protections(&config).await?;
+            let pods = cluster.list().await?;
             plan::plan(runtime, config, &pods, *output).await
         }
         Command::Once { output, .. } => {
             let _lock = lock_state(&config)?;
+            let cluster = PodSource::connect(&config).await?;
             let runtime = runtime_client(&config).await?;
-            let pods = pod_protections(&config).await?;
+            let pods = cluster.list().await?;
             once::once(runtime, config, pods, *output).await
         }
         Command::Run { .. } => unreachable!("run is handled by the daemon"),
     }
 }
 
-/// The images the pods bound to this node name, listed once, when
-/// `[kubernetes]` asks for it (`once` and `plan` keep them as the daemon
-/// does). A listing that fails stops the command: it could not tell which
-/// images a starting pod is about to run.
-async fn pod_protections(config: &Config) -> Result<crate::policy::Protections, CliError> {
+/// Where `once` and `plan` learn which images the pods bound to this node
+/// name, when `[kubernetes]` asks for it: connected (its configuration
+/// checked) before anything else, listed once right after the runtime
+/// answers, as the daemon keeps them.
+struct PodSource {
     #[cfg(feature = "kubernetes")]
-    if config.kubernetes.enabled && config.kubernetes.protect_pods {
-        let file = config
-            .source
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
-        let cluster = crate::kubernetes::Cluster::connect(&config.kubernetes, &file).await?;
-        return match cluster.list_pods().await {
-            Ok(pods) => Ok(pods.unwrap_or_default()),
-            Err(err) => Err(CliError::Other(anyhow::anyhow!(
-                "cannot list the pods bound to node {} ({err}): nothing was done; set kubernetes.enabled = false \
-                 to act on what the runtime says alone",
-                cluster.node()
-            ))),
-        };
+    cluster: Option<crate::kubernetes::Cluster>,
+}
+
+impl PodSource {
+    async fn connect(config: &Config) -> Result<PodSource, CliError> {
+        #[cfg(feature = "kubernetes")]
+        {
+            let cluster = if config.kubernetes.enabled && config.kubernetes.protect_pods {
+                let file = config
+                    .source
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default();
+                Some(crate::kubernetes::Cluster::connect(&config.kubernetes, &file).await?)
+            } else {
+                None
+            };
+            Ok(PodSource { cluster })
+        }
+        #[cfg(not(feature = "kubernetes"))]
+        {
+            let _ = config;
+            Ok(PodSource {})
+        }
     }
-    let _ = config;
-    Ok(crate::policy::Protections::default())
+
+    /// The pods' keep rules. A listing that fails stops the command: it
+    /// could not tell which images a starting pod is about to run.
+    async fn list(&self) -> Result<crate::policy::Protections, CliError> {
+        #[cfg(feature = "kubernetes")]
+        if let Some(cluster) = &self.cluster {
+            return match cluster.list_pods().await {
+                Ok(pods) => Ok(pods.unwrap_or_default()),
+                Err(err) => Err(CliError::Other(anyhow::anyhow!(
+                    "cannot list the pods bound to node {} ({err}): nothing was done; set kubernetes.enabled = \
+                     false to act on what the runtime says alone",
+                    cluster.node()
+                ))),
+            };
+        }
+        Ok(crate::policy::Protections::default())
+    }
 }
 
 /// Takes the state directory's lock for `run` and `once` (see

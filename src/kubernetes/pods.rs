@@ -423,7 +423,12 @@ status:
     }
 
     fn named(receiver: &watch::Receiver<Arc<Protections>>) -> Vec<String> {
-        receiver.borrow().references.iter().map(|(image, _)| image.clone()).collect()
+        receiver
+            .borrow()
+            .references
+            .iter()
+            .map(|(image, _)| image.clone())
+            .collect()
     }
 
     #[tokio::test]
