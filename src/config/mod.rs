@@ -33,6 +33,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod kubelet;
+pub(crate) use kubelet::parse_quantity;
 mod parse;
 mod raw;
 #[cfg(test)]
