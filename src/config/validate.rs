@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::raw::{RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawMetrics, RawProtect, RawRuntime, RawState};
-use super::{Config, GcConfig, MetricsConfig, Problems, ProtectConfig, RuntimeConfig, StateConfig};
+use super::{Config, GcConfig, MetricsConfig, Order, Problems, ProtectConfig, RuntimeConfig, StateConfig};
 use crate::time::format_duration;
 
 /// What `check-config` and `run` say when container events are on.
@@ -140,6 +140,16 @@ fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut P
         .map(PathBuf::from)
         .filter(|path| check_absolute("gc.image_fs_path", path, problems));
     let thrash_window = age("gc.thrash_window", raw.thrash_window, defaults.thrash_window, problems);
+    let order = match raw.order.as_deref().map(str::trim) {
+        None => defaults.order,
+        Some(text) => Order::parse(text).unwrap_or_else(|| {
+            problems.push(
+                "gc.order",
+                format!("must be \"lru\" or \"superseded-first\", got {text:?}"),
+            );
+            defaults.order
+        }),
+    };
     let (high_inodes_percent, low_inodes_percent) =
         inode_thresholds(raw.high_inodes_percent, raw.low_inodes_percent, problems);
     GcConfig {
@@ -152,6 +162,7 @@ fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut P
         dry_run: raw.dry_run.unwrap_or(defaults.dry_run),
         image_fs_path,
         thrash_window,
+        order,
         high_inodes_percent,
         low_inodes_percent,
     }
