@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::table::{Table, human_bytes};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::{Config, parse_quantity};
-use crate::sim::compare::{Comparison, over_bound};
+use crate::sim::compare::{Comparison, over_bound, reference_disks};
 use crate::sim::trace::Trace;
 use crate::sim::workload::Kind;
 
@@ -32,8 +32,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 30)]
     pub days: u64,
     /// The disk's capacity, as a quantity (`20Gi`, `100G`); repeat for
-    /// several. Default: the workload's two reference disks (a trace
-    /// file's recorded capacity).
+    /// several. Default: a trace file's recorded capacity, else two disks
+    /// sized from the trace (see docs/simulate.md).
     #[arg(long, value_name = "SIZE")]
     pub capacity: Vec<String>,
     /// Percent of the disk taken by other data than images (logs,
@@ -89,14 +89,10 @@ pub fn simulate(config: &Config, args: &SimulateArgs) -> Result<ExitStatus, CliE
     for (name, kind, trace) in &traces {
         let disks = if !capacities.is_empty() {
             capacities.clone()
-        } else if let Some(kind) = kind {
-            kind.reference_disks().to_vec()
-        } else if let Some(capacity) = trace.capacity {
+        } else if let (None, Some(capacity)) = (kind, trace.capacity) {
             vec![capacity]
         } else {
-            return Err(CliError::Usage(format!(
-                "--capacity: {name} records no disk capacity: give one (e.g. --capacity 100G)"
-            )));
+            reference_disks(trace, config, args.other_percent).to_vec()
         };
         let comparisons = disks
             .iter()

@@ -510,17 +510,19 @@ impl Policy for Kubelet {
         }
         node.tally.space_passes += 1;
         let to_free = stats.bytes_to_free(self.low);
-        let mut candidates: Vec<(Option<Seconds>, Seconds, u32)> = on_disk
+        let trace = node.trace;
+        let mut candidates: Vec<(Option<Seconds>, Seconds, &str, u32)> = on_disk
             .iter()
             .filter(|&&image| node.users(image) == 0)
             .map(|&image| {
                 let (first, last) = self.records[&image];
-                (last, first, image)
+                (last, first, trace.images[image as usize].id.as_str(), image)
             })
             .collect();
+        // Ties (the kubelet's sort leaves them to chance) by id.
         candidates.sort_unstable();
         let mut freed = 0u64;
-        for (last, first, image) in candidates {
+        for (last, first, _, image) in candidates {
             if last.is_some_and(|l| l >= t) || t.saturating_sub(first) < self.min_age {
                 continue;
             }
@@ -594,14 +596,15 @@ impl Policy for Belady<'_> {
             return;
         }
         node.tally.space_passes += 1;
-        let mut candidates: Vec<(Seconds, u32)> = node
+        let trace = node.trace;
+        let mut candidates: Vec<(Seconds, &str, u32)> = node
             .images_on_disk()
             .filter(|&image| node.users(image) == 0)
-            .map(|image| (self.next_use(image, t), image))
+            .map(|image| (self.next_use(image, t), trace.images[image as usize].id.as_str(), image))
             .collect();
-        // Furthest next use first.
+        // Furthest next use first (ties by id).
         candidates.sort_unstable_by(|a, b| b.cmp(a));
-        for (next, image) in candidates {
+        for (next, _, image) in candidates {
             if next != Seconds::MAX && target.reached(&node.stats()) {
                 break;
             }

@@ -102,6 +102,40 @@ impl Trace {
         self.layers.iter().fold(0u64, |sum, &s| sum.saturating_add(s))
     }
 
+    /// The most bytes of layers ever in use at once (by containers
+    /// listed at the same time): what no collector can remove.
+    pub fn peak_in_use_bytes(&self) -> u64 {
+        let mut refs = vec![0u32; self.layers.len()];
+        let mut running: HashMap<u64, u32> = HashMap::new();
+        let (mut bytes, mut peak) = (0u64, 0u64);
+        for event in &self.events {
+            match event.action {
+                Action::Start { container, image } => {
+                    running.insert(container, image);
+                    for &l in &self.images[image as usize].layers {
+                        refs[l as usize] += 1;
+                        if refs[l as usize] == 1 {
+                            bytes = bytes.saturating_add(self.layers[l as usize]);
+                        }
+                    }
+                    peak = peak.max(bytes);
+                }
+                Action::Stop { container } => {
+                    let Some(image) = running.remove(&container) else {
+                        continue;
+                    };
+                    for &l in &self.images[image as usize].layers {
+                        refs[l as usize] -= 1;
+                        if refs[l as usize] == 0 {
+                            bytes = bytes.saturating_sub(self.layers[l as usize]);
+                        }
+                    }
+                }
+            }
+        }
+        peak
+    }
+
     /// How long the trace runs: the last event's time.
     pub fn duration(&self) -> Seconds {
         self.events.last().map_or(0, |e| e.at)
@@ -113,9 +147,12 @@ impl Trace {
     }
 
     /// Writes the trace as JSON lines (the format [`Trace::read`] reads):
-    /// each image is announced right before its first start.
+    /// each image is announced right before its first start, the first one
+    /// at second 0, so that the trace reads back on the same clock (a
+    /// reader starts at the first line).
     pub fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
         let mut announced = vec![false; self.images.len()];
+        let mut first = true;
         for event in &self.events {
             let line = match event.action {
                 Action::Start { container, image } => {
@@ -131,7 +168,8 @@ impl Trace {
                                 .map(|&l| (layer_digest(l), self.layers[l as usize]))
                                 .collect(),
                         };
-                        write_line(out, event.at, image_line)?;
+                        let at = if std::mem::take(&mut first) { 0 } else { event.at };
+                        write_line(out, at, image_line)?;
                     }
                     Line::Start {
                         container: container.to_string(),
@@ -156,6 +194,7 @@ impl Trace {
         let mut layers: HashMap<String, u32> = HashMap::new();
         let mut images: HashMap<String, u32> = HashMap::new();
         let mut containers: HashMap<String, u64> = HashMap::new();
+        let mut next_container = 0u64;
         let mut origin: Option<Seconds> = None;
         for (n, line) in input.lines().enumerate() {
             let number = n + 1;
@@ -209,8 +248,13 @@ impl Trace {
                             format!("start names image {image}, not announced"),
                         ));
                     };
-                    let id = containers.len() as u64;
-                    let id = *containers.entry(container).or_insert(id);
+                    // A fresh number per container (a counter: ids of
+                    // containers gone are not given again).
+                    let id = next_container;
+                    next_container += 1;
+                    if containers.insert(container.clone(), id).is_some() {
+                        return Err(TraceError::at(number, format!("container {container} started twice")));
+                    }
                     trace.events.push(TraceEvent {
                         at,
                         action: Action::Start { container: id, image },
@@ -343,7 +387,7 @@ mod tests {
             ],
             events: vec![
                 TraceEvent {
-                    at: 0,
+                    at: 5,
                     action: Action::Start { container: 7, image: 0 },
                 },
                 TraceEvent {
@@ -364,7 +408,8 @@ mod tests {
         assert_eq!(back.images[1].layers, [0, 2], "the base layer is one layer");
         assert_eq!(back.image_bytes(1), 130);
         assert_eq!(back.unique_bytes(), 150);
-        assert_eq!(back.duration(), 20);
+        assert_eq!(back.duration(), 20, "on the same clock");
+        assert_eq!(back.events[0].at, 5);
         assert_eq!(back.events.len(), 3);
         assert!(matches!(back.events[2].action, Action::Stop { .. }));
     }
