@@ -63,7 +63,7 @@ fn a_workload_is_compared_under_every_policy_and_replays_the_same_from_its_trace
         .iter()
         .map(|p| p["policy"].as_str().unwrap())
         .collect();
-    assert_eq!(policies, ["imagegc", "imagegc superseded-first", "kubelet", "offline"]);
+    assert_eq!(policies, ["imagegc", "imagegc lru", "kubelet", "offline"]);
     // A 6 GB disk cannot hold four days of CI images: everyone pulls
     // again, and no one less than the bound.
     let bound = comparison["bound"]["repulled_bytes"].as_u64().unwrap();

@@ -113,10 +113,12 @@ pub struct RuntimeConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Order {
     /// The kubelet's: least recently used first, ties by first seen.
-    #[default]
     Lru,
     /// Images a newer image of the same repository superseded first (an
-    /// older tag after a rollout), each group least recently used first.
+    /// older tag after a rollout), each group least recently used first:
+    /// the default, since it pulled fewer bytes again than `Lru` on every
+    /// simulated workload (BENCHMARKS.md).
+    #[default]
     SupersededFirst,
 }
 
@@ -170,7 +172,8 @@ pub struct GcConfig {
     /// An image removed and pulled again within this window counts as a re-pull
     /// (`gc.thrash_window`, default 1h).
     pub thrash_window: Duration,
-    /// The order of the space candidates (`gc.order`, default `lru`).
+    /// The order of the space candidates (`gc.order`, default
+    /// `superseded-first`).
     pub order: Order,
     /// Inode usage of the image filesystem, in percent, at which a space pass
     /// also starts (`gc.high_inodes_percent`, 1..=100; `None` when unset or 0:
@@ -249,7 +252,7 @@ impl Default for Config {
                 dry_run: false,
                 image_fs_path: None,
                 thrash_window: DEFAULT_THRASH_WINDOW,
-                order: Order::Lru,
+                order: Order::SupersededFirst,
                 high_inodes_percent: None,
                 low_inodes_percent: None,
             },
@@ -687,6 +690,7 @@ mod tests {
         );
         let (_, result) = load_named("b.toml", "[gc]\norder = \"superseded-first\"\n", &overrides);
         assert_eq!(result.unwrap().gc.order, Order::SupersededFirst);
+        assert_eq!(Config::default().gc.order, Order::SupersededFirst);
     }
 
     #[test]

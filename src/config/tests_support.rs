@@ -63,7 +63,7 @@ max_age = "14d"
 dry_run = true
 image_fs_path = "/var/lib/containers"
 thrash_window = "2h"
-order = "superseded-first"
+order = "lru"
 high_inodes_percent = 90
 low_inodes_percent = 85
 
@@ -92,7 +92,7 @@ gc:
   dry_run: true
   image_fs_path: /var/lib/containers
   thrash_window: 2h
-  order: superseded-first
+  order: lru
   high_inodes_percent: 90
   low_inodes_percent: 85
 protect:

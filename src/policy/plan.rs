@@ -8,8 +8,8 @@
 //! Space candidates must also be at least `gc.min_age` old (first seen).
 //! Candidates come in the kubelet's order: last used ascending, then first
 //! seen ascending (then id, so plans are deterministic); with
-//! `gc.order = "superseded-first"`, images a newer image of their
-//! repository superseded come first, each group in that order.
+//! `gc.order = "superseded-first"` (the default), images a newer image of
+//! their repository superseded come first, each group in that order.
 
 use std::time::{Duration, SystemTime};
 
@@ -877,6 +877,7 @@ mod tests {
         w.snapshot.containers.clear();
         w.snapshot.images.push(tagged("v2", "ghcr.io/o/app:2"));
         w.observe(t(20));
+        w.config.gc.order = Order::Lru;
         assert_eq!(ids(&w.plan(t(300)).space), ["other", "v1", "v2"], "least recently used");
         w.config.gc.order = Order::SupersededFirst;
         let p = w.plan(t(300));
