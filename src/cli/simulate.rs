@@ -106,7 +106,7 @@ pub fn simulate(config: &Config, args: &SimulateArgs) -> Result<ExitStatus, CliE
             seed: kind.map(|_| args.seed),
             days: kind.map(|_| args.days),
             images: trace.images.len(),
-            container_starts: trace.events.len().div_ceil(2),
+            container_starts: trace.starts(),
             comparisons,
         });
     }

@@ -96,10 +96,30 @@ impl Trace {
             .fold(0u64, |sum, &l| sum.saturating_add(self.layers[l as usize]))
     }
 
-    /// Every distinct layer's bytes added up: what the disk would need to
-    /// keep every image the trace ever uses.
+    /// Every distinct layer of the images containers start, its bytes
+    /// added up once: what the disk would need to keep every image the
+    /// trace uses (images never started do not count).
     pub fn unique_bytes(&self) -> u64 {
-        self.layers.iter().fold(0u64, |sum, &s| sum.saturating_add(s))
+        let mut counted = vec![false; self.layers.len()];
+        let mut bytes = 0u64;
+        for event in &self.events {
+            if let Action::Start { image, .. } = event.action {
+                for &l in &self.images[image as usize].layers {
+                    if !std::mem::replace(&mut counted[l as usize], true) {
+                        bytes = bytes.saturating_add(self.layers[l as usize]);
+                    }
+                }
+            }
+        }
+        bytes
+    }
+
+    /// How many containers start.
+    pub fn starts(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e.action, Action::Start { .. }))
+            .count()
     }
 
     /// The most bytes of layers ever in use at once (by containers
