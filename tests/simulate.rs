@@ -81,8 +81,21 @@ fn a_workload_is_compared_under_every_policy_and_replays_the_same_from_its_trace
     }
     assert_eq!(again["bound"], comparison["bound"]);
 
-    // The table names every policy and the bound.
-    let table = simulate(&["--workload", "ci", "--days", "2", "--capacity", "6G"]);
+    // The table names every policy and the bound; the chart has a bar for each.
+    let plot = dir.path().join("ci.svg");
+    let table = simulate(&[
+        "--workload",
+        "ci",
+        "--days",
+        "2",
+        "--capacity",
+        "6G",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<rect").count(), policies.len() + 1, "{svg}");
     let text = String::from_utf8(table.stdout).unwrap();
     for word in ["RE-PULLED", "imagegc", "kubelet", "offline", "bound"] {
         assert!(text.contains(word), "{word} missing from\n{text}");

@@ -43,6 +43,9 @@ pub struct SimulateArgs {
     /// Also write the generated trace to this file (JSON lines).
     #[arg(long, value_name = "FILE", conflicts_with = "log")]
     pub write_trace: Option<PathBuf>,
+    /// Also draw the bytes pulled again as an SVG chart in this file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     pub output: Output,
@@ -109,6 +112,18 @@ pub fn simulate(config: &Config, args: &SimulateArgs) -> Result<ExitStatus, CliE
             container_starts: trace.starts(),
             comparisons,
         });
+    }
+    if let Some(path) = &args.plot {
+        let groups: Vec<(String, &Comparison)> = runs
+            .iter()
+            .flat_map(|run| {
+                run.comparisons
+                    .iter()
+                    .map(move |c| (format!("{}, {} disk", run.workload, human_bytes(c.capacity_bytes)), c))
+            })
+            .collect();
+        std::fs::write(path, crate::sim::plot::svg(&groups))
+            .map_err(|e| CliError::Other(anyhow::anyhow!("--plot: {}: {e}", path.display())))?;
     }
     match args.output {
         Output::Json => out::json(&serde_json::json!({ "runs": runs }))?,

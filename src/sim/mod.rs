@@ -14,7 +14,8 @@
 //!   under imagegc's own planner and space walk, or under the kubelet's
 //!   algorithm, counting the bytes pulled again.
 //! - [`bound`]: the offline lower bound on those bytes (PFOO-L at layer
-//!   granularity).
+//!   granularity); [`compare`]: every policy and the bound on one trace and
+//!   disk; [`plot`]: the comparisons as an SVG chart.
 //!
 //! Nothing here does IO (beyond reading and writing a trace through the
 //! caller's reader and writer) or reads a clock.
@@ -24,6 +25,7 @@
 pub mod bound;
 pub mod compare;
 mod disk;
+pub mod plot;
 pub mod replay;
 pub mod trace;
 pub mod workload;
