@@ -115,9 +115,10 @@ fn bad_input_exits_2_naming_the_flag_file_or_key() {
     )
     .unwrap();
     let bad_log = bad_log.to_str().unwrap();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--config", config, "--days", "1"], "gc.order"),
         (&["--capacity", "lots"], "--capacity"),
+        (&["--workload", "service", "--rollback", "2"], "--rollback"),
         (&["--log", bad_log, "--capacity", "1G"], "line 1"),
         (&["--log", "/nonexistent/trace"], "/nonexistent/trace"),
     ];

@@ -14,7 +14,7 @@ use super::{CliError, ExitStatus, Output, out};
 use crate::config::{Config, parse_quantity};
 use crate::sim::compare::{Comparison, over_bound, reference_disks};
 use crate::sim::trace::Trace;
-use crate::sim::workload::Kind;
+use crate::sim::workload::{Kind, Sweep};
 
 /// What `simulate` was asked: where the trace comes from, and the disks.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,6 +31,14 @@ pub struct SimulateArgs {
     /// How many days of the workload to generate.
     #[arg(long, default_value_t = 30)]
     pub days: u64,
+    /// The Zipf exponent of CI pipelines' popularity (ci, mixed; default
+    /// 0.9, no published figure: sweep 0.6 to 1.2).
+    #[arg(long, value_name = "ALPHA", conflicts_with = "log")]
+    pub zipf_alpha: Option<f64>,
+    /// The share of service deployments rolled back within the hour
+    /// (service, mixed; default 0.05, no published figure: sweep 0 to 0.1).
+    #[arg(long, value_name = "SHARE", conflicts_with = "log")]
+    pub rollback: Option<f64>,
     /// The disk's capacity, as a quantity (`20Gi`, `100G`); repeat for
     /// several. Default: a trace file's recorded capacity, else two disks
     /// sized from the trace (see docs/simulate.md).
@@ -76,13 +84,27 @@ pub fn simulate(config: &Config, args: &SimulateArgs) -> Result<ExitStatus, CliE
         }
         capacities.push(bytes);
     }
+    if args.zipf_alpha.is_some_and(|a| !(0.0..=5.0).contains(&a)) {
+        return Err(CliError::Usage("--zipf-alpha: must be within 0..=5".into()));
+    }
+    if args.rollback.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+        return Err(CliError::Usage("--rollback: must be a share within 0..=1".into()));
+    }
+    let sweep = Sweep {
+        zipf_alpha: args.zipf_alpha,
+        rollback: args.rollback,
+    };
     let mut traces: Vec<(String, Option<Kind>, Trace)> = Vec::new();
     if let Some(path) = &args.log {
         traces.push((path.display().to_string(), None, read_trace(path)?));
     } else {
         let kinds = args.workload.map_or(Kind::ALL.to_vec(), |k| vec![k]);
         for kind in kinds {
-            traces.push((kind.name().to_string(), Some(kind), kind.generate(args.seed, args.days)));
+            traces.push((
+                kind.name().to_string(),
+                Some(kind),
+                kind.generate_with(args.seed, args.days, sweep),
+            ));
         }
         if let Some(path) = &args.write_trace {
             write_traces(path, &traces)?;
