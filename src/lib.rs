@@ -23,7 +23,10 @@
 //! - [`engine`]: the cycle executed: reading the runtime, removals and
 //!   their settling, the thrash memory, usage between cycles, and typed
 //!   events that sinks turn into [`metrics`], logs and health.
-//! - [`sim`]: an image filesystem simulated in memory.
+//! - [`sim`]: an image filesystem simulated in memory, and a node's image
+//!   usage (synthetic workloads or a trace file) replayed under the planner
+//!   and space walk, the kubelet's algorithm or an offline policy, with the
+//!   offline lower bound on the bytes pulled again (`imagegc simulate`).
 //! - `kubernetes` (the `kubernetes` feature): the pods bound to this node,
 //!   watched, as keep rules for the policy; events on the Node, as a sink
 //!   of the engine's events.

@@ -1,7 +1,7 @@
 //! The command line: subcommands and flags, the errors that end a command
 //! and their exit codes, and the dispatch to each command's module. What a
 //! command prints lives with the command (`images`, `plan`, `once`,
-//! `history`, `run`); how tables and sizes are drawn in [`table`]. Every
+//! `history`, `run`, `simulate`); how tables and sizes are drawn in [`table`]. Every
 //! command writes through one locked, buffered stdout (`out`).
 //!
 //! Exit codes, for every subcommand: 0 success; 1 runtime or IO failure;
@@ -25,9 +25,11 @@ mod images;
 mod once;
 mod plan;
 mod run;
+mod simulate;
 pub mod table;
 
 pub use run::run_daemon;
+pub use simulate::SimulateArgs;
 pub use table::{human_bytes, printable, short_id};
 
 /// The command line: global flags and one subcommand.
@@ -135,6 +137,10 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Replay a node's image usage (a synthetic workload or a trace file)
+    /// under imagegc, the kubelet's algorithm and the offline bound, and
+    /// compare the bytes each pulls again. Talks to no runtime.
+    Simulate(SimulateArgs),
 }
 
 impl Command {
@@ -226,6 +232,7 @@ pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> 
             let pods = cluster.list().await?;
             once::once(runtime, config, pods, *output).await
         }
+        Command::Simulate(args) => simulate::simulate(&config, args),
         Command::Run { .. } => unreachable!("run is handled by the daemon"),
     }
 }

@@ -289,7 +289,7 @@ fn parse_eviction_threshold(text: &str) -> Result<EvictionThreshold, String> {
 /// A Kubernetes resource quantity in bytes: a decimal number with an
 /// optional binary (`Ki` .. `Ei`), decimal (`k` .. `E`) or exponent (`e3`)
 /// suffix. Fractional bytes round up, as Kubernetes does.
-fn parse_quantity(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_quantity(text: &str) -> Result<u64, String> {
     let invalid =
         || format!("invalid quantity {text:?}: expected a percentage such as \"15%\" or a size such as \"10Gi\"");
     let split = text

@@ -33,6 +33,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod kubelet;
+pub(crate) use kubelet::parse_quantity;
 mod parse;
 mod raw;
 #[cfg(test)]
@@ -115,6 +116,38 @@ pub struct RuntimeConfig {
     pub sandbox_image: Option<String>,
 }
 
+/// The order in which a space pass walks its candidates (`gc.order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// The kubelet's: least recently used first, ties by first seen.
+    Lru,
+    /// Images a newer image of the same repository superseded first (an
+    /// older tag after a rollout), each group least recently used first:
+    /// the default, since it pulled fewer bytes again than `Lru` on every
+    /// simulated workload (BENCHMARKS.md).
+    #[default]
+    SupersededFirst,
+}
+
+impl Order {
+    /// The value as the configuration writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Order::Lru => "lru",
+            Order::SupersededFirst => "superseded-first",
+        }
+    }
+
+    /// The order a configuration names, if any.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "lru" => Some(Order::Lru),
+            "superseded-first" => Some(Order::SupersededFirst),
+            _ => None,
+        }
+    }
+}
+
 /// `[gc]`: when collection runs and what it may remove. A KubeletConfiguration
 /// sets the thresholds and the ages from its `imageGC*` fields instead.
 #[derive(Debug, Clone, PartialEq)]
@@ -146,6 +179,9 @@ pub struct GcConfig {
     /// An image removed and pulled again within this window counts as a re-pull
     /// (`gc.thrash_window`, default 1h).
     pub thrash_window: Duration,
+    /// The order of the space candidates (`gc.order`, default
+    /// `superseded-first`).
+    pub order: Order,
     /// Inode usage of the image filesystem, in percent, at which a space pass
     /// also starts (`gc.high_inodes_percent`, 1..=100; `None` when unset or 0:
     /// inodes are not watched). Set together with `low_inodes_percent`.
@@ -258,6 +294,7 @@ impl Default for Config {
                 dry_run: false,
                 image_fs_path: None,
                 thrash_window: DEFAULT_THRASH_WINDOW,
+                order: Order::SupersededFirst,
                 high_inodes_percent: None,
                 low_inodes_percent: None,
             },
@@ -311,6 +348,7 @@ max_age = "{max_age}"
 dry_run = {dry_run}
 image_fs_path = {image_fs_path}
 thrash_window = "{thrash_window}"
+order = "{order}"
 high_inodes_percent = {high_inodes}
 low_inodes_percent = {low_inodes}
 
@@ -348,6 +386,7 @@ pods_stale_after = "{pods_stale_after}"
             dry_run = gc.dry_run,
             image_fs_path = path(gc.image_fs_path.as_deref()),
             thrash_window = format_duration(gc.thrash_window),
+            order = gc.order.as_str(),
             high_inodes = gc.high_inodes_percent.unwrap_or(0),
             low_inodes = gc.low_inodes_percent.unwrap_or(0),
             images = images.join(", "),
@@ -709,6 +748,22 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_order_is_named_with_the_orders_there_are() {
+        let overrides = Overrides::default();
+        let (file, result) = load_named("a.toml", "[gc]\norder = \"mru\"\n", &overrides);
+        let problems: Vec<String> = result.unwrap_err().problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            problems,
+            [format!(
+                "{file}: gc.order: must be \"lru\" or \"superseded-first\", got \"mru\""
+            )]
+        );
+        let (_, result) = load_named("b.toml", "[gc]\norder = \"superseded-first\"\n", &overrides);
+        assert_eq!(result.unwrap().gc.order, Order::SupersededFirst);
+        assert_eq!(Config::default().gc.order, Order::SupersededFirst);
+    }
+
+    #[test]
     fn the_effective_configuration_names_every_key() {
         let text = Config::default().to_toml_string();
         let table: toml::Table = toml::from_str(&text).unwrap();
@@ -718,7 +773,7 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 26, "{keys:?}");
+        assert_eq!(keys.len(), 27, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));

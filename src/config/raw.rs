@@ -60,6 +60,7 @@ pub(super) struct RawGc {
     pub(super) dry_run: Option<bool>,
     pub(super) image_fs_path: Option<String>,
     pub(super) thrash_window: Option<RawDuration>,
+    pub(super) order: Option<String>,
     pub(super) high_inodes_percent: Option<RawInt>,
     pub(super) low_inodes_percent: Option<RawInt>,
 }

@@ -63,6 +63,7 @@ max_age = "14d"
 dry_run = true
 image_fs_path = "/var/lib/containers"
 thrash_window = "2h"
+order = "lru"
 high_inodes_percent = 90
 low_inodes_percent = 85
 
@@ -91,6 +92,7 @@ gc:
   dry_run: true
   image_fs_path: /var/lib/containers
   thrash_window: 2h
+  order: lru
   high_inodes_percent: 90
   low_inodes_percent: 85
 protect:

@@ -17,7 +17,9 @@ use std::time::Duration;
 use super::raw::{
     RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawKubernetes, RawMetrics, RawProtect, RawRuntime, RawState,
 };
-use super::{Config, GcConfig, KubernetesConfig, MetricsConfig, Problems, ProtectConfig, RuntimeConfig, StateConfig};
+use super::{
+    Config, GcConfig, KubernetesConfig, MetricsConfig, Order, Problems, ProtectConfig, RuntimeConfig, StateConfig,
+};
 use crate::time::format_duration;
 
 /// What `check-config` and `run` say when container events are on.
@@ -144,6 +146,16 @@ fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut P
         .map(PathBuf::from)
         .filter(|path| check_absolute("gc.image_fs_path", path, problems));
     let thrash_window = age("gc.thrash_window", raw.thrash_window, defaults.thrash_window, problems);
+    let order = match raw.order.as_deref().map(str::trim) {
+        None => defaults.order,
+        Some(text) => Order::parse(text).unwrap_or_else(|| {
+            problems.push(
+                "gc.order",
+                format!("must be \"lru\" or \"superseded-first\", got {text:?}"),
+            );
+            defaults.order
+        }),
+    };
     let (high_inodes_percent, low_inodes_percent) =
         inode_thresholds(raw.high_inodes_percent, raw.low_inodes_percent, problems);
     GcConfig {
@@ -156,6 +168,7 @@ fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut P
         dry_run: raw.dry_run.unwrap_or(defaults.dry_run),
         image_fs_path,
         thrash_window,
+        order,
         high_inodes_percent,
         low_inodes_percent,
     }

@@ -414,6 +414,8 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
                 // Read at every cycle's listing.
                 image_fs_path: _,
                 thrash_window: _,
+                // Read at every cycle's plan.
+                order: _,
                 high_inodes_percent: _,
                 low_inodes_percent: _,
             },

@@ -7,12 +7,14 @@
 //! the newest `protect.keep_recent_per_repository` images of each repository.
 //! Space candidates must also be at least `gc.min_age` old (first seen).
 //! Candidates come in the kubelet's order: last used ascending, then first
-//! seen ascending (then id, so plans are deterministic).
+//! seen ascending (then id, so plans are deterministic); with
+//! `gc.order = "superseded-first"` (the default), images a newer image of
+//! their repository superseded come first, each group in that order.
 
 use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
-use crate::config::Config;
+use crate::config::{Config, Order};
 use crate::cri::{Image, Snapshot};
 use crate::matching;
 pub use crate::model::Reason;
@@ -373,7 +375,37 @@ pub fn plan_listed<'a>(
     // The id makes every key distinct: an unstable sort gives the same order.
     plan.age.sort_unstable_by(order);
     plan.space.sort_unstable_by(order);
+    if config.gc.order == Order::SupersededFirst {
+        superseded_first(snapshot, listed, &mut plan.space, now);
+    }
     plan
+}
+
+/// `gc.order = "superseded-first"`: the space candidates a newer image of
+/// one of their repositories (first seen later, listed now) superseded go
+/// first, each group in the order it had. After a rollout the old tag is
+/// seldom run again, while an image unused for a while but still the
+/// newest of its repository (a pod that moved away, a periodic job) is
+/// what the node pulls back; least recently used alone cannot tell them
+/// apart. `imagegc simulate` measures the difference (BENCHMARKS.md).
+fn superseded_first(snapshot: &Snapshot, listed: &Listed, space: &mut [Candidate<'_>], now: SystemTime) {
+    let mut newest: HashMap<&str, SystemTime> = HashMap::default();
+    for (image, place) in snapshot.images.iter().zip(&listed.places) {
+        let first_seen = place.history.map_or(now, |h| h.first_seen);
+        for tag in &image.repo_tags {
+            let seen = newest.entry(reference::repository(tag)).or_insert(first_seen);
+            *seen = (*seen).max(first_seen);
+        }
+    }
+    let superseded = |c: &Candidate<'_>| {
+        c.tags.iter().any(|tag| {
+            newest
+                .get(reference::repository(tag))
+                .is_some_and(|&n| n > c.first_seen)
+        })
+    };
+    // Stable: each group keeps the order it had.
+    space.sort_by_key(|c| !superseded(c));
 }
 
 /// The `protect.images` pattern that protects `image`, if one does: what
@@ -826,6 +858,34 @@ mod tests {
         );
         assert_eq!(kept(&p, "v2").label(), "keep-recent");
         assert_eq!(kept(&p, "other").label(), "keep-recent");
+    }
+
+    #[test]
+    fn superseded_first_puts_older_tags_of_a_repository_before_other_images() {
+        let tagged = |id: &str, tag: &str| Image {
+            repo_tags: vec![tag.to_string()],
+            ..image(id, 1)
+        };
+        // `other` last used at 0; app v1 used until 10, then v2 rolled out.
+        let mut w = World::new(vec![
+            tagged("other", "ghcr.io/o/other:1"),
+            tagged("v1", "ghcr.io/o/app:1"),
+        ])
+        .containers(vec![container("c", "v1")]);
+        w.observe(t(0));
+        w.observe(t(10));
+        w.snapshot.containers.clear();
+        w.snapshot.images.push(tagged("v2", "ghcr.io/o/app:2"));
+        w.observe(t(20));
+        w.config.gc.order = Order::Lru;
+        assert_eq!(ids(&w.plan(t(300)).space), ["other", "v1", "v2"], "least recently used");
+        w.config.gc.order = Order::SupersededFirst;
+        let p = w.plan(t(300));
+        assert_eq!(ids(&p.space), ["v1", "other", "v2"], "v2 superseded v1");
+        // Nothing superseded: the order is least recently used.
+        w.snapshot.images.pop();
+        w.observe(t(30));
+        assert_eq!(ids(&w.plan(t(300)).space), ["other", "v1"]);
     }
 
     #[test]

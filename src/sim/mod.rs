@@ -1,14 +1,33 @@
-//! Simulations of what imagegc acts on, run in process: a disk today.
+//! Simulations of what imagegc acts on, run in process: a disk, and a
+//! node's image usage replayed under a collection policy.
 //!
-//! [`SimDisk`] is an image filesystem that implements [`FsProbe`]: a
-//! capacity, available bytes, and what each image really occupies, changed
-//! by whoever holds it and measured by the collector like a real one. The
-//! integration tests and the benches measure it instead of a real disk, and
-//! a simulation of a node's recorded usage is meant to run on it. It does no
-//! IO and reads no clock.
+//! - [`SimDisk`] is an image filesystem that implements [`FsProbe`]: a
+//!   capacity, available bytes, and what each image really occupies,
+//!   changed by whoever holds it and measured by the collector like a real
+//!   one. The integration tests and the benches measure it instead of a
+//!   real disk.
+//! - [`trace`]: a node's usage over time (layers, images, container starts
+//!   and stops), synthetic or read from a file of JSON lines.
+//! - [`workload`]: four seeded generators of synthetic traces (a service
+//!   node, a CI runner, a batch node, a mixed node), from published figures.
+//! - [`replay`]: a trace played on a simulated node with simulated time
+//!   under imagegc's own planner and space walk, or under the kubelet's
+//!   algorithm, counting the bytes pulled again.
+//! - [`bound`]: the offline lower bound on those bytes (PFOO-L at layer
+//!   granularity); [`compare`]: every policy and the bound on one trace and
+//!   disk; [`plot`]: the comparisons as an SVG chart.
+//!
+//! Nothing here does IO (beyond reading and writing a trace through the
+//! caller's reader and writer) or reads a clock.
 //!
 //! [`FsProbe`]: crate::fs::FsProbe
 
+pub mod bound;
+pub mod compare;
 mod disk;
+pub mod plot;
+pub mod replay;
+pub mod trace;
+pub mod workload;
 
 pub use disk::SimDisk;

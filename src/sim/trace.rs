@@ -1,0 +1,459 @@
+//! A node's image usage over time, as the replay reads it: the layers
+//! (each with its size, stored once on disk however many images share
+//! it), the images (a name and their layers), and the events in time
+//! order: a container starts naming an image (which the node pulls when it
+//! is not on disk), a container goes away.
+//!
+//! A trace comes from a synthetic workload ([`super::workload`]) or from a
+//! file of JSON lines ([`Trace::read`]), one event per line:
+//!
+//! ```text
+//! {"at":0,"ev":"image","id":"sha256:ab..","name":"ghcr.io/o/app:1","layers":[["sha256:01..",1048576]]}
+//! {"at":5,"ev":"start","container":"c1","image":"sha256:ab.."}
+//! {"at":95,"ev":"stop","container":"c1"}
+//! {"at":300,"ev":"disk","capacity":21474836480,"used":9663676416}
+//! {"at":300,"ev":"removed","image":"sha256:ab..","by":"imagegc"}
+//! ```
+//!
+//! `at` is in seconds (any origin: the replay starts at the first event).
+//! An image is announced before a container names it; an image without
+//! layers counts as one layer of its `size`. A container "goes away" when
+//! the runtime stops listing it (an exited container still holds its
+//! image). `disk` and `removed` lines say what the node did and had; the
+//! replay reads only the first disk line's capacity (the default budget)
+//! and leaves removals to the policy under test.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Seconds since the start of the trace.
+pub type Seconds = u64;
+
+/// One image: its name and the layers it is made of (indices into
+/// [`Trace::layers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceImage {
+    /// The image id (unique in the trace).
+    pub id: String,
+    /// A name people would know it by (a tag).
+    pub name: String,
+    /// Its layers, bottom first.
+    pub layers: Vec<u32>,
+}
+
+/// What happens at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// A container is created naming the image (an index into
+    /// [`Trace::images`]); the node pulls what it lacks of the image first.
+    Start {
+        /// The container, unique among those listed at the time.
+        container: u64,
+        /// The image.
+        image: u32,
+    },
+    /// The container is gone from the runtime's listing.
+    Stop {
+        /// The container.
+        container: u64,
+    },
+}
+
+/// An action at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// When, in seconds since the start of the trace.
+    pub at: Seconds,
+    /// What.
+    pub action: Action,
+}
+
+/// A node's usage: layers, images, events in time order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// Layer sizes in bytes, by index (the digest only matters while
+    /// reading a file).
+    pub layers: Vec<u64>,
+    /// Images, by index.
+    pub images: Vec<TraceImage>,
+    /// Events, sorted by time (stable: events at one instant keep their
+    /// order).
+    pub events: Vec<TraceEvent>,
+    /// The disk capacity the node had, when the trace says (a recorded
+    /// log's first `disk` line).
+    pub capacity: Option<u64>,
+}
+
+impl Trace {
+    /// The bytes of an image: its layers added up (what a runtime reports
+    /// as its size).
+    pub fn image_bytes(&self, image: u32) -> u64 {
+        self.images[image as usize]
+            .layers
+            .iter()
+            .fold(0u64, |sum, &l| sum.saturating_add(self.layers[l as usize]))
+    }
+
+    /// Every distinct layer of the images containers start, its bytes
+    /// added up once: what the disk would need to keep every image the
+    /// trace uses (images never started do not count).
+    pub fn unique_bytes(&self) -> u64 {
+        let mut counted = vec![false; self.layers.len()];
+        let mut bytes = 0u64;
+        for event in &self.events {
+            if let Action::Start { image, .. } = event.action {
+                for &l in &self.images[image as usize].layers {
+                    if !std::mem::replace(&mut counted[l as usize], true) {
+                        bytes = bytes.saturating_add(self.layers[l as usize]);
+                    }
+                }
+            }
+        }
+        bytes
+    }
+
+    /// How many containers start.
+    pub fn starts(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e.action, Action::Start { .. }))
+            .count()
+    }
+
+    /// The most bytes of layers ever in use at once (by containers
+    /// listed at the same time): what no collector can remove.
+    pub fn peak_in_use_bytes(&self) -> u64 {
+        let mut refs = vec![0u32; self.layers.len()];
+        let mut running: HashMap<u64, u32> = HashMap::new();
+        let (mut bytes, mut peak) = (0u64, 0u64);
+        for event in &self.events {
+            match event.action {
+                Action::Start { container, image } => {
+                    running.insert(container, image);
+                    for &l in &self.images[image as usize].layers {
+                        refs[l as usize] += 1;
+                        if refs[l as usize] == 1 {
+                            bytes = bytes.saturating_add(self.layers[l as usize]);
+                        }
+                    }
+                    peak = peak.max(bytes);
+                }
+                Action::Stop { container } => {
+                    let Some(image) = running.remove(&container) else {
+                        continue;
+                    };
+                    for &l in &self.images[image as usize].layers {
+                        refs[l as usize] -= 1;
+                        if refs[l as usize] == 0 {
+                            bytes = bytes.saturating_sub(self.layers[l as usize]);
+                        }
+                    }
+                }
+            }
+        }
+        peak
+    }
+
+    /// How long the trace runs: the last event's time.
+    pub fn duration(&self) -> Seconds {
+        self.events.last().map_or(0, |e| e.at)
+    }
+
+    /// Sorts the events by time, keeping the order of simultaneous ones.
+    pub fn sort(&mut self) {
+        self.events.sort_by_key(|e| e.at);
+    }
+
+    /// Writes the trace as JSON lines (the format [`Trace::read`] reads):
+    /// each image is announced right before its first start, the first one
+    /// at second 0, so that the trace reads back on the same clock (a
+    /// reader starts at the first line).
+    pub fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let mut announced = vec![false; self.images.len()];
+        let mut first = true;
+        for event in &self.events {
+            let line = match event.action {
+                Action::Start { container, image } => {
+                    if !std::mem::replace(&mut announced[image as usize], true) {
+                        let def = &self.images[image as usize];
+                        let image_line = Line::Image {
+                            id: def.id.clone(),
+                            name: def.name.clone(),
+                            size: None,
+                            layers: def
+                                .layers
+                                .iter()
+                                .map(|&l| (layer_digest(l), self.layers[l as usize]))
+                                .collect(),
+                        };
+                        let at = if std::mem::take(&mut first) { 0 } else { event.at };
+                        write_line(out, at, image_line)?;
+                    }
+                    Line::Start {
+                        container: container.to_string(),
+                        image: self.images[image as usize].id.clone(),
+                    }
+                }
+                Action::Stop { container } => Line::Stop {
+                    container: container.to_string(),
+                },
+            };
+            write_line(out, event.at, line)?;
+        }
+        Ok(())
+    }
+
+    /// Reads a trace from JSON lines. Lines of kinds the replay does not
+    /// use (`removed`) are skipped; a malformed line, a start naming an
+    /// unannounced image, or a stop of an unknown container is an error
+    /// naming the line.
+    pub fn read(input: impl BufRead) -> Result<Trace, TraceError> {
+        let mut trace = Trace::default();
+        let mut layers: HashMap<String, u32> = HashMap::new();
+        let mut images: HashMap<String, u32> = HashMap::new();
+        let mut containers: HashMap<String, u64> = HashMap::new();
+        let mut next_container = 0u64;
+        let mut origin: Option<Seconds> = None;
+        for (n, line) in input.lines().enumerate() {
+            let number = n + 1;
+            let line = line.map_err(|e| TraceError::at(number, e.to_string()))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let Record { at, line: what } =
+                serde_json::from_str(&line).map_err(|e| TraceError::at(number, e.to_string()))?;
+            let origin = *origin.get_or_insert(at);
+            let at = at.saturating_sub(origin);
+            match what {
+                Line::Image {
+                    id,
+                    name,
+                    size,
+                    layers: listed,
+                } => {
+                    let mut own = Vec::with_capacity(listed.len().max(1));
+                    if listed.is_empty() {
+                        // No layers known: the image is one layer of its own.
+                        let index = u32::try_from(trace.layers.len())
+                            .map_err(|_| TraceError::at(number, "too many layers".into()))?;
+                        trace.layers.push(size.unwrap_or(0));
+                        own.push(index);
+                    }
+                    for (digest, bytes) in listed {
+                        let next = u32::try_from(trace.layers.len())
+                            .map_err(|_| TraceError::at(number, "too many layers".into()))?;
+                        let index = *layers.entry(digest).or_insert_with(|| {
+                            trace.layers.push(bytes);
+                            next
+                        });
+                        own.push(index);
+                    }
+                    match images.get(&id) {
+                        // Announced again (pulled again after a removal): same layers.
+                        Some(_) => {}
+                        None => {
+                            let index = u32::try_from(trace.images.len())
+                                .map_err(|_| TraceError::at(number, "too many images".into()))?;
+                            images.insert(id.clone(), index);
+                            trace.images.push(TraceImage { id, name, layers: own });
+                        }
+                    }
+                }
+                Line::Start { container, image } => {
+                    let Some(&image) = images.get(&image) else {
+                        return Err(TraceError::at(
+                            number,
+                            format!("start names image {image}, not announced"),
+                        ));
+                    };
+                    // A fresh number per container (a counter: ids of
+                    // containers gone are not given again).
+                    let id = next_container;
+                    next_container += 1;
+                    if containers.insert(container.clone(), id).is_some() {
+                        return Err(TraceError::at(number, format!("container {container} started twice")));
+                    }
+                    trace.events.push(TraceEvent {
+                        at,
+                        action: Action::Start { container: id, image },
+                    });
+                }
+                Line::Stop { container } => {
+                    let Some(id) = containers.remove(&container) else {
+                        return Err(TraceError::at(
+                            number,
+                            format!("stop of container {container}, never started"),
+                        ));
+                    };
+                    trace.events.push(TraceEvent {
+                        at,
+                        action: Action::Stop { container: id },
+                    });
+                }
+                Line::Disk { capacity, .. } => {
+                    trace.capacity.get_or_insert(capacity);
+                }
+                Line::Removed { .. } => {}
+            }
+        }
+        trace.sort();
+        Ok(trace)
+    }
+}
+
+/// A layer's made-up digest in a written synthetic trace.
+fn layer_digest(layer: u32) -> String {
+    format!("sha256:{layer:064x}")
+}
+
+fn write_line(out: &mut impl Write, at: Seconds, line: Line) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, &Record { at, line })?;
+    out.write_all(b"\n")
+}
+
+/// A line of a trace file: when, and what.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Record {
+    /// Seconds.
+    pub at: Seconds,
+    /// What.
+    #[serde(flatten)]
+    pub line: Line,
+}
+
+/// What a line of a trace file says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub(crate) enum Line {
+    /// An image appeared.
+    Image {
+        /// Its id.
+        id: String,
+        /// A name (its first tag).
+        #[serde(default)]
+        name: String,
+        /// Its reported size, for an image whose layers are not known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        size: Option<u64>,
+        /// `[digest, bytes]` per layer, when known.
+        #[serde(default)]
+        layers: Vec<(String, u64)>,
+    },
+    /// A container appeared, naming an image by id.
+    Start {
+        /// The container's id.
+        container: String,
+        /// The image's id.
+        image: String,
+    },
+    /// A container is gone.
+    Stop {
+        /// The container's id.
+        container: String,
+    },
+    /// The image filesystem, measured.
+    Disk {
+        /// Capacity in bytes.
+        capacity: u64,
+        /// Used bytes.
+        used: u64,
+    },
+    /// An image was removed.
+    Removed {
+        /// Its id.
+        image: String,
+        /// Who removed it (`imagegc`, or `other` when it went unasked).
+        by: String,
+    },
+}
+
+/// A trace file that cannot be read, with the line.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct TraceError {
+    /// The line, from 1.
+    pub line: usize,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl TraceError {
+    fn at(line: usize, message: String) -> Self {
+        TraceError { line, message }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_trace_reads_back_with_shared_layers_stored_once() {
+        let trace = Trace {
+            layers: vec![100, 20, 30],
+            images: vec![
+                TraceImage {
+                    id: "sha256:a".into(),
+                    name: "app:1".into(),
+                    layers: vec![0, 1],
+                },
+                TraceImage {
+                    id: "sha256:b".into(),
+                    name: "app:2".into(),
+                    layers: vec![0, 2],
+                },
+            ],
+            events: vec![
+                TraceEvent {
+                    at: 5,
+                    action: Action::Start { container: 7, image: 0 },
+                },
+                TraceEvent {
+                    at: 10,
+                    action: Action::Start { container: 8, image: 1 },
+                },
+                TraceEvent {
+                    at: 20,
+                    action: Action::Stop { container: 7 },
+                },
+            ],
+            capacity: None,
+        };
+        let mut text = Vec::new();
+        trace.write(&mut text).unwrap();
+        let back = Trace::read(text.as_slice()).unwrap();
+        assert_eq!(back.layers, [100, 20, 30]);
+        assert_eq!(back.images[1].layers, [0, 2], "the base layer is one layer");
+        assert_eq!(back.image_bytes(1), 130);
+        assert_eq!(back.unique_bytes(), 150);
+        assert_eq!(back.duration(), 20, "on the same clock");
+        assert_eq!(back.events[0].at, 5);
+        assert_eq!(back.events.len(), 3);
+        assert!(matches!(back.events[2].action, Action::Stop { .. }));
+    }
+
+    #[test]
+    fn a_recorded_log_starts_at_its_first_line_and_names_bad_lines() {
+        let log = concat!(
+            r#"{"at":1000,"ev":"disk","capacity":5000,"used":10}"#,
+            "\n",
+            r#"{"at":1000,"ev":"image","id":"x","size":70}"#,
+            "\n",
+            r#"{"at":1060,"ev":"start","container":"c","image":"x"}"#,
+            "\n",
+            r#"{"at":1100,"ev":"removed","image":"x","by":"imagegc"}"#,
+            "\n",
+        );
+        let trace = Trace::read(log.as_bytes()).unwrap();
+        assert_eq!(trace.capacity, Some(5000));
+        assert_eq!(trace.layers, [70], "an image without layers is one layer");
+        assert_eq!(trace.events[0].at, 60);
+        let err = Trace::read(r#"{"at":1,"ev":"start","container":"c","image":"nope"}"#.as_bytes()).unwrap_err();
+        assert_eq!(err.line, 1);
+        assert!(err.message.contains("nope"), "{err}");
+        let err = Trace::read("\n{\"at\":1,\"ev\":\"bogus\"}".as_bytes()).unwrap_err();
+        assert_eq!(err.line, 2);
+    }
+}

@@ -1,0 +1,132 @@
+//! `imagegc simulate` as a user runs it: a synthetic workload compared
+//! under every policy, the same workload replayed from the trace file it
+//! wrote, and the errors that exit 2 naming what is wrong.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn simulate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_imagegc"))
+        .arg("simulate")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json(output: &Output) -> Value {
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The bytes a policy pulled again, by name, in one comparison.
+fn repulled(comparison: &Value, policy: &str) -> u64 {
+    comparison["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == policy)
+        .unwrap_or_else(|| panic!("no {policy} in {comparison}"))["repulled_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn a_workload_is_compared_under_every_policy_and_replays_the_same_from_its_trace_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("ci.trace");
+    let trace = trace.to_str().unwrap();
+    let generated = json(&simulate(&[
+        "--workload",
+        "ci",
+        "--days",
+        "4",
+        "--capacity",
+        "6G",
+        "--output",
+        "json",
+        "--write-trace",
+        trace,
+    ]));
+    let run = &generated["runs"][0];
+    assert_eq!(run["workload"], "ci");
+    let comparison = &run["comparisons"][0];
+    assert_eq!(comparison["capacity_bytes"], 6_000_000_000u64);
+    let policies: Vec<&str> = comparison["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["imagegc", "imagegc lru", "kubelet", "offline"]);
+    // A 6 GB disk cannot hold four days of CI images: everyone pulls
+    // again, and no one less than the bound.
+    let bound = comparison["bound"]["repulled_bytes"].as_u64().unwrap();
+    for policy in &policies {
+        let bytes = repulled(comparison, policy);
+        assert!(bytes > 0, "{policy}");
+        assert!(bytes >= bound, "{policy}: {bytes} below the bound {bound}");
+    }
+
+    // The trace file replays to the same figures.
+    let replayed = json(&simulate(&["--log", trace, "--capacity", "6G", "--output", "json"]));
+    let again = &replayed["runs"][0]["comparisons"][0];
+    for policy in &policies {
+        assert_eq!(repulled(again, policy), repulled(comparison, policy), "{policy}");
+    }
+    assert_eq!(again["bound"], comparison["bound"]);
+
+    // The table names every policy and the bound; the chart has a bar for each.
+    let plot = dir.path().join("ci.svg");
+    let table = simulate(&[
+        "--workload",
+        "ci",
+        "--days",
+        "2",
+        "--capacity",
+        "6G",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<rect").count(), policies.len() + 1, "{svg}");
+    let text = String::from_utf8(table.stdout).unwrap();
+    for word in ["RE-PULLED", "imagegc", "kubelet", "offline", "bound"] {
+        assert!(text.contains(word), "{word} missing from\n{text}");
+    }
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_flag_file_or_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("imagegc.toml");
+    std::fs::write(&config, "[gc]\norder = \"newest\"\n").unwrap();
+    let config = config.to_str().unwrap();
+    let bad_log = dir.path().join("bad.trace");
+    std::fs::write(
+        &bad_log,
+        "{\"at\":1,\"ev\":\"start\",\"container\":\"c\",\"image\":\"x\"}\n",
+    )
+    .unwrap();
+    let bad_log = bad_log.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--config", config, "--days", "1"], "gc.order"),
+        (&["--capacity", "lots"], "--capacity"),
+        (&["--workload", "service", "--rollback", "2"], "--rollback"),
+        (&["--log", bad_log, "--capacity", "1G"], "line 1"),
+        (&["--log", "/nonexistent/trace"], "/nonexistent/trace"),
+    ];
+    for (args, named) in cases {
+        let output = simulate(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+}
