@@ -14,6 +14,7 @@ use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::matching::InUse;
 use crate::policy::ImageBytes;
+use crate::state::Known;
 
 #[derive(Serialize)]
 struct ImagesView<'a> {
@@ -70,7 +71,11 @@ struct ImageView<'a> {
 // where it is printed.
 pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Result<ExitStatus, CliError> {
     let version = runtime.version().await?;
-    let observation = Observer::default().observe(runtime, config).await?;
+    // What the daemon learnt of each container and pod: only those it has
+    // not seen cost a call.
+    let observation = Observer::knowing(Known::read(&config.state.dir))
+        .observe(runtime, config)
+        .await?;
     let footprint = observation.footprint.unwrap_or_default();
     let Snapshot {
         images,

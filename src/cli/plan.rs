@@ -18,7 +18,7 @@ use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::policy::{
     self, Candidate, Forecast, ImageBytes, KeepReason, Kept, Plan, Protections, SpaceOutlook, SpaceTarget,
 };
-use crate::state::StateStore;
+use crate::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
 
 #[derive(Serialize)]
@@ -59,7 +59,11 @@ pub async fn plan(
     let clock = Clock::start();
     let store = StateStore::new(&config.state.dir).read_only();
     let (mut records, _) = engine::load_records(&store, &clock, &config);
-    let observation = Observer::default().observe(&runtime, &config).await?;
+    // What the daemon learnt of each container and pod: only those it has
+    // not seen cost a call.
+    let observation = Observer::knowing(Known::read(&config.state.dir))
+        .observe(&runtime, &config)
+        .await?;
     let snapshot = observation.snapshot;
     let image_fs = observation.image_fs?;
     let footprint = observation.footprint.unwrap_or_default();

@@ -310,6 +310,16 @@ impl<R: Runtime> Collector<R> {
             Ok(Err(err)) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
             Err(err) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
         }
+        // For `plan` and `images`: the containers and pods they need not
+        // ask about (best effort).
+        if let Some(known) = self.observer.learnt() {
+            let dir = self.config.state.dir.clone();
+            match tokio::task::spawn_blocking(move || known.write(&dir)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::debug!(error = %err, "could not note the containers' mounts for plan"),
+                Err(err) => tracing::debug!(error = %err, "could not note the containers' mounts for plan"),
+            }
+        }
     }
 
     /// Saves the records when something other than the last-used times of

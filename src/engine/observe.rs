@@ -19,6 +19,7 @@ use crate::fs::FsProbe;
 use crate::matching;
 use crate::policy::DiskFootprint;
 use crate::reference::ProtectPattern;
+use crate::state::Known;
 
 /// `ContainerStatus` calls in flight at once while learning new
 /// containers' image volumes: enough to hide the round trips, few enough
@@ -33,6 +34,8 @@ pub struct MountCache {
     by_container: HashMap<String, Vec<String>>,
     /// Why a container's mounts could not be read at the last listing.
     unread: Option<String>,
+    /// Whether `by_container` changed since it was last noted.
+    changed: bool,
 }
 
 impl MountCache {
@@ -90,10 +93,12 @@ impl MountCache {
                 }
             };
             self.by_container.insert(id, mounts);
+            self.changed = true;
         }
         if self.by_container.len() > containers.len() {
             let listed: HashMap<&str, ()> = containers.iter().map(|c| (c.id.as_str(), ())).collect();
             self.by_container.retain(|id, _| listed.contains_key(id.as_str()));
+            self.changed = true;
         }
         for container in &mut containers {
             match self.by_container.get(&container.id) {
@@ -116,6 +121,8 @@ impl MountCache {
 #[derive(Debug, Default)]
 pub struct PodImages {
     by_pod: HashMap<String, Option<String>>,
+    /// Whether `by_pod` changed since it was last noted.
+    changed: bool,
 }
 
 impl PodImages {
@@ -129,12 +136,15 @@ impl PodImages {
             match runtime.pod_sandbox_image(pod).await {
                 Ok(image) => {
                     self.by_pod.insert(pod.clone(), image);
+                    self.changed = true;
                 }
                 Err(err) if err.is_not_found() => {}
                 Err(err) => return Err(err),
             }
         }
+        let before = self.by_pod.len();
         self.by_pod.retain(|id, _| pods.contains(id));
+        self.changed |= self.by_pod.len() != before;
         let mut images: Vec<String> = self.by_pod.values().flatten().cloned().collect();
         images.sort();
         images.dedup();
@@ -313,6 +323,36 @@ pub struct Observer {
 }
 
 impl Observer {
+    /// An observer that already knows what `known` notes (see
+    /// [`crate::state::Known`]): containers and pods in it cost no call.
+    pub fn knowing(known: Known) -> Observer {
+        Observer {
+            mounts: MountCache {
+                by_container: known.containers,
+                ..MountCache::default()
+            },
+            pod_images: PodImages {
+                by_pod: known.pods,
+                changed: false,
+            },
+            ..Observer::default()
+        }
+    }
+
+    /// What it learnt of containers and pods, when that changed since the
+    /// last time it was asked.
+    pub fn learnt(&mut self) -> Option<Known> {
+        if !self.mounts.changed && !self.pod_images.changed {
+            return None;
+        }
+        self.mounts.changed = false;
+        self.pod_images.changed = false;
+        Some(Known {
+            containers: self.mounts.by_container.clone(),
+            pods: self.pod_images.by_pod.clone(),
+        })
+    }
+
     /// Lists images, containers, the sandbox images and the image
     /// filesystem. `Status` and `ImageFsInfo` go beside the listings rather
     /// than after them: one round trip less per cycle. Images are listed

@@ -73,8 +73,10 @@ use crate::records::Records;
 use crate::time::{from_unix_millis, to_unix_millis};
 
 mod format;
+mod known;
 mod running;
 
+pub use known::Known;
 pub use running::{Running, StartOnly};
 
 use format::{Decoded, HEADER_BYTES, decode, encode_payload, header};

@@ -195,3 +195,40 @@ async fn plan_json_gives_when_a_young_image_becomes_removable_as_a_time() {
         "{plan:#}"
     );
 }
+
+#[tokio::test]
+async fn plan_asks_only_about_containers_the_daemon_has_not_seen() {
+    let fake = FakeRuntime::new();
+    for n in 0..20 {
+        let used = image(&format!("app{n}"), 1000);
+        fake.add_image(used.clone());
+        fake.add_container(imagegc_testkit::container_using(&format!("c{n}"), &used));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let state = dir.path().join("state");
+    Settings::new(dir.path()).write(&config);
+    let statuses = || fake.calls().iter().filter(|c| *c == "ContainerStatus").count();
+
+    // Nothing learnt yet: plan asks about every container.
+    imagegc_json(&config, &server.endpoint(), &state, &["plan"], 0).await;
+    assert_eq!(statuses(), 20);
+    // A cycle learns them and notes them in the state directory.
+    imagegc_json(&config, &server.endpoint(), &state, &["once"], 0).await;
+    assert_eq!(statuses(), 40);
+    // plan now asks only about the container created since.
+    let new = image("fresh", 1000);
+    fake.add_image(new.clone());
+    fake.add_container(imagegc_testkit::container_using("c-new", &new));
+    let plan = imagegc_json(&config, &server.endpoint(), &state, &["plan"], 0).await;
+    assert_eq!(statuses(), 41, "{plan:#}");
+    // And still sees every container's image as in use.
+    let in_use = plan["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["reason"] == "in_use")
+        .count();
+    assert_eq!(in_use, 21, "{plan:#}");
+}
