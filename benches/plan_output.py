@@ -162,36 +162,45 @@ def main():
 
         fake.send([f"containers {CONTAINERS}"])
         client_command = [*client, socket, stubs]
-        print(f"== {IMAGES} images, {CONTAINERS} running containers; imagegc against a bare Python gRPC client")
-        for name, run in [*((b, [b, *command]) for b in binaries), ("client", client_command)]:
-            (out, writes, total), calls = calls_between(fake, lambda: strace_counts(run, work))
-            asked = ", ".join(f"{rpc} {n}" for rpc, n in calls.items())
-            print(f"{name}: strace -f -c: {writes} write/writev calls, {total} syscalls; {len(out)} bytes out; asked: {asked}")
+        def measure():
+            print(f"== {IMAGES} images, {CONTAINERS} running containers; imagegc against a bare Python gRPC client")
+            for name, run in [*((b, [b, *command]) for b in binaries), ("client", client_command)]:
+                (out, writes, total), calls = calls_between(fake, lambda: strace_counts(run, work))
+                asked = ", ".join(f"{rpc} {n}" for rpc, n in calls.items())
+                print(f"{name}: strace -f -c: {writes} write/writev calls, {total} syscalls; {len(out)} bytes out; asked: {asked}")
 
-        whole = {b: [] for b in binaries}
-        fake_cpu = {b: [] for b in binaries}
-        ratios = {b: [] for b in binaries}
-        client_whole, client_inside, client_fake_cpu = [], [], []
-        for _ in range(ROUNDS):
-            for binary in binaries:
+            whole = {b: [] for b in binaries}
+            fake_cpu = {b: [] for b in binaries}
+            ratios = {b: [] for b in binaries}
+            client_whole, client_inside, client_fake_cpu = [], [], []
+            for _ in range(ROUNDS):
+                for binary in binaries:
+                    cpu = fake.cpu_ms()
+                    whole[binary].append(timed([binary, *command])[0])
+                    fake_cpu[binary].append(fake.cpu_ms() - cpu)
                 cpu = fake.cpu_ms()
-                whole[binary].append(timed([binary, *command])[0])
-                fake_cpu[binary].append(fake.cpu_ms() - cpu)
-            cpu = fake.cpu_ms()
-            elapsed, out = timed(client_command)
-            client_fake_cpu.append(fake.cpu_ms() - cpu)
-            counts = dict(word.split("=") for word in out.split())
-            assert counts["images"] == str(IMAGES) and counts["containers"] == str(CONTAINERS), out
-            client_whole.append(elapsed)
-            client_inside.append(float(counts["in_process_ms"]))
+                elapsed, out = timed(client_command)
+                client_fake_cpu.append(fake.cpu_ms() - cpu)
+                counts = dict(word.split("=") for word in out.split())
+                assert counts["images"] == str(IMAGES) and counts["containers"] == str(CONTAINERS), out
+                client_whole.append(elapsed)
+                client_inside.append(float(counts["in_process_ms"]))
+                for binary in binaries:
+                    ratios[binary].append(whole[binary][-1] / elapsed)
             for binary in binaries:
-                ratios[binary].append(whole[binary][-1] / elapsed)
-        for binary in binaries:
-            print(f"{binary}: whole process {spread(whole[binary])}; fake runtime's CPU per run "
-                  f"{statistics.mean(fake_cpu[binary]):.0f} ms (mean); "
-                  f"ratio to the client's whole process {spread(ratios[binary], 'x')}")
-        print(f"client: whole process {spread(client_whole)}, in process {spread(client_inside)}; "
-              f"fake runtime's CPU per run {statistics.mean(client_fake_cpu):.0f} ms (mean); {ROUNDS} rounds")
+                print(f"{binary}: whole process {spread(whole[binary])}; fake runtime's CPU per run "
+                      f"{statistics.mean(fake_cpu[binary]):.0f} ms (mean); "
+                      f"ratio to the client's whole process {spread(ratios[binary], 'x')}")
+            print(f"client: whole process {spread(client_whole)}, in process {spread(client_inside)}; "
+                  f"fake runtime's CPU per run {statistics.mean(client_fake_cpu):.0f} ms (mean); {ROUNDS} rounds")
+
+        measure()
+        # What a node where the daemon runs has: each container's mounts,
+        # learnt by a cycle and noted in the state directory.
+        subprocess.run([binaries[0], "--config", config, "once", "--output", "json"], check=False,
+                       capture_output=True)
+        print("== the same, after `imagegc once` noted what it learnt of each container (containers.json)")
+        measure()
         print(f"load average at end: {os.getloadavg()[0]:.2f}")
     finally:
         fake.quit()
