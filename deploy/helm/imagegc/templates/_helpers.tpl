@@ -124,6 +124,7 @@ dry_run = {{ .Values.gc.dryRun }}
 image_fs_path = {{ . | toJson }}
 {{- end }}
 thrash_window = {{ .Values.gc.thrashWindow | toJson }}
+order = {{ .Values.gc.order | toJson }}
 {{- if not (kindIs "invalid" .Values.gc.highInodesPercent) }}
 high_inodes_percent = {{ int .Values.gc.highInodesPercent }}
 low_inodes_percent = {{ int .Values.gc.lowInodesPercent }}
