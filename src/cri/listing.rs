@@ -15,13 +15,16 @@ use prost::{DecodeError, Message};
 
 use super::Image;
 
-/// The images of a `ListImages` answer (field 1 of `ListImagesResponse`).
+/// The images of a whole `ListImages` answer (field 1 of
+/// `ListImagesResponse`), decoded at once: what the streaming reader
+/// (`list_images.rs`) is tested against.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub(super) struct ListedImages(pub(super) Vec<Image>);
 
 /// One `Image` message.
 #[derive(Debug, Default)]
-struct WireImage(Image);
+pub(super) struct WireImage(pub(super) Image);
 
 impl Message for WireImage {
     fn encode_raw(&self, buf: &mut impl BufMut) {
@@ -84,6 +87,7 @@ impl Message for WireImage {
     }
 }
 
+#[cfg(test)]
 impl Message for ListedImages {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         for image in &self.0 {

@@ -6,6 +6,7 @@
 //! the collector can be tested against a hand-written fake.
 
 pub mod client;
+mod list_images;
 mod listing;
 pub mod proto;
 
