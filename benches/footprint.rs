@@ -75,15 +75,15 @@ impl Fake {
                         ),
                     })
                     .collect(),
-                repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
+                repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))].into(),
                 size: 50_000_000 + (i as u64 % 97) * 1_000_000,
                 pinned: false,
             });
         }
         runtime.add_image(Image {
             id: format!("sha256:{}", hex(3, 0)),
-            repo_tags: vec![PAUSE.to_string()],
-            repo_digests: vec![],
+            repo_tags: vec![PAUSE.to_string()].into(),
+            repo_digests: Default::default(),
             size: 300_000,
             pinned: false,
         });

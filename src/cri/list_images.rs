@@ -27,6 +27,10 @@ use tower::ServiceExt as _;
 
 use super::Image;
 use super::listing::WireImage;
+use super::names::{Interner, Names};
+
+/// The names of the last listing, to share with the next (see [`Interner`]).
+pub(super) type Previous = std::collections::HashSet<Names, foldhash::fast::RandomState>;
 
 /// The method's path.
 const PATH: &str = "/runtime.v1.ImageService/ListImages";
@@ -36,8 +40,14 @@ const PATH: &str = "/runtime.v1.ImageService/ListImages";
 const REQUEST: [u8; 5] = [0, 0, 0, 0, 0];
 
 /// Calls `ListImages` on `channel` and decodes the answer as it arrives;
-/// a message over `max_message` bytes is refused.
-pub(super) async fn list_images(channel: Channel, max_message: usize) -> Result<Vec<Image>, Status> {
+/// a message over `max_message` bytes is refused. Names unchanged since
+/// `previous` are shared with it; the names of this listing are returned
+/// for the next.
+pub(super) async fn list_images(
+    channel: Channel,
+    max_message: usize,
+    previous: Previous,
+) -> Result<(Vec<Image>, Previous), Status> {
     let request = http::Request::builder()
         .method(http::Method::POST)
         .version(http::Version::HTTP_2)
@@ -63,7 +73,7 @@ pub(super) async fn list_images(channel: Channel, max_message: usize) -> Result<
     if head_status.is_none() && head.status != http::StatusCode::OK {
         return Err(from_http_status(head.status));
     }
-    let mut reader = Reader::new(max_message);
+    let mut reader = Reader::new(max_message, previous);
     let mut trailers = None;
     while let Some(frame) = body.frame().await {
         match frame?.into_data() {
@@ -117,6 +127,7 @@ pub(super) struct Reader {
     /// Whether the (one) message's prefix was read.
     message_seen: bool,
     images: Vec<Image>,
+    names: Interner,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -131,13 +142,14 @@ enum State {
 }
 
 impl Reader {
-    pub(super) fn new(max_message: usize) -> Self {
+    pub(super) fn new(max_message: usize, previous: Previous) -> Self {
         Reader {
             max_message,
             pending: Vec::new(),
             state: State::Prefix,
             message_seen: false,
             images: Vec::new(),
+            names: Interner::new(previous),
         }
     }
 
@@ -150,9 +162,9 @@ impl Reader {
         Ok(())
     }
 
-    /// The images, once the body has ended: an error unless exactly one
-    /// whole message came.
-    pub(super) fn finish(mut self) -> Result<Vec<Image>, Status> {
+    /// The images and their names, once the body has ended: an error
+    /// unless exactly one whole message came.
+    pub(super) fn finish(mut self) -> Result<(Vec<Image>, Previous), Status> {
         if !matches!(self.state, State::Prefix) || !self.pending.is_empty() {
             return Err(Status::internal("Unexpected EOF decoding stream."));
         }
@@ -160,7 +172,7 @@ impl Reader {
             return Err(Status::internal("Missing response message."));
         }
         self.images.shrink_to_fit();
-        Ok(self.images)
+        Ok((self.images, self.names.into_current()))
     }
 
     /// Decodes what `pending` holds; returns how many of its bytes are done
@@ -219,7 +231,7 @@ impl Reader {
                                 return Ok(at);
                             };
                             let image = WireImage::decode(bytes).map_err(|e| Status::internal(e.to_string()))?;
-                            self.images.push(image.0);
+                            self.images.push(image.into_image(&mut self.names));
                             at += end;
                             self.state = State::Field { left: left - end };
                         }
@@ -384,11 +396,11 @@ mod tests {
     }
 
     fn read(parts: &[&[u8]]) -> Result<Vec<Image>, Status> {
-        let mut reader = Reader::new(MAX);
+        let mut reader = Reader::new(MAX, Previous::default());
         for part in parts {
             reader.feed(part)?;
         }
-        reader.finish()
+        Ok(reader.finish()?.0)
     }
 
     #[test]
@@ -445,9 +457,9 @@ mod tests {
             // Where prost reads the cut message, so does the reader (the
             // bytes after it are what fails).
             if let Ok(whole) = whole {
-                let mut reader = Reader::new(MAX);
+                let mut reader = Reader::new(MAX, Previous::default());
                 reader.feed(&body[..5 + len]).unwrap();
-                assert_eq!(reader.finish().unwrap(), whole.0, "length {len}");
+                assert_eq!(reader.finish().unwrap().0, whole.0, "length {len}");
             }
         }
     }
@@ -466,7 +478,7 @@ mod tests {
 
     #[test]
     fn a_message_over_the_limit_is_refused_from_its_prefix() {
-        let mut reader = Reader::new(100);
+        let mut reader = Reader::new(100, Previous::default());
         let mut prefix = vec![0];
         prefix.extend(101u32.to_be_bytes());
         let err = reader.feed(&prefix).unwrap_err();
@@ -481,9 +493,9 @@ mod tests {
         }
         .encode_to_vec();
         assert_eq!(message.len(), 100);
-        let mut reader = Reader::new(100);
+        let mut reader = Reader::new(100, Previous::default());
         reader.feed(&framed(&message)).unwrap();
-        assert_eq!(reader.finish().unwrap()[0].id, "x".repeat(96));
+        assert_eq!(reader.finish().unwrap().0[0].id, "x".repeat(96));
     }
 
     #[test]

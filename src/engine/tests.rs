@@ -89,7 +89,7 @@ impl Runtime for SimHandle {
             && sim.lists == n
             && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
         {
-            image.repo_tags.push(tag);
+            image.repo_tags = image.repo_tags.iter().cloned().chain([tag]).collect();
         }
         Ok(sim.containers.clone())
     }
