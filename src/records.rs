@@ -72,8 +72,9 @@ pub struct Records {
 /// What one listing did to the records, beyond last-used times.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Observed {
-    /// Images seen for the first time.
-    pub new_ids: Vec<String>,
+    /// Images seen for the first time, by their place in the listing (not
+    /// their ids: on a first cycle that would be a copy of every id).
+    pub new: Vec<usize>,
     /// Images no longer listed whose records are kept for the grace.
     pub vanished: usize,
     /// Images listed again within the grace: their history is back.
@@ -189,7 +190,10 @@ impl Records {
     // notes its place, so the planner looks nothing up again.
     fn observe_matched(&mut self, images: &[Image], matches: Matches, now: SystemTime) -> (Observed, Listed) {
         let mut observed = Observed::default();
-        let new_ids = &mut observed.new_ids;
+        // Grown once to the listing's size, not doubled as records come:
+        // on a first cycle of 100,000 images the last doubling held the
+        // old table beside the new.
+        self.map.reserve(images.len().saturating_sub(self.map.len()));
         let mut out = Listed::new(matches, images.len());
         let mut listed: HashMap<&str, usize> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
         for (i, image) in images.iter().enumerate() {
@@ -207,7 +211,7 @@ impl Records {
                         record
                     }
                     None => {
-                        new_ids.push(image.id.clone());
+                        observed.new.push(i);
                         Record {
                             first_seen: now,
                             last_used: now,
@@ -506,7 +510,7 @@ mod tests {
         assert_eq!(records.iter().count(), 3);
 
         let observed = records.observe(&images, &[], t(300));
-        assert_eq!((observed.returned, observed.new_ids.len()), (3, 0));
+        assert_eq!((observed.returned, observed.new.len()), (3, 0));
         let after: Vec<Record> = ["0", "1", "2"].map(|id| records.get(id).unwrap().clone()).into();
         assert_eq!(after, before, "first seen and last used are what they were");
     }

@@ -164,14 +164,15 @@ impl Reader {
 
     /// The images and their names, once the body has ended: an error
     /// unless exactly one whole message came.
-    pub(super) fn finish(mut self) -> Result<(Vec<Image>, Previous), Status> {
+    pub(super) fn finish(self) -> Result<(Vec<Image>, Previous), Status> {
         if !matches!(self.state, State::Prefix) || !self.pending.is_empty() {
             return Err(Status::internal("Unexpected EOF decoding stream."));
         }
         if !self.message_seen {
             return Err(Status::internal("Missing response message."));
         }
-        self.images.shrink_to_fit();
+        // Not shrunk to fit: that would copy every image once more, at
+        // the moment all of them are held.
         Ok((self.images, self.names.into_current()))
     }
 
