@@ -173,7 +173,7 @@ impl Reader {
         }
         // Not shrunk to fit: that would copy every image once more, at
         // the moment all of them are held.
-        Ok((self.images, self.names.into_current()))
+        Ok((self.images, self.names.into_names()))
     }
 
     /// Decodes what `pending` holds; returns how many of its bytes are done

@@ -104,40 +104,41 @@ impl serde::Serialize for Names {
     }
 }
 
-/// The [`Names`] of one listing, by content: the next listing takes each
-/// image's names from here when they are unchanged, so that the records,
-/// which still hold the previous listing's, and the new listing hold one
-/// copy between them.
+/// The [`Names`] the last listing held, by content: the next listing
+/// takes each image's names from here when they are unchanged, so that the
+/// records, which still hold the last listing's, and the new listing hold
+/// one copy between them. One set serves both listings (two would be
+/// two tables of every name's pointer at the daemon's peak).
 #[derive(Debug, Default)]
 pub struct Interner {
-    previous: HashSet<Names, BuildHasher>,
-    current: HashSet<Names, BuildHasher>,
+    names: HashSet<Names, BuildHasher>,
 }
 
 impl Interner {
     /// An interner that reuses the names in `previous`.
     pub fn new(previous: HashSet<Names, BuildHasher>) -> Self {
-        let current = HashSet::with_capacity_and_hasher(previous.len(), BuildHasher::default());
-        Interner { previous, current }
+        Interner { names: previous }
     }
 
-    /// `names` as a shared [`Names`]: the previous listing's when it had
+    /// `names` as a shared [`Names`]: the one already known when it is
     /// the same, else new.
     pub fn names(&mut self, names: Vec<String>) -> Names {
-        if let Some(names) = self.current.get(names.as_slice()) {
+        if let Some(names) = self.names.get(names.as_slice()) {
             return names.clone();
         }
-        let shared = match self.previous.get(names.as_slice()) {
-            Some(names) => names.clone(),
-            None => Names::from(names),
-        };
-        self.current.insert(shared.clone());
+        let shared = Names::from(names);
+        self.names.insert(shared.clone());
         shared
     }
 
-    /// The names of this listing, for the next.
-    pub fn into_current(self) -> HashSet<Names, BuildHasher> {
-        self.current
+    /// The names still held by anyone (this listing, the records), for
+    /// the next listing.
+    pub fn into_names(mut self) -> HashSet<Names, BuildHasher> {
+        self.names.retain(|names| Arc::strong_count(&names.0) > 1);
+        if self.names.len() < self.names.capacity() / 4 {
+            self.names.shrink_to_fit();
+        }
+        self.names
     }
 }
 
@@ -156,17 +157,19 @@ mod tests {
         let b = first.names(names(&["b:1"]));
         // The same names twice within a listing: one copy.
         assert!(first.names(names(&["b:1"])).shares(&b));
-        let mut second = Interner::new(first.into_current());
+        let mut second = Interner::new(first.into_names());
         let a2 = second.names(names(&["a:1", "a:2"]));
         assert!(a2.shares(&a));
         // Changed (here, reordered) names are new.
         let b2 = second.names(names(&["b:2", "b:1"]));
         assert!(!b2.shares(&b));
         assert_eq!(b2, ["b:2", "b:1"]);
-        // What the second listing did not list is not kept for the third.
-        let next = second.into_current();
+        // Names nobody holds any more are not kept for the next listing.
+        drop(b);
+        let next = second.into_names();
         assert_eq!(next.len(), 2);
         assert!(!next.contains(names(&["b:1"]).as_slice()));
+        assert!(next.contains(names(&["b:2", "b:1"]).as_slice()));
     }
 
     #[test]
