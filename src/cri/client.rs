@@ -7,8 +7,8 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt as _;
@@ -52,9 +52,6 @@ pub struct CriClient {
     /// The channel `ListImages` is asked on by hand, its answer decoded
     /// into [`Image`]s as it arrives (see `list_images.rs`).
     channel: Channel,
-    /// The names of the last listing, which the next shares where they
-    /// are unchanged (see [`super::Names`]).
-    names: Arc<Mutex<super::list_images::Previous>>,
     /// Whether the runtime lists ids as bare hex (CRI-O): imagegc uses
     /// `sha256:<hex>` everywhere and gives the runtime back its own form.
     bare_ids: Arc<AtomicBool>,
@@ -106,7 +103,6 @@ pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeEr
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         channel,
-        names: Arc::default(),
         bare_ids: Arc::new(AtomicBool::new(false)),
         metrics: None,
     })
@@ -426,13 +422,13 @@ impl Runtime for CriClient {
     async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
         let mut images = self
             .call("ListImages", async {
-                // Taken for the call: a listing at the same time (none in
-                // the daemon) shares nothing, and one that fails leaves the
-                // next nothing to share.
-                let previous = std::mem::take(&mut *self.names.lock().unwrap_or_else(PoisonError::into_inner));
+                // The names known to the process, which this listing shares
+                // where they are unchanged (see `names.rs`); one that fails
+                // leaves the next none to share.
+                let known = super::names::take_known();
                 let (images, names) =
-                    super::list_images::list_images(self.channel.clone(), MAX_MESSAGE_BYTES, previous).await?;
-                *self.names.lock().unwrap_or_else(PoisonError::into_inner) = names;
+                    super::list_images::list_images(self.channel.clone(), MAX_MESSAGE_BYTES, known).await?;
+                super::names::keep_known(names);
                 Ok(tonic::Response::new(images))
             })
             .await?;

@@ -8,7 +8,7 @@
 pub mod client;
 mod list_images;
 mod listing;
-mod names;
+pub(crate) mod names;
 pub mod proto;
 
 use std::future::Future;

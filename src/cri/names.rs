@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 type BuildHasher = foldhash::fast::RandomState;
 
@@ -140,6 +140,39 @@ impl Interner {
         }
         self.names
     }
+}
+
+/// The names known to this process: the last listing's, and those the
+/// state file loaded before any listing. A listing takes them
+/// ([`take_known`]) and gives its own back ([`keep_known`]).
+static KNOWN: LazyLock<Mutex<HashSet<Names, BuildHasher>>> = LazyLock::new(Mutex::default);
+
+/// `names` as a shared [`Names`], the known one when it is the same: the
+/// records loaded from the state file share their names with the first
+/// listing this way, which would otherwise hold a second copy of every
+/// name during the daemon's first cycle.
+pub fn shared(names: Vec<String>) -> Names {
+    let mut known = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(names) = known.get(names.as_slice()) {
+        return names.clone();
+    }
+    let names = Names::from(names);
+    known.insert(names.clone());
+    names
+}
+
+/// The known names, for a listing to share (see [`Interner::new`]). A
+/// listing at the same time (none in the daemon) finds none.
+pub(crate) fn take_known() -> HashSet<Names, BuildHasher> {
+    std::mem::take(&mut *KNOWN.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// Gives a listing's names back (see [`Interner::into_names`]), with any
+/// that became known meanwhile.
+pub(crate) fn keep_known(mut names: HashSet<Names, BuildHasher>) {
+    let mut known = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
+    names.extend(known.drain());
+    *known = names;
 }
 
 #[cfg(test)]
