@@ -75,15 +75,15 @@ impl Fake {
                         ),
                     })
                     .collect(),
-                repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
+                repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))].into(),
                 size: 50_000_000 + (i as u64 % 97) * 1_000_000,
                 pinned: false,
             });
         }
         runtime.add_image(Image {
             id: format!("sha256:{}", hex(3, 0)),
-            repo_tags: vec![PAUSE.to_string()],
-            repo_digests: vec![],
+            repo_tags: vec![PAUSE.to_string()].into(),
+            repo_digests: Default::default(),
             size: 300_000,
             pinned: false,
         });
@@ -101,7 +101,9 @@ impl Fake {
             });
         }
         runtime.set_sandbox_image(Some(PAUSE.to_string()));
-        // The image filesystem: a real directory, well below the thresholds.
+        // The image filesystem: a real directory, below the thresholds the
+        // daemon is given (100%/99%: a full build machine's disk must not
+        // turn every cycle into a space pass, which is not what is measured).
         runtime.set_image_fs_mount(dir);
         let socket = dir.join(format!("fake-{images}.sock"));
         let stop = CancellationToken::new();
@@ -159,7 +161,8 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "[gc]\ninterval = \"{interval}\"\nusage_poll_interval = \"{poll}\"\n\n[metrics]\nlisten = \"{addr}\"\n",
+                "[gc]\ninterval = \"{interval}\"\nusage_poll_interval = \"{poll}\"\n\
+                 high_threshold_percent = 100\nlow_threshold_percent = 99\n\n[metrics]\nlisten = \"{addr}\"\n",
                 poll = if interval == "5m" { "30s" } else { interval }
             ),
         )

@@ -76,7 +76,7 @@ fn main() {
             for i in 0..100u64 {
                 fake.add_image(Image {
                     id: format!("sha256:{}", hex(1, i)),
-                    repo_tags: vec![format!("registry.example.com/app-{i}:1")],
+                    repo_tags: vec![format!("registry.example.com/app-{i}:1")].into(),
                     size: 10_000_000,
                     ..Default::default()
                 });

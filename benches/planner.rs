@@ -45,8 +45,8 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
     }
     let pause = Image {
         id: format!("sha256:{}", hex(3, 0)),
-        repo_tags: vec![PAUSE.to_string()],
-        repo_digests: vec![],
+        repo_tags: vec![PAUSE.to_string()].into(),
+        repo_digests: Default::default(),
         size: 300_000,
         pinned: false,
     };

@@ -419,11 +419,12 @@ mod tests {
         let id = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
         let img = Image {
             id: id.to_string(),
-            repo_tags: vec!["docker.io/library/nginx:1.27".to_string()],
+            repo_tags: vec!["docker.io/library/nginx:1.27".to_string()].into(),
             repo_digests: vec![
                 "docker.io/library/nginx@sha256:2222222222222222222222222222222222222222222222222222222222222222"
                     .to_string(),
-            ],
+            ]
+            .into(),
             size: 1,
             pinned: false,
         };
@@ -489,7 +490,7 @@ mod tests {
         bare.id = hex.clone();
         // A runtime that lists an id among the tags.
         let mut tagged = image("z", 1);
-        tagged.repo_tags.push(prefixed.clone());
+        tagged.repo_tags = tagged.repo_tags.iter().cloned().chain([prefixed.clone()]).collect();
         for reference in [&prefixed, &hex] {
             for (img, id) in [(&with_prefix, &prefixed), (&bare, &hex), (&tagged, &"z".to_string())] {
                 let images = [img.clone()];
@@ -508,10 +509,10 @@ mod tests {
         let id = |n: u8| format!("sha256:{}", n.to_string().repeat(64));
         let mut old = image("old", 1);
         old.id = id(1);
-        old.repo_tags.clear();
+        old.repo_tags = Default::default();
         let mut new = image("new", 1);
         new.id = id(2);
-        new.repo_tags = vec!["docker.io/library/app:1".to_string()];
+        new.repo_tags = vec!["docker.io/library/app:1".to_string()].into();
         let images = [old, new, image("other", 1)];
         // Created from `app:1` when it was the old image; the tag has moved since.
         let containers = [Container {

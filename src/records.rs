@@ -17,6 +17,8 @@
 use std::collections::hash_map::Entry;
 use std::time::SystemTime;
 
+/// A record's tags or digests: the listing's own, shared (see [`Names`]).
+pub use crate::cri::Names;
 use crate::cri::{Container, Image, Snapshot};
 use crate::matching::{Matches, References};
 
@@ -41,7 +43,7 @@ pub struct Record {
     /// The runtime's pinned flag, as last listed.
     pub pinned: bool,
     /// The image's tags, as last listed (kept so the state file names an
-    /// image after it is gone).
+    /// image after it is gone): the listing's copy, not one of its own.
     pub tags: Names,
     /// The image's repository digests, as last listed.
     pub digests: Names,
@@ -52,61 +54,6 @@ pub struct Record {
     /// or an earlier one (kept in the state file: the times cannot tell,
     /// since loading moves last-used times forward past first sightings).
     pub ever_used: bool,
-}
-
-/// A record's names (tags or digests), in one allocation: a record keeps
-/// them for as long as the image is listed, and on a node of 100,000
-/// images with several tags each, a `Vec<String>` apiece took about as much
-/// memory again as the names themselves. Each name is followed by a newline
-/// (a runtime's name with a newline in it reads back split, which only the
-/// state file's copy of the names would show).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Names(Box<str>);
-
-impl Names {
-    /// The names, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &str> {
-        self.0.split_terminator('\n')
-    }
-
-    /// How many names.
-    pub fn len(&self) -> usize {
-        self.iter().count()
-    }
-
-    /// True when there is none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Whether these are `names`, in order.
-    pub fn is(&self, names: &[String]) -> bool {
-        let mut rest = &*self.0;
-        for name in names {
-            match rest.strip_prefix(name.as_str()).and_then(|r| r.strip_prefix('\n')) {
-                Some(after) => rest = after,
-                None => return false,
-            }
-        }
-        rest.is_empty()
-    }
-}
-
-impl From<&[String]> for Names {
-    fn from(names: &[String]) -> Self {
-        let mut text = String::with_capacity(names.iter().map(|n| n.len() + 1).sum());
-        for name in names {
-            text.push_str(name);
-            text.push('\n');
-        }
-        Names(text.into_boxed_str())
-    }
-}
-
-impl From<Vec<String>> for Names {
-    fn from(names: Vec<String>) -> Self {
-        Names::from(names.as_slice())
-    }
 }
 
 /// All records, keyed by image id.
@@ -125,8 +72,9 @@ pub struct Records {
 /// What one listing did to the records, beyond last-used times.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Observed {
-    /// Images seen for the first time.
-    pub new_ids: Vec<String>,
+    /// Images seen for the first time, by their place in the listing (not
+    /// their ids: on a first cycle that would be a copy of every id).
+    pub new: Vec<usize>,
     /// Images no longer listed whose records are kept for the grace.
     pub vanished: usize,
     /// Images listed again within the grace: their history is back.
@@ -242,7 +190,10 @@ impl Records {
     // notes its place, so the planner looks nothing up again.
     fn observe_matched(&mut self, images: &[Image], matches: Matches, now: SystemTime) -> (Observed, Listed) {
         let mut observed = Observed::default();
-        let new_ids = &mut observed.new_ids;
+        // Grown once to the listing's size, not doubled as records come:
+        // on a first cycle of 100,000 images the last doubling held the
+        // old table beside the new.
+        self.map.reserve(images.len().saturating_sub(self.map.len()));
         let mut out = Listed::new(matches, images.len());
         let mut listed: HashMap<&str, usize> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
         for (i, image) in images.iter().enumerate() {
@@ -260,7 +211,7 @@ impl Records {
                         record
                     }
                     None => {
-                        new_ids.push(image.id.clone());
+                        observed.new.push(i);
                         Record {
                             first_seen: now,
                             last_used: now,
@@ -288,13 +239,16 @@ impl Records {
                 record.pinned = image.pinned;
                 self.changed = true;
             }
-            if !record.tags.is(&image.repo_tags) {
-                record.tags = Names::from(image.repo_tags.as_slice());
-                self.changed = true;
-            }
-            if !record.digests.is(&image.repo_digests) {
-                record.digests = Names::from(image.repo_digests.as_slice());
-                self.changed = true;
+            // The listing's names replace the record's, equal or not, so
+            // that the two hold one copy.
+            for (kept, listed) in [
+                (&mut record.tags, &image.repo_tags),
+                (&mut record.digests, &image.repo_digests),
+            ] {
+                if !kept.shares(listed) {
+                    self.changed |= !kept.is(listed);
+                    *kept = listed.clone();
+                }
             }
             out.places.push(Place {
                 history: Some(History::of(record)),
@@ -461,19 +415,25 @@ mod tests {
 
     // docs/kubelet.md scenario 1: initial detection.
     #[test]
-    fn names_are_kept_in_one_piece_and_compared_to_a_listing_in_order() {
-        let listed = vec!["a:1".to_string(), "a:2".to_string()];
-        let names = Names::from(listed.as_slice());
-        assert!(names.is(&listed));
-        assert_eq!(names.iter().collect::<Vec<_>>(), ["a:1", "a:2"]);
-        assert_eq!(names.len(), 2);
-        assert!(!names.is(&listed[..1]));
-        assert!(!names.is(&["a:2".to_string(), "a:1".to_string()]));
-        assert!(Names::default().is(&[]) && Names::default().is_empty());
-        // A name with a newline in it still compares equal to its listing,
-        // so it does not count as a change at every cycle.
-        let odd = vec!["a\nb".to_string()];
-        assert!(Names::from(odd.as_slice()).is(&odd));
+    fn a_record_holds_the_listings_names_not_a_copy() {
+        let listed = [image("0", 1)];
+        let mut records = Records::new();
+        records.observe(&listed, &[], t(0));
+        records.saved();
+        assert!(records.get("0").unwrap().tags.shares(&listed[0].repo_tags));
+        // An equal listing of new copies: the record takes them, and that
+        // is no change to save.
+        let again = [image("0", 1)];
+        assert!(!again[0].repo_tags.shares(&listed[0].repo_tags));
+        records.observe(&again, &[], t(10));
+        assert!(records.get("0").unwrap().tags.shares(&again[0].repo_tags));
+        assert!(records.get("0").unwrap().digests.shares(&again[0].repo_digests));
+        assert!(!records.changed());
+        let mut moved = image("0", 1);
+        moved.repo_tags = vec!["other:1".to_string()].into();
+        records.observe(&[moved], &[], t(20));
+        assert!(records.changed());
+        assert_eq!(records.get("0").unwrap().tags, ["other:1"]);
     }
 
     #[test]
@@ -550,7 +510,7 @@ mod tests {
         assert_eq!(records.iter().count(), 3);
 
         let observed = records.observe(&images, &[], t(300));
-        assert_eq!((observed.returned, observed.new_ids.len()), (3, 0));
+        assert_eq!((observed.returned, observed.new.len()), (3, 0));
         let after: Vec<Record> = ["0", "1", "2"].map(|id| records.get(id).unwrap().clone()).into();
         assert_eq!(after, before, "first seen and last used are what they were");
     }

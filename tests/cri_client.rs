@@ -163,10 +163,12 @@ async fn fifty_thousand_images_pass_the_grpc_default_message_limit() {
         fake.add_image(Image {
             repo_tags: vec![format!(
                 "registry.example.com/some-team/some-rather-long-application-name-{n}:v1.2.3-build-{n}"
-            )],
+            )]
+            .into(),
             repo_digests: vec![format!(
                 "registry.example.com/some-team/some-rather-long-application-name-{n}@{id}"
-            )],
+            )]
+            .into(),
             id,
             size: 100_000_000,
             pinned: false,
@@ -277,7 +279,7 @@ async fn removing_an_image_that_is_already_gone_says_so() {
 async fn removal_by_tag_or_digest_removes_the_whole_image() {
     let fake = FakeRuntime::new();
     let nginx = Image {
-        repo_tags: vec!["nginx:1.27".to_string(), "nginx:latest".to_string()],
+        repo_tags: vec!["nginx:1.27".to_string(), "nginx:latest".to_string()].into(),
         ..tagged_image("sha256:aaa", "nginx:1.27")
     };
     fake.add_image(nginx);

@@ -32,8 +32,8 @@ pub fn node_image(i: usize) -> Image {
     let name = format!("registry.example.com/team-{}/app-{repo}", repo / 20);
     Image {
         id: format!("sha256:{}", hex(1, i as u64)),
-        repo_tags: vec![format!("{name}:v1.2.{version}")],
-        repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))],
+        repo_tags: vec![format!("{name}:v1.2.{version}")].into(),
+        repo_digests: vec![format!("{name}@sha256:{}", hex(2, i as u64))].into(),
         size: 50_000_000 + (i as u64 % 97) * 1_000_000,
         pinned: false,
     }

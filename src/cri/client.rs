@@ -25,8 +25,6 @@ use super::{
 use crate::metrics::Metrics;
 use crate::reference::{bare_id, canonical_id};
 
-use super::listing::ListedImages;
-
 /// Endpoints tried in order when none is configured: containerd, CRI-O, cri-dockerd.
 pub const DEFAULT_ENDPOINTS: [&str; 3] = [
     "unix:///run/containerd/containerd.sock",
@@ -51,9 +49,9 @@ pub struct CriClient {
     timeout_nanos: Arc<AtomicU64>,
     runtime: RuntimeServiceClient<Channel>,
     image: ImageServiceClient<Channel>,
-    /// The image service's channel for `ListImages`, whose answer is
-    /// decoded straight into [`Image`]s (see `listing.rs`).
-    listing: tonic::client::Grpc<Channel>,
+    /// The channel `ListImages` is asked on by hand, its answer decoded
+    /// into [`Image`]s as it arrives (see `list_images.rs`).
+    channel: Channel,
     /// Whether the runtime lists ids as bare hex (CRI-O): imagegc uses
     /// `sha256:<hex>` everywhere and gives the runtime back its own form.
     bare_ids: Arc<AtomicBool>,
@@ -104,9 +102,7 @@ pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeEr
         image: ImageServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        listing: tonic::client::Grpc::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        channel,
         bare_ids: Arc::new(AtomicBool::new(false)),
         metrics: None,
     })
@@ -275,8 +271,8 @@ fn transport_message(status: &tonic::Status) -> String {
 fn image_from_proto(image: proto::Image) -> Image {
     Image {
         id: canonical_id(image.id),
-        repo_tags: image.repo_tags,
-        repo_digests: image.repo_digests,
+        repo_tags: image.repo_tags.into(),
+        repo_digests: image.repo_digests.into(),
         size: image.size,
         pinned: image.pinned,
     }
@@ -424,23 +420,18 @@ impl Runtime for CriClient {
     }
 
     async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
-        let mut grpc = self.listing.clone();
-        let listed = self
-            .call("ListImages", async move {
-                grpc.ready()
-                    .await
-                    .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
-                let path = tonic::codegen::http::uri::PathAndQuery::from_static("/runtime.v1.ImageService/ListImages");
-                let codec = tonic_prost::ProstCodec::<proto::ListImagesRequest, ListedImages>::default();
-                grpc.unary(
-                    tonic::Request::new(proto::ListImagesRequest { filter: None }),
-                    path,
-                    codec,
-                )
-                .await
+        let mut images = self
+            .call("ListImages", async {
+                // The names known to the process, which this listing shares
+                // where they are unchanged (see `names.rs`); one that fails
+                // leaves the next none to share.
+                let known = super::names::take_known();
+                let (images, names) =
+                    super::list_images::list_images(self.channel.clone(), MAX_MESSAGE_BYTES, known).await?;
+                super::names::keep_known(names);
+                Ok(tonic::Response::new(images))
             })
             .await?;
-        let mut images = listed.0;
         if images.iter().any(|i| i.id.len() == 64) {
             self.bare_ids.store(true, Ordering::Relaxed);
         }

@@ -14,19 +14,54 @@ use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
 
 use super::Image;
+use super::names::Interner;
 
-/// The images of a `ListImages` answer (field 1 of `ListImagesResponse`).
+/// The images of a whole `ListImages` answer (field 1 of
+/// `ListImagesResponse`), decoded at once: what the streaming reader
+/// (`list_images.rs`) is tested against.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub(super) struct ListedImages(pub(super) Vec<Image>);
 
-/// One `Image` message.
+/// One `Image` message, its names as decoded: [`WireImage::into_image`]
+/// shares them.
 #[derive(Debug, Default)]
-struct WireImage(Image);
+pub(super) struct WireImage {
+    id: String,
+    repo_tags: Vec<String>,
+    repo_digests: Vec<String>,
+    size: u64,
+    pinned: bool,
+}
+
+impl WireImage {
+    /// The image, its names taken from `names` where they are unchanged.
+    pub(super) fn into_image(self, names: &mut Interner) -> Image {
+        Image {
+            id: self.id,
+            repo_tags: names.names(self.repo_tags),
+            repo_digests: names.names(self.repo_digests),
+            size: self.size,
+            pinned: self.pinned,
+        }
+    }
+
+    #[cfg(test)]
+    fn of(image: &Image) -> Self {
+        WireImage {
+            id: image.id.clone(),
+            repo_tags: image.repo_tags.to_vec(),
+            repo_digests: image.repo_digests.to_vec(),
+            size: image.size,
+            pinned: image.pinned,
+        }
+    }
+}
 
 impl Message for WireImage {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         // Decoding only reads; encoding is here for the trait (and tests).
-        let image = &self.0;
+        let image = self;
         if !image.id.is_empty() {
             encoding::string::encode(1, &image.id, buf);
         }
@@ -47,7 +82,7 @@ impl Message for WireImage {
         buf: &mut impl Buf,
         ctx: DecodeContext,
     ) -> Result<(), DecodeError> {
-        let image = &mut self.0;
+        let image = self;
         match tag {
             1 => encoding::string::merge(wire_type, &mut image.id, buf, ctx),
             2 => encoding::string::merge_repeated(wire_type, &mut image.repo_tags, buf, ctx),
@@ -60,7 +95,7 @@ impl Message for WireImage {
     }
 
     fn encoded_len(&self) -> usize {
-        let image = &self.0;
+        let image = self;
         (if image.id.is_empty() {
             0
         } else {
@@ -80,15 +115,15 @@ impl Message for WireImage {
     }
 
     fn clear(&mut self) {
-        self.0 = Image::default();
+        *self = WireImage::default();
     }
 }
 
+#[cfg(test)]
 impl Message for ListedImages {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         for image in &self.0 {
-            let wire = WireImage(image.clone());
-            encoding::message::encode(1, &wire, buf);
+            encoding::message::encode(1, &WireImage::of(image), buf);
         }
     }
 
@@ -104,14 +139,14 @@ impl Message for ListedImages {
         }
         let mut wire = WireImage::default();
         encoding::message::merge(wire_type, &mut wire, buf, ctx)?;
-        self.0.push(wire.0);
+        self.0.push(wire.into_image(&mut Interner::default()));
         Ok(())
     }
 
     fn encoded_len(&self) -> usize {
         self.0
             .iter()
-            .map(|image| encoding::message::encoded_len(1, &WireImage(image.clone())))
+            .map(|image| encoding::message::encoded_len(1, &WireImage::of(image)))
             .sum()
     }
 
@@ -156,8 +191,8 @@ mod tests {
             .into_iter()
             .map(|i| Image {
                 id: i.id,
-                repo_tags: i.repo_tags,
-                repo_digests: i.repo_digests,
+                repo_tags: i.repo_tags.into(),
+                repo_digests: i.repo_digests.into(),
                 size: i.size,
                 pinned: i.pinned,
             })

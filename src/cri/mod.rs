@@ -6,23 +6,27 @@
 //! the collector can be tested against a hand-written fake.
 
 pub mod client;
+mod list_images;
 mod listing;
+pub(crate) mod names;
 pub mod proto;
 
 use std::future::Future;
 use std::time::Duration;
 
 pub use client::{CriClient, DEFAULT_ENDPOINTS, connect, discover};
+pub use names::Names;
 
 /// An image as the runtime lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Image {
     /// The runtime's image id (for containerd, the config digest `sha256:...`).
     pub id: String,
-    /// Tags such as `docker.io/library/nginx:1.27`.
-    pub repo_tags: Vec<String>,
+    /// Tags such as `docker.io/library/nginx:1.27` (shared with the
+    /// image's record: see [`Names`]).
+    pub repo_tags: Names,
     /// Repository digests such as `docker.io/library/nginx@sha256:...`.
-    pub repo_digests: Vec<String>,
+    pub repo_digests: Names,
     /// Size the runtime reports, in bytes. Shared layers are counted in every
     /// image that has them, so sizes do not add up to disk usage.
     pub size: u64,
@@ -293,15 +297,17 @@ pub fn merge_listings(mut images: Vec<Image>) -> Vec<Image> {
         let merged = &mut images[f];
         merged.pinned |= repeat.pinned;
         merged.size = merged.size.max(repeat.size);
-        for tag in repeat.repo_tags {
-            if !merged.repo_tags.contains(&tag) {
-                merged.repo_tags.push(tag);
+        for (merged, repeat) in [
+            (&mut merged.repo_tags, repeat.repo_tags),
+            (&mut merged.repo_digests, repeat.repo_digests),
+        ] {
+            let mut names = merged.to_vec();
+            for name in &repeat {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
             }
-        }
-        for digest in repeat.repo_digests {
-            if !merged.repo_digests.contains(&digest) {
-                merged.repo_digests.push(digest);
-            }
+            *merged = names.into();
         }
     }
     let mut index = 0;

@@ -250,8 +250,8 @@ impl<R: Runtime> Collector<R> {
         };
         let mut removal = Removal {
             id: candidate.id.to_string(),
-            tags: current.repo_tags.clone(),
-            digests: current.repo_digests.clone(),
+            tags: current.repo_tags.to_vec(),
+            digests: current.repo_digests.to_vec(),
             reason: candidate.reason,
             size: candidate.size,
             freed_bytes: None,

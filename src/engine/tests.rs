@@ -94,7 +94,7 @@ impl Runtime for SimHandle {
             && sim.lists == n
             && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
         {
-            image.repo_tags.push(tag);
+            image.repo_tags = image.repo_tags.iter().cloned().chain([tag]).collect();
         }
         if let Some((n, sender, pods)) = &sim.pods_at_list
             && sim.lists == *n

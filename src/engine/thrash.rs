@@ -63,16 +63,16 @@ impl Thrash {
         });
     }
 
-    /// The images of `images` among `new_ids` that imagegc removed within
-    /// `window` before `now`: each removal is reported once.
-    pub fn repulls(&mut self, now: SystemTime, window: Duration, images: &[Image], new_ids: &[String]) -> Vec<Repull> {
+    /// The images of `images` at the places `new` that imagegc removed
+    /// within `window` before `now`: each removal is reported once.
+    pub fn repulls(&mut self, now: SystemTime, window: Duration, images: &[Image], new: &[usize]) -> Vec<Repull> {
         self.recent
             .retain(|r| now.duration_since(r.at).unwrap_or_default() <= window);
         let mut found = Vec::new();
-        if new_ids.is_empty() || self.recent.is_empty() {
+        if new.is_empty() || self.recent.is_empty() {
             return found;
         }
-        for (index, image) in images.iter().enumerate().filter(|(_, i)| new_ids.contains(&i.id)) {
+        for (index, image) in new.iter().filter_map(|&i| Some((i, images.get(i)?))) {
             let Some(removal) = self
                 .recent
                 .iter_mut()
@@ -131,7 +131,7 @@ mod tests {
         thrash.remember(t0, old.id.clone(), &old.repo_digests);
         let later = t0 + Duration::from_secs(60);
         let listed = vec![image("b", 10), old.clone()];
-        let ids = vec!["b".to_string(), old.id.clone()];
+        let ids = vec![0, 1];
         let found = thrash.repulls(later, window, &listed, &ids);
         assert_eq!(
             found,

@@ -122,7 +122,7 @@ impl<R: Runtime> Collector<R> {
         });
         let window = self.config.gc.thrash_window;
         let unreachable = self.thrash.unreachable();
-        for repull in self.thrash.repulls(self.clock.now(), window, images, &observed.new_ids) {
+        for repull in self.thrash.repulls(self.clock.now(), window, images, &observed.new) {
             self.sinks.emit(&Event::Repulled {
                 image: &images[repull.index],
                 removed_ago: repull.removed_ago,

@@ -758,7 +758,7 @@ mod tests {
     #[test]
     fn sandbox_image_is_kept_by_familiar_or_full_name() {
         let mut pause = image("pause", 1);
-        pause.repo_tags = vec!["registry.k8s.io/pause:3.9".to_string()];
+        pause.repo_tags = vec!["registry.k8s.io/pause:3.9".to_string()].into();
         let mut w = World::new(vec![pause, image("other", 1)]);
         w.snapshot.sandbox_images = vec!["registry.k8s.io/pause:3.9".to_string()];
         w.observe(t(0));
@@ -800,7 +800,7 @@ mod tests {
     #[test]
     fn protect_patterns_written_as_people_write_image_names_protect() {
         let tagged = |id: &str, tag: &str| Image {
-            repo_tags: vec![tag.to_string()],
+            repo_tags: vec![tag.to_string()].into(),
             ..image(id, 1)
         };
         let patterns = [
@@ -834,8 +834,8 @@ mod tests {
     fn keep_recent_per_repository_keeps_the_newest_by_first_seen() {
         let tagged = |id: &str, tag: &str| Image {
             id: id.to_string(),
-            repo_tags: vec![tag.to_string()],
-            repo_digests: vec![],
+            repo_tags: vec![tag.to_string()].into(),
+            repo_digests: Default::default(),
             size: 1,
             pinned: false,
         };

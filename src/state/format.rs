@@ -269,8 +269,8 @@ fn record(
         last_used: from_unix_millis(last_used),
         size,
         pinned,
-        tags: tags.into(),
-        digests: digests.into(),
+        tags: crate::cri::names::shared(tags),
+        digests: crate::cri::names::shared(digests),
         from_history: true,
         ever_used,
     }

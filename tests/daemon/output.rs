@@ -10,7 +10,7 @@ use crate::support::{self, Daemon, Settings, eventually, image, imagegc_json, pa
 /// An image whose tag is 70,000 characters long, as a runtime may report.
 fn image_with_a_huge_tag(name: &str) -> imagegc::cri::Image {
     let mut huge = image(name, 1000);
-    huge.repo_tags = vec![format!("registry.test/{name}:{}", "x".repeat(70_000))];
+    huge.repo_tags = vec![format!("registry.test/{name}:{}", "x".repeat(70_000))].into();
     huge
 }
 
@@ -53,7 +53,7 @@ async fn a_tag_of_70000_characters_is_cut_short_in_every_table() {
 async fn escape_codes_in_a_tag_are_printed_escaped_in_tables() {
     let fake = FakeRuntime::new();
     let mut forged = image("forged", 1000);
-    forged.repo_tags = vec!["registry.test/forged:1\u{1b}[2J\nsha256:000000000000  fake-row".to_string()];
+    forged.repo_tags = vec!["registry.test/forged:1\u{1b}[2J\nsha256:000000000000  fake-row".to_string()].into();
     fake.add_image(forged);
     let dir = tempfile::tempdir().unwrap();
     let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
@@ -80,7 +80,7 @@ async fn newlines_and_escape_codes_from_the_runtime_cannot_forge_log_lines() {
     let fake = FakeRuntime::new();
     let mut forged = image("forged", 1000);
     forged.id = format!("{}\n2030-01-01T00:00:00Z ERROR forged line\u{1b}[2J", forged.id);
-    forged.repo_tags = vec!["registry.test/forged:1\nINFO forged tag line".to_string()];
+    forged.repo_tags = vec!["registry.test/forged:1\nINFO forged tag line".to_string()].into();
     fake.add_image(forged.clone());
     let dir = tempfile::tempdir().unwrap();
     let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();

@@ -119,7 +119,7 @@ async fn a_replayed_backlog_counts_at_its_own_time_and_costs_one_listing() {
         last_used: SystemTime::now() - secs(3600),
         size: 1000,
         pinned: false,
-        tags: old.repo_tags.as_slice().into(),
+        tags: old.repo_tags.clone(),
         digests: Default::default(),
         from_history: true,
         ever_used: false,

@@ -59,8 +59,8 @@ impl Bed {
 fn pause_image(pinned: bool) -> Image {
     Image {
         id: image_id("pause"),
-        repo_tags: vec![PAUSE.to_string()],
-        repo_digests: vec![format!("registry.k8s.io/pause@sha256:{}", "9".repeat(64))],
+        repo_tags: vec![PAUSE.to_string()].into(),
+        repo_digests: vec![format!("registry.k8s.io/pause@sha256:{}", "9".repeat(64))].into(),
         size: 300_000,
         pinned,
     }
@@ -202,7 +202,7 @@ fn a_pod_on_an_old_pause_image(dialect: Dialect) -> (FakeRuntime, Image) {
     fake.add_image(pause_image(dialect == Dialect::Containerd2));
     let old_pause = Image {
         id: image_id("pause-3.9"),
-        repo_tags: vec!["registry.k8s.io/pause:3.9".to_string()],
+        repo_tags: vec!["registry.k8s.io/pause:3.9".to_string()].into(),
         ..pause_image(false)
     };
     fake.add_image(old_pause.clone());
@@ -267,15 +267,15 @@ async fn crio_digests_match_by_the_digest_whatever_the_name_before_it() {
     let digest = |c: char| format!("sha256:{}", c.to_string().repeat(64));
     let old = Image {
         id: image_id("old"),
-        repo_tags: Vec::new(),
-        repo_digests: vec![format!("127.0.0.1:5000/move@{}", digest('a'))],
+        repo_tags: Default::default(),
+        repo_digests: vec![format!("127.0.0.1:5000/move@{}", digest('a'))].into(),
         size: 100_000,
         pinned: false,
     };
     let new = Image {
         id: image_id("new"),
-        repo_tags: vec!["127.0.0.1:5000/move:latest".to_string()],
-        repo_digests: vec![format!("127.0.0.1:5000/move@{}", digest('b'))],
+        repo_tags: vec!["127.0.0.1:5000/move:latest".to_string()].into(),
+        repo_digests: vec![format!("127.0.0.1:5000/move@{}", digest('b'))].into(),
         size: 100_000,
         pinned: false,
     };
@@ -410,7 +410,7 @@ async fn an_image_volume_named_by_a_tag_stays_in_use_after_the_tag_moves() {
     };
     fake.remove_image_by_id(&data.id);
     fake.add_image(Image {
-        repo_tags: Vec::new(),
+        repo_tags: Default::default(),
         ..data.clone()
     });
     fake.add_image(newer.clone());

@@ -302,8 +302,8 @@ async fn the_sandbox_image_is_not_exposed_by_a_status_call_that_fails() {
         let fake = FakeRuntime::new();
         let disk = SimDisk::new(1000, 0);
         let pause = Image {
-            repo_tags: vec![PAUSE.to_string()],
-            repo_digests: Vec::new(),
+            repo_tags: vec![PAUSE.to_string()].into(),
+            repo_digests: Default::default(),
             ..image("pause", 300)
         };
         disk.occupy(&pause.id, 900);

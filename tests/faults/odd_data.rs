@@ -83,8 +83,8 @@ impl Runtime for Scripted {
 
 fn dangling(name: &str, size: u64) -> Image {
     Image {
-        repo_tags: Vec::new(),
-        repo_digests: Vec::new(),
+        repo_tags: Default::default(),
+        repo_digests: Default::default(),
         ..image(name, size)
     }
 }

@@ -304,9 +304,12 @@ async fn an_image_that_gains_a_name_right_before_its_removal_is_kept_for_a_conta
     let retagged = a.clone();
     bed.fake.hook_on_call("ListContainers", 2, move || {
         let mut image = retagged.clone();
-        image
+        image.repo_tags = image
             .repo_tags
-            .push("registry.example.com/team/renamed:2.0".to_string());
+            .iter()
+            .cloned()
+            .chain(["registry.example.com/team/renamed:2.0".to_string()])
+            .collect();
         fake.add_image(image);
         fake.add_container(Container {
             id: "late".to_string(),
@@ -344,7 +347,7 @@ async fn an_image_that_gains_a_protected_or_sandbox_name_right_before_its_remova
         let retagged = a.clone();
         bed.fake.hook_on_call("ListContainers", 2, move || {
             let mut image = retagged.clone();
-            image.repo_tags.push(gained.to_string());
+            image.repo_tags = image.repo_tags.iter().cloned().chain([gained.to_string()]).collect();
             fake.add_image(image);
         });
         let report = bed.cycle().await;
@@ -403,11 +406,11 @@ async fn an_id_listed_twice_is_planned_with_what_every_listing_says() {
     .await;
     bed.fake.add_listing(Image {
         pinned: true,
-        repo_tags: Vec::new(),
+        repo_tags: Default::default(),
         ..a.clone()
     });
     bed.fake.add_listing(Image {
-        repo_tags: vec!["registry.example.com/team/kept-b:1".to_string()],
+        repo_tags: vec!["registry.example.com/team/kept-b:1".to_string()].into(),
         ..b.clone()
     });
 
@@ -420,7 +423,7 @@ async fn an_image_listed_with_no_id_is_never_asked_to_be_removed() {
     let mut bed = Bed::full(&[]).await;
     bed.fake.add_listing(Image {
         id: String::new(),
-        repo_tags: vec!["registry.example.com/team/noid:1".to_string()],
+        repo_tags: vec!["registry.example.com/team/noid:1".to_string()].into(),
         size: 500,
         ..Default::default()
     });

@@ -35,8 +35,9 @@ fn big_image(n: usize) -> Image {
         repo_tags: vec![
             format!("{repository}:v1.2.3-build-{n}-0123456789abcdef"),
             format!("{repository}:latest"),
-        ],
-        repo_digests: vec![format!("{repository}@sha256:{:064x}", n + 1_000_000)],
+        ]
+        .into(),
+        repo_digests: vec![format!("{repository}@sha256:{:064x}", n + 1_000_000)].into(),
         id,
         size: 50_000_000 + n as u64,
         pinned: false,

@@ -21,8 +21,8 @@ use imagegc::records::{Record, Records};
 pub fn image(name: &str, size: u64) -> Image {
     let id = image_id(name);
     Image {
-        repo_tags: vec![format!("registry.example.com/team/{name}:1.0")],
-        repo_digests: vec![format!("registry.example.com/team/{name}@{id}")],
+        repo_tags: vec![format!("registry.example.com/team/{name}:1.0")].into(),
+        repo_digests: vec![format!("registry.example.com/team/{name}@{id}")].into(),
         id,
         size,
         pinned: false,
@@ -43,8 +43,8 @@ pub fn tagged_image(id: &str, tag: &str) -> Image {
     let repository = tag.split(':').next().unwrap_or(tag);
     Image {
         id: id.to_string(),
-        repo_tags: vec![tag.to_string()],
-        repo_digests: vec![format!("{repository}@{id}")],
+        repo_tags: vec![tag.to_string()].into(),
+        repo_digests: vec![format!("{repository}@{id}")].into(),
         size: 1_000_000,
         pinned: false,
     }
@@ -55,8 +55,8 @@ pub fn tagged_image(id: &str, tag: &str) -> Image {
 pub fn library_image(id: &str, size: u64) -> Image {
     Image {
         id: id.to_string(),
-        repo_tags: vec![format!("docker.io/library/{id}:latest")],
-        repo_digests: Vec::new(),
+        repo_tags: vec![format!("docker.io/library/{id}:latest")].into(),
+        repo_digests: Default::default(),
         size,
         pinned: false,
     }
@@ -69,8 +69,8 @@ pub fn list_images_response(images: &[Image]) -> proto::ListImagesResponse {
             .iter()
             .map(|i| proto::Image {
                 id: i.id.clone(),
-                repo_tags: i.repo_tags.clone(),
-                repo_digests: i.repo_digests.clone(),
+                repo_tags: i.repo_tags.to_vec(),
+                repo_digests: i.repo_digests.to_vec(),
                 size: i.size,
                 ..Default::default()
             })
@@ -114,8 +114,8 @@ pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> 
             last_used,
             size: image.size,
             pinned: image.pinned,
-            tags: image.repo_tags.as_slice().into(),
-            digests: image.repo_digests.as_slice().into(),
+            tags: image.repo_tags.clone(),
+            digests: image.repo_digests.clone(),
             from_history: true,
             ever_used: last_used > first_seen,
         },

@@ -112,8 +112,8 @@ pub fn main() -> ExitCode {
                         }
                         fake.add_image(Image {
                             id,
-                            repo_tags: vec![(*name).to_owned()],
-                            repo_digests: Vec::new(),
+                            repo_tags: vec![(*name).to_owned()].into(),
+                            repo_digests: Default::default(),
                             size,
                             pinned: false,
                         });
@@ -239,8 +239,8 @@ mod tests {
         for name in ["a:1", "b:1", "c:1"] {
             fake.add_image(Image {
                 id: image_id(name),
-                repo_tags: vec![name.to_owned()],
-                repo_digests: Vec::new(),
+                repo_tags: vec![name.to_owned()].into(),
+                repo_digests: Default::default(),
                 size: 1,
                 pinned: false,
             });

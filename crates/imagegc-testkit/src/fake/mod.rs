@@ -643,7 +643,7 @@ mod tests {
 
     fn image(id: &str, tag: &str, digest: &str) -> Image {
         Image {
-            repo_digests: vec![digest.to_string()],
+            repo_digests: vec![digest.to_string()].into(),
             ..crate::tagged_image(id, tag)
         }
     }
@@ -675,7 +675,7 @@ mod tests {
         fake.add_image(image("sha256:a", "a:1", "a@sha256:1"));
         fake.add_image(image("sha256:b", "b:1", "b@sha256:1"));
         fake.add_image(image("sha256:a", "a:2", "a@sha256:1"));
-        let tags: Vec<_> = fake.images().into_iter().flat_map(|i| i.repo_tags).collect();
+        let tags: Vec<_> = fake.images().into_iter().flat_map(|i| i.repo_tags.to_vec()).collect();
         assert_eq!(tags, ["a:2", "b:1"]);
     }
 
@@ -696,7 +696,7 @@ mod tests {
         assert_eq!(state.find_image("sha256:b"), Some(0));
         assert_eq!(state.find_image("sha256:c"), Some(1));
         assert_eq!(state.find_image("sha256:d"), Some(2));
-        let tags: Vec<_> = state.images.iter().flat_map(|i| i.repo_tags.clone()).collect();
+        let tags: Vec<_> = state.images.iter().flat_map(|i| i.repo_tags.to_vec()).collect();
         assert_eq!(tags, ["sha256:b-tag", "c:2", "d:1"]);
     }
 

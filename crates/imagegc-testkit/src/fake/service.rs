@@ -104,8 +104,8 @@ fn remove_now(fake: &FakeRuntime, reference: &str) -> Result<Response<proto::Rem
 fn image_to_proto(image: &Image, state: &State) -> proto::Image {
     proto::Image {
         id: state.listed_id(&image.id),
-        repo_tags: image.repo_tags.clone(),
-        repo_digests: image.repo_digests.clone(),
+        repo_tags: image.repo_tags.to_vec(),
+        repo_digests: image.repo_digests.to_vec(),
         size: image.size,
         pinned: image.pinned,
         ..Default::default()
