@@ -863,7 +863,7 @@ mod tests {
     #[test]
     fn superseded_first_puts_older_tags_of_a_repository_before_other_images() {
         let tagged = |id: &str, tag: &str| Image {
-            repo_tags: vec![tag.to_string()],
+            repo_tags: vec![tag.to_string()].into(),
             ..image(id, 1)
         };
         // `other` last used at 0; app v1 used until 10, then v2 rolled out.

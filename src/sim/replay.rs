@@ -359,8 +359,8 @@ impl<'c> Imagegc<'c> {
             .enumerate()
             .map(|(i, image)| Image {
                 id: image.id.clone(),
-                repo_tags: vec![image.name.clone()],
-                repo_digests: Vec::new(),
+                repo_tags: vec![image.name.clone()].into(),
+                repo_digests: Vec::new().into(),
                 size: trace.image_bytes(i as u32),
                 pinned: false,
             })
