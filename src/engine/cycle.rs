@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::cri::{Runtime, Snapshot};
 use crate::fs::FsStats;
 use crate::model::Reason;
-use crate::policy::{self, Candidate, Forecast, KeepReason, Plan, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
+use crate::policy::{self, Candidate, Forecast, Plan, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
 use crate::records::Listed;
 
 use super::observe::ImageFs;
@@ -99,7 +99,8 @@ impl<R: Runtime> Collector<R> {
         // The latest; shared, not borrowed: the plan holds on to it through
         // removals.
         let protections = self.protections();
-        let plan = policy::plan_listed(
+        // The kept images counted, not listed: a big node's list is 10 MiB.
+        let plan = policy::plan_counting_kept(
             snapshot,
             listed,
             config,
@@ -339,12 +340,7 @@ impl<R: Runtime> Collector<R> {
 /// When the first image kept only for being younger than `gc.min_age`
 /// becomes removable, as an instant.
 fn first_young_removable(plan: &Plan<'_>) -> Option<tokio::time::Instant> {
-    plan.kept
-        .iter()
-        .filter_map(|k| match k.why {
-            KeepReason::TooYoung { removable_after } => Some(removable_after),
-            _ => None,
-        })
-        .min()
+    plan.tally
+        .first_young_removable_after
         .map(|after| tokio::time::Instant::now() + after)
 }

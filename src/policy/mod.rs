@@ -10,7 +10,10 @@
 pub mod plan;
 pub mod space;
 
-pub use plan::{Candidate, KeepReason, Kept, Plan, Protections, Reason, plan, plan_listed, protecting_pattern};
+pub use plan::{
+    Candidate, KeepReason, Kept, KeptTally, Plan, Protections, Reason, plan, plan_counting_kept, plan_listed,
+    protecting_pattern,
+};
 pub use space::{
     DiskFootprint, Forecast, ImageBytes, ImageBytesSource, SpaceOutlook, SpaceTarget, Step, Walk, total_size,
 };

@@ -175,22 +175,50 @@ pub struct Plan<'a> {
     /// Images with no history that would be age candidates, held back until
     /// the collector has run longer than `gc.max_age` (the kubelet's guard).
     pub age_guarded: usize,
+    /// The kept images counted, whether `kept` lists them or not.
+    pub tally: KeptTally,
 }
 
-impl Plan<'_> {
+/// The kept images of a plan, counted: what a cycle needs of them (a
+/// cycle's plan counts them without listing them: on a node of 100,000
+/// images the list alone is 10 MiB).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeptTally {
+    /// In use by a container, or named by a pod bound to this node.
+    pub in_use: usize,
+    /// Kept whatever the usage (see [`KeepReason::is_protection`]).
+    pub protected: usize,
+    /// Kept only for being younger than `gc.min_age`: how long until the
+    /// first of them may go.
+    pub first_young_removable_after: Option<Duration>,
+}
+
+impl<'a> Plan<'a> {
     /// How many kept images are in use by a container, or named by a pod
     /// bound to this node.
     pub fn in_use_count(&self) -> usize {
-        self.kept
-            .iter()
-            .filter(|k| matches!(k.why, KeepReason::InUse { .. } | KeepReason::Pod { .. }))
-            .count()
+        self.tally.in_use
     }
 
     /// How many kept images are kept whatever the usage (pinned, sandbox,
     /// protected, keep-recent; see [`KeepReason::is_protection`]).
     pub fn protected_count(&self) -> usize {
-        self.kept.iter().filter(|k| k.why.is_protection()).count()
+        self.tally.protected
+    }
+
+    /// Counts `kept`, and lists it when `list`.
+    fn keep(&mut self, kept: Kept<'a>, list: bool) {
+        match kept.why {
+            KeepReason::InUse { .. } | KeepReason::Pod { .. } => self.tally.in_use += 1,
+            KeepReason::TooYoung { removable_after } => {
+                let first = &mut self.tally.first_young_removable_after;
+                *first = Some(first.map_or(removable_after, |f| f.min(removable_after)));
+            }
+            _ => self.tally.protected += 1,
+        }
+        if list {
+            self.kept.push(kept);
+        }
     }
 }
 
@@ -231,6 +259,31 @@ pub fn plan_listed<'a>(
     protections: &'a Protections,
     now: SystemTime,
     running_since: SystemTime,
+) -> Plan<'a> {
+    plan_images(snapshot, listed, config, protections, (now, running_since), true)
+}
+
+/// [`plan_listed`] for a cycle: the same candidates, in the same order, and
+/// the kept images counted ([`Plan::tally`]) but not listed.
+pub fn plan_counting_kept<'a>(
+    snapshot: &'a Snapshot,
+    listed: &Listed,
+    config: &'a Config,
+    protections: &'a Protections,
+    now: SystemTime,
+    running_since: SystemTime,
+) -> Plan<'a> {
+    plan_images(snapshot, listed, config, protections, (now, running_since), false)
+}
+
+// Long on purpose (see `plan_listed`).
+fn plan_images<'a>(
+    snapshot: &'a Snapshot,
+    listed: &Listed,
+    config: &'a Config,
+    protections: &'a Protections,
+    (now, running_since): (SystemTime, SystemTime),
+    list_kept: bool,
 ) -> Plan<'a> {
     assert_eq!(listed.len(), snapshot.images.len(), "a plan of another listing");
     let held = held_by_pods(snapshot, protections);
@@ -283,26 +336,29 @@ pub fn plan_listed<'a>(
             why,
         };
         if !users.is_empty() {
-            plan.kept.push(keep(KeepReason::InUse {
-                containers: users
-                    .iter()
-                    .map(|&c| snapshot.containers[c as usize].id.as_str())
-                    .collect(),
-            }));
+            plan.keep(
+                keep(KeepReason::InUse {
+                    containers: users
+                        .iter()
+                        .map(|&c| snapshot.containers[c as usize].id.as_str())
+                        .collect(),
+                }),
+                list_kept,
+            );
             continue;
         }
         if let Some(pod) = held.get(&i) {
-            plan.kept.push(keep(KeepReason::Pod { pod }));
+            plan.keep(keep(KeepReason::Pod { pod }), list_kept);
             continue;
         }
         // Sandbox before pinned: runtimes pin their sandbox image, and
         // "sandbox" says more.
         if sandbox {
-            plan.kept.push(keep(KeepReason::Sandbox));
+            plan.keep(keep(KeepReason::Sandbox), list_kept);
             continue;
         }
         if pinned {
-            plan.kept.push(keep(KeepReason::Pinned));
+            plan.keep(keep(KeepReason::Pinned), list_kept);
             continue;
         }
         if let Some((pattern, _)) = config
@@ -312,26 +368,29 @@ pub fn plan_listed<'a>(
             .zip(&globs)
             .find(|(_, g)| g.matches_image(&image.id, &image.repo_tags, &image.repo_digests))
         {
-            plan.kept.push(keep(KeepReason::Protected { pattern }));
+            plan.keep(keep(KeepReason::Protected { pattern }), list_kept);
             continue;
         }
         if !keep_recent.is_empty()
             && let Some((repository, rank)) = keep_recent.get(image.id.as_str())
         {
-            plan.kept.push(keep(KeepReason::KeepRecent {
-                repository,
-                rank: *rank,
-            }));
+            plan.keep(
+                keep(KeepReason::KeepRecent {
+                    repository,
+                    rank: *rank,
+                }),
+                list_kept,
+            );
             continue;
         }
         if sandbox_unknown && !place.history.is_some_and(|h| h.ever_used) {
-            plan.kept.push(keep(KeepReason::SandboxUnknown));
+            plan.keep(keep(KeepReason::SandboxUnknown), list_kept);
             continue;
         }
         // Any image may be what a container whose mounts are unknown
         // mounts: when in doubt, keep.
         if mounts_unknown {
-            plan.kept.push(keep(KeepReason::MountsUnknown));
+            plan.keep(keep(KeepReason::MountsUnknown), list_kept);
             continue;
         }
         // An image without a record (listed after the records were updated)
@@ -358,14 +417,17 @@ pub fn plan_listed<'a>(
         }
         let age = elapsed(first_seen, now);
         if age < min_age {
-            plan.kept.push(keep(KeepReason::TooYoung {
-                removable_after: min_age - age,
-            }));
+            plan.keep(
+                keep(KeepReason::TooYoung {
+                    removable_after: min_age - age,
+                }),
+                list_kept,
+            );
             continue;
         }
         if last_used >= now {
             // Used at this very instant (the kubelet skips these too).
-            plan.kept.push(keep(KeepReason::InUse { containers: Vec::new() }));
+            plan.keep(keep(KeepReason::InUse { containers: Vec::new() }), list_kept);
             continue;
         }
         plan.space.push(candidate(Reason::Space));
@@ -545,7 +607,45 @@ mod tests {
                     self.start,
                 );
                 assert_eq!(cycle, plan, "the cycle's plan differs from the plan from the records");
+                // The daemon's cycle counts the kept images without listing
+                // them: the same candidates, and counts that agree with the
+                // list.
+                let counted = plan_counting_kept(
+                    &self.snapshot,
+                    listed,
+                    &self.config,
+                    Protections::none(),
+                    at,
+                    self.start,
+                );
+                assert!(counted.kept.is_empty());
+                assert_eq!(
+                    (&counted.age, &counted.space, counted.age_guarded, counted.tally),
+                    (&plan.age, &plan.space, plan.age_guarded, plan.tally)
+                );
             }
+            let listed_in_use = plan
+                .kept
+                .iter()
+                .filter(|k| matches!(k.why, KeepReason::InUse { .. } | KeepReason::Pod { .. }))
+                .count();
+            let listed_protected = plan.kept.iter().filter(|k| k.why.is_protection()).count();
+            let first_young = plan
+                .kept
+                .iter()
+                .filter_map(|k| match k.why {
+                    KeepReason::TooYoung { removable_after } => Some(removable_after),
+                    _ => None,
+                })
+                .min();
+            assert_eq!(
+                plan.tally,
+                KeptTally {
+                    in_use: listed_in_use,
+                    protected: listed_protected,
+                    first_young_removable_after: first_young,
+                }
+            );
             plan
         }
     }
