@@ -579,4 +579,67 @@ mod tests {
         let err = Trace::read("\n{\"at\":1,\"ev\":\"bogus\"}".as_bytes()).unwrap_err();
         assert_eq!(err.line, 2);
     }
+
+    #[test]
+    fn a_line_cut_short_is_skipped_and_a_running_line_reconciles_containers() {
+        let log = concat!(
+            r#"{"at":0,"ev":"image","id":"a","size":10}"#,
+            "\n",
+            r#"{"at":0,"ev":"image","id":"b","size":20}"#,
+            "\n",
+            r#"{"at":1,"ev":"start","container":"x","image":"a"}"#,
+            "\n",
+            r#"{"at":2,"ev":"start","container":"y","image":"a"}"#,
+            "\n",
+            // A crash in the middle of an append, then a restart's listing:
+            // x still runs, y went meanwhile, z is new.
+            r#"{"at":3,"ev":"start","cont"#,
+            "\n",
+            r#"{"at":9,"ev":"running","containers":[["x","a"],["z","b"]]}"#,
+            "\n",
+            r#"{"at":9,"ev":"start","container":"z","image":"b"}"#,
+            "\n",
+            r#"{"at":10,"ev":"stop","container":"z"}"#,
+        );
+        let trace = Trace::read(log.as_bytes()).unwrap();
+        let actions: Vec<(Seconds, Action)> = trace.events.iter().map(|e| (e.at, e.action)).collect();
+        assert_eq!(
+            actions,
+            [
+                (1, Action::Start { container: 0, image: 0 }),
+                (2, Action::Start { container: 1, image: 0 }),
+                (9, Action::Stop { container: 1 }),
+                (9, Action::Start { container: 2, image: 1 }),
+                (10, Action::Stop { container: 2 }),
+            ]
+        );
+        // The same line cut short at the very end (no newline) is skipped too.
+        let torn = format!(
+            "{}\n{}",
+            r#"{"at":0,"ev":"image","id":"a","size":10}"#, r#"{"at":1,"ev":"sta"#
+        );
+        assert_eq!(Trace::read(torn.as_bytes()).unwrap().images.len(), 1);
+        // A whole line that says something wrong is still an error.
+        let err = Trace::read(r#"{"at":1,"ev":"start","container":"x"}"#.as_bytes()).unwrap_err();
+        assert_eq!(err.line, 1);
+    }
+
+    #[test]
+    fn a_rotated_log_is_read_older_file_first_and_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage.jsonl");
+        std::fs::write(
+            dir.path().join("usage.jsonl.1"),
+            "{\"at\":100,\"ev\":\"image\",\"id\":\"a\",\"size\":10}\n{\"at\":100,\"ev\":\"start\",\"container\":\"x\",\"image\":\"a\"}\n",
+        )
+        .unwrap();
+        std::fs::write(&path, "{\"at\":160,\"ev\":\"stop\",\"container\":\"x\"}\n").unwrap();
+        let trace = Trace::read_log(&path).unwrap();
+        assert_eq!(trace.starts(), 1);
+        assert_eq!(trace.duration(), 60);
+        std::fs::write(&path, "{\"at\":160,\"ev\":\"stop\",\"container\":\"nope\"}\n").unwrap();
+        let err = Trace::read_log(&path).unwrap_err();
+        assert_eq!(err.path, path);
+        assert!(err.to_string().contains("line 1: stop of container nope"), "{err}");
+    }
 }
