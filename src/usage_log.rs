@@ -146,7 +146,9 @@ impl Recorder {
                 why: KeptAtRecheck::GoneAlready,
                 ..
             } => {
-                if self.images.remove(*id).is_some() {
+                // Said once: a later listing finds it gone already.
+                let known = self.images.remove(*id).is_some();
+                if known {
                     push(&mut lines, at, removed(id, "other"));
                 }
             }
