@@ -550,7 +550,10 @@ mod tests {
         let config = load_ok("s.toml", "[state]\ndir = \"/srv/imagegc\"\nusage_log = false\n");
         assert!(!config.state.usage_log);
         assert_eq!(config.state.dir, PathBuf::from("/srv/imagegc"));
-        assert_eq!(problem_keys("s.toml", "[state]\nusage_log = \"yes\"\n"), ["state.usage_log"]);
+        assert_eq!(
+            problem_keys("s.toml", "[state]\nusage_log = \"yes\"\n"),
+            ["state.usage_log"]
+        );
     }
 
     #[test]
