@@ -27,6 +27,8 @@
 //!   usage (synthetic workloads or a trace file) replayed under the planner
 //!   and space walk, the kubelet's algorithm or an offline policy, with the
 //!   offline lower bound on the bytes pulled again (`imagegc simulate`).
+//! - [`usage_log`]: a sink of the engine's events that records what the
+//!   node's images and containers do, in the trace format `sim` replays.
 //! - `kubernetes` (the `kubernetes` feature): the pods bound to this node,
 //!   watched, as keep rules for the policy; events on the Node, as a sink
 //!   of the engine's events.
@@ -75,3 +77,4 @@ extern crate self as imagegc;
 #[path = "../crates/imagegc-testkit/src/fixtures.rs"]
 mod testing;
 pub mod time;
+pub mod usage_log;

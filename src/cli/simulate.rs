@@ -4,7 +4,7 @@
 //! again (see [`crate::sim`]). Talks to no runtime, touches no state.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -22,7 +22,8 @@ pub struct SimulateArgs {
     /// A synthetic workload (default: every one of them).
     #[arg(long, value_enum, conflicts_with = "log")]
     pub workload: Option<Kind>,
-    /// A trace file of JSON lines to replay instead (see docs/simulate.md).
+    /// A trace file of JSON lines to replay instead, or the usage log a
+    /// node recorded (with its rotated FILE.1; see docs/simulate.md).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// The workload generator's seed.
@@ -154,9 +155,10 @@ pub fn simulate(config: &Config, args: &SimulateArgs) -> Result<ExitStatus, CliE
     Ok(0)
 }
 
+/// A trace file, or a log the daemon recorded with its rotated file
+/// (`FILE.1`, read first when there is one).
 fn read_trace(path: &Path) -> Result<Trace, CliError> {
-    let file = File::open(path).map_err(|e| CliError::Usage(format!("--log: {}: {e}", path.display())))?;
-    Trace::read(BufReader::new(file)).map_err(|e| CliError::Usage(format!("--log: {}: {e}", path.display())))
+    Trace::read_log(path).map_err(|e| CliError::Usage(format!("--log: {e}")))
 }
 
 fn write_traces(path: &Path, traces: &[(String, Option<Kind>, Trace)]) -> Result<(), CliError> {

@@ -209,6 +209,10 @@ pub struct StateConfig {
     /// `/var/lib/imagegc`, an absolute path): image history and the removal
     /// journal; `run` and `once` hold its lock.
     pub dir: PathBuf,
+    /// `state.usage_log` (default true): `run` records what it observes
+    /// of the node's images and containers in `<dir>/usage.jsonl`, bounded
+    /// by rotation, for `imagegc simulate --log` (see [`crate::usage_log`]).
+    pub usage_log: bool,
 }
 
 /// `[metrics]`: the HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`.
@@ -301,6 +305,7 @@ impl Default for Config {
             protect: ProtectConfig::default(),
             state: StateConfig {
                 dir: PathBuf::from("/var/lib/imagegc"),
+                usage_log: true,
             },
             metrics: MetricsConfig {
                 listen: Some(SocketAddr::from(([127, 0, 0, 1], 9105))),
@@ -358,6 +363,7 @@ keep_recent_per_repository = {keep_recent}
 
 [state]
 dir = {state_dir}
+usage_log = {usage_log}
 
 [metrics]
 listen = {listen}
@@ -392,6 +398,7 @@ pods_stale_after = "{pods_stale_after}"
             images = images.join(", "),
             keep_recent = protect.keep_recent_per_repository,
             state_dir = path(Some(&self.state.dir)),
+            usage_log = self.state.usage_log,
             listen = toml_string(&self.metrics.listen.map(|addr| addr.to_string()).unwrap_or_default()),
             kubelet_config = path(self.kubelet_config.as_deref()),
             kube_enabled = self.kubernetes.enabled,
@@ -773,7 +780,7 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 27, "{keys:?}");
+        assert_eq!(keys.len(), 28, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));

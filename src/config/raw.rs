@@ -76,6 +76,7 @@ pub(super) struct RawProtect {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawState {
     pub(super) dir: Option<String>,
+    pub(super) usage_log: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -297,7 +298,7 @@ mod tests {
     fn unknown_keys_list_the_known_ones() {
         let problem = &rejected("a.toml", "[state]\ndirectory = \"/x\"\n")[0];
         assert_eq!(problem.key, "state.directory");
-        assert_eq!(problem.message, "unknown key; expected dir");
+        assert_eq!(problem.message, "unknown key; expected dir or usage_log");
         let problem = &rejected("a.toml", "[metric]\n")[0];
         assert_eq!(
             problem.message,

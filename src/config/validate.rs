@@ -279,11 +279,15 @@ fn protect_section(raw: RawProtect, warnings: &mut Vec<String>, problems: &mut P
     protect
 }
 
-/// `[state]`: an absolute directory.
+/// `[state]`: an absolute directory, and whether the usage log is kept.
 fn state_section(raw: RawState, defaults: &StateConfig, problems: &mut Problems) -> StateConfig {
-    match raw.dir.map(PathBuf::from) {
-        Some(dir) if check_absolute("state.dir", &dir, problems) => StateConfig { dir },
-        _ => defaults.clone(),
+    let dir = match raw.dir.map(PathBuf::from) {
+        Some(dir) if check_absolute("state.dir", &dir, problems) => dir,
+        _ => defaults.dir.clone(),
+    };
+    StateConfig {
+        dir,
+        usage_log: raw.usage_log.unwrap_or(defaults.usage_log),
     }
 }
 
@@ -537,6 +541,18 @@ mod tests {
         assert_eq!(
             load_ok("k.toml", &config.to_toml_string()).kubernetes,
             config.kubernetes
+        );
+    }
+
+    #[test]
+    fn the_usage_log_is_on_by_default_and_switched_off_by_its_key() {
+        assert!(load_ok("s.toml", "").state.usage_log);
+        let config = load_ok("s.toml", "[state]\ndir = \"/srv/imagegc\"\nusage_log = false\n");
+        assert!(!config.state.usage_log);
+        assert_eq!(config.state.dir, PathBuf::from("/srv/imagegc"));
+        assert_eq!(
+            problem_keys("s.toml", "[state]\nusage_log = \"yes\"\n"),
+            ["state.usage_log"]
         );
     }
 

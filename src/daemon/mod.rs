@@ -424,7 +424,7 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
             keep_recent_per_repository: _,
         },
         // Start-only (see `StartOnly`).
-        state: StateConfig { dir: _ },
+        state: StateConfig { dir: _, usage_log: _ },
         metrics: MetricsConfig { listen: _ },
         // Read again by the reload, with the file that names it.
         eviction_imagefs_available: _,

@@ -18,6 +18,7 @@ use crate::engine::Collector;
 use crate::fs::{FsProbe, Statvfs};
 use crate::metrics::Metrics;
 use crate::time::Clock;
+use crate::usage_log::UsageLog;
 
 /// The daemon, assembled: what `imagegc run` starts, and what tests start
 /// with a fake runtime and a simulated disk.
@@ -105,15 +106,24 @@ impl Daemon {
         #[cfg(feature = "kubernetes")]
         let started = self.cluster.map(|cluster| cluster.start(&self.metrics, &shutdown));
         if let Some(runtime) = find_runtime(&self.config, &self.metrics, &self.health, &shutdown).await {
-            #[allow(unused_mut)] // only the `kubernetes` feature adds to it
+            let clock = Clock::start();
+            let usage_log = self
+                .config
+                .state
+                .usage_log
+                .then(|| start_usage_log(&self.config.state.dir, clock))
+                .flatten();
             let mut collector = Collector::new(
                 runtime,
                 Arc::new(self.config),
                 self.probe,
                 Arc::clone(&self.metrics),
-                Clock::start(),
+                clock,
             )
             .with_health(Arc::clone(&self.health));
+            if let Some(log) = &usage_log {
+                collector = collector.with_sink(Arc::clone(log) as Arc<dyn crate::engine::Sink>);
+            }
             #[cfg(feature = "kubernetes")]
             if let Some(started) = started {
                 if let Some(events) = started.events {
@@ -125,10 +135,32 @@ impl Daemon {
                 }
             }
             super::run(collector, self.health, shutdown.clone(), reloads).await;
+            if let Some(log) = usage_log {
+                log.close();
+            }
         }
         shutdown.cancel();
         if let Some(server) = server {
             let _ = server.await;
+        }
+    }
+}
+
+/// Starts the usage log (`state.usage_log`); one that cannot start is
+/// said and left off: collection does not depend on it.
+fn start_usage_log(state_dir: &std::path::Path, clock: Clock) -> Option<Arc<UsageLog>> {
+    match UsageLog::start(state_dir, crate::usage_log::ROTATE_BYTES, clock) {
+        Ok(log) => {
+            info!(path = %log.path().display(), "recording image usage (state.usage_log)");
+            Some(log)
+        }
+        Err(err) => {
+            warn!(
+                path = %state_dir.join(crate::usage_log::FILE_NAME).display(),
+                error = %err,
+                "cannot record image usage: the usage log is off until a restart"
+            );
+            None
         }
     }
 }

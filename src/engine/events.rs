@@ -13,7 +13,7 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use super::report::{CycleReport, Outcome};
-use crate::cri::Image;
+use crate::cri::{Container, Image};
 use crate::fs::FsStats;
 use crate::health::Health;
 use crate::metrics::{CycleTimer, Metrics};
@@ -63,6 +63,15 @@ pub enum Event<'a> {
     },
     /// Whether the runtime answered a listing.
     RuntimeUp(bool),
+    /// What the runtime listed, a cycle's listing or a poll between cycles
+    /// (each container with the images it mounts filled in): what a usage
+    /// log records.
+    Seen {
+        /// Every image listed.
+        images: &'a [Image],
+        /// Every container listed, in every state.
+        containers: &'a [Container],
+    },
     /// What a listing did to the records beyond last-used times.
     Listed {
         /// The changes.

@@ -59,6 +59,10 @@ impl<R: Runtime> Collector<R> {
         }
         self.note_image_fs(image_fs.as_ref().ok());
         self.note_sources(&snapshot, sandbox_configured_unmatched, mounts_unread.as_deref());
+        self.sinks.emit(&Event::Seen {
+            images: &snapshot.images,
+            containers: &snapshot.containers,
+        });
         let (observed, listed) = Arc::make_mut(&mut self.records).observe_snapshot(&snapshot, self.clock.now());
         self.note_listing(&observed, &snapshot.images).await;
         Ok(Listing {
@@ -93,6 +97,10 @@ impl<R: Runtime> Collector<R> {
         let listings = self.observer.list(&self.runtime).await;
         self.sinks.emit(&Event::RuntimeUp(listings.is_ok()));
         let (images, containers) = listings?;
+        self.sinks.emit(&Event::Seen {
+            images: &images,
+            containers: &containers,
+        });
         let observed = Arc::make_mut(&mut self.records).observe(&images, &containers, self.clock.now());
         self.note_listing(&observed, &images).await;
         let in_use = InUse::new(&images, &containers).len();

@@ -22,9 +22,21 @@
 //! image). `disk` and `removed` lines say what the node did and had; the
 //! replay reads only the first disk line's capacity (the default budget)
 //! and leaves removals to the policy under test.
+//!
+//! A log the daemon records (`crate::usage_log`) adds what a recording
+//! needs: `names` on an image line (its other tags and digests), and a
+//! `running` line, `{"at":..,"ev":"running","containers":[["c1","sha256:ab.."]]}`,
+//! the whole set of containers listed at that instant, written when a
+//! process starts recording and at the top of each file after rotation:
+//! containers running before it and absent from it stop, the others in it
+//! start (those already running go on). A start of a container already
+//! running on the same image goes on too. A line cut short (a crash in the
+//! middle of an append) is skipped; [`Trace::read_log`] reads a rotated
+//! log (`FILE.1`, then `FILE`).
 
 use std::collections::HashMap;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -181,6 +193,7 @@ impl Trace {
                         let image_line = Line::Image {
                             id: def.id.clone(),
                             name: def.name.clone(),
+                            names: Vec::new(),
                             size: None,
                             layers: def
                                 .layers
@@ -206,100 +219,191 @@ impl Trace {
     }
 
     /// Reads a trace from JSON lines. Lines of kinds the replay does not
-    /// use (`removed`) are skipped; a malformed line, a start naming an
+    /// use (`removed`) are skipped, and so is a line cut short (a crash
+    /// in the middle of an append); a malformed line, a start naming an
     /// unannounced image, or a stop of an unknown container is an error
     /// naming the line.
     pub fn read(input: impl BufRead) -> Result<Trace, TraceError> {
-        let mut trace = Trace::default();
-        let mut layers: HashMap<String, u32> = HashMap::new();
-        let mut images: HashMap<String, u32> = HashMap::new();
-        let mut containers: HashMap<String, u64> = HashMap::new();
-        let mut next_container = 0u64;
-        let mut origin: Option<Seconds> = None;
-        for (n, line) in input.lines().enumerate() {
-            let number = n + 1;
-            let line = line.map_err(|e| TraceError::at(number, e.to_string()))?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let Record { at, line: what } =
-                serde_json::from_str(&line).map_err(|e| TraceError::at(number, e.to_string()))?;
-            let origin = *origin.get_or_insert(at);
-            let at = at.saturating_sub(origin);
-            match what {
-                Line::Image {
-                    id,
-                    name,
-                    size,
-                    layers: listed,
-                } => {
-                    let mut own = Vec::with_capacity(listed.len().max(1));
-                    if listed.is_empty() {
-                        // No layers known: the image is one layer of its own.
-                        let index = u32::try_from(trace.layers.len())
-                            .map_err(|_| TraceError::at(number, "too many layers".into()))?;
-                        trace.layers.push(size.unwrap_or(0));
-                        own.push(index);
-                    }
-                    for (digest, bytes) in listed {
-                        let next = u32::try_from(trace.layers.len())
-                            .map_err(|_| TraceError::at(number, "too many layers".into()))?;
-                        let index = *layers.entry(digest).or_insert_with(|| {
-                            trace.layers.push(bytes);
-                            next
-                        });
-                        own.push(index);
-                    }
-                    match images.get(&id) {
-                        // Announced again (pulled again after a removal): same layers.
-                        Some(_) => {}
-                        None => {
-                            let index = u32::try_from(trace.images.len())
-                                .map_err(|_| TraceError::at(number, "too many images".into()))?;
-                            images.insert(id.clone(), index);
-                            trace.images.push(TraceImage { id, name, layers: own });
-                        }
-                    }
-                }
-                Line::Start { container, image } => {
-                    let Some(&image) = images.get(&image) else {
-                        return Err(TraceError::at(
-                            number,
-                            format!("start names image {image}, not announced"),
-                        ));
-                    };
-                    // A fresh number per container (a counter: ids of
-                    // containers gone are not given again).
-                    let id = next_container;
-                    next_container += 1;
-                    if containers.insert(container.clone(), id).is_some() {
-                        return Err(TraceError::at(number, format!("container {container} started twice")));
-                    }
-                    trace.events.push(TraceEvent {
-                        at,
-                        action: Action::Start { container: id, image },
+        let mut reader = Reader::default();
+        reader.feed(input)?;
+        Ok(reader.finish())
+    }
+
+    /// Reads a recorded log: its rotated file `PATH.1` first, when there
+    /// is one, then `PATH`, as one trace.
+    pub fn read_log(path: &Path) -> Result<Trace, TraceFileError> {
+        let mut reader = Reader::default();
+        let mut rotated = path.as_os_str().to_owned();
+        rotated.push(".1");
+        let rotated = PathBuf::from(rotated);
+        for (file, required) in [(&rotated, false), (&path.to_path_buf(), true)] {
+            let opened = match std::fs::File::open(file) {
+                Ok(opened) => opened,
+                Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(TraceFileError {
+                        path: file.clone(),
+                        message: e.to_string(),
                     });
                 }
-                Line::Stop { container } => {
-                    let Some(id) = containers.remove(&container) else {
-                        return Err(TraceError::at(
-                            number,
-                            format!("stop of container {container}, never started"),
-                        ));
-                    };
-                    trace.events.push(TraceEvent {
+            };
+            reader.feed(BufReader::new(opened)).map_err(|e| TraceFileError {
+                path: file.clone(),
+                message: e.to_string(),
+            })?;
+        }
+        Ok(reader.finish())
+    }
+}
+
+/// What reading a trace keeps between lines (and between the two files
+/// of a rotated log).
+#[derive(Default)]
+struct Reader {
+    trace: Trace,
+    layers: HashMap<String, u32>,
+    images: HashMap<String, u32>,
+    /// Running containers: their number and image.
+    containers: HashMap<String, (u64, u32)>,
+    next_container: u64,
+    origin: Option<Seconds>,
+}
+
+impl Reader {
+    fn feed(&mut self, input: impl BufRead) -> Result<(), TraceError> {
+        for (n, line) in input.split(b'\n').enumerate() {
+            let number = n + 1;
+            let line = line.map_err(|e| TraceError::at(number, e.to_string()))?;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let record: Record = match serde_json::from_slice(&line) {
+                Ok(record) => record,
+                // Cut short: a crash in the middle of an append.
+                Err(e) if e.is_eof() => continue,
+                Err(e) => return Err(TraceError::at(number, e.to_string())),
+            };
+            self.line(number, record)?;
+        }
+        Ok(())
+    }
+
+    fn line(&mut self, number: usize, Record { at, line: what }: Record) -> Result<(), TraceError> {
+        let origin = *self.origin.get_or_insert(at);
+        let at = at.saturating_sub(origin);
+        match what {
+            Line::Image {
+                id,
+                name,
+                size,
+                layers: listed,
+                ..
+            } => {
+                if self.images.contains_key(&id) {
+                    // Announced again (pulled again after a removal, or
+                    // a recording's restart): same layers.
+                    return Ok(());
+                }
+                let trace = &mut self.trace;
+                let mut own = Vec::with_capacity(listed.len().max(1));
+                if listed.is_empty() {
+                    // No layers known: the image is one layer of its own.
+                    let index = u32::try_from(trace.layers.len())
+                        .map_err(|_| TraceError::at(number, "too many layers".into()))?;
+                    trace.layers.push(size.unwrap_or(0));
+                    own.push(index);
+                }
+                for (digest, bytes) in listed {
+                    let next = u32::try_from(trace.layers.len())
+                        .map_err(|_| TraceError::at(number, "too many layers".into()))?;
+                    let index = *self.layers.entry(digest).or_insert_with(|| {
+                        trace.layers.push(bytes);
+                        next
+                    });
+                    own.push(index);
+                }
+                let index =
+                    u32::try_from(trace.images.len()).map_err(|_| TraceError::at(number, "too many images".into()))?;
+                self.images.insert(id.clone(), index);
+                trace.images.push(TraceImage { id, name, layers: own });
+            }
+            Line::Start { container, image } => self.start(number, at, container, &image)?,
+            Line::Stop { container } => {
+                let Some((id, _)) = self.containers.remove(&container) else {
+                    return Err(TraceError::at(
+                        number,
+                        format!("stop of container {container}, never started"),
+                    ));
+                };
+                self.trace.events.push(TraceEvent {
+                    at,
+                    action: Action::Stop { container: id },
+                });
+            }
+            Line::Running { containers } => {
+                let listed: HashMap<&str, &str> = containers.iter().map(|(c, i)| (c.as_str(), i.as_str())).collect();
+                let mut gone: Vec<(String, u64)> = self
+                    .containers
+                    .iter()
+                    .filter(|(c, (_, image))| {
+                        listed
+                            .get(c.as_str())
+                            .is_none_or(|named| self.images.get(*named) != Some(image))
+                    })
+                    .map(|(c, (id, _))| (c.clone(), *id))
+                    .collect();
+                gone.sort_by_key(|(_, id)| *id);
+                for (container, id) in gone {
+                    self.containers.remove(&container);
+                    self.trace.events.push(TraceEvent {
                         at,
                         action: Action::Stop { container: id },
                     });
                 }
-                Line::Disk { capacity, .. } => {
-                    trace.capacity.get_or_insert(capacity);
+                for (container, image) in containers {
+                    self.start(number, at, container, &image)?;
                 }
-                Line::Removed { .. } => {}
             }
+            Line::Disk { capacity, .. } => {
+                self.trace.capacity.get_or_insert(capacity);
+            }
+            Line::Removed { .. } => {}
         }
-        trace.sort();
-        Ok(trace)
+        Ok(())
+    }
+
+    /// A container starts naming `image`; one already running on it goes on.
+    fn start(&mut self, number: usize, at: Seconds, container: String, image: &str) -> Result<(), TraceError> {
+        let Some(&image) = self.images.get(image) else {
+            return Err(TraceError::at(
+                number,
+                format!("start names image {image}, not announced"),
+            ));
+        };
+        if let Some(&(_, running)) = self.containers.get(&container) {
+            if running == image {
+                return Ok(());
+            }
+            return Err(TraceError::at(
+                number,
+                format!("container {container} started twice (on another image, without a stop)"),
+            ));
+        }
+        // A fresh number per container (a counter: ids of containers
+        // gone are not given again).
+        let id = self.next_container;
+        self.next_container += 1;
+        self.containers.insert(container, (id, image));
+        self.trace.events.push(TraceEvent {
+            at,
+            action: Action::Start { container: id, image },
+        });
+        Ok(())
+    }
+
+    fn finish(mut self) -> Trace {
+        self.trace.sort();
+        self.trace
     }
 }
 
@@ -334,6 +438,9 @@ pub(crate) enum Line {
         /// A name (its first tag).
         #[serde(default)]
         name: String,
+        /// Its other names (tags, then repository digests), in a recorded log.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        names: Vec<String>,
         /// Its reported size, for an image whose layers are not known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         size: Option<u64>,
@@ -353,6 +460,12 @@ pub(crate) enum Line {
         /// The container's id.
         container: String,
     },
+    /// Every container listed at this instant, `[container, image id]`:
+    /// those running before and absent here stop, the others start.
+    Running {
+        /// The containers and their images.
+        containers: Vec<(String, String)>,
+    },
     /// The image filesystem, measured.
     Disk {
         /// Capacity in bytes.
@@ -367,6 +480,16 @@ pub(crate) enum Line {
         /// Who removed it (`imagegc`, or `other` when it went unasked).
         by: String,
     },
+}
+
+/// A log file that cannot be read, naming the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {message}", path.display())]
+pub struct TraceFileError {
+    /// The file (`FILE` or its rotated `FILE.1`).
+    pub path: PathBuf,
+    /// Why it cannot be read.
+    pub message: String,
 }
 
 /// A trace file that cannot be read, with the line.
@@ -455,5 +578,68 @@ mod tests {
         assert!(err.message.contains("nope"), "{err}");
         let err = Trace::read("\n{\"at\":1,\"ev\":\"bogus\"}".as_bytes()).unwrap_err();
         assert_eq!(err.line, 2);
+    }
+
+    #[test]
+    fn a_line_cut_short_is_skipped_and_a_running_line_reconciles_containers() {
+        let log = concat!(
+            r#"{"at":0,"ev":"image","id":"a","size":10}"#,
+            "\n",
+            r#"{"at":0,"ev":"image","id":"b","size":20}"#,
+            "\n",
+            r#"{"at":1,"ev":"start","container":"x","image":"a"}"#,
+            "\n",
+            r#"{"at":2,"ev":"start","container":"y","image":"a"}"#,
+            "\n",
+            // A crash in the middle of an append, then a restart's listing:
+            // x still runs, y went meanwhile, z is new.
+            r#"{"at":3,"ev":"start","cont"#,
+            "\n",
+            r#"{"at":9,"ev":"running","containers":[["x","a"],["z","b"]]}"#,
+            "\n",
+            r#"{"at":9,"ev":"start","container":"z","image":"b"}"#,
+            "\n",
+            r#"{"at":10,"ev":"stop","container":"z"}"#,
+        );
+        let trace = Trace::read(log.as_bytes()).unwrap();
+        let actions: Vec<(Seconds, Action)> = trace.events.iter().map(|e| (e.at, e.action)).collect();
+        assert_eq!(
+            actions,
+            [
+                (1, Action::Start { container: 0, image: 0 }),
+                (2, Action::Start { container: 1, image: 0 }),
+                (9, Action::Stop { container: 1 }),
+                (9, Action::Start { container: 2, image: 1 }),
+                (10, Action::Stop { container: 2 }),
+            ]
+        );
+        // The same line cut short at the very end (no newline) is skipped too.
+        let torn = format!(
+            "{}\n{}",
+            r#"{"at":0,"ev":"image","id":"a","size":10}"#, r#"{"at":1,"ev":"sta"#
+        );
+        assert_eq!(Trace::read(torn.as_bytes()).unwrap().images.len(), 1);
+        // A whole line that says something wrong is still an error.
+        let err = Trace::read(r#"{"at":1,"ev":"start","container":"x"}"#.as_bytes()).unwrap_err();
+        assert_eq!(err.line, 1);
+    }
+
+    #[test]
+    fn a_rotated_log_is_read_older_file_first_and_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage.jsonl");
+        std::fs::write(
+            dir.path().join("usage.jsonl.1"),
+            "{\"at\":100,\"ev\":\"image\",\"id\":\"a\",\"size\":10}\n{\"at\":100,\"ev\":\"start\",\"container\":\"x\",\"image\":\"a\"}\n",
+        )
+        .unwrap();
+        std::fs::write(&path, "{\"at\":160,\"ev\":\"stop\",\"container\":\"x\"}\n").unwrap();
+        let trace = Trace::read_log(&path).unwrap();
+        assert_eq!(trace.starts(), 1);
+        assert_eq!(trace.duration(), 60);
+        std::fs::write(&path, "{\"at\":160,\"ev\":\"stop\",\"container\":\"nope\"}\n").unwrap();
+        let err = Trace::read_log(&path).unwrap_err();
+        assert_eq!(err.path, path);
+        assert!(err.to_string().contains("line 1: stop of container nope"), "{err}");
     }
 }

@@ -30,6 +30,10 @@ pub struct StartOnly {
     /// files written before it was noted.
     #[serde(default)]
     pub kubernetes: String,
+    /// `state.usage_log` (the log's writer is started for it). Absent from
+    /// files written before it was noted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_log: Option<bool>,
 }
 
 impl StartOnly {
@@ -40,6 +44,7 @@ impl StartOnly {
             state_dir: config.state.dir.clone(),
             metrics_listen: config.metrics.listen.map(|a| a.to_string()),
             kubernetes: format!("{:?}", config.kubernetes),
+            usage_log: Some(config.state.usage_log),
         }
     }
 
@@ -58,6 +63,9 @@ impl StartOnly {
         }
         if !self.kubernetes.is_empty() && new.kubernetes != self.kubernetes {
             keys.push("kubernetes");
+        }
+        if self.usage_log.is_some() && new.usage_log != self.usage_log {
+            keys.push("state.usage_log");
         }
         keys
     }

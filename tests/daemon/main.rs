@@ -13,7 +13,8 @@
 //! - [`metrics`]: metrics and probes;
 //! - [`shutdown`]: cancellation and SIGTERM;
 //! - [`reload`]: the configuration reloaded on SIGHUP;
-//! - [`output`]: what the runtime says, printed and logged.
+//! - [`output`]: what the runtime says, printed and logged;
+//! - [`usage_log`]: the usage log, recorded and replayed by `simulate`.
 
 mod age;
 mod dry_run;
@@ -26,3 +27,4 @@ mod shutdown;
 mod space;
 mod support;
 mod usage;
+mod usage_log;

@@ -1,0 +1,772 @@
+//! The usage log: what the daemon observes of the node's images, recorded
+//! in `<state dir>/usage.jsonl` in the trace format `imagegc simulate
+//! --log` replays (see [`crate::sim::trace`]), rotated by size to
+//! `usage.jsonl.1`.
+//!
+//! It records an image appearing (its id, size and names: CRI tells no
+//! layer digests, so an image is one layer of its reported size and
+//! images sharing layers count them twice), a container starting or
+//! stopping its use of an image (seen at each listing, a cycle's or a
+//! poll's between cycles: a container created and gone between two
+//! listings is not recorded), an image removed and by whom (`imagegc`, or
+//! `other` when it went without imagegc asking), and the image
+//! filesystem's capacity and usage at each cycle (and between cycles when
+//! usage moved by a percent of capacity or more).
+//!
+//! The engine's events come in through [`UsageLog`] as a [`Sink`]: the
+//! lines are made under a lock held for microseconds, queued, and appended
+//! by a thread of its own, so that the daemon's loop never waits for the
+//! disk. Appends are crash-safe the way the journal's are
+//! ([`crate::journal`]): one write per batch of whole lines, each batch
+//! starting on a fresh line, no fsync (a power loss may lose the last
+//! seconds); a reader skips a line cut short. The file is created 0600 and
+//! never opened through a symbolic link. Each process starts its
+//! recording, and each file after rotation starts, with every known image
+//! and a `running` line of every container listed, so that a log read
+//! alone (its older file rotated away) or after a restart (containers gone
+//! meanwhile) is whole. When the writer falls behind by [`QUEUE_MAX_BYTES`]
+//! (a disk that hangs) or cannot write, the lines queued are dropped and
+//! the next listing is recorded whole again.
+
+use std::collections::HashMap;
+use std::io::{self, Write as _};
+use std::os::unix::fs::{DirBuilderExt, FileExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::SystemTime;
+
+use crate::cri::{Container, Image};
+use crate::engine::events::KeptAtRecheck;
+use crate::engine::{Event, Sink};
+use crate::fs::FsStats;
+use crate::matching::InUse;
+use crate::safe_file;
+use crate::sim::trace::{Line, Record, Seconds};
+use crate::time::Clock;
+
+/// The log's name inside the state directory (rotated to `usage.jsonl.1`).
+pub const FILE_NAME: &str = "usage.jsonl";
+/// The log rotates when it has passed this size; one rotated file is kept,
+/// so the log takes at most about twice this on disk.
+pub const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
+/// The most bytes queued for the writer; past it the queue is dropped and
+/// the next listing recorded whole.
+pub const QUEUE_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Between cycles, a disk line is written when usage moved by this percent
+/// of capacity since the last one.
+const DISK_STEP_PERCENT: u64 = 1;
+
+/// What is to be done to the files, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk {
+    /// Append these lines.
+    Append(Vec<u8>),
+    /// Rotate (the current file becomes the rotated one), then start the
+    /// new file with these lines.
+    Rotate(Vec<u8>),
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        match self {
+            Chunk::Append(bytes) | Chunk::Rotate(bytes) => bytes.len(),
+        }
+    }
+}
+
+/// What the log records of the engine's events, as lines: pure, no IO.
+#[derive(Debug)]
+pub struct Recorder {
+    /// Images listed, by id: their image line.
+    images: HashMap<String, Line>,
+    /// Containers listed (a key per container and image it uses) and the image id.
+    running: HashMap<String, String>,
+    /// Whether this recording has written its first listing whole.
+    started: bool,
+    /// A cycle started and its disk reading is yet to be written.
+    cycle_disk_due: bool,
+    /// The last disk line's used bytes.
+    last_used: Option<u64>,
+    /// Bytes of the current file, as this recording counts them.
+    file_bytes: u64,
+    rotate_bytes: u64,
+}
+
+impl Recorder {
+    /// A recording appending to a file of `file_bytes`, rotating past
+    /// `rotate_bytes`.
+    pub fn new(file_bytes: u64, rotate_bytes: u64) -> Self {
+        Recorder {
+            images: HashMap::new(),
+            running: HashMap::new(),
+            started: false,
+            cycle_disk_due: false,
+            last_used: None,
+            file_bytes,
+            rotate_bytes,
+        }
+    }
+
+    /// Records the next listing whole (images and a `running` line), as at
+    /// the start of a recording: lines were lost.
+    pub fn resync(&mut self) {
+        self.started = false;
+    }
+
+    /// Whether `event` is one the log records (the others cost nothing).
+    pub fn wants(event: &Event<'_>) -> bool {
+        matches!(
+            event,
+            Event::Seen { .. }
+                | Event::Removed(_)
+                | Event::Kept {
+                    why: KeptAtRecheck::GoneAlready,
+                    ..
+                }
+                | Event::CycleStarted
+                | Event::Usage { .. }
+        )
+    }
+
+    /// The chunks `event`, observed at `at`, adds.
+    pub fn record(&mut self, event: &Event<'_>, at: Seconds, out: &mut Vec<Chunk>) {
+        // The new file starts with what a reader needs to go on from it
+        // alone: the state before this event's lines.
+        let header = (self.file_bytes >= self.rotate_bytes).then(|| self.header(at));
+        let mut lines = Vec::new();
+        match event {
+            Event::Seen { images, containers } => self.seen(images, containers, at, &mut lines),
+            Event::Removed(removal) if !removal.dry_run => {
+                self.images.remove(&removal.id);
+                push(&mut lines, at, removed(&removal.id, "imagegc"));
+            }
+            Event::Kept {
+                id,
+                why: KeptAtRecheck::GoneAlready,
+                ..
+            } => {
+                // Said once: a later listing finds it gone already.
+                let known = self.images.remove(*id).is_some();
+                if known {
+                    push(&mut lines, at, removed(id, "other"));
+                }
+            }
+            Event::CycleStarted => self.cycle_disk_due = true,
+            Event::Usage { stats, .. } => self.usage(stats, at, &mut lines),
+            _ => {}
+        }
+        if let Some(header) = header {
+            self.file_bytes = header.len() as u64;
+            out.push(Chunk::Rotate(header));
+        }
+        if !lines.is_empty() {
+            self.file_bytes += lines.len() as u64;
+            out.push(Chunk::Append(lines));
+        }
+    }
+
+    fn seen(&mut self, images: &[Image], containers: &[Container], at: Seconds, lines: &mut Vec<u8>) {
+        let listed: HashMap<&str, &Image> = images.iter().map(|i| (i.id.as_str(), i)).collect();
+        // Gone without imagegc removing them (imagegc's removals left the
+        // map as they happened).
+        let mut gone: Vec<String> = self
+            .images
+            .keys()
+            .filter(|id| !listed.contains_key(id.as_str()))
+            .cloned()
+            .collect();
+        gone.sort();
+        for id in gone {
+            self.images.remove(&id);
+            push(lines, at, removed(&id, "other"));
+        }
+        for image in images {
+            if !self.images.contains_key(&image.id) || !self.started {
+                let line = image_line(image);
+                push(lines, at, line.clone());
+                self.images.insert(image.id.clone(), line);
+            }
+        }
+        let now = running(images, containers);
+        if !self.started {
+            self.started = true;
+            self.running = now;
+            push(lines, at, self.running_line());
+            return;
+        }
+        let mut stops: Vec<&String> = self.running.keys().filter(|k| !now.contains_key(*k)).collect();
+        stops.sort();
+        for container in stops {
+            push(
+                lines,
+                at,
+                Line::Stop {
+                    container: container.clone(),
+                },
+            );
+        }
+        let mut starts: Vec<(&String, &String)> = now
+            .iter()
+            .filter(|(k, image)| self.running.get(*k) != Some(image))
+            .collect();
+        starts.sort();
+        for (container, image) in starts {
+            if self.running.contains_key(container) {
+                // The same key on another image: a stop first.
+                push(
+                    lines,
+                    at,
+                    Line::Stop {
+                        container: container.clone(),
+                    },
+                );
+            }
+            push(
+                lines,
+                at,
+                Line::Start {
+                    container: container.clone(),
+                    image: image.clone(),
+                },
+            );
+        }
+        self.running = now;
+    }
+
+    fn usage(&mut self, stats: &FsStats, at: Seconds, lines: &mut Vec<u8>) {
+        let used = stats.used_bytes();
+        let step = stats.capacity_bytes / 100 * DISK_STEP_PERCENT;
+        let moved = self.last_used.is_none_or(|last| last.abs_diff(used) >= step.max(1));
+        if std::mem::take(&mut self.cycle_disk_due) || moved {
+            self.last_used = Some(used);
+            push(
+                lines,
+                at,
+                Line::Disk {
+                    capacity: stats.capacity_bytes,
+                    used,
+                },
+            );
+        }
+    }
+
+    fn running_line(&self) -> Line {
+        let mut containers: Vec<(String, String)> = self
+            .running
+            .iter()
+            .map(|(k, image)| (k.clone(), image.clone()))
+            .collect();
+        containers.sort();
+        Line::Running { containers }
+    }
+
+    /// Every known image and, once the first listing is recorded, every
+    /// container running.
+    fn header(&self, at: Seconds) -> Vec<u8> {
+        let mut lines = Vec::new();
+        let mut ids: Vec<&String> = self.images.keys().collect();
+        ids.sort();
+        for id in ids {
+            push(&mut lines, at, self.images[id].clone());
+        }
+        if self.started {
+            push(&mut lines, at, self.running_line());
+        }
+        lines
+    }
+}
+
+/// The containers listed, each under a key per image it uses: its id when
+/// it uses one image (the usual case), `ID/IMAGE` for each when it uses
+/// several (images mounted as volumes).
+fn running(images: &[Image], containers: &[Container]) -> HashMap<String, String> {
+    let in_use = InUse::new(images, containers);
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    let mut seen: HashMap<&str, ()> = HashMap::new();
+    for image in images {
+        if seen.insert(&image.id, ()).is_some() {
+            continue;
+        }
+        for container in in_use.containers(&image.id) {
+            pairs.push((container, &image.id));
+        }
+    }
+    let mut per_container: HashMap<&str, usize> = HashMap::new();
+    for (container, _) in &pairs {
+        *per_container.entry(container).or_default() += 1;
+    }
+    pairs
+        .into_iter()
+        .map(|(container, image)| {
+            let key = if per_container[container] == 1 {
+                container.to_string()
+            } else {
+                format!("{container}/{image}")
+            };
+            (key, image.to_string())
+        })
+        .collect()
+}
+
+fn image_line(image: &Image) -> Line {
+    let mut names = image.repo_tags.iter().chain(&image.repo_digests).cloned();
+    Line::Image {
+        id: image.id.clone(),
+        name: names.next().unwrap_or_default(),
+        names: names.collect(),
+        size: Some(image.size),
+        layers: Vec::new(),
+    }
+}
+
+fn removed(id: &str, by: &str) -> Line {
+    Line::Removed {
+        image: id.to_string(),
+        by: by.to_string(),
+    }
+}
+
+fn push(lines: &mut Vec<u8>, at: Seconds, line: Line) {
+    // Serializing plain strings and numbers into a Vec cannot fail.
+    if serde_json::to_writer(&mut *lines, &Record { at, line }).is_ok() {
+        lines.push(b'\n');
+    }
+}
+
+/// The log files of one state directory.
+#[derive(Debug, Clone)]
+pub struct Files {
+    path: PathBuf,
+    rotated: PathBuf,
+}
+
+impl Files {
+    /// `<state_dir>/usage.jsonl` and its rotated `usage.jsonl.1`.
+    pub fn new(state_dir: &Path) -> Self {
+        Files {
+            path: state_dir.join(FILE_NAME),
+            rotated: state_dir.join(format!("{FILE_NAME}.1")),
+        }
+    }
+
+    /// The current file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Does what `chunk` says.
+    pub fn apply(&self, chunk: &Chunk) -> io::Result<()> {
+        match chunk {
+            Chunk::Append(bytes) => self.append(bytes),
+            Chunk::Rotate(header) => {
+                match std::fs::rename(&self.path, &self.rotated) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+                self.append(header)
+            }
+        }
+    }
+
+    fn append(&self, bytes: &[u8]) -> io::Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut file = safe_file::open_append(&self.path, 0o600)?;
+        // A last line left without its newline (a write cut short) would
+        // swallow the first of these: start on a fresh line.
+        let len = file.metadata()?.len();
+        let mut last = [0u8; 1];
+        if len > 0 && file.read_exact_at(&mut last, len - 1).is_ok() && last[0] != b'\n' {
+            file.write_all(b"\n")?;
+        }
+        file.write_all(bytes)
+    }
+}
+
+/// What the emitting side and the writer share.
+struct State {
+    recorder: Recorder,
+    queue: Vec<Chunk>,
+    queued: usize,
+    closed: bool,
+    /// The writer lost lines: the next listing is recorded whole.
+    lost: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+/// The usage log as a [`Sink`] of the engine's events, with the thread
+/// that appends its lines.
+pub struct UsageLog {
+    shared: Arc<Shared>,
+    clock: Clock,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    path: PathBuf,
+}
+
+impl UsageLog {
+    /// Starts recording to `<state_dir>/usage.jsonl` (creating the state
+    /// directory private when missing), rotating past `rotate_bytes`. An
+    /// error when the file cannot be opened for appending (a symbolic link
+    /// or anything but a regular file at its path, a read-only directory).
+    pub fn start(state_dir: &Path, rotate_bytes: u64, clock: Clock) -> io::Result<Arc<Self>> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)?;
+        let files = Files::new(state_dir);
+        let file_bytes = safe_file::open_append(files.path(), 0o600)?.metadata()?.len();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                recorder: Recorder::new(file_bytes, rotate_bytes),
+                queue: Vec::new(),
+                queued: 0,
+                closed: false,
+                lost: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let path = files.path().to_path_buf();
+        let writer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("usage-log".into())
+                .spawn(move || write_loop(&shared, &files))?
+        };
+        Ok(Arc::new(UsageLog {
+            shared,
+            clock,
+            writer: Mutex::new(Some(writer)),
+            path,
+        }))
+    }
+
+    /// The current file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes what is queued and stops the writer (at shutdown); events
+    /// after it are not recorded.
+    pub fn close(&self) {
+        {
+            let mut state = self.shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.closed = true;
+        }
+        self.shared.wake.notify_all();
+        if let Some(writer) = self.writer.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl Drop for UsageLog {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Sink for UsageLog {
+    fn emit(&self, event: &Event<'_>) {
+        if !Recorder::wants(event) {
+            return;
+        }
+        let at = self
+            .clock
+            .now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut state = self.shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.closed {
+            return;
+        }
+        if std::mem::take(&mut state.lost) {
+            state.recorder.resync();
+        }
+        let mut chunks = Vec::new();
+        state.recorder.record(event, at, &mut chunks);
+        if chunks.is_empty() {
+            return;
+        }
+        let bytes: usize = chunks.iter().map(Chunk::len).sum();
+        if state.queued + bytes > QUEUE_MAX_BYTES {
+            tracing::warn!(
+                queued_bytes = state.queued,
+                "the usage log's writer is behind (a slow or hung disk): dropping its queue; \
+                 the next listing is recorded whole"
+            );
+            state.queue.clear();
+            state.queued = 0;
+            state.recorder.resync();
+            return;
+        }
+        state.queued += bytes;
+        state.queue.extend(chunks);
+        drop(state);
+        self.shared.wake.notify_one();
+    }
+}
+
+fn write_loop(shared: &Shared, files: &Files) {
+    let mut failing = false;
+    loop {
+        let chunks = {
+            let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            while state.queue.is_empty() && !state.closed {
+                state = shared.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+            }
+            if state.queue.is_empty() {
+                return;
+            }
+            state.queued = 0;
+            std::mem::take(&mut state.queue)
+        };
+        for chunk in &chunks {
+            match files.apply(chunk) {
+                Ok(()) => failing = false,
+                Err(err) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(
+                            path = %files.path().display(),
+                            error = %err,
+                            "could not write the usage log; the next listing is recorded whole once it can"
+                        );
+                    }
+                    shared.state.lock().unwrap_or_else(PoisonError::into_inner).lost = true;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Reason, Removal};
+    use crate::sim::trace::{Action, Trace};
+    use crate::testing::{container_using, library_image};
+
+    fn seen<'a>(images: &'a [Image], containers: &'a [Container]) -> Event<'a> {
+        Event::Seen { images, containers }
+    }
+
+    fn removal(id: &str) -> Removal {
+        Removal {
+            id: id.to_string(),
+            tags: vec![],
+            digests: vec![],
+            reason: Reason::Space,
+            size: 100,
+            freed_bytes: Some(100),
+            first_seen: SystemTime::UNIX_EPOCH,
+            last_used: SystemTime::UNIX_EPOCH,
+            dry_run: false,
+        }
+    }
+
+    fn text(chunks: &[Chunk]) -> String {
+        chunks
+            .iter()
+            .map(|c| match c {
+                Chunk::Append(b) | Chunk::Rotate(b) => String::from_utf8(b.clone()).unwrap(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_recording_reads_back_as_the_starts_stops_and_removals_the_node_saw() {
+        let (a, b, c) = (
+            library_image("a", 100),
+            library_image("b", 200),
+            library_image("c", 300),
+        );
+        let mut r = Recorder::new(0, ROTATE_BYTES);
+        let mut out = Vec::new();
+        let images = [a.clone(), b.clone()];
+        r.record(&seen(&images, &[container_using("x", &a)]), 1000, &mut out);
+        r.record(&Event::CycleStarted, 1000, &mut out);
+        let stats = FsStats {
+            capacity_bytes: 10_000,
+            available_bytes: 4_000,
+            ..Default::default()
+        };
+        r.record(
+            &Event::Usage {
+                stats: &stats,
+                due: false,
+            },
+            1000,
+            &mut out,
+        );
+        // A later reading within a percent of capacity says nothing new.
+        let close = FsStats {
+            available_bytes: 3_950,
+            ..stats
+        };
+        r.record(
+            &Event::Usage {
+                stats: &close,
+                due: false,
+            },
+            1002,
+            &mut out,
+        );
+        // x goes, y starts on b, c is pulled.
+        let images = [a.clone(), b.clone(), c.clone()];
+        r.record(&seen(&images, &[container_using("y", &b)]), 1060, &mut out);
+        r.record(&Event::Removed(&removal("a")), 1100, &mut out);
+        // c goes without imagegc.
+        let images = [b.clone()];
+        r.record(&seen(&images, &[container_using("y", &b)]), 1160, &mut out);
+        let log = text(&out);
+        assert_eq!(log.matches("\"ev\":\"disk\"").count(), 1, "{log}");
+        assert!(
+            log.contains(r#"{"at":1100,"ev":"removed","image":"a","by":"imagegc"}"#),
+            "{log}"
+        );
+        assert!(
+            log.contains(r#"{"at":1160,"ev":"removed","image":"c","by":"other"}"#),
+            "{log}"
+        );
+        assert!(
+            log.contains(r#""ev":"image","id":"b","name":"docker.io/library/b:latest","size":200"#),
+            "{log}"
+        );
+        let trace = Trace::read(log.as_bytes()).unwrap();
+        assert_eq!(trace.capacity, Some(10_000));
+        assert_eq!(trace.images.len(), 3);
+        assert_eq!(trace.image_bytes(1), 200, "an image is one layer of its size");
+        let actions: Vec<(u64, Action)> = trace.events.iter().map(|e| (e.at, e.action)).collect();
+        assert_eq!(
+            actions,
+            [
+                (0, Action::Start { container: 0, image: 0 }),
+                (60, Action::Stop { container: 0 }),
+                (60, Action::Start { container: 1, image: 1 }),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_new_recording_reconciles_containers_gone_while_no_one_recorded() {
+        let (a, b) = (library_image("a", 100), library_image("b", 200));
+        let images = [a.clone(), b.clone()];
+        let mut first = Recorder::new(0, ROTATE_BYTES);
+        let mut out = Vec::new();
+        first.record(
+            &seen(&images, &[container_using("x", &a), container_using("y", &b)]),
+            100,
+            &mut out,
+        );
+        // A restart: y went meanwhile, x still runs.
+        let mut second = Recorder::new(0, ROTATE_BYTES);
+        second.record(&seen(&images, &[container_using("x", &a)]), 400, &mut out);
+        let trace = Trace::read(text(&out).as_bytes()).unwrap();
+        let actions: Vec<(u64, Action)> = trace.events.iter().map(|e| (e.at, e.action)).collect();
+        assert_eq!(
+            actions,
+            [
+                (0, Action::Start { container: 0, image: 0 }),
+                (0, Action::Start { container: 1, image: 1 }),
+                (300, Action::Stop { container: 1 }),
+            ],
+            "x goes on, y stops when the new recording lists"
+        );
+    }
+
+    #[test]
+    fn a_container_mounting_an_image_uses_both() {
+        let (a, b) = (library_image("a", 100), library_image("b", 200));
+        let mut x = container_using("x", &a);
+        x.mounted_images = vec![b.id.clone()];
+        let mut r = Recorder::new(0, ROTATE_BYTES);
+        let mut out = Vec::new();
+        r.record(&seen(&[a, b], &[x]), 100, &mut out);
+        let trace = Trace::read(text(&out).as_bytes()).unwrap();
+        assert_eq!(trace.starts(), 2);
+        assert_eq!(trace.peak_in_use_bytes(), 300);
+    }
+
+    /// A node of `images` images and `containers` containers, its
+    /// containers replaced one by one on new images: `steps` listings.
+    fn churn(log: &UsageLog, images: usize, containers: usize, steps: usize) {
+        let mut listed: Vec<Image> = (0..images)
+            .map(|i| library_image(&format!("sha256:{i:064x}"), 1 << 20))
+            .collect();
+        let mut running: Vec<Container> = (0..containers)
+            .map(|c| container_using(&format!("{c:064x}"), &listed[c]))
+            .collect();
+        for step in 0..steps {
+            let new = library_image(&format!("sha256:{:064x}", images + step), 1 << 20);
+            listed.remove(containers);
+            listed.push(new.clone());
+            running[step % containers] = container_using(&format!("{:064x}", containers + step), &new);
+            log.emit(&seen(&listed, &running));
+        }
+    }
+
+    #[test]
+    fn the_log_rotates_into_two_bounded_files_each_readable_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let rotate = 64 * 1024;
+        let log = UsageLog::start(dir.path(), rotate, Clock::start()).unwrap();
+        churn(&log, 50, 10, 400);
+        log.close();
+        let current = dir.path().join(FILE_NAME);
+        let rotated = dir.path().join(format!("{FILE_NAME}.1"));
+        for file in [&current, &rotated] {
+            let len = std::fs::metadata(file).unwrap().len();
+            assert!(len < rotate + 16 * 1024, "{} is {len} bytes", file.display());
+        }
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&current).unwrap().permissions().mode() & 0o777, 0o600);
+        // The pair and the current file alone both read, with the 10
+        // containers of the end running.
+        for trace in [
+            Trace::read_log(&current).unwrap(),
+            Trace::read(std::fs::read(&current).unwrap().as_slice()).unwrap(),
+        ] {
+            let starts = trace.starts();
+            let stops = trace.events.len() - starts;
+            assert_eq!(starts - stops, 10);
+        }
+    }
+
+    #[test]
+    fn a_line_cut_short_by_a_crash_is_skipped_and_the_next_recording_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = UsageLog::start(dir.path(), ROTATE_BYTES, Clock::start()).unwrap();
+        churn(&log, 20, 5, 10);
+        log.close();
+        drop(log);
+        let path = dir.path().join(FILE_NAME);
+        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(br#"{"at":17,"ev":"start","contai"#).unwrap();
+        // Read as the crash left it: the torn last line is skipped.
+        let torn = Trace::read_log(&path).unwrap();
+        assert_eq!(torn.starts(), 14, "5 at the first listing, one per step after");
+        // A restart records on from a fresh line: its first listing's
+        // containers that ran before go on, the others start.
+        let log = UsageLog::start(dir.path(), ROTATE_BYTES, Clock::start()).unwrap();
+        churn(&log, 20, 5, 3);
+        log.close();
+        let trace = Trace::read_log(&path).unwrap();
+        assert_eq!(trace.starts(), 14 + 5 + 2);
+    }
+
+    #[test]
+    fn a_link_at_the_log_path_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join(FILE_NAME)).unwrap();
+        let err = UsageLog::start(dir.path(), ROTATE_BYTES, Clock::start()).err().unwrap();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+    }
+}
