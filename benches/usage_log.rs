@@ -51,11 +51,12 @@ fn image(trace: &Trace, index: u32) -> Image {
     let repo = name.split(':').next().unwrap_or(name);
     Image {
         id: format!("sha256:{}", hex(1, u64::from(index))),
-        repo_tags: vec![format!("registry.example.com/{name}")],
+        repo_tags: vec![format!("registry.example.com/{name}")].into(),
         repo_digests: vec![format!(
             "registry.example.com/{repo}@sha256:{}",
             hex(2, u64::from(index))
-        )],
+        )]
+        .into(),
         size: trace.image_bytes(index),
         pinned: false,
     }

@@ -498,9 +498,11 @@ mod tests {
         restart.runtime.endpoint = Some("unix:///run/crio/crio.sock".to_string());
         restart.state.dir = "/var/lib/imagegc-2".into();
         restart.metrics.listen = None;
+        restart.kubernetes.enabled = true;
+        restart.kubernetes.pods_stale_after = Duration::from_secs(60);
         assert_eq!(
             restart_keys(&old, &restart),
-            ["runtime.endpoint", "state.dir", "metrics.listen"]
+            ["runtime.endpoint", "state.dir", "metrics.listen", "kubernetes"]
         );
     }
 
