@@ -236,6 +236,15 @@ pub fn format_duration(duration: Duration) -> String {
     out
 }
 
+/// Sleeps until `at`, or forever when there is no `at`: a `select!` arm
+/// for a wake-up that may not be scheduled.
+pub async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
 use crate::engine::{Collector, UsageTracker};
 use crate::state::StartOnly;
+use crate::time::sleep_until_some;
 
 mod start;
 
@@ -194,13 +195,6 @@ pub async fn run<R: Runtime>(
 /// or the usage poll interval when that is shorter.
 fn usage_check_interval(config: &Config) -> Duration {
     USAGE_CHECK_INTERVAL.min(config.gc.usage_poll_interval)
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Runs one cycle. On shutdown, a cycle with no removal in flight is

@@ -24,12 +24,13 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::policy::Protections;
+use crate::time::sleep_until_some;
 
 /// The images every pod bound to this node names, by `namespace/name`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -180,21 +181,11 @@ pub fn spawn(
 ) -> PodWatch {
     let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
     let (synced_tx, synced) = watch::channel(false);
+    let mut state = WatchState::new(stale_after, protections_tx, synced_tx, metrics);
     let api: Api<Pod> = Api::all(client);
     let selector = format!("spec.nodeName={node}");
     let config = watcher::Config::default().fields(&selector);
     let stream = watcher::watcher(api, config).default_backoff();
-    let mut state = WatchState {
-        pods: PodImages::default(),
-        listing: None,
-        up: false,
-        down_since: Instant::now(),
-        stale: false,
-        stale_after,
-        protections: protections_tx,
-        synced: synced_tx,
-        metrics,
-    };
     let node = node.to_owned();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -215,13 +206,6 @@ pub fn spawn(
     PodWatch { protections, synced }
 }
 
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// The watch's cache and what it has said.
 struct WatchState {
     pods: PodImages,
@@ -239,6 +223,26 @@ struct WatchState {
 }
 
 impl WatchState {
+    /// Nothing listed yet, down since now.
+    fn new(
+        stale_after: Duration,
+        protections: watch::Sender<Arc<Protections>>,
+        synced: watch::Sender<bool>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        WatchState {
+            pods: PodImages::default(),
+            listing: None,
+            up: false,
+            down_since: Instant::now(),
+            stale: false,
+            stale_after,
+            protections,
+            synced,
+            metrics,
+        }
+    }
+
     fn event(&mut self, event: Event<Pod>) {
         match event {
             Event::Init => self.listing = Some(PodImages::default()),
@@ -408,17 +412,7 @@ status:
     fn watch_state(stale_after: Duration) -> (WatchState, watch::Receiver<Arc<Protections>>, Arc<Metrics>) {
         let (protections, receiver) = watch::channel(Arc::new(Protections::default()));
         let metrics = Arc::new(Metrics::new());
-        let state = WatchState {
-            pods: PodImages::default(),
-            listing: None,
-            up: false,
-            down_since: Instant::now(),
-            stale: false,
-            stale_after,
-            protections,
-            synced: watch::channel(false).0,
-            metrics: Arc::clone(&metrics),
-        };
+        let state = WatchState::new(stale_after, protections, watch::channel(false).0, Arc::clone(&metrics));
         (state, receiver, metrics)
     }
 
