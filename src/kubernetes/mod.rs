@@ -72,7 +72,7 @@ impl Cluster {
                     "not set, and NODE_NAME is empty: set it, or NODE_NAME from the pod's spec.nodeName".to_owned(),
                 )
             })?;
-        let mut client_config = match &config.kubeconfig {
+        let client_config = match &config.kubeconfig {
             Some(path) => from_kubeconfig(path)
                 .await
                 .map_err(|err| problem("kubernetes.kubeconfig", format!("{}: {err}", path.display())))?,
@@ -86,8 +86,7 @@ impl Cluster {
                 )
             })?,
         };
-        client_config.connect_timeout = Some(CONNECT_TIMEOUT);
-        let client = Client::try_from(client_config)
+        let client = client(client_config)
             .map_err(|err| problem("kubernetes.kubeconfig", format!("cannot make a client: {err}")))?;
         Ok(Cluster {
             client,
@@ -128,6 +127,18 @@ impl Cluster {
             .then(|| node_events::spawn(self.client, &self.node, Arc::clone(metrics), shutdown.clone()));
         Started { pods, events }
     }
+}
+
+/// A client as imagegc uses one. Connecting gives up after
+/// [`CONNECT_TIMEOUT`], and a request the API server refuses (429, 503, 504)
+/// fails at once instead of being retried inside the client: the watch and
+/// the event poster back off on their own, and the client's retries (up to
+/// 15, their delays doubling) would hold the watch down long after the API
+/// server is back.
+pub(crate) fn client(mut config: ClientConfig) -> Result<Client, kube::Error> {
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.default_retry = false;
+    Client::try_from(config)
 }
 
 async fn from_kubeconfig(path: &Path) -> Result<ClientConfig, String> {

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
-use kube::runtime::WatchStreamExt as _;
+use kube::runtime::utils::Backoff as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -181,29 +181,66 @@ pub fn spawn(
 ) -> PodWatch {
     let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
     let (synced_tx, synced) = watch::channel(false);
-    let mut state = WatchState::new(stale_after, protections_tx, synced_tx, metrics);
+    let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics);
     let api: Api<Pod> = Api::all(client);
-    let selector = format!("spec.nodeName={node}");
-    let config = watcher::Config::default().fields(&selector);
-    let stream = watcher::watcher(api, config).default_backoff();
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let node = node.to_owned();
     tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
         info!(node, "watching the pods bound to this node");
-        loop {
-            let stale_at = (!state.up && !state.stale).then(|| state.down_since + state.stale_after);
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = sleep_until_some(stale_at) => state.went_stale(),
-                item = stream.next() => match item {
-                    Some(Ok(event)) => state.event(event),
-                    Some(Err(err)) => state.failed(&err),
-                    None => break,
-                },
-            }
-        }
+        watch_pods(api, config, state, shutdown).await;
     });
     PodWatch { protections, synced }
+}
+
+/// The watch's loop. A watch that fails is dropped and, after a backoff,
+/// started again from a full listing: resuming from the last resource
+/// version would bring the changes in without a sign that the cache is
+/// whole again, and the cache would be called down until the next relisting
+/// (the API server's restart is such a failure). One node's pods are a
+/// small listing.
+async fn watch_pods(api: Api<Pod>, config: watcher::Config, mut state: WatchState, shutdown: CancellationToken) {
+    let start = || Box::pin(watcher::watcher(api.clone(), config.clone()));
+    let mut backoff = watcher::DefaultBackoff::default();
+    let mut stream = Some(start());
+    let mut retry_at = None;
+    loop {
+        let stale_at = (!state.up && !state.stale).then(|| state.down_since + state.stale_after);
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = sleep_until_some(stale_at) => state.went_stale(),
+            () = sleep_until_some(retry_at) => {
+                retry_at = None;
+                stream = Some(start());
+            }
+            item = next_or_pending(&mut stream) => match item {
+                Some(Ok(event)) => {
+                    if matches!(event, Event::InitDone) {
+                        backoff.reset();
+                    }
+                    state.event(event);
+                }
+                Some(Err(err)) => {
+                    state.failed(&err);
+                    stream = None;
+                    let delay = backoff.next().unwrap_or(MAX_RETRY);
+                    retry_at = Some(Instant::now() + delay);
+                }
+                None => break,
+            },
+        }
+    }
+}
+
+/// The longest wait between two attempts to watch (the watcher's own
+/// backoff caps at this).
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+/// The stream's next item, or never while there is no stream.
+async fn next_or_pending<S: futures_core::Stream + Unpin>(stream: &mut Option<S>) -> Option<S::Item> {
+    match stream {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The watch's cache and what it has said.
@@ -469,5 +506,172 @@ status:
             pods.protections().references,
             [("app:v2".to_owned(), "default/a".to_owned())]
         );
+    }
+
+    /// An API server that lists the pods it is told to, holds each watch
+    /// open without events, and answers 503 to everything while it is down.
+    mod fake_api {
+        use std::convert::Infallible;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+
+        use http_body_util::combinators::BoxBody;
+        use http_body_util::{BodyExt as _, Full, StreamBody};
+        use hyper::body::{Bytes, Frame, Incoming};
+        use hyper::{Request, Response};
+        use tokio::sync::mpsc;
+
+        #[derive(Default)]
+        pub struct FakeApi {
+            pub down: AtomicBool,
+            pub lists: AtomicUsize,
+            /// The images of the pods a listing returns.
+            pub images: Mutex<Vec<&'static str>>,
+            watches: Mutex<Vec<mpsc::Sender<Bytes>>>,
+        }
+
+        impl FakeApi {
+            /// Goes down: every watch held open ends, as when the process
+            /// stops, and every request fails until `up`.
+            pub fn go_down(&self) {
+                self.down.store(true, Ordering::SeqCst);
+                self.watches.lock().unwrap().clear();
+            }
+
+            pub fn come_up(&self) {
+                self.down.store(false, Ordering::SeqCst);
+            }
+
+            fn respond(&self, request: &Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
+                let full = |status: u16, body: String| {
+                    Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body)).boxed())
+                        .unwrap()
+                };
+                if self.down.load(Ordering::SeqCst) {
+                    return full(
+                        503,
+                        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"ServiceUnavailable","code":503}"#
+                            .to_owned(),
+                    );
+                }
+                let query = request.uri().query().unwrap_or_default();
+                assert!(query.contains("fieldSelector=spec.nodeName%3Dnode-1"), "{query}");
+                if query.contains("watch=true") {
+                    let (tx, rx) = mpsc::channel::<Bytes>(1);
+                    self.watches.lock().unwrap().push(tx);
+                    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+                        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                    });
+                    return Response::builder()
+                        .header("content-type", "application/json")
+                        .body(StreamBody::new(events).boxed())
+                        .unwrap();
+                }
+                let n = self.lists.fetch_add(1, Ordering::SeqCst) + 1;
+                let items: Vec<String> = self
+                    .images
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, image)| {
+                        format!(
+                            r#"{{"metadata":{{"name":"p{i}","namespace":"default","resourceVersion":"{n}"}},"spec":{{"nodeName":"node-1","containers":[{{"name":"c","image":"{image}"}}]}}}}"#
+                        )
+                    })
+                    .collect();
+                full(
+                    200,
+                    format!(
+                        r#"{{"apiVersion":"v1","kind":"PodList","metadata":{{"resourceVersion":"{n}"}},"items":[{}]}}"#,
+                        items.join(",")
+                    ),
+                )
+            }
+        }
+
+        /// Serves `api` on a local port; returns its URL.
+        pub async fn serve(api: Arc<FakeApi>) -> String {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let api = Arc::clone(&api);
+                    tokio::spawn(async move {
+                        let service = hyper::service::service_fn(move |request| {
+                            let response = api.respond(&request);
+                            async move { Ok::<_, Infallible>(response) }
+                        });
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, service)
+                            .await;
+                    });
+                }
+            });
+            url
+        }
+    }
+
+    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..600 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("timed out after 60 s waiting for {what}");
+    }
+
+    /// The API server restarts while nothing changes on the node: the watch
+    /// is whole again once it returns (a relisting, with what changed
+    /// meanwhile), not called down until the next relisting.
+    #[tokio::test]
+    async fn after_the_api_server_returns_the_watch_is_up_again() {
+        use std::sync::atomic::Ordering;
+
+        let api = Arc::new(fake_api::FakeApi::default());
+        api.images.lock().unwrap().push("web:1");
+        let url = fake_api::serve(Arc::clone(&api)).await;
+        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let watch = spawn(
+            client,
+            "node-1",
+            Duration::from_secs(3600),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        );
+        let up = |metrics: &Metrics| {
+            metrics
+                .encode()
+                .lines()
+                .any(|line| line == "imagegc_kubernetes_pods_watch_up 1")
+        };
+        wait_until("the first listing", || *watch.synced.borrow()).await;
+        assert!(up(&metrics));
+        assert_eq!(named(&watch.protections), ["web:1"]);
+
+        api.go_down();
+        wait_until("the watch down", || !up(&metrics)).await;
+        assert_eq!(
+            named(&watch.protections),
+            ["web:1"],
+            "the last known pods keep protecting"
+        );
+        // A pod is bound meanwhile; the API server returns.
+        api.images.lock().unwrap().push("job:2");
+        api.come_up();
+        wait_until("the watch up again", || up(&metrics)).await;
+        assert_eq!(named(&watch.protections), ["web:1", "job:2"]);
+        assert_eq!(api.lists.load(Ordering::SeqCst), 2);
+        shutdown.cancel();
     }
 }
