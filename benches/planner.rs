@@ -60,7 +60,7 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
                 id: hex(4, c as u64),
                 pod_sandbox_id: hex(5, c as u64 / 3),
                 name: format!("container-{c}"),
-                image: image.repo_tags[0].clone(),
+                image: image.repo_tags.first().unwrap().to_owned(),
                 image_ref: image.id.clone(),
                 image_id: String::new(),
                 state: Some(ContainerState::Running),

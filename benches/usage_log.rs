@@ -32,7 +32,7 @@ use imagegc::fs::FsStats;
 use imagegc::sim::trace::{Action, Trace};
 use imagegc::sim::workload::Kind;
 use imagegc::time::Clock;
-use imagegc::usage_log::{Chunk, ROTATE_BYTES, Recorder, UsageLog};
+use imagegc::usage_log::{ROTATE_BYTES, Recorder, UsageLog};
 
 const IMAGES: usize = 200;
 const POLL: u64 = 30;
@@ -67,7 +67,7 @@ fn container(id: u64, image: &Image) -> Container {
         id: hex(3, id),
         pod_sandbox_id: hex(4, id),
         name: format!("c{id}"),
-        image: image.repo_tags[0].clone(),
+        image: image.repo_tags.first().unwrap().to_owned(),
         image_ref: image.id.clone(),
         ..Default::default()
     }
@@ -157,8 +157,7 @@ fn main() {
         }
         recorder.record(&event(step), at, &mut out);
         for chunk in out.drain(..) {
-            let (Chunk::Append(b) | Chunk::Rotate(b)) = chunk;
-            bytes.extend(b);
+            bytes.extend(chunk.to_bytes());
         }
     });
     let text = String::from_utf8(bytes).unwrap();

@@ -490,7 +490,12 @@ mod tests {
         bare.id = hex.clone();
         // A runtime that lists an id among the tags.
         let mut tagged = image("z", 1);
-        tagged.repo_tags = tagged.repo_tags.iter().cloned().chain([prefixed.clone()]).collect();
+        tagged.repo_tags = tagged
+            .repo_tags
+            .iter()
+            .map(str::to_owned)
+            .chain([prefixed.clone()])
+            .collect();
         for reference in [&prefixed, &hex] {
             for (img, id) in [(&with_prefix, &prefixed), (&bare, &hex), (&tagged, &"z".to_string())] {
                 let images = [img.clone()];

@@ -246,7 +246,7 @@ impl Records {
                 (&mut record.digests, &image.repo_digests),
             ] {
                 if !kept.shares(listed) {
-                    self.changed |= !kept.is(listed);
+                    self.changed |= kept != listed;
                     *kept = listed.clone();
                 }
             }

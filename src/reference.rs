@@ -7,6 +7,7 @@
 //! the side of "same image": a false match keeps an image, a missed one could
 //! remove an image in use.
 
+use crate::cri::Names;
 use std::borrow::Cow;
 
 /// The docker.io defaults applied to familiar names.
@@ -207,7 +208,7 @@ impl Glob {
 
     /// True when the pattern matches the image's id (with or without the
     /// `sha256:` prefix), any tag or digest, or their familiar forms.
-    pub fn matches_image(&self, id: &str, tags: &[String], digests: &[String]) -> bool {
+    pub fn matches_image(&self, id: &str, tags: &Names, digests: &Names) -> bool {
         self.matches(id)
             || self.matches(bare_id(id))
             || tags
@@ -242,7 +243,7 @@ impl ProtectPattern {
     }
 
     /// True when any form matches the image (see [`Glob::matches_image`]).
-    pub fn matches_image(&self, id: &str, tags: &[String], digests: &[String]) -> bool {
+    pub fn matches_image(&self, id: &str, tags: &Names, digests: &Names) -> bool {
         self.globs.iter().any(|g| g.matches_image(id, tags, digests))
     }
 
@@ -380,8 +381,8 @@ mod tests {
         );
         ProtectPattern::new(pattern).matches_image(
             "sha256:2222222222222222222222222222222222222222222222222222222222222222",
-            &[tag.to_string()],
-            &[digest],
+            &[tag].into(),
+            &[digest.as_str()].into(),
         )
     }
 
@@ -592,11 +593,12 @@ mod tests {
 
     #[test]
     fn globs_match_images_by_familiar_name_and_bare_id() {
-        let tags = vec!["docker.io/library/nginx:1.27".to_string()];
+        let tags = Names::from(["docker.io/library/nginx:1.27"]);
+        let none = Names::default();
         let id = "sha256:0123456789012345678901234567890123456789012345678901234567890123";
-        assert!(Glob::new("nginx:*").matches_image(id, &tags, &[]));
-        assert!(Glob::new("docker.io/library/nginx:1.27").matches_image(id, &tags, &[]));
-        assert!(Glob::new("0123456789*").matches_image(id, &tags, &[]));
-        assert!(!Glob::new("redis:*").matches_image(id, &tags, &[]));
+        assert!(Glob::new("nginx:*").matches_image(id, &tags, &none));
+        assert!(Glob::new("docker.io/library/nginx:1.27").matches_image(id, &tags, &none));
+        assert!(Glob::new("0123456789*").matches_image(id, &tags, &none));
+        assert!(!Glob::new("redis:*").matches_image(id, &tags, &none));
     }
 }

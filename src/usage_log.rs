@@ -1,7 +1,8 @@
 //! The usage log: what the daemon observes of the node's images, recorded
 //! in `<state dir>/usage.jsonl` in the trace format `imagegc simulate
 //! --log` replays (see [`crate::sim::trace`]), rotated by size to
-//! `usage.jsonl.1`.
+//! `usage.jsonl.1`: at a listing, once the file holds [`ROTATE_BYTES`]
+//! more than its whole listing.
 //!
 //! It records an image appearing (its id, size and names: CRI tells no
 //! layer digests, so an image is one layer of its reported size and
@@ -16,7 +17,9 @@
 //! The engine's events come in through [`UsageLog`] as a [`Sink`]: the
 //! lines are made under a lock held for microseconds, queued, and appended
 //! by a thread of its own, so that the daemon's loop never waits for the
-//! disk. Appends are crash-safe the way the journal's are
+//! disk. What is kept between listings is small: each image's id, held in
+//! 32 bytes, and the containers running; a whole listing is queued as the
+//! listing's shared names and written line by line. Appends are crash-safe the way the journal's are
 //! ([`crate::journal`]): one write per batch of whole lines, each batch
 //! starting on a fresh line, no fsync (a power loss may lose the last
 //! seconds); a reader skips a line cut short. The file is created 0600 and
@@ -28,7 +31,7 @@
 //! (a disk that hangs) or cannot write, the lines queued are dropped and
 //! the next listing is recorded whole again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Write as _};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
@@ -36,7 +39,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use crate::cri::{Container, Image};
+use crate::cri::{Container, Image, Names};
 use crate::engine::events::KeptAtRecheck;
 use crate::engine::{Event, Sink};
 use crate::fs::FsStats;
@@ -47,8 +50,10 @@ use crate::time::Clock;
 
 /// The log's name inside the state directory (rotated to `usage.jsonl.1`).
 pub const FILE_NAME: &str = "usage.jsonl";
-/// The log rotates when it has passed this size; one rotated file is kept,
-/// so the log takes at most about twice this on disk.
+/// A file rotates at the first listing after it passed this size beyond
+/// the whole listing it starts with; one rotated file is kept, so the log
+/// takes about twice this plus two whole listings on disk (a listing is
+/// about 500 bytes per image with five tags).
 pub const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
 /// The most bytes queued for the writer; past it the queue is dropped and
 /// the next listing recorded whole.
@@ -62,15 +67,138 @@ const DISK_STEP_PERCENT: u64 = 1;
 pub enum Chunk {
     /// Append these lines.
     Append(Vec<u8>),
-    /// Rotate (the current file becomes the rotated one), then start the
-    /// new file with these lines.
-    Rotate(Vec<u8>),
+    /// Append a whole listing, after rotating (the current file becomes
+    /// the rotated one) when `rotate`.
+    Whole {
+        /// Rotate first.
+        rotate: bool,
+        /// The listing.
+        listing: Whole,
+    },
 }
 
 impl Chunk {
-    fn len(&self) -> usize {
+    /// What the chunk holds in memory while queued.
+    fn memory(&self) -> usize {
         match self {
-            Chunk::Append(bytes) | Chunk::Rotate(bytes) => bytes.len(),
+            Chunk::Append(bytes) => bytes.len(),
+            Chunk::Whole { listing, .. } => listing.images.len() * std::mem::size_of::<(Names, Names, u64)>(),
+        }
+    }
+
+    /// The chunk as it is written (tests, benches).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Chunk::Append(bytes) => bytes.clone(),
+            Chunk::Whole { listing, .. } => {
+                let mut out = Vec::new();
+                // Writing into a Vec cannot fail.
+                let _ = listing.write_to(&mut out);
+                out
+            }
+        }
+    }
+}
+
+/// A listing recorded whole: an image line for each image, then the
+/// containers running. Held as the images' shared names and compact ids
+/// and written line by line by the writer: on a node of 100,000 images
+/// its lines are tens of megabytes, which are never in memory at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Whole {
+    at: Seconds,
+    /// The images' ids, sorted (shared with the recorder).
+    ids: Arc<Vec<Id>>,
+    /// Each image's tags, digests and size, in the ids' order.
+    images: Vec<(Names, Names, u64)>,
+    running: Line,
+}
+
+impl Whole {
+    /// Writes the lines to `out`.
+    pub fn write_to(&self, out: &mut impl io::Write) -> io::Result<()> {
+        let mut line = Vec::with_capacity(1024);
+        for (id, (tags, digests, size)) in self.ids.iter().zip(&self.images) {
+            line.clear();
+            push(&mut line, self.at, image_line(&id.to_string(), tags, digests, *size));
+            out.write_all(&line)?;
+        }
+        line.clear();
+        push(&mut line, self.at, self.running.clone());
+        out.write_all(&line)
+    }
+
+    /// How many bytes [`Whole::write_to`] writes (counted, not kept).
+    fn len(&self) -> u64 {
+        let mut counter = Counter(0);
+        let _ = self.write_to(&mut counter);
+        counter.0
+    }
+}
+
+/// Counts what is written to it.
+struct Counter(u64);
+
+impl io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An image id, compact: a runtime's ids are nearly always a SHA-256
+/// (`sha256:<hex>` from containerd, the bare hex from CRI-O), held as its
+/// 32 bytes; any other id as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Id {
+    Sha256 { digest: [u8; 32], prefixed: bool },
+    Other(Box<str>),
+}
+
+impl Id {
+    fn of(id: &str) -> Id {
+        let (hex, prefixed) = match id.strip_prefix("sha256:") {
+            Some(hex) => (hex, true),
+            None => (id, false),
+        };
+        let lower_hex = |b: u8| match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            _ => None,
+        };
+        if hex.len() == 64 {
+            let mut digest = [0u8; 32];
+            let parsed = hex.as_bytes().chunks_exact(2).zip(&mut digest).all(|(pair, byte)| {
+                match (lower_hex(pair[0]), lower_hex(pair[1])) {
+                    (Some(high), Some(low)) => {
+                        *byte = high << 4 | low;
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if parsed {
+                return Id::Sha256 { digest, prefixed };
+            }
+        }
+        Id::Other(id.into())
+    }
+}
+
+impl std::fmt::Display for Id {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Id::Sha256 { digest, prefixed } => {
+                if *prefixed {
+                    f.write_str("sha256:")?;
+                }
+                digest.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+            Id::Other(id) => f.write_str(id),
         }
     }
 }
@@ -78,8 +206,11 @@ impl Chunk {
 /// What the log records of the engine's events, as lines: pure, no IO.
 #[derive(Debug)]
 pub struct Recorder {
-    /// Images listed, by id: their image line.
-    images: HashMap<String, Line>,
+    /// The ids of the images last listed, sorted (their lines are not
+    /// kept: a whole listing is written from the listing itself).
+    images: Arc<Vec<Id>>,
+    /// The images said removed since the last listing.
+    removed: HashSet<Id>,
     /// Containers listed (a key per container and image it uses) and the image id.
     running: HashMap<String, String>,
     /// Whether this recording has written its first listing whole.
@@ -91,6 +222,8 @@ pub struct Recorder {
     /// Bytes of the current file, as this recording counts them.
     file_bytes: u64,
     rotate_bytes: u64,
+    /// The bytes of the last whole listing written.
+    whole_bytes: u64,
 }
 
 impl Recorder {
@@ -98,13 +231,15 @@ impl Recorder {
     /// `rotate_bytes`.
     pub fn new(file_bytes: u64, rotate_bytes: u64) -> Self {
         Recorder {
-            images: HashMap::new(),
+            images: Arc::default(),
+            removed: HashSet::new(),
             running: HashMap::new(),
             started: false,
             cycle_disk_due: false,
             last_used: None,
             file_bytes,
             rotate_bytes,
+            whole_bytes: 0,
         }
     }
 
@@ -112,6 +247,11 @@ impl Recorder {
     /// the start of a recording: lines were lost.
     pub fn resync(&mut self) {
         self.started = false;
+    }
+
+    /// Rotates at the next listing (a rotation queued was dropped).
+    fn rotate_at_next_listing(&mut self) {
+        self.file_bytes = u64::MAX;
     }
 
     /// Whether `event` is one the log records (the others cost nothing).
@@ -131,14 +271,30 @@ impl Recorder {
 
     /// The chunks `event`, observed at `at`, adds.
     pub fn record(&mut self, event: &Event<'_>, at: Seconds, out: &mut Vec<Chunk>) {
-        // The new file starts with what a reader needs to go on from it
-        // alone: the state before this event's lines.
-        let header = (self.file_bytes >= self.rotate_bytes).then(|| self.header(at));
         let mut lines = Vec::new();
         match event {
-            Event::Seen { images, containers } => self.seen(images, containers, at, &mut lines),
+            Event::Seen { images, containers } => {
+                // A file rotates at a listing, which it starts whole, so
+                // that a reader can go on from it alone. It holds at least
+                // `rotate_bytes` past its whole listing.
+                let rotate = self.file_bytes >= self.rotate_bytes.saturating_add(self.whole_bytes);
+                if rotate {
+                    self.started = false;
+                }
+                let whole = self.seen(images, containers, at, &mut lines);
+                if !lines.is_empty() {
+                    self.file_bytes = self.file_bytes.saturating_add(lines.len() as u64);
+                    out.push(Chunk::Append(std::mem::take(&mut lines)));
+                }
+                if let Some(listing) = whole {
+                    self.whole_bytes = listing.len();
+                    self.file_bytes = if rotate { 0 } else { self.file_bytes }.saturating_add(self.whole_bytes);
+                    out.push(Chunk::Whole { rotate, listing });
+                }
+                return;
+            }
             Event::Removed(removal) if !removal.dry_run => {
-                self.images.remove(&removal.id);
+                self.removed.insert(Id::of(&removal.id));
                 push(&mut lines, at, removed(&removal.id, "imagegc"));
             }
             Event::Kept {
@@ -147,8 +303,8 @@ impl Recorder {
                 ..
             } => {
                 // Said once: a later listing finds it gone already.
-                let known = self.images.remove(*id).is_some();
-                if known {
+                let gone = Id::of(id);
+                if self.listed(&gone) && self.removed.insert(gone) {
                     push(&mut lines, at, removed(id, "other"));
                 }
             }
@@ -156,44 +312,67 @@ impl Recorder {
             Event::Usage { stats, .. } => self.usage(stats, at, &mut lines),
             _ => {}
         }
-        if let Some(header) = header {
-            self.file_bytes = header.len() as u64;
-            out.push(Chunk::Rotate(header));
-        }
         if !lines.is_empty() {
-            self.file_bytes += lines.len() as u64;
+            self.file_bytes = self.file_bytes.saturating_add(lines.len() as u64);
             out.push(Chunk::Append(lines));
         }
     }
 
-    fn seen(&mut self, images: &[Image], containers: &[Container], at: Seconds, lines: &mut Vec<u8>) {
-        let listed: HashMap<&str, &Image> = images.iter().map(|i| (i.id.as_str(), i)).collect();
-        // Gone without imagegc removing them (imagegc's removals left the
-        // map as they happened).
-        let mut gone: Vec<String> = self
-            .images
-            .keys()
-            .filter(|id| !listed.contains_key(id.as_str()))
-            .cloned()
+    /// Whether the last listing had this image.
+    fn listed(&self, id: &Id) -> bool {
+        self.images.binary_search(id).is_ok()
+    }
+
+    /// Lines for what changed since the last listing; the listing whole
+    /// when this recording has not written it yet.
+    fn seen(&mut self, images: &[Image], containers: &[Container], at: Seconds, lines: &mut Vec<u8>) -> Option<Whole> {
+        // The ids sorted, with each one's place in the listing.
+        let mut order: Vec<(Id, u32)> = (0..)
+            .zip(images)
+            .map(|(place, image): (u32, &Image)| (Id::of(&image.id), place))
             .collect();
-        gone.sort();
-        for id in gone {
-            self.images.remove(&id);
-            push(lines, at, removed(&id, "other"));
-        }
-        for image in images {
-            if !self.images.contains_key(&image.id) || !self.started {
-                let line = image_line(image);
-                push(lines, at, line.clone());
-                self.images.insert(image.id.clone(), line);
+        order.sort_unstable();
+        order.dedup_by(|later, first| later.0 == first.0);
+        let (listed, places): (Vec<Id>, Vec<u32>) = order.into_iter().unzip();
+        let listed = Arc::new(listed);
+        // Gone without imagegc removing them (imagegc's removals were
+        // said as they happened).
+        let removed_since = std::mem::take(&mut self.removed);
+        for id in self.images.iter() {
+            if listed.binary_search(id).is_err() && !removed_since.contains(id) {
+                push(lines, at, removed(&id.to_string(), "other"));
             }
         }
+        let whole = !self.started;
+        if !whole {
+            for image in images {
+                let id = Id::of(&image.id);
+                if !self.listed(&id) || removed_since.contains(&id) {
+                    push(
+                        lines,
+                        at,
+                        image_line(&image.id, &image.repo_tags, &image.repo_digests, image.size),
+                    );
+                }
+            }
+        }
+        self.images = listed;
         let now = running(images, containers);
-        if !self.started {
+        if whole {
             self.started = true;
             self.running = now;
-            push(lines, at, self.running_line());
-            return;
+            return Some(Whole {
+                at,
+                ids: Arc::clone(&self.images),
+                images: places
+                    .iter()
+                    .map(|&place| {
+                        let image = &images[place as usize];
+                        (image.repo_tags.clone(), image.repo_digests.clone(), image.size)
+                    })
+                    .collect(),
+                running: self.running_line(),
+            });
         }
         let mut stops: Vec<&String> = self.running.keys().filter(|k| !now.contains_key(*k)).collect();
         stops.sort();
@@ -232,6 +411,7 @@ impl Recorder {
             );
         }
         self.running = now;
+        None
     }
 
     fn usage(&mut self, stats: &FsStats, at: Seconds, lines: &mut Vec<u8>) {
@@ -259,21 +439,6 @@ impl Recorder {
             .collect();
         containers.sort();
         Line::Running { containers }
-    }
-
-    /// Every known image and, once the first listing is recorded, every
-    /// container running.
-    fn header(&self, at: Seconds) -> Vec<u8> {
-        let mut lines = Vec::new();
-        let mut ids: Vec<&String> = self.images.keys().collect();
-        ids.sort();
-        for id in ids {
-            push(&mut lines, at, self.images[id].clone());
-        }
-        if self.started {
-            push(&mut lines, at, self.running_line());
-        }
-        lines
     }
 }
 
@@ -309,13 +474,13 @@ fn running(images: &[Image], containers: &[Container]) -> HashMap<String, String
         .collect()
 }
 
-fn image_line(image: &Image) -> Line {
-    let mut names = image.repo_tags.iter().chain(&image.repo_digests).cloned();
+fn image_line(id: &str, tags: &Names, digests: &Names, size: u64) -> Line {
+    let mut names = tags.iter().chain(digests).map(str::to_owned);
     Line::Image {
-        id: image.id.clone(),
+        id: id.to_owned(),
         name: names.next().unwrap_or_default(),
         names: names.collect(),
-        size: Some(image.size),
+        size: Some(size),
         layers: Vec::new(),
     }
 }
@@ -358,21 +523,24 @@ impl Files {
     /// Does what `chunk` says.
     pub fn apply(&self, chunk: &Chunk) -> io::Result<()> {
         match chunk {
-            Chunk::Append(bytes) => self.append(bytes),
-            Chunk::Rotate(header) => {
-                match std::fs::rename(&self.path, &self.rotated) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
+            Chunk::Append(bytes) if bytes.is_empty() => Ok(()),
+            Chunk::Append(bytes) => self.open()?.write_all(bytes),
+            Chunk::Whole { rotate, listing } => {
+                if *rotate {
+                    match std::fs::rename(&self.path, &self.rotated) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
                 }
-                self.append(header)
+                let mut out = io::BufWriter::with_capacity(64 * 1024, self.open()?);
+                listing.write_to(&mut out)?;
+                out.flush()
             }
         }
     }
 
-    fn append(&self, bytes: &[u8]) -> io::Result<()> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
+    /// The current file, for appending, its last line ended.
+    fn open(&self) -> io::Result<std::fs::File> {
         let mut file = safe_file::open_append(&self.path, 0o600)?;
         // A last line left without its newline (a write cut short) would
         // swallow the first of these: start on a fresh line.
@@ -381,7 +549,7 @@ impl Files {
         if len > 0 && file.read_exact_at(&mut last, len - 1).is_ok() && last[0] != b'\n' {
             file.write_all(b"\n")?;
         }
-        file.write_all(bytes)
+        Ok(file)
     }
 }
 
@@ -493,13 +661,22 @@ impl Sink for UsageLog {
         if chunks.is_empty() {
             return;
         }
-        let bytes: usize = chunks.iter().map(Chunk::len).sum();
-        if state.queued + bytes > QUEUE_MAX_BYTES {
+        // One batch is queued whatever its size (a whole listing of a big
+        // node is more than the bound, and is what a resync writes).
+        let bytes: usize = chunks.iter().map(Chunk::memory).sum();
+        if state.queued + bytes > QUEUE_MAX_BYTES.max(bytes) {
             tracing::warn!(
                 queued_bytes = state.queued,
                 "the usage log's writer is behind (a slow or hung disk): dropping its queue; \
                  the next listing is recorded whole"
             );
+            if state
+                .queue
+                .iter()
+                .any(|c| matches!(c, Chunk::Whole { rotate: true, .. }))
+            {
+                state.recorder.rotate_at_next_listing();
+            }
             state.queue.clear();
             state.queued = 0;
             state.recorder.resync();
@@ -573,9 +750,7 @@ mod tests {
     fn text(chunks: &[Chunk]) -> String {
         chunks
             .iter()
-            .map(|c| match c {
-                Chunk::Append(b) | Chunk::Rotate(b) => String::from_utf8(b.clone()).unwrap(),
-            })
+            .map(|c| String::from_utf8(c.to_bytes()).unwrap())
             .collect()
     }
 
@@ -768,5 +943,51 @@ mod tests {
         std::os::unix::fs::symlink(&target, dir.path().join(FILE_NAME)).unwrap();
         let err = UsageLog::start(dir.path(), ROTATE_BYTES, Clock::start()).err().unwrap();
         assert!(err.to_string().contains("symbolic link"), "{err}");
+    }
+
+    #[test]
+    fn ids_are_held_compact_and_written_as_listed() {
+        let hex = "0123456789abcdef".repeat(4);
+        for id in [
+            format!("sha256:{hex}"),
+            hex.clone(),
+            hex.to_uppercase(),
+            format!("sha512:{hex}"),
+            "a".to_owned(),
+            String::new(),
+        ] {
+            assert_eq!(Id::of(&id).to_string(), id);
+        }
+        assert!(matches!(Id::of(&hex), Id::Sha256 { prefixed: false, .. }));
+        assert!(matches!(Id::of(&hex.to_uppercase()), Id::Other(_)));
+        assert_ne!(Id::of(&hex), Id::of(&format!("sha256:{hex}")));
+    }
+
+    /// A node of many images with long names: its whole listing is more
+    /// than the queue's bound, and is written once, then only what changes.
+    #[test]
+    fn a_listing_bigger_than_the_queue_is_recorded_whole_and_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = UsageLog::start(dir.path(), ROTATE_BYTES, Clock::start()).unwrap();
+        let mut listed: Vec<Image> = (0..12_000)
+            .map(|i| {
+                let mut image = library_image(&format!("sha256:{i:064x}"), 1 << 20);
+                image.repo_tags = (0..5)
+                    .map(|t| format!("registry.example.com/team/service-{i}:build-{t}"))
+                    .collect();
+                image
+            })
+            .collect();
+        log.emit(&seen(&listed, &[]));
+        listed.pop();
+        log.emit(&seen(&listed, &[]));
+        log.close();
+        let path = dir.path().join(FILE_NAME);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.len() > QUEUE_MAX_BYTES, "the listing is {} bytes", text.len());
+        assert_eq!(text.matches(r#""ev":"image""#).count(), 12_000, "each image once");
+        assert_eq!(text.matches(r#""ev":"removed""#).count(), 1);
+        let trace = Trace::read_log(&path).unwrap();
+        assert_eq!(trace.images.len(), 12_000);
     }
 }

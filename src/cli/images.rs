@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::table::{Table, cell, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell, yes_no};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
+use crate::cri::Names;
 use crate::cri::{CriClient, Runtime, Snapshot};
 use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
@@ -58,8 +59,8 @@ enum FilesystemView {
 #[derive(Serialize)]
 struct ImageView<'a> {
     id: &'a str,
-    tags: &'a [String],
-    digests: &'a [String],
+    tags: &'a Names,
+    digests: &'a Names,
     size_bytes: u64,
     pinned: bool,
     in_use: bool,

@@ -302,10 +302,11 @@ mod tests {
 
     #[test]
     fn plan_view_adds_absurd_sizes_without_overflow() {
+        let none = crate::cri::Names::default();
         let candidate = |id: &'static str| Candidate {
             id,
-            tags: &[],
-            digests: &[],
+            tags: &none,
+            digests: &none,
             size: u64::MAX,
             first_seen: SystemTime::UNIX_EPOCH,
             last_used: SystemTime::UNIX_EPOCH,

@@ -28,11 +28,12 @@ pub fn short_id(id: &str) -> String {
 
 /// A tags column cell: the first tag and how many more (`nginx:1.27 (+2)`),
 /// or `<none>` for an untagged image.
-pub fn tags_cell(tags: &[String]) -> String {
-    match tags {
-        [] => "<none>".to_string(),
-        [one] => one.clone(),
-        [first, rest @ ..] => format!("{first} (+{})", rest.len()),
+pub fn tags_cell<S: AsRef<str>>(tags: impl IntoIterator<Item = S>) -> String {
+    let mut names = tags.into_iter();
+    match (names.next(), names.count()) {
+        (None, _) => "<none>".to_string(),
+        (Some(one), 0) => one.as_ref().to_owned(),
+        (Some(first), more) => format!("{} (+{more})", first.as_ref()),
     }
 }
 

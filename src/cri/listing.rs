@@ -39,8 +39,8 @@ impl WireImage {
     pub(super) fn into_image(self, names: &mut Interner) -> Image {
         Image {
             id: self.id,
-            repo_tags: names.names(self.repo_tags),
-            repo_digests: names.names(self.repo_digests),
+            repo_tags: names.names(&self.repo_tags),
+            repo_digests: names.names(&self.repo_digests),
             size: self.size,
             pinned: self.pinned,
         }

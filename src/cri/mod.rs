@@ -303,8 +303,8 @@ pub fn merge_listings(mut images: Vec<Image>) -> Vec<Image> {
         ] {
             let mut names = merged.to_vec();
             for name in &repeat {
-                if !names.contains(name) {
-                    names.push(name.clone());
+                if !merged.contains(name) {
+                    names.push(name.to_owned());
                 }
             }
             *merged = names.into();

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use super::report::{CycleReport, Outcome};
+use crate::cri::Names;
 use crate::cri::{Container, Image};
 use crate::fs::FsStats;
 use crate::health::Health;
@@ -179,7 +180,7 @@ pub enum Event<'a> {
         /// The image id.
         id: &'a str,
         /// Its tags now.
-        tags: &'a [String],
+        tags: &'a Names,
         /// Why.
         why: KeptAtRecheck<'a>,
     },
@@ -199,7 +200,7 @@ pub enum Event<'a> {
         /// The image id.
         id: &'a str,
         /// Its tags.
-        tags: &'a [String],
+        tags: &'a Names,
         /// Age or space.
         reason: Reason,
         /// The runtime's error.
@@ -582,7 +583,7 @@ fn log_repull(image: &Image, removed_ago: Duration, unreachable: Option<&SpaceOu
     }
 }
 
-fn log_kept(id: &str, tags: &[String], why: &KeptAtRecheck<'_>) {
+fn log_kept(id: &str, tags: &Names, why: &KeptAtRecheck<'_>) {
     match why {
         KeptAtRecheck::CameIntoUse => info!(image = %id, tags = ?tags, "image came into use; keeping it"),
         KeptAtRecheck::PinnedSince => {

@@ -179,7 +179,7 @@ impl<R: Runtime> Collector<R> {
         if let Ok(entries) = self.journal.read(since) {
             for entry in entries.into_iter().filter(|e| !e.dry_run) {
                 if let Some(at) = entry.timestamp() {
-                    self.thrash.remember(at, entry.image, &entry.digests);
+                    self.thrash.remember(at, entry.image, entry.digests);
                 }
             }
         }

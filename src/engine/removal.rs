@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cri::Names;
 use crate::cri::{Image, Removed, Runtime, RuntimeError, Snapshot};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::journal::JournalEntry;
@@ -213,7 +214,7 @@ impl<R: Runtime> Collector<R> {
         }
     }
 
-    fn kept(&self, id: &str, tags: &[String], why: KeptAtRecheck<'_>) {
+    fn kept(&self, id: &str, tags: &Names, why: KeptAtRecheck<'_>) {
         self.sinks.emit(&Event::Kept { id, tags, why });
     }
 
@@ -410,7 +411,7 @@ impl<R: Runtime> Collector<R> {
         if !removal.dry_run {
             Arc::make_mut(&mut self.records).remove(&removal.id);
             self.thrash
-                .remember(self.clock.now(), removal.id.clone(), &removal.digests);
+                .remember(self.clock.now(), removal.id.clone(), removal.digests.clone());
             self.pending.forget(&removal.id);
         }
     }

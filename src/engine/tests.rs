@@ -94,7 +94,7 @@ impl Runtime for SimHandle {
             && sim.lists == n
             && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
         {
-            image.repo_tags = image.repo_tags.iter().cloned().chain([tag]).collect();
+            image.repo_tags = image.repo_tags.iter().map(str::to_owned).chain([tag]).collect();
         }
         if let Some((n, sender, pods)) = &sim.pods_at_list
             && sim.lists == *n
@@ -585,7 +585,7 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     );
     let now = restarted.clock().now();
     let window = restarted.config().gc.thrash_window;
-    assert!(restarted.thrash.removed_recently(now, window, "a", &[]));
+    assert!(restarted.thrash.removed_recently(now, window, "a", &Default::default()));
     drop(dir);
 }
 

@@ -6,6 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::cri::Image;
+use crate::cri::Names;
 use crate::policy::SpaceOutlook;
 use crate::reference;
 
@@ -26,7 +27,7 @@ impl RecentRemoval {
     /// name (CRI-O drops a registry's port from an old image's digest). A
     /// tag is not an image: a newer image under the removed one's tag is
     /// another image, not a re-pull.
-    fn is(&self, id: &str, digests: &[String]) -> bool {
+    fn is(&self, id: &str, digests: &Names) -> bool {
         self.id == id
             || digests.iter().filter_map(|d| reference::digest_of(d)).any(|digest| {
                 self.digests
@@ -54,11 +55,11 @@ pub struct Thrash {
 
 impl Thrash {
     /// Remembers a removal of `id` (with its repository digests) at `at`.
-    pub fn remember(&mut self, at: SystemTime, id: String, digests: &[String]) {
+    pub fn remember(&mut self, at: SystemTime, id: String, digests: Vec<String>) {
         self.recent.push(RecentRemoval {
             at,
             id,
-            digests: digests.to_vec(),
+            digests,
             repull_reported: false,
         });
     }
@@ -91,7 +92,7 @@ impl Thrash {
 
     /// Whether the image with this id and these digests was removed within
     /// `window` before `now`.
-    pub fn removed_recently(&self, now: SystemTime, window: Duration, id: &str, digests: &[String]) -> bool {
+    pub fn removed_recently(&self, now: SystemTime, window: Duration, id: &str, digests: &Names) -> bool {
         self.recent
             .iter()
             .any(|r| now.duration_since(r.at).unwrap_or_default() <= window && r.is(id, digests))
@@ -128,7 +129,7 @@ mod tests {
         let window = Duration::from_secs(3600);
         let mut thrash = Thrash::default();
         let old = image("a", 10);
-        thrash.remember(t0, old.id.clone(), &old.repo_digests);
+        thrash.remember(t0, old.id.clone(), old.repo_digests.to_vec());
         let later = t0 + Duration::from_secs(60);
         let listed = vec![image("b", 10), old.clone()];
         let ids = vec![0, 1];
@@ -141,7 +142,7 @@ mod tests {
             }]
         );
         assert!(thrash.repulls(later, window, &listed, &ids).is_empty(), "reported once");
-        assert!(thrash.removed_recently(later, window, &old.id, &[]));
-        assert!(!thrash.removed_recently(t0 + window * 2, window, &old.id, &[]));
+        assert!(thrash.removed_recently(later, window, &old.id, &Names::default()));
+        assert!(!thrash.removed_recently(t0 + window * 2, window, &old.id, &Names::default()));
     }
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
 use crate::config::{Config, Order};
+use crate::cri::Names;
 use crate::cri::{Image, Snapshot};
 use crate::matching;
 pub use crate::model::Reason;
@@ -131,9 +132,9 @@ pub struct Candidate<'a> {
     /// The image id, as the runtime lists it; what `RemoveImage` is called with.
     pub id: &'a str,
     /// The image's tags, as the runtime lists them (may be empty: a dangling image).
-    pub tags: &'a [String],
+    pub tags: &'a Names,
     /// The image's repository digests, as the runtime lists them.
-    pub digests: &'a [String],
+    pub digests: &'a Names,
     /// The size the runtime reports, in bytes (shared layers count in every
     /// image, so sizes overstate what a removal frees).
     pub size: u64,
@@ -154,7 +155,7 @@ pub struct Kept<'a> {
     /// The image id, as the runtime lists it.
     pub id: &'a str,
     /// The image's tags, as the runtime lists them (may be empty).
-    pub tags: &'a [String],
+    pub tags: &'a Names,
     /// The size the runtime reports, in bytes.
     pub size: u64,
     /// Why it is kept; serialized as `reason` and that reason's own fields.
@@ -518,7 +519,7 @@ fn keep_recent<'a>(snapshot: &'a Snapshot, listed: &Listed, keep: u32) -> HashMa
     let mut by_repo: HashMap<&'a str, Vec<(SystemTime, &'a str)>> = HashMap::default();
     for (image, place) in snapshot.images.iter().zip(&listed.places) {
         let first_seen = place.history.map_or(SystemTime::UNIX_EPOCH, |h| h.first_seen);
-        let mut repos: Vec<&str> = image.repo_tags.iter().map(|t| reference::repository(t)).collect();
+        let mut repos: Vec<&str> = image.repo_tags.iter().map(reference::repository).collect();
         repos.sort_unstable();
         repos.dedup();
         for repo in repos {

@@ -266,7 +266,7 @@ impl<'t> Node<'t> {
                     let listed = &images[image as usize];
                     Container {
                         id: format!("c{id}"),
-                        image: listed.repo_tags.first().cloned().unwrap_or_default(),
+                        image: listed.repo_tags.first().unwrap_or_default().to_owned(),
                         image_ref: listed.id.clone(),
                         image_id: listed.id.clone(),
                         state: Some(ContainerState::Running),

@@ -238,7 +238,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
                 let ever_used = last_used > first_seen;
                 (
                     id,
-                    record(first_seen, last_used, size, pinned, tags, digests, ever_used),
+                    record(first_seen, last_used, size, pinned, &tags, &digests, ever_used),
                 )
             },
         ),
@@ -247,7 +247,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
             |(id, first_seen, last_used, size, pinned, tags, digests, ever_used): Line| {
                 (
                     id,
-                    record(first_seen, last_used, size, pinned, tags, digests, ever_used),
+                    record(first_seen, last_used, size, pinned, &tags, &digests, ever_used),
                 )
             },
         ),
@@ -260,8 +260,8 @@ fn record(
     last_used: u64,
     size: u64,
     pinned: bool,
-    tags: Vec<String>,
-    digests: Vec<String>,
+    tags: &[String],
+    digests: &[String],
     ever_used: bool,
 ) -> Record {
     Record {
@@ -289,8 +289,8 @@ fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
                     r.last_used,
                     r.size,
                     r.pinned,
-                    r.tags,
-                    r.digests,
+                    &r.tags,
+                    &r.digests,
                     r.last_used > r.first_seen,
                 ),
             )

@@ -123,7 +123,11 @@ async fn sigterm_in_the_middle_of_a_cycle_stops_after_the_current_removal_and_sa
 
     let records = load_records(&state);
     for image in fake.images() {
-        assert!(records.get(&image.id).is_some(), "a record for {}", image.repo_tags[0]);
+        assert!(
+            records.get(&image.id).is_some(),
+            "a record for {}",
+            image.repo_tags.first().unwrap()
+        );
     }
     for id in &removed {
         assert!(records.get(id).is_none(), "no record for the removed {id}");

@@ -112,7 +112,7 @@ async fn a_replayed_backlog_counts_at_its_own_time_and_costs_one_listing() {
     fake.add_image(old.clone());
     let ten_minutes_ago = SystemTime::now() - secs(600);
     let backlog = (0..300)
-        .map(|n| FakeRuntime::event(&format!("c-{n}"), &old.repo_tags[0], ten_minutes_ago))
+        .map(|n| FakeRuntime::event(&format!("c-{n}"), old.repo_tags.first().unwrap(), ten_minutes_ago))
         .collect();
     let history = Record {
         first_seen: SystemTime::now() - secs(3600),
@@ -243,7 +243,7 @@ async fn with_container_events_nothing_is_polled_and_an_event_triggers_a_relist(
         &fake,
         "c-app",
         ContainerEventType::ContainerStartedEvent,
-        &[&app.repo_tags[0]],
+        &[app.repo_tags.first().unwrap()],
     )
     .await;
     eventually(secs(5), "a container listing after the event", || {
@@ -274,7 +274,7 @@ async fn an_image_used_only_between_listings_is_marked_used_by_its_event() {
         &fake,
         "c-job",
         ContainerEventType::ContainerDeletedEvent,
-        &[&job.repo_tags[0]],
+        &[job.repo_tags.first().unwrap()],
     )
     .await;
     eventually(secs(5), "the event handled", || {
@@ -310,7 +310,7 @@ async fn the_event_stream_is_reopened_after_the_runtime_restarts() {
         &fake,
         "c-app",
         ContainerEventType::ContainerCreatedEvent,
-        &[&app.repo_tags[0]],
+        &[app.repo_tags.first().unwrap()],
     )
     .await;
     eventually(secs(5), "a container listing after the event", || {

@@ -93,8 +93,8 @@ async fn without_a_named_sandbox_image_never_used_images_are_kept() {
     fake.add_image(old.clone());
     fake.add_container(Container {
         id: "c1".to_string(),
-        image: old.repo_tags[0].clone(),
-        image_ref: old.repo_digests[0].clone(),
+        image: old.repo_tags.first().unwrap().to_owned(),
+        image_ref: old.repo_digests.first().unwrap().to_owned(),
         ..Default::default()
     });
     let disk = full_disk();
@@ -346,11 +346,11 @@ async fn an_image_mounted_as_a_volume_is_in_use() {
         }
         let name_or_id = |i: &Image| match dialect {
             Dialect::Crio136 => i.id.trim_start_matches("sha256:").to_string(),
-            _ => i.repo_tags[0].clone(),
+            _ => i.repo_tags.first().unwrap().to_owned(),
         };
         fake.add_container(Container {
             id: "c1".to_string(),
-            image: app.repo_tags[0].clone(),
+            image: app.repo_tags.first().unwrap().to_owned(),
             image_ref: app.id.clone(),
             mounted_images: vec![name_or_id(&data)],
             ..Default::default()
@@ -396,9 +396,9 @@ async fn an_image_volume_named_by_a_tag_stays_in_use_after_the_tag_moves() {
     }
     fake.add_container(Container {
         id: "c1".to_string(),
-        image: app.repo_tags[0].clone(),
+        image: app.repo_tags.first().unwrap().to_owned(),
         image_ref: app.id.clone(),
-        mounted_images: vec![data.repo_tags[0].clone()],
+        mounted_images: vec![data.repo_tags.first().unwrap().to_owned()],
         ..Default::default()
     });
     let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
@@ -422,7 +422,7 @@ async fn an_image_volume_named_by_a_tag_stays_in_use_after_the_tag_moves() {
 }
 
 fn app_tag() -> String {
-    image("app", 0).repo_tags[0].clone()
+    image("app", 0).repo_tags.first().unwrap().to_owned()
 }
 
 /// The cycle's `usage_before` is the usage before anything was removed,

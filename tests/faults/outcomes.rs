@@ -307,7 +307,7 @@ async fn an_image_that_gains_a_name_right_before_its_removal_is_kept_for_a_conta
         image.repo_tags = image
             .repo_tags
             .iter()
-            .cloned()
+            .map(str::to_owned)
             .chain(["registry.example.com/team/renamed:2.0".to_string()])
             .collect();
         fake.add_image(image);
@@ -347,7 +347,12 @@ async fn an_image_that_gains_a_protected_or_sandbox_name_right_before_its_remova
         let retagged = a.clone();
         bed.fake.hook_on_call("ListContainers", 2, move || {
             let mut image = retagged.clone();
-            image.repo_tags = image.repo_tags.iter().cloned().chain([gained.to_string()]).collect();
+            image.repo_tags = image
+                .repo_tags
+                .iter()
+                .map(str::to_owned)
+                .chain([gained.to_string()])
+                .collect();
             fake.add_image(image);
         });
         let report = bed.cycle().await;

@@ -49,7 +49,7 @@ fn big_container(n: usize, image: &Image) -> Container {
         id: format!("{n:064x}"),
         pod_sandbox_id: format!("{:064x}", n + 5_000_000),
         name: format!("container-{n}"),
-        image: image.repo_tags[0].clone(),
+        image: image.repo_tags.first().unwrap().to_owned(),
         image_ref: image.id.clone(),
         image_id: String::new(),
         state: None,

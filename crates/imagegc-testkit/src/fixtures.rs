@@ -85,7 +85,7 @@ pub fn container_using(id: &str, image: &Image) -> Container {
         id: id.to_string(),
         pod_sandbox_id: format!("pod-{id}"),
         name: id.to_string(),
-        image: image.repo_tags.first().cloned().unwrap_or_default(),
+        image: image.repo_tags.first().unwrap_or_default().to_owned(),
         image_ref: image.id.clone(),
         image_id: String::new(),
         state: None,

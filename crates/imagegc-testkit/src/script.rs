@@ -193,7 +193,7 @@ fn add_containers(fake: &FakeRuntime, count: usize) -> Result<(), String> {
             id: hex_id(n, 0x6374_7273),
             pod_sandbox_id: pod,
             name: format!("app{n}"),
-            image: image.repo_tags.first().cloned().unwrap_or_else(|| image.id.clone()),
+            image: image.repo_tags.first().map_or_else(|| image.id.clone(), str::to_owned),
             image_ref: image.id.clone(),
             image_id: String::new(),
             state: Some(ContainerState::Running),
