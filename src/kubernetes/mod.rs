@@ -9,6 +9,8 @@
 //! The cycle never waits on the API server: the watch and the event poster
 //! run in tasks of their own and hand over what they have.
 
+#[cfg(test)]
+mod fake_api;
 pub mod node_events;
 pub mod pods;
 

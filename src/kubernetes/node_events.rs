@@ -48,6 +48,21 @@ const QUEUE: usize = 16;
 /// How long one call to the API server may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The first wait before posting an event again, doubling up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Whether a call may succeed if made again: the API server was busy or
+/// unavailable, or could not be reached.
+fn transient(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
 /// The namespace of node events (as the kubelet posts them).
 const NAMESPACE: &str = "default";
 
@@ -214,7 +229,7 @@ impl Poster {
             let reason = event.reason;
             let result = tokio::select! {
                 () = shutdown.cancelled() => return,
-                result = tokio::time::timeout(CALL_TIMEOUT, self.post(event)) => {
+                result = tokio::time::timeout(CALL_TIMEOUT, self.post_retrying(&event)) => {
                     result.unwrap_or_else(|_| Err("no answer within 10s".to_owned()))
                 }
             };
@@ -231,8 +246,26 @@ impl Poster {
         }
     }
 
+    /// Posts `event`, again after a short wait while the API server says
+    /// it is busy or unavailable (429, 5xx) or cannot be reached; the
+    /// caller's [`CALL_TIMEOUT`] ends the attempts. (The client does not
+    /// retry by itself: see [`super::client`].)
+    async fn post_retrying(&mut self, event: &NodeEvent) -> Result<String, String> {
+        let mut wait = RETRY_FIRST;
+        loop {
+            match self.post(event.clone()).await {
+                Err(err) if transient(&err) => {
+                    debug!(reason = event.reason.as_str(), error = %err, "posting a node event: trying again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_MAX);
+                }
+                result => return result.map_err(|err| err.to_string()),
+            }
+        }
+    }
+
     /// Updates the event of this reason posted before, or creates one.
-    async fn post(&mut self, event: NodeEvent) -> Result<String, String> {
+    async fn post(&mut self, event: NodeEvent) -> Result<String, kube::Error> {
         let now = Timestamp::now();
         if let Some((name, count)) = self.posted.get(&event.reason).cloned() {
             let patch = serde_json::json!({
@@ -253,7 +286,7 @@ impl Poster {
                 Err(kube::Error::Api(status)) if status.is_not_found() => {
                     debug!(event = name, "the node event to update has expired");
                 }
-                Err(err) => return Err(err.to_string()),
+                Err(err) => return Err(err),
             }
         }
         let name = format!("{}.{:x}", self.node, unix_nanos());
@@ -286,10 +319,7 @@ impl Poster {
             reporting_instance: Some(self.node.clone()),
             ..KubeEvent::default()
         };
-        self.api
-            .create(&PostParams::default(), &object)
-            .await
-            .map_err(|err| err.to_string())?;
+        self.api.create(&PostParams::default(), &object).await?;
         self.posted.insert(event.reason, (name.clone(), 1));
         Ok(name)
     }
@@ -387,5 +417,65 @@ mod tests {
             None,
             "said once"
         );
+    }
+
+    /// The API server answers 503 twice, then takes the event: it is
+    /// posted once, within the call's time. A refusal (403) is not tried
+    /// again.
+    #[tokio::test]
+    async fn an_event_is_posted_again_while_the_api_server_is_unavailable() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use crate::kubernetes::fake_api::{json, serve, unavailable};
+
+        let posts = Arc::new(AtomicUsize::new(0));
+        let forbid = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let url = {
+            let (posts, forbid) = (Arc::clone(&posts), Arc::clone(&forbid));
+            serve(move |request| {
+                assert_eq!(request.method(), "POST");
+                assert_eq!(request.uri().path(), "/api/v1/namespaces/default/events");
+                let n = posts.fetch_add(1, Ordering::SeqCst) + 1;
+                if forbid.load(Ordering::SeqCst) {
+                    return json(
+                        403,
+                        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Forbidden","code":403}"#
+                            .to_owned(),
+                    );
+                }
+                if n <= 2 {
+                    return unavailable();
+                }
+                json(
+                    201,
+                    r#"{"apiVersion":"v1","kind":"Event","metadata":{"name":"node-1.1","namespace":"default"},"involvedObject":{}}"#
+                        .to_owned(),
+                )
+            })
+            .await
+        };
+        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let mut poster = Poster {
+            api: Api::namespaced(client, NAMESPACE),
+            node: "node-1".to_owned(),
+            posted: HashMap::new(),
+            metrics: Arc::new(Metrics::new()),
+        };
+        let event = NodeEvent {
+            reason: NodeEventReason::ImageGCFailed,
+            message: "cycles fail".to_owned(),
+        };
+        let posted = tokio::time::timeout(CALL_TIMEOUT, poster.post_retrying(&event)).await;
+        assert!(matches!(posted, Ok(Ok(_))), "{posted:?}");
+        assert_eq!(posts.load(Ordering::SeqCst), 3);
+
+        forbid.store(true, Ordering::SeqCst);
+        poster.posted.clear();
+        let refused = tokio::time::timeout(CALL_TIMEOUT, poster.post_retrying(&event)).await;
+        assert!(
+            matches!(&refused, Ok(Err(err)) if err.contains("Forbidden")),
+            "{refused:?}"
+        );
+        assert_eq!(posts.load(Ordering::SeqCst), 4, "a refusal is not tried again");
     }
 }

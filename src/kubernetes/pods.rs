@@ -512,14 +512,16 @@ status:
     /// open without events, and answers 503 to everything while it is down.
     mod fake_api {
         use std::convert::Infallible;
+        use std::sync::Mutex;
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        use std::sync::{Arc, Mutex};
 
         use http_body_util::combinators::BoxBody;
-        use http_body_util::{BodyExt as _, Full, StreamBody};
+        use http_body_util::{BodyExt as _, StreamBody};
         use hyper::body::{Bytes, Frame, Incoming};
         use hyper::{Request, Response};
         use tokio::sync::mpsc;
+
+        use crate::kubernetes::fake_api::{json, unavailable};
 
         #[derive(Default)]
         pub struct FakeApi {
@@ -542,20 +544,9 @@ status:
                 self.down.store(false, Ordering::SeqCst);
             }
 
-            fn respond(&self, request: &Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
-                let full = |status: u16, body: String| {
-                    Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(body)).boxed())
-                        .unwrap()
-                };
+            pub fn respond(&self, request: &Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
                 if self.down.load(Ordering::SeqCst) {
-                    return full(
-                        503,
-                        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"ServiceUnavailable","code":503}"#
-                            .to_owned(),
-                    );
+                    return unavailable();
                 }
                 let query = request.uri().query().unwrap_or_default();
                 assert!(query.contains("fieldSelector=spec.nodeName%3Dnode-1"), "{query}");
@@ -583,7 +574,7 @@ status:
                         )
                     })
                     .collect();
-                full(
+                json(
                     200,
                     format!(
                         r#"{{"apiVersion":"v1","kind":"PodList","metadata":{{"resourceVersion":"{n}"}},"items":[{}]}}"#,
@@ -591,31 +582,6 @@ status:
                     ),
                 )
             }
-        }
-
-        /// Serves `api` on a local port; returns its URL.
-        pub async fn serve(api: Arc<FakeApi>) -> String {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let url = format!("http://{}", listener.local_addr().unwrap());
-            tokio::spawn(async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
-                    let api = Arc::clone(&api);
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |request| {
-                            let response = api.respond(&request);
-                            async move { Ok::<_, Infallible>(response) }
-                        });
-                        let io = hyper_util::rt::TokioIo::new(stream);
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(io, service)
-                            .await;
-                    });
-                }
-            });
-            url
         }
     }
 
@@ -638,7 +604,10 @@ status:
 
         let api = Arc::new(fake_api::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
-        let url = fake_api::serve(Arc::clone(&api)).await;
+        let url = {
+            let api = Arc::clone(&api);
+            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
+        };
         let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
