@@ -194,12 +194,7 @@ impl Interner {
     /// the same, else new.
     pub fn names(&mut self, names: &[String]) -> Names {
         pack(names.iter().map(String::as_str), &mut self.scratch);
-        if let Some(names) = self.names.get(self.scratch.as_str()) {
-            return names.clone();
-        }
-        let shared = Names(self.scratch.as_str().into());
-        self.names.insert(shared.clone());
-        shared
+        intern(&mut self.names, &self.scratch)
     }
 
     /// The names still held by anyone (this listing, the records), for
@@ -225,12 +220,16 @@ static KNOWN: LazyLock<Mutex<HashSet<Names, BuildHasher>>> = LazyLock::new(Mutex
 pub fn shared(names: &[String]) -> Names {
     let mut packed = String::new();
     pack(names.iter().map(String::as_str), &mut packed);
-    let mut known = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(names) = known.get(packed.as_str()) {
+    intern(&mut KNOWN.lock().unwrap_or_else(PoisonError::into_inner), &packed)
+}
+
+/// The [`Names`] packed as `packed` in `set`, added when missing.
+fn intern(set: &mut HashSet<Names, BuildHasher>, packed: &str) -> Names {
+    if let Some(names) = set.get(packed) {
         return names.clone();
     }
     let names = Names(packed.into());
-    known.insert(names.clone());
+    set.insert(names.clone());
     names
 }
 

@@ -1,11 +1,10 @@
 //! The age guard: `gc.max_age` counts only time imagegc has watched or its history vouches for.
 
-use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
-use imagegc::records::{Record, Records};
 use imagegc::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
+use imagegc_testkit::{history, records};
 
 use crate::support::{DiskEffects, InProcess, eventually, image, metric, roomy_disk, secs};
 
@@ -19,19 +18,7 @@ async fn images_without_history_wait_for_max_age_while_old_history_goes_at_once(
     let disk = roomy_disk();
     fake.on_remove(Some(disk.free_listed_size_on_remove()));
     let hour_ago = SystemTime::now() - secs(3600);
-    let history = Records::from_map(HashMap::from([(
-        old.id.clone(),
-        Record {
-            first_seen: hour_ago,
-            last_used: hour_ago,
-            size: old.size,
-            pinned: false,
-            tags: old.repo_tags.clone(),
-            digests: old.repo_digests.clone(),
-            from_history: false,
-            ever_used: false,
-        },
-    )]));
+    let history = records([history(&old, hour_ago, hour_ago)]);
 
     let started = Instant::now();
     let daemon = InProcess::start(

@@ -1,14 +1,13 @@
 //! The usage log (`state.usage_log`): what the daemon records of the
 //! node's images and containers, replayed by `imagegc simulate --log`.
 
-use std::collections::HashMap;
 use std::process::Command;
 use std::time::SystemTime;
 
-use imagegc::records::{Record, Records};
 use imagegc::sim::trace::Trace;
 use imagegc::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
+use imagegc_testkit::{history, records};
 
 use crate::support::{DiskEffects, InProcess, container_using, cycles_done, eventually, image, roomy_disk, secs};
 
@@ -24,19 +23,7 @@ async fn the_daemon_records_a_log_that_simulate_replays() {
     fake.on_remove(Some(disk.free_listed_size_on_remove()));
     // Unused for an hour by its history: imagegc removes it by age.
     let hour_ago = SystemTime::now() - secs(3600);
-    let history = Records::from_map(HashMap::from([(
-        old.id.clone(),
-        Record {
-            first_seen: hour_ago,
-            last_used: hour_ago,
-            size: old.size,
-            pinned: false,
-            tags: old.repo_tags.clone(),
-            digests: old.repo_digests.clone(),
-            from_history: false,
-            ever_used: false,
-        },
-    )]));
+    let history = records([history(&old, hour_ago, hour_ago)]);
     let mut daemon = InProcess::start(
         fake.clone(),
         disk,
