@@ -13,7 +13,8 @@
 //!    removed beyond the one that crossed it.
 //!
 //! Right before each removal the image is re-checked (see
-//! [`super::removal`]). A failed removal is logged and the walk goes on.
+//! [`super::removal`]; the next candidate's re-check is made while the
+//! removal before it is confirmed). A failed removal is logged and the walk goes on.
 //! Cancellation is honoured between removals, never inside one. In dry run
 //! everything happens except the removals; the walk then goes by the
 //! images' reported sizes, as `plan`'s forecast does.
@@ -30,7 +31,7 @@ use crate::policy::{self, Candidate, Forecast, Plan, SpaceOutlook, SpaceTarget, 
 use crate::records::Listed;
 
 use super::observe::ImageFs;
-use super::removal::{Disk, Step};
+use super::removal::{Disk, Rechecked, Removing, Step};
 use super::report::{CycleError, CycleReport, Outcome};
 use super::usage::Listing;
 use super::{Collector, Event};
@@ -134,15 +135,26 @@ impl<R: Runtime> Collector<R> {
 
         // Age pass. In dry run, what it would free counts against the
         // space pass's estimate.
-        for candidate in &plan.age {
+        let mut rechecked = None;
+        for (i, candidate) in plan.age.iter().enumerate() {
             if cancel.is_cancelled() {
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
-            if self.remove(candidate, snapshot, &disk, cancel, report).await? == Step::Unknown {
-                // What the runtime is still doing may free what the rest
-                // of the cycle would: the next cycle sees.
-                return Ok(());
+            match self
+                .remove(candidate, rechecked.take(), snapshot, &disk, cancel, report)
+                .await?
+            {
+                Removing::Finished(Step::Unknown) => {
+                    // What the runtime is still doing may free what the
+                    // rest of the cycle would: the next cycle sees.
+                    return Ok(());
+                }
+                Removing::Finished(_) => {}
+                Removing::Confirming(confirming) => {
+                    let next = plan.age.get(i + 1).filter(|_| !cancel.is_cancelled());
+                    rechecked = self.confirm(confirming, next, false, snapshot, &disk, report).await;
+                }
             }
         }
         if !plan.age.is_empty() {
@@ -219,6 +231,8 @@ impl<R: Runtime> Collector<R> {
             Walk::measured(target, stats, &plan.space)
         };
         let now = self.clock.now();
+        // The re-check of the candidate it names, made ahead of time.
+        let mut rechecked: Option<(&str, Rechecked)> = None;
         loop {
             match walk.next(|c| self.holds_back(now, c)) {
                 WalkStep::Remove(candidate) => {
@@ -226,7 +240,31 @@ impl<R: Runtime> Collector<R> {
                         report.outcome = Outcome::Interrupted;
                         return Ok(());
                     }
-                    match self.remove(candidate, snapshot, disk, cancel, report).await? {
+                    let ahead = rechecked.take().filter(|(id, _)| *id == candidate.id).map(|(_, r)| r);
+                    let step = match self.remove(candidate, ahead, snapshot, disk, cancel, report).await? {
+                        Removing::Finished(step) => step,
+                        Removing::Confirming(confirming) => {
+                            // The candidate the walk goes on to if the
+                            // space back as the call returned is all.
+                            let mut peek = walk.clone();
+                            peek.removed(confirming.size(), Some(confirming.first()));
+                            let next = std::iter::from_fn(|| match peek.next(|c| self.holds_back(now, c)) {
+                                WalkStep::Remove(c) => Some(Some(c)),
+                                WalkStep::HoldBack(_) => Some(None),
+                                WalkStep::Done | WalkStep::LowNotReached { .. } => None,
+                            })
+                            .flatten()
+                            .next()
+                            .filter(|_| !cancel.is_cancelled());
+                            rechecked = self
+                                .confirm(confirming, next, true, snapshot, disk, report)
+                                .await
+                                .zip(next)
+                                .map(|(r, c)| (c.id, r));
+                            Step::Removed
+                        }
+                    };
+                    match step {
                         Step::Removed if walk.estimating() => walk.removed(candidate.size, None),
                         Step::Removed => match disk.measure() {
                             Ok(stats) => walk.removed(candidate.size, Some(stats)),

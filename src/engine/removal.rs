@@ -1,7 +1,15 @@
 //! One removal's lifecycle: re-check right before it (the image as the
 //! runtime holds it now, against every keep rule), a pending note written
 //! before `RemoveImage`, the call, what the filesystem gained back, and
-//! settling what the runtime did not tell. Every removal known to have
+//! settling what the runtime did not tell.
+//!
+//! Removals follow one another without waiting on what they need not: when
+//! a removal's space is back as the call returns, the short look that
+//! confirms it ([`Collector::confirm`]) is made while the next candidate
+//! is re-checked, and that re-check is the one its removal uses (it is
+//! then a few milliseconds older than the call, not less than one: the
+//! window that no CRI client can close between a re-check and
+//! `RemoveImage` was already there). Every removal known to have
 //! happened, at once or settled later (by this process or the next), goes
 //! through [`Collector::removed`]: one event, one journal line, the record
 //! dropped, the re-pull memory fed.
@@ -56,6 +64,64 @@ pub(super) const SETTLE_STEP: Duration = Duration::from_millis(20);
 /// [`SETTLE_STEP`].
 pub(super) const SETTLE_CONFIRM: Duration = Duration::from_millis(2);
 
+/// The filesystem as a removal returned.
+pub(super) enum Returned {
+    /// Measured once the space came back (or stopped waiting for it).
+    Settled(FsStats),
+    /// Grown already at the first reading: one short look
+    /// ([`Disk::confirm`]) is left to make.
+    Back { before: FsStats, first: FsStats },
+}
+
+/// What the re-check right before a removal found: the image as the
+/// runtime holds it now, `None` to keep it.
+pub(super) type Rechecked = Result<Option<Image>, CycleError>;
+
+/// How long a re-check made ahead of time, beside the previous removal's
+/// confirming look, may hold up that removal's journal line: past it, the
+/// re-check is dropped (it changes nothing until both its calls answer)
+/// and made again right before the removal.
+const RECHECK_AHEAD_LIMIT: Duration = Duration::from_millis(250);
+
+/// A removal the runtime made, with its space back as the call returned:
+/// the confirming look is still to make, then [`Collector::confirm`]
+/// journals it. The cycle makes that look beside the next candidate's
+/// re-check, which it has to make anyway.
+pub(super) struct Confirming {
+    removal: Removal,
+    before: FsStats,
+    first: FsStats,
+    in_flight: InFlight,
+}
+
+impl Confirming {
+    /// The reading as the call returned.
+    pub(super) fn first(&self) -> FsStats {
+        self.first
+    }
+
+    /// The image's reported size.
+    pub(super) fn size(&self) -> u64 {
+        self.removal.size
+    }
+}
+
+/// The filesystem after a removal, as [`Collector::outcome`] leaves it.
+enum After {
+    /// Measured (`None`: it could not be, or nothing was removed).
+    Reading(Option<FsStats>),
+    /// Back already as the call returned; the confirming look is left.
+    Confirm { before: FsStats, first: FsStats },
+}
+
+/// What a call to [`Collector::remove`] came to.
+pub(super) enum Removing {
+    /// Done with the candidate.
+    Finished(Step),
+    /// Removed; its space is still to confirm.
+    Confirming(Box<Confirming>),
+}
+
 /// A view of the filesystem for one cycle: where it is and how to measure it.
 pub(super) struct Disk {
     pub(super) probe: Arc<dyn FsProbe>,
@@ -73,15 +139,45 @@ impl Disk {
     /// step is [`SETTLE_CONFIRM`] when the space had already grown as the
     /// call returned, [`SETTLE_STEP`] once it grows after it.
     pub(super) async fn settled(&self, before: Option<FsStats>) -> Result<FsStats, FsError> {
-        let mut last = self.measure()?;
+        match self.returned(before).await? {
+            Returned::Settled(stats) => Ok(stats),
+            Returned::Back { before, first } => self.confirm(before, first).await,
+        }
+    }
+
+    /// [`Disk::settled`] but for its last look when the space was already
+    /// back as the call returned: that short look is the caller's to make
+    /// ([`Disk::confirm`]), beside other work.
+    pub(super) async fn returned(&self, before: Option<FsStats>) -> Result<Returned, FsError> {
+        let first = self.measure()?;
         let Some(before) = before else {
-            return Ok(last);
+            return Ok(Returned::Settled(first));
         };
-        let mut step = if last.available() > before.available() {
-            SETTLE_CONFIRM
-        } else {
-            SETTLE_STEP
-        };
+        if first.available() > before.available() {
+            return Ok(Returned::Back { before, first });
+        }
+        self.watch(before, first, SETTLE_STEP).await.map(Returned::Settled)
+    }
+
+    /// The look that confirms a removal's space, back at `first` as the
+    /// call returned, is not still coming back.
+    pub(super) async fn confirm(&self, before: FsStats, first: FsStats) -> Result<FsStats, FsError> {
+        self.watch(before, first, SETTLE_CONFIRM).await
+    }
+
+    /// [`Disk::confirm`] when other work took the place of its wait: one
+    /// reading now, watched on while the space is still coming back.
+    pub(super) async fn confirm_now(&self, before: FsStats, first: FsStats) -> Result<FsStats, FsError> {
+        let now = self.measure()?;
+        if now.available() == first.available() {
+            return Ok(now);
+        }
+        self.watch(before, now, SETTLE_STEP).await
+    }
+
+    /// Re-measures every `step` from `last` until available space is above
+    /// `before` and holds still, for at most [`SETTLE_TIMEOUT`].
+    async fn watch(&self, before: FsStats, mut last: FsStats, mut step: Duration) -> Result<FsStats, FsError> {
         let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(step).await;
@@ -159,16 +255,15 @@ impl<R: Runtime> Collector<R> {
             image: candidate.id.to_string(),
             source,
         };
-        let containers = self
-            .observer
-            .containers(&self.runtime, images)
-            .await
-            .map_err(|source| recheck_error("containers", source))?;
-        let current = self
-            .runtime
-            .image_status(candidate.id)
-            .await
-            .map_err(|source| recheck_error("the image", source))?;
+        // Both at once: each reads the runtime as it is now, and a
+        // container is created only from an image already pulled (and
+        // tagged), so neither order sees more than the other.
+        let (containers, current) = tokio::join!(
+            self.observer.containers(&self.runtime, images),
+            self.runtime.image_status(candidate.id)
+        );
+        let containers = containers.map_err(|source| recheck_error("containers", source))?;
+        let current = current.map_err(|source| recheck_error("the image", source))?;
         let Some(current) = current else {
             self.gone_already(candidate);
             return Ok(None);
@@ -226,10 +321,12 @@ impl<R: Runtime> Collector<R> {
         Arc::make_mut(&mut self.records).remove(candidate.id);
     }
 
-    /// Removes one candidate after re-checking that it is not in use.
-    /// A runtime error while re-checking ends the cycle: when in doubt, keep.
+    /// Removes one candidate after re-checking that it is not in use
+    /// (`rechecked`: the re-check, when made ahead of time; see
+    /// [`Collector::confirm`]). A runtime error while re-checking ends the
+    /// cycle: when in doubt, keep.
     ///
-    /// The re-check lists the containers, then asks the runtime for the
+    /// The re-check lists the containers and asks the runtime for the
     /// image as it is now: a name it gained since the cycle's listing (a
     /// pull, a tag) counts, so a container created under that name keeps
     /// it. Only what really went is counted and journaled: `NotFound` (a
@@ -241,13 +338,18 @@ impl<R: Runtime> Collector<R> {
     pub(super) async fn remove(
         &mut self,
         candidate: &Candidate<'_>,
+        rechecked: Option<Rechecked>,
         snapshot: &Snapshot,
         disk: &Disk,
         cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> Result<Step, CycleError> {
-        let Some(current) = self.recheck(candidate, snapshot, report).await? else {
-            return Ok(Step::Kept);
+    ) -> Result<Removing, CycleError> {
+        let rechecked = match rechecked {
+            Some(rechecked) => rechecked,
+            None => self.recheck(candidate, snapshot, report).await,
+        };
+        let Some(current) = rechecked? else {
+            return Ok(Removing::Finished(Step::Kept));
         };
         let mut removal = Removal {
             id: candidate.id.to_string(),
@@ -267,11 +369,11 @@ impl<R: Runtime> Collector<R> {
         });
         if report.dry_run {
             self.removed(removal, None, report).await;
-            return Ok(Step::Removed);
+            return Ok(Removing::Finished(Step::Removed));
         }
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
-        let _in_flight = InFlight::new(&self.removing, &self.removing_image, candidate.id);
+        let in_flight = InFlight::new(&self.removing, &self.removing_image, candidate.id);
         // Noted before the call, forgotten once journaled or failed: a
         // process that ends in between leaves it for the next one to settle.
         self.pending
@@ -279,23 +381,86 @@ impl<R: Runtime> Collector<R> {
         let before = disk.measure().ok();
         let result = self.runtime.remove_image(candidate.id).await;
         let (step, after) = self.outcome(candidate, result, disk, before, cancel, report).await;
-        match step {
-            Step::Removed => {
-                removal.freed_bytes = Disk::freed(before, after);
-                if let Some(freed) = removal.freed_bytes {
-                    self.footprint.learn(removal.size, freed);
-                }
-                self.removed(removal, None, report).await;
+        match (step, after) {
+            (Step::Removed, After::Confirm { before, first }) => {
+                return Ok(Removing::Confirming(Box::new(Confirming {
+                    removal,
+                    before,
+                    first,
+                    in_flight,
+                })));
             }
-            Step::Kept => self.pending.forget(candidate.id),
-            Step::Unknown => self.pending.mark_unknown(candidate.id),
+            (Step::Removed, After::Reading(after)) => {
+                removal.freed_bytes = Disk::freed(before, after);
+                self.journal_removal(removal, report).await;
+            }
+            (Step::Kept, _) => self.pending.forget(candidate.id),
+            (Step::Unknown, _) => self.pending.mark_unknown(candidate.id),
         }
-        Ok(step)
+        drop(in_flight);
+        Ok(Removing::Finished(step))
+    }
+
+    /// Finishes a removal whose space was back as the call returned: the
+    /// confirming look, then the journal line. `next` is the candidate
+    /// that comes next if this removal does not end the pass: it is
+    /// re-checked meanwhile, and what the re-check found comes back, for
+    /// [`Collector::remove`] (`None` when there is no next candidate, or
+    /// the re-check took longer than [`RECHECK_AHEAD_LIMIT`]).
+    ///
+    /// When the look `decides` whether the pass goes on (the space walk),
+    /// it waits its full [`SETTLE_CONFIRM`] beside the re-check. When
+    /// nothing hangs on it but the count of what this removal freed (the
+    /// age pass, which removes every candidate), the re-check's time is
+    /// the look's: one reading after it. Either way, space still coming
+    /// back is watched until it holds still. A candidate re-checked for a
+    /// walk that ends after all (this removal freed more than its first
+    /// reading said) is not removed; what the re-check learnt (an image in
+    /// use again, or gone) stays true.
+    pub(super) async fn confirm(
+        &mut self,
+        confirming: Box<Confirming>,
+        next: Option<&Candidate<'_>>,
+        decides: bool,
+        snapshot: &Snapshot,
+        disk: &Disk,
+        report: &mut CycleReport,
+    ) -> Option<Rechecked> {
+        let (before, first) = (confirming.before, confirming.first);
+        let (after, rechecked) = match next {
+            None => (disk.confirm(before, first).await, None),
+            Some(next) => {
+                let ahead = tokio::time::timeout(RECHECK_AHEAD_LIMIT, self.recheck(next, snapshot, report));
+                if decides {
+                    let (after, rechecked) = tokio::join!(disk.confirm(before, first), ahead);
+                    (after, rechecked.ok())
+                } else {
+                    let rechecked = ahead.await.ok();
+                    (disk.confirm_now(before, first).await, rechecked)
+                }
+            }
+        };
+        let Confirming {
+            mut removal, in_flight, ..
+        } = *confirming;
+        removal.freed_bytes = Disk::freed(Some(before), after.ok());
+        self.journal_removal(removal, report).await;
+        drop(in_flight);
+        rechecked
+    }
+
+    /// A removal made, measured: what it freed teaches the footprint, and
+    /// it is journaled.
+    async fn journal_removal(&mut self, removal: Removal, report: &mut CycleReport) {
+        if let Some(freed) = removal.freed_bytes {
+            self.footprint.learn(removal.size, freed);
+        }
+        self.removed(removal, None, report).await;
     }
 
     /// What `RemoveImage` answered comes to: removed (with the filesystem
-    /// once its space came back), kept (refused, gone already, or OK but
-    /// still listed), or unknown.
+    /// once its space came back, or as it returned, to confirm), kept
+    /// (refused, gone already, or OK but still listed), or unknown.
     async fn outcome(
         &mut self,
         candidate: &Candidate<'_>,
@@ -304,7 +469,7 @@ impl<R: Runtime> Collector<R> {
         before: Option<FsStats>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> (Step, Option<FsStats>) {
+    ) -> (Step, After) {
         let step = match result {
             Ok(Removed::AlreadyGone) => {
                 self.gone_already(candidate);
@@ -313,7 +478,7 @@ impl<R: Runtime> Collector<R> {
             Ok(Removed::Done) => {
                 // Whether the image is really gone is asked while the
                 // space comes back, not after.
-                let (after, status) = tokio::join!(disk.settled(before), self.runtime.image_status(candidate.id));
+                let (returned, status) = tokio::join!(disk.returned(before), self.runtime.image_status(candidate.id));
                 if let Ok(Some(_)) = status {
                     let first = !std::mem::replace(&mut self.said.lying_runtime, true);
                     self.sinks.emit(&Event::RemovalNotDone {
@@ -325,9 +490,14 @@ impl<R: Runtime> Collector<R> {
                         candidate.id.to_string(),
                         "RemoveImage answered OK, but the image is still listed".to_string(),
                     ));
-                    return (Step::Kept, None);
+                    return (Step::Kept, After::Reading(None));
                 }
-                return (Step::Removed, after.ok());
+                let after = match returned {
+                    Ok(Returned::Back { before, first }) => After::Confirm { before, first },
+                    Ok(Returned::Settled(stats)) => After::Reading(Some(stats)),
+                    Err(_) => After::Reading(None),
+                };
+                return (Step::Removed, after);
             }
             // The call failed, but the runtime may have removed the image
             // all the same (a deadline that passed while it worked, a
@@ -339,7 +509,7 @@ impl<R: Runtime> Collector<R> {
                         id: candidate.id,
                         error: &error,
                     });
-                    return (Step::Removed, disk.settled(before).await.ok());
+                    return (Step::Removed, After::Reading(disk.settled(before).await.ok()));
                 }
                 Some(false) => {
                     let error = err.to_string();
@@ -363,7 +533,7 @@ impl<R: Runtime> Collector<R> {
                 }
             },
         };
-        (step, None)
+        (step, After::Reading(None))
     }
 
     /// After a `RemoveImage` that failed with `err`: `Some(true)` when the

@@ -17,7 +17,7 @@
 //!   WORKLOADS.md). Each service gets a new version about weekly (half of
 //!   images replaced within a week [Sysdig 2019]) that rebuilds its top 1
 //!   to 3 layers [Starlight, NSDI'22]; each base is refreshed about monthly
-//!   [Anchore], which rebuilds every image on it within a day. 5% of
+//!   \[Anchore\], which rebuilds every image on it within a day. 5% of
 //!   deployments are rolled back within the hour (no figure: swept 0 to
 //!   10% in the model).
 //! - [`Kind::Ci`]: a CI runner. 400 pipelines (200 to 1,000) chosen by a
