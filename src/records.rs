@@ -15,7 +15,7 @@
 //! invented at start-up.
 
 use std::collections::hash_map::Entry;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// A record's tags or digests: the listing's own, shared (see [`Names`]).
 pub use crate::cri::Names;
@@ -28,6 +28,19 @@ use crate::collections::HashMap;
 /// case the listing was a hiccup: two default cycles. An image imagegc
 /// removes itself is forgotten at once.
 pub const VANISHED_GRACE: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// How many removed images' uses are remembered, at most: an image removed
+/// and pulled again gets its usual break back, so a periodic job's image
+/// keeps what was learnt of its period (about 100 bytes each).
+pub const REMOVED_MEMORY: usize = 10_000;
+/// How long a removed image's use is remembered.
+pub const REMOVED_MEMORY_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The shortest time unused that counts as a break between two uses: three
+/// default cycles. A container running all along is seen by every cycle
+/// and every poll in between (every 30 s), so its image's last use never
+/// falls this far behind.
+pub const MIN_BREAK: Duration = Duration::from_secs(15 * 60);
 
 /// What imagegc knows about one image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +67,35 @@ pub struct Record {
     /// or an earlier one (kept in the state file: the times cannot tell,
     /// since loading moves last-used times forward past first sightings).
     pub ever_used: bool,
+    /// The usual break between two uses of the image: set when a container
+    /// is seen using it again after at least [`MIN_BREAK`] unused, each new
+    /// break then weighing half (so it follows a job whose period changes).
+    /// What `gc.order = "reuse"` expects the next break to be.
+    pub usual_break: Option<Duration>,
+}
+
+impl Record {
+    /// A container was seen using the image at `now`. When `after_break`
+    /// and the image was used before (not only pulled) and unused for at
+    /// least [`MIN_BREAK`], that time unused is a break between two uses.
+    /// True when something the state file keeps changed, beyond the time.
+    fn used_at(&mut self, now: SystemTime, after_break: bool) -> bool {
+        let mut changed = false;
+        if after_break
+            && self.ever_used
+            && let Ok(unused) = now.duration_since(self.last_used)
+            && unused >= MIN_BREAK
+        {
+            self.usual_break = Some(self.usual_break.map_or(unused, |usual| (usual + unused) / 2));
+            changed = true;
+        }
+        self.last_used = self.last_used.max(now);
+        if !self.ever_used {
+            self.ever_used = true;
+            changed = true;
+        }
+        changed
+    }
 }
 
 /// All records, keyed by image id.
@@ -67,6 +109,18 @@ pub struct Records {
     /// Whether anything other than last-used times changed since the last
     /// save: an image appeared or went, or its size, pin or names changed.
     changed: bool,
+    /// What was learnt of the use of images removed (by imagegc or anyone)
+    /// that were ever used. Kept in memory only, for
+    /// [`REMOVED_MEMORY_FOR`], at most [`REMOVED_MEMORY`] of them.
+    removed: HashMap<String, Removed>,
+}
+
+/// A removed image's use, remembered in case it is pulled again.
+#[derive(Debug, Clone, Copy)]
+struct Removed {
+    usual_break: Option<Duration>,
+    last_used: SystemTime,
+    removed_at: SystemTime,
 }
 
 /// What one listing did to the records, beyond last-used times.
@@ -212,7 +266,7 @@ impl Records {
                     }
                     None => {
                         observed.new.push(i);
-                        Record {
+                        let mut record = Record {
                             first_seen: now,
                             last_used: now,
                             size: image.size,
@@ -221,18 +275,27 @@ impl Records {
                             digests: Names::default(),
                             from_history: false,
                             ever_used: false,
+                            usual_break: None,
+                        };
+                        // Pulled again after a removal, for a container:
+                        // the time since its last use before is a break,
+                        // and what its uses taught comes back (its times
+                        // do not: it is a new image to the planner).
+                        if let Some(before) = self.removed.remove(image.id.as_str()) {
+                            record.ever_used = true;
+                            record.usual_break = before.usual_break;
+                            record.last_used = before.last_used;
+                            record.used_at(now, true);
+                            record.last_used = now;
                         }
+                        record
                     }
                 };
                 self.map.insert(image.id.clone(), record);
             }
             let record = self.map.get_mut(image.id.as_str()).expect("inserted above");
             if used {
-                record.last_used = record.last_used.max(now);
-                if !record.ever_used {
-                    record.ever_used = true;
-                    self.changed = true;
-                }
+                self.changed |= record.used_at(now, true);
             }
             if record.size != image.size || record.pinned != image.pinned {
                 record.size = image.size;
@@ -283,9 +346,38 @@ impl Records {
         (observed, out)
     }
 
-    /// Forgets an image (after it was removed).
-    pub fn remove(&mut self, id: &str) {
-        self.changed |= self.map.remove(id).is_some() | self.vanished.remove(id).is_some();
+    /// Forgets an image removed at `now` (by imagegc or anyone), but for
+    /// its usual break, should it be pulled again.
+    pub fn remove(&mut self, id: &str, now: SystemTime) {
+        let record = self.map.remove(id).or_else(|| self.vanished.remove(id).map(|(r, _)| r));
+        let Some(record) = record else {
+            return;
+        };
+        self.changed = true;
+        if !record.ever_used {
+            return;
+        }
+        if self.removed.len() >= REMOVED_MEMORY {
+            self.removed
+                .retain(|_, r| now.duration_since(r.removed_at).unwrap_or_default() < REMOVED_MEMORY_FOR);
+        }
+        if self.removed.len() >= REMOVED_MEMORY
+            && let Some(oldest) = self
+                .removed
+                .iter()
+                .min_by_key(|(_, r)| r.removed_at)
+                .map(|(id, _)| id.clone())
+        {
+            self.removed.remove(&oldest);
+        }
+        self.removed.insert(
+            id.to_string(),
+            Removed {
+                usual_break: record.usual_break,
+                last_used: record.last_used,
+                removed_at: now,
+            },
+        );
     }
 
     /// Whether anything but last-used times changed since the last
@@ -304,11 +396,19 @@ impl Records {
     pub fn mark_used<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: SystemTime) {
         for id in ids {
             if let Some(record) = self.map.get_mut(id) {
-                record.last_used = record.last_used.max(now);
-                if !record.ever_used {
-                    record.ever_used = true;
-                    self.changed = true;
-                }
+                self.changed |= record.used_at(now, true);
+            }
+        }
+    }
+
+    /// Marks images used now by a use that went on since they were last
+    /// marked (no break in between, however long ago that was): what the
+    /// simulator knows when a container it saw start goes, where the
+    /// daemon's polls would have seen it all along.
+    pub fn mark_still_used<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: SystemTime) {
+        for id in ids {
+            if let Some(record) = self.map.get_mut(id) {
+                self.changed |= record.used_at(now, false);
             }
         }
     }
@@ -389,6 +489,8 @@ pub(crate) struct History {
     pub from_history: bool,
     /// See [`Records::ever_used`].
     pub ever_used: bool,
+    /// See [`Record::usual_break`].
+    pub usual_break: Option<Duration>,
 }
 
 impl History {
@@ -399,6 +501,7 @@ impl History {
             last_used: record.last_used,
             from_history: record.from_history,
             ever_used: record.ever_used,
+            usual_break: record.usual_break,
         }
     }
 }
@@ -475,6 +578,90 @@ mod tests {
         assert_eq!(records.get("0").unwrap().first_seen, t(0));
     }
 
+    #[test]
+    fn a_use_after_a_break_teaches_the_usual_break_and_continuous_use_does_not() {
+        let minute = 60;
+        let mut records = Records::new();
+        let images = [image("0", 1)];
+        // Pulled at 0, first used at 30 minutes: a pull is not a use.
+        records.observe(&images, &[], t(0));
+        records.mark_used(["0"], t(30 * minute));
+        assert_eq!(records.get("0").unwrap().usual_break, None);
+        // Running for two hours, seen every 30 s: no break.
+        for s in (30 * minute..150 * minute).step_by(30) {
+            records.mark_used(["0"], t(s));
+        }
+        assert_eq!(records.get("0").unwrap().usual_break, None);
+        // Unused for an hour, then used again: a break of an hour.
+        records.observe(&images, &[container("c", "0")], t(210 * minute - 30));
+        assert_eq!(records.get("0").unwrap().usual_break, Some(Duration::from_secs(3600)));
+        assert!(records.changed(), "a new break is saved");
+        // A break of three hours weighs half.
+        records.mark_used(["0"], t(390 * minute - 30));
+        assert_eq!(
+            records.get("0").unwrap().usual_break,
+            Some(Duration::from_secs(2 * 3600))
+        );
+        // Less than MIN_BREAK unused (a cycle missed): no break.
+        let short = 390 * minute - 30 + MIN_BREAK.as_secs() - 1;
+        records.mark_used(["0"], t(short));
+        assert_eq!(
+            records.get("0").unwrap().usual_break,
+            Some(Duration::from_secs(2 * 3600))
+        );
+        // A use the simulator knows went on all along is no break.
+        records.mark_still_used(["0"], t(short + 10 * 3600));
+        assert_eq!(
+            records.get("0").unwrap().usual_break,
+            Some(Duration::from_secs(2 * 3600))
+        );
+    }
+
+    #[test]
+    fn an_image_removed_and_pulled_again_keeps_what_its_uses_taught() {
+        let hour = 3600;
+        let mut records = Records::new();
+        let images = [image("0", 1)];
+        records.observe(&images, &[container("c", "0")], t(0));
+        records.observe(&images, &[container("c", "0")], t(2 * hour));
+        assert_eq!(
+            records.get("0").unwrap().usual_break,
+            Some(Duration::from_secs(2 * hour))
+        );
+        records.remove("0", t(3 * hour));
+        // Pulled again for a job four hours after its last use: a break of
+        // four hours, averaged in; first seen is the pull, as for any new
+        // image.
+        records.observe(&images, &[], t(6 * hour));
+        let again = records.get("0").unwrap();
+        assert_eq!(again.usual_break, Some(Duration::from_secs(3 * hour)));
+        assert_eq!((again.first_seen, again.last_used), (t(6 * hour), t(6 * hour)));
+        assert!(again.ever_used);
+        // An image never used is not remembered.
+        records.observe(&[image("0", 1), image("1", 1)], &[], t(7 * hour));
+        records.remove("1", t(7 * hour));
+        records.observe(&[image("0", 1), image("1", 1)], &[], t(9 * hour));
+        assert!(!records.get("1").unwrap().ever_used);
+    }
+
+    #[test]
+    fn the_memory_of_removed_images_is_bounded() {
+        let mut records = Records::new();
+        let images: Vec<Image> = (0..=REMOVED_MEMORY).map(|i| image(&i.to_string(), 1)).collect();
+        records.observe(&images, &[], t(0));
+        records.mark_used(images.iter().map(|i| i.id.as_str()), t(1));
+        for (n, image) in images.iter().enumerate() {
+            records.remove(&image.id, t(10 + n as u64));
+        }
+        assert_eq!(records.removed.len(), REMOVED_MEMORY);
+        assert!(!records.removed.contains_key("0"), "the oldest went");
+        // Past the memory's span, all go at the next removal beyond it.
+        records.observe(&[image("x", 1)], &[], t(20));
+        records.mark_used(["x"], t(21));
+        records.remove("x", t(REMOVED_MEMORY_FOR.as_secs() + 100_000));
+        assert_eq!(records.removed.len(), 1);
+    }
+
     // Scenario 4: an image disappears; its record is dropped (once it has
     // stayed unlisted for the grace: until then it is only set aside).
     #[test]
@@ -519,7 +706,7 @@ mod tests {
     fn an_image_imagegc_removed_is_forgotten_at_once() {
         let mut records = Records::new();
         records.observe(&[image("0", 1)], &[], t(0));
-        records.remove("0");
+        records.remove("0", t(5));
         records.observe(&[], &[], t(10));
         records.observe(&[image("0", 1)], &[], t(20));
         assert_eq!(records.get("0").unwrap().first_seen, t(20));

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::once::unreachable_text;
 use super::table::{Table, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
-use crate::config::Config;
+use crate::config::{Config, Order};
 use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
@@ -30,6 +30,8 @@ struct PlanJson<'a> {
     low_threshold_percent: u8,
     space_pass: bool,
     bytes_to_free: u64,
+    /// `gc.order`: the order of the space removals.
+    order: &'static str,
     space_unreachable: Option<SpaceOutlook>,
     /// Why no space pass would run: the measured filesystem is not the
     /// runtime's image filesystem.
@@ -110,6 +112,7 @@ pub async fn plan(
             low_threshold_percent: config.gc.low_threshold_percent,
             space_pass: view.space_pass,
             bytes_to_free: view.bytes_to_free,
+            order: config.gc.order.as_str(),
             space_unreachable: outlook,
             image_fs_mismatch: mismatch.as_deref(),
             removals: plan.age.iter().chain(view.space_expected(&plan)).collect(),
@@ -127,7 +130,7 @@ pub async fn plan(
         text.push_str(&format!("no space pass: {}\n", printable(why)));
     }
     text.push_str(&summary(&plan, &view, outlook.as_ref(), &config));
-    text.push_str(&removals_text(&plan, &view, now));
+    text.push_str(&removals_text(&plan, &view, config.gc.order, now));
     text.push_str(&kept_text(&plan));
     let unused_later = if view.space_pass { 0 } else { plan.space.len() };
     if unused_later > 0 {
@@ -167,18 +170,27 @@ fn summary(plan: &Plan, view: &PlanView, outlook: Option<&SpaceOutlook>, config:
 }
 
 /// The removals in order, and how many more a short estimate would take.
-fn removals_text(plan: &Plan, view: &PlanView, now: SystemTime) -> String {
+fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) -> String {
     let mut text = String::new();
-    let mut table = Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED"]);
+    let reuse = order == Order::Reuse;
+    let mut table = if reuse {
+        Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED", "EXPECTED BACK"])
+    } else {
+        Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED"])
+    };
     for (n, c) in plan.age.iter().chain(view.space_expected(plan)).enumerate() {
-        table.row([
+        let mut row = vec![
             (n + 1).to_string(),
             short_id(c.id),
             tags_cell(c.tags),
             human_bytes(c.size),
             c.reason.as_str().to_string(),
             ago(c.last_used, now),
-        ]);
+        ];
+        if reuse {
+            row.push(c.expected_back.map_or_else(|| "-".to_string(), |at| from_now(at, now)));
+        }
+        table.row(row);
     }
     if !table.is_empty() {
         text.push_str("\nwould remove, in this order:\n");
@@ -188,6 +200,11 @@ fn removals_text(plan: &Plan, view: &PlanView, now: SystemTime) -> String {
                 "(space removals stop as soon as the measured usage reaches the low threshold; \
                  the estimate above adds reported sizes, which overstate what shared layers free)\n",
             );
+            text.push_str(&format!(
+                "(space removals in the order of gc.order = \"{}\": {})\n",
+                order.as_str(),
+                order_text(order)
+            ));
         }
     }
     let further = view.space_further(plan);
@@ -198,6 +215,29 @@ fn removals_text(plan: &Plan, view: &PlanView, now: SystemTime) -> String {
         ));
     }
     text
+}
+
+/// What `gc.order` puts first, for a person.
+fn order_text(order: Order) -> &'static str {
+    match order {
+        Order::Lru => "least recently used first",
+        Order::SupersededFirst => {
+            "older tags a newer image of their repository superseded first, then least recently used"
+        }
+        Order::Reuse => {
+            "older tags a newer image of their repository superseded first, then the image expected back \
+             last first (one usual break between its uses after its last use; as long from now as it has \
+             been unused when it has none)"
+        }
+    }
+}
+
+/// "in 3h", "now": how long after `now` a time is.
+fn from_now(at: SystemTime, now: SystemTime) -> String {
+    match at.duration_since(now) {
+        Ok(d) if d.as_secs() > 0 => format!("in {}", crate::time::short(d)),
+        _ => "now".to_string(),
+    }
 }
 
 fn kept_text(plan: &Plan) -> String {
@@ -311,6 +351,7 @@ mod tests {
             first_seen: SystemTime::UNIX_EPOCH,
             last_used: SystemTime::UNIX_EPOCH,
             reason: Reason::Age,
+            expected_back: None,
         };
         let plan = Plan {
             age: vec![candidate("a"), candidate("b")],

@@ -127,14 +127,26 @@ pub enum Order {
     /// simulated workload (BENCHMARKS.md).
     #[default]
     SupersededFirst,
+    /// As `SupersededFirst`, then each group by when each image is expected
+    /// back, farthest first: an image used again after breaks
+    /// ([`crate::records::Record::usual_break`]) one usual break after its
+    /// last use (now, when that is past; as `Lru` guesses, once it is twice
+    /// past), any other as long from now as it has been unused (`Lru`'s
+    /// guess). It keeps a periodic job's image that is due soon over one
+    /// used more recently but not needed for longer.
+    Reuse,
 }
 
 impl Order {
+    /// Every order, the kubelet's first.
+    pub const ALL: [Order; 3] = [Order::Lru, Order::SupersededFirst, Order::Reuse];
+
     /// The value as the configuration writes it.
     pub fn as_str(self) -> &'static str {
         match self {
             Order::Lru => "lru",
             Order::SupersededFirst => "superseded-first",
+            Order::Reuse => "reuse",
         }
     }
 
@@ -143,6 +155,7 @@ impl Order {
         match text {
             "lru" => Some(Order::Lru),
             "superseded-first" => Some(Order::SupersededFirst),
+            "reuse" => Some(Order::Reuse),
             _ => None,
         }
     }
@@ -762,12 +775,14 @@ mod tests {
         assert_eq!(
             problems,
             [format!(
-                "{file}: gc.order: must be \"lru\" or \"superseded-first\", got \"mru\""
+                "{file}: gc.order: must be \"lru\", \"superseded-first\" or \"reuse\", got \"mru\""
             )]
         );
         let (_, result) = load_named("b.toml", "[gc]\norder = \"superseded-first\"\n", &overrides);
         assert_eq!(result.unwrap().gc.order, Order::SupersededFirst);
         assert_eq!(Config::default().gc.order, Order::SupersededFirst);
+        let (_, result) = load_named("c.toml", "[gc]\norder = \"reuse\"\n", &overrides);
+        assert_eq!(result.unwrap().gc.order, Order::Reuse);
     }
 
     #[test]

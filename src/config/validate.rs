@@ -151,7 +151,7 @@ fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut P
         Some(text) => Order::parse(text).unwrap_or_else(|| {
             problems.push(
                 "gc.order",
-                format!("must be \"lru\" or \"superseded-first\", got {text:?}"),
+                format!("must be \"lru\", \"superseded-first\" or \"reuse\", got {text:?}"),
             );
             defaults.order
         }),

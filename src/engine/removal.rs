@@ -318,7 +318,7 @@ impl<R: Runtime> Collector<R> {
     /// journaled; its record goes.
     fn gone_already(&mut self, candidate: &Candidate<'_>) {
         self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
-        Arc::make_mut(&mut self.records).remove(candidate.id);
+        Arc::make_mut(&mut self.records).remove(candidate.id, self.clock.now());
     }
 
     /// Removes one candidate after re-checking that it is not in use
@@ -579,7 +579,7 @@ impl<R: Runtime> Collector<R> {
         // from it); awaited, so the journal keeps the removals' order.
         let _ = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
         if !removal.dry_run {
-            Arc::make_mut(&mut self.records).remove(&removal.id);
+            Arc::make_mut(&mut self.records).remove(&removal.id, self.clock.now());
             self.thrash
                 .remember(self.clock.now(), removal.id.clone(), removal.digests.clone());
             self.pending.forget(&removal.id);

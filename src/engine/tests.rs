@@ -754,6 +754,7 @@ async fn age_pass_runs_before_space_and_counts_by_reason() {
             digests: Default::default(),
             from_history: true,
             ever_used: false,
+            usual_break: None,
         },
     );
     c.records = Arc::new(Records::from_map(map));
@@ -897,6 +898,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
                 digests: Default::default(),
                 from_history: true,
                 ever_used: true,
+                usual_break: None,
             },
         );
     }

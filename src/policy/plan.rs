@@ -9,7 +9,9 @@
 //! Candidates come in the kubelet's order: last used ascending, then first
 //! seen ascending (then id, so plans are deterministic); with
 //! `gc.order = "superseded-first"` (the default), images a newer image of
-//! their repository superseded come first, each group in that order.
+//! their repository superseded come first, each group in that order; with
+//! `gc.order = "reuse"`, the same, each group by when each image is
+//! expected back ([`expected_back`]), farthest first.
 
 use std::time::{Duration, SystemTime};
 
@@ -147,6 +149,14 @@ pub struct Candidate<'a> {
     pub last_used: SystemTime,
     /// Why it may be removed: age or space.
     pub reason: Reason,
+    /// When the image is expected to be used again, by its usual break
+    /// ([`expected_back`]): set with `gc.order = "reuse"` only, for the
+    /// space candidates, which it orders.
+    #[serde(
+        serialize_with = "crate::time::serialize_some",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub expected_back: Option<SystemTime>,
 }
 
 /// An image the cycle keeps, with why.
@@ -407,6 +417,8 @@ fn plan_images<'a>(
             first_seen,
             last_used,
             reason,
+            expected_back: (reason == Reason::Space && config.gc.order == Order::Reuse)
+                .then(|| expected_back(last_used, place.history.and_then(|h| h.usual_break), now)),
         };
         let unused_for = elapsed(last_used, now);
         if !max_age.is_zero() && unused_for > max_age {
@@ -438,10 +450,32 @@ fn plan_images<'a>(
     // The id makes every key distinct: an unstable sort gives the same order.
     plan.age.sort_unstable_by(order);
     plan.space.sort_unstable_by(order);
-    if config.gc.order == Order::SupersededFirst {
+    if config.gc.order == Order::Reuse {
+        // Stable: images expected back at the same time stay least
+        // recently used first.
+        plan.space.sort_by_key(|c| std::cmp::Reverse(c.expected_back));
+    }
+    if matches!(config.gc.order, Order::SupersededFirst | Order::Reuse) {
         superseded_first(snapshot, listed, &mut plan.space, now);
     }
     plan
+}
+
+/// `gc.order = "reuse"`: when an image last used at `last_used` is expected
+/// to be used again. An image used again after breaks before is expected
+/// one usual break after its last use (a periodic job's next run), or now
+/// when that is past; once twice its usual break has passed, its job seems
+/// to have stopped, and it is expected as any other image is: as long from
+/// now as it has been unused, the guess least recently used makes. Over a
+/// month of each simulated workload (`imagegc simulate`, BENCHMARKS.md) this
+/// order pulled far fewer bytes again on the batch node, whose jobs are
+/// periodic, than least recently used or the kubelet.
+pub fn expected_back(last_used: SystemTime, usual_break: Option<Duration>, now: SystemTime) -> SystemTime {
+    let unused = elapsed(last_used, now);
+    match usual_break {
+        Some(usual) if unused <= usual.saturating_mul(2) => last_used.checked_add(usual).map_or(now, |at| at.max(now)),
+        _ => now.checked_add(unused).unwrap_or(now),
+    }
 }
 
 /// `gc.order = "superseded-first"`: the space candidates a newer image of
@@ -802,6 +836,7 @@ mod tests {
                 digests: Default::default(),
                 from_history: false,
                 ever_used: false,
+                usual_break: None,
             },
         );
         w.records = Records::from_map(map.clone());
@@ -987,6 +1022,74 @@ mod tests {
         w.snapshot.images.pop();
         w.observe(t(30));
         assert_eq!(ids(&w.plan(t(300)).space), ["other", "v1"]);
+    }
+
+    #[test]
+    fn reuse_puts_the_image_expected_back_last_and_superseded_tags_first() {
+        let tagged = |id: &str, tag: &str| Image {
+            repo_tags: vec![tag.to_string()].into(),
+            ..image(id, 1)
+        };
+        let hour = 3600;
+        let now = t(10 * hour);
+        let record = |id: &str, tag: &str, last_used: u64, usual_break: Option<u64>| {
+            let (id, mut record) = crate::testing::history(&tagged(id, tag), t(0), t(last_used));
+            record.ever_used = true;
+            record.usual_break = usual_break.map(Duration::from_secs);
+            (id, record)
+        };
+        let mut w = World::new(vec![
+            tagged("job", "ghcr.io/o/job:1"),
+            tagged("once", "ghcr.io/o/once:1"),
+            tagged("stopped", "ghcr.io/o/stopped:1"),
+            tagged("old", "ghcr.io/o/app:1"),
+            tagged("new", "ghcr.io/o/app:2"),
+        ]);
+        w.records = Records::from_map(
+            [
+                // Runs every 2 h, last 90 min ago: back in 30 min.
+                record("job", "ghcr.io/o/job:1", 10 * hour - 90 * 60, Some(2 * hour)),
+                // Used once, an hour ago: as long from now, in an hour.
+                record("once", "ghcr.io/o/once:1", 9 * hour, None),
+                // Ran every 20 min, but not for 50: stopped, back in 50 min.
+                record("stopped", "ghcr.io/o/stopped:1", 10 * hour - 50 * 60, Some(20 * 60)),
+                // An older tag of a repository: superseded by `new`.
+                record("old", "ghcr.io/o/app:1", 10 * hour - 10 * 60, None),
+                record("new", "ghcr.io/o/app:2", 10 * hour - 5 * 60, None),
+            ]
+            .map(|(id, mut r)| {
+                if id == "new" {
+                    r.first_seen = t(hour);
+                }
+                (id, r)
+            }),
+        );
+        w.observe(now);
+        w.config.gc.order = Order::Lru;
+        assert_eq!(ids(&w.plan(now).space), ["job", "once", "stopped", "old", "new"]);
+        assert!(w.plan(now).space.iter().all(|c| c.expected_back.is_none()));
+        w.config.gc.order = Order::Reuse;
+        let p = w.plan(now);
+        // Superseded first, then the farthest expected back first.
+        assert_eq!(ids(&p.space), ["old", "once", "stopped", "job", "new"]);
+        let back = |id: &str| p.space.iter().find(|c| c.id == id).unwrap().expected_back;
+        assert_eq!(back("job"), Some(t(10 * hour + 30 * 60)));
+        assert_eq!(back("once"), Some(t(11 * hour)));
+        assert_eq!(back("stopped"), Some(t(10 * hour + 50 * 60)));
+    }
+
+    #[test]
+    fn expected_back_is_never_before_now_and_never_overflows() {
+        let hour = Duration::from_secs(3600);
+        let now = t(100 * 3600);
+        // Due an hour ago, within twice its break: due now.
+        assert_eq!(expected_back(now - hour * 3, Some(hour * 2), now), now);
+        // A clock behind the record: no time unused.
+        assert_eq!(expected_back(now + hour, None, now), now);
+        assert_eq!(expected_back(now + hour, Some(hour), now), now + hour * 2);
+        // Absurd breaks and times saturate instead of panicking.
+        let _ = expected_back(SystemTime::UNIX_EPOCH, Some(Duration::MAX), now);
+        let _ = expected_back(now, Some(Duration::MAX), now);
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub struct Comparison {
     pub budget_bytes: u64,
     /// Every layer the trace uses, once.
     pub unique_bytes: u64,
-    /// imagegc as configured, imagegc with the other `gc.order`, the
+    /// imagegc as configured, imagegc with each other `gc.order`, the
     /// kubelet, and the offline policy that knows the future.
     pub policies: Vec<Tally>,
     /// The offline lower bound at `budget_bytes` (PFOO-L, layer granularity).
@@ -34,14 +34,16 @@ impl Comparison {
         let high_line = (u128::from(capacity) * u128::from(config.gc.high_threshold_percent) / 100) as u64;
         let budget = high_line.saturating_sub(other);
         let mut imagegc = Imagegc::new(config, "imagegc", trace);
-        // The other order, side by side.
-        let mut other_order = config.clone();
-        other_order.gc.order = match config.gc.order {
-            Order::Lru => Order::SupersededFirst,
-            Order::SupersededFirst => Order::Lru,
-        };
-        let label = format!("imagegc {}", other_order.gc.order.as_str());
-        let mut imagegc_other = Imagegc::new(&other_order, label, trace);
+        // The other orders, side by side.
+        let others: Vec<Config> = Order::ALL
+            .into_iter()
+            .filter(|&order| order != config.gc.order)
+            .map(|order| {
+                let mut other = config.clone();
+                other.gc.order = order;
+                other
+            })
+            .collect();
         let mut kubelet = Kubelet::new(config);
         let mut offline = Belady::new(config, trace);
         Comparison {
@@ -49,12 +51,16 @@ impl Comparison {
             other_bytes: other,
             budget_bytes: budget,
             unique_bytes: trace.unique_bytes(),
-            policies: vec![
-                replay(trace, capacity, other, config, &mut imagegc),
-                replay(trace, capacity, other, &other_order, &mut imagegc_other),
-                replay(trace, capacity, other, config, &mut kubelet),
-                replay(trace, capacity, other, config, &mut offline),
-            ],
+            policies: std::iter::once(replay(trace, capacity, other, config, &mut imagegc))
+                .chain(others.iter().map(|order| {
+                    let label = format!("imagegc {}", order.gc.order.as_str());
+                    replay(trace, capacity, other, order, &mut Imagegc::new(order, label, trace))
+                }))
+                .chain([
+                    replay(trace, capacity, other, config, &mut kubelet),
+                    replay(trace, capacity, other, config, &mut offline),
+                ])
+                .collect(),
             bound: pfoo_l(trace, budget),
         }
     }

@@ -288,8 +288,8 @@ pub trait Policy {
     fn next_wake(&self) -> Seconds;
     /// Runs at `t`.
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>);
-    /// A container started or went at `t`, using `image`.
-    fn used(&mut self, _t: Seconds, _image: u32, _node: &Node<'_>) {}
+    /// A container started (`started`) or went at `t`, using `image`.
+    fn used(&mut self, _t: Seconds, _image: u32, _started: bool, _node: &Node<'_>) {}
 }
 
 /// Replays `trace` on a node of `capacity` bytes, `other` of them not
@@ -309,11 +309,11 @@ pub fn replay(trace: &Trace, capacity: u64, other: u64, config: &Config, policy:
         match event.action {
             Action::Start { container, image } => {
                 node.start(container, image);
-                policy.used(event.at, image, &node);
+                policy.used(event.at, image, true, &node);
             }
             Action::Stop { container } => {
                 if let Some(image) = node.stop(container) {
-                    policy.used(event.at, image, &node);
+                    policy.used(event.at, image, false, &node);
                 }
             }
         }
@@ -391,7 +391,7 @@ impl<'c> Imagegc<'c> {
         let plan = policy::plan_listed(&snapshot, &listed, config, Protections::none(), now, instant(0));
         for candidate in &plan.age {
             if node.remove(self.by_id[candidate.id]) {
-                self.records.remove(candidate.id);
+                self.records.remove(candidate.id, now);
             }
         }
         let target = SpaceTarget::new(config);
@@ -404,7 +404,7 @@ impl<'c> Imagegc<'c> {
                 match walk.next(|_| false) {
                     Step::Remove(candidate) => {
                         if node.remove(self.by_id[candidate.id]) {
-                            self.records.remove(candidate.id);
+                            self.records.remove(candidate.id, now);
                             walk.removed(candidate.size, Some(node.stats()));
                         } else {
                             walk.kept(Some(node.stats()));
@@ -448,9 +448,15 @@ impl Policy for Imagegc<'_> {
         self.cycle(t, node);
     }
 
-    fn used(&mut self, t: Seconds, image: u32, node: &Node<'_>) {
-        self.records
-            .mark_used([self.listed[image as usize].id.as_str()], instant(t));
+    fn used(&mut self, t: Seconds, image: u32, started: bool, node: &Node<'_>) {
+        let id = [self.listed[image as usize].id.as_str()];
+        if started {
+            self.records.mark_used(id, instant(t));
+        } else {
+            // In use since it started: the daemon's polls would have seen
+            // it all along, so this is no break.
+            self.records.mark_still_used(id, instant(t));
+        }
         // Usage measured between cycles: a cycle starts when it crosses high.
         let due = SpaceTarget::new(self.config).due(&node.stats());
         if due && !self.space_due && self.next_cycle > t + USAGE_CHECK {
@@ -615,7 +621,7 @@ impl Policy for Belady<'_> {
         }
     }
 
-    fn used(&mut self, t: Seconds, _image: u32, node: &Node<'_>) {
+    fn used(&mut self, t: Seconds, _image: u32, _started: bool, node: &Node<'_>) {
         if SpaceTarget::new(self.config).due(&node.stats()) && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }

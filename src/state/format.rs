@@ -1,4 +1,4 @@
-//! The state file's format, pure: encoding the records (version 3) and
+//! The state file's format, pure: encoding the records (version 4) and
 //! decoding every version imagegc ever wrote (see the module docs of
 //! [`super`]). Never panics, whatever the input.
 
@@ -26,9 +26,12 @@ pub(super) struct Head {
     last_success: Option<u64>,
 }
 
-/// A record line of version 3 as read (as [`encode`] writes it): id, first
-/// seen, last used, size, pinned, tags, digests, ever used.
-type Line = (String, u64, u64, u64, bool, Vec<String>, Vec<String>, bool);
+/// A record line of version 4 as read (as [`encode`] writes it): id, first
+/// seen, last used, size, pinned, tags, digests, ever used, usual break
+/// (ms; 0: none known).
+type Line = (String, u64, u64, u64, bool, Vec<String>, Vec<String>, bool, u64);
+/// A record line of version 3: as version 4, without the usual break.
+type LineV3 = (String, u64, u64, u64, bool, Vec<String>, Vec<String>, bool);
 /// A record line of version 2: as version 3, without `ever used`.
 type LineV2 = (String, u64, u64, u64, bool, Vec<String>, Vec<String>);
 
@@ -140,7 +143,7 @@ fn sort_prefix(id: &str) -> u128 {
     u128::from_be_bytes(prefix)
 }
 
-/// One record's line: `["<id>",<first seen>,<last used>,<size>,<pinned>,[<tag>,...],[<digest>,...],<ever used>]`
+/// One record's line: `["<id>",<first seen>,<last used>,<size>,<pinned>,[<tag>,...],[<digest>,...],<ever used>,<usual break>]`
 /// and a newline, exactly as `serde_json` writes that array.
 fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
     let mut numbers = itoa::Buffer::new();
@@ -164,7 +167,12 @@ fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
         }
         out.push(b']');
     }
-    out.extend_from_slice(if r.ever_used { b",true]\n" } else { b",false]\n" });
+    out.extend_from_slice(if r.ever_used { b",true," } else { b",false," });
+    let usual_break = r
+        .usual_break
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    out.extend_from_slice(numbers.format(usual_break).as_bytes());
+    out.extend_from_slice(b"]\n");
 }
 
 /// A JSON string, as `serde_json` writes it. Names and ids need no escape
@@ -205,6 +213,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
         "v1" => 1,
         "v2" => 2,
         "v3" => 3,
+        "v4" => 4,
         _ => return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string())),
     };
     let crc = fields
@@ -242,13 +251,21 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
                 )
             },
         ),
-        _ => decode_lines(
+        3 => decode_lines(
             body,
-            |(id, first_seen, last_used, size, pinned, tags, digests, ever_used): Line| {
+            |(id, first_seen, last_used, size, pinned, tags, digests, ever_used): LineV3| {
                 (
                     id,
                     record(first_seen, last_used, size, pinned, &tags, &digests, ever_used),
                 )
+            },
+        ),
+        _ => decode_lines(
+            body,
+            |(id, first_seen, last_used, size, pinned, tags, digests, ever_used, usual_break): Line| {
+                let mut record = record(first_seen, last_used, size, pinned, &tags, &digests, ever_used);
+                record.usual_break = (usual_break > 0).then(|| std::time::Duration::from_millis(usual_break));
+                (id, record)
             },
         ),
     }
@@ -273,6 +290,7 @@ fn record(
         digests: crate::cri::names::shared(digests),
         from_history: true,
         ever_used,
+        usual_break: None,
     }
 }
 

@@ -1,11 +1,11 @@
 //! Persistence of the records, crash-safe.
 //!
-//! One file, `<state dir>/records.state`, in this format (version 3):
+//! One file, `<state dir>/records.state`, in this format (version 4):
 //!
 //! ```text
-//! imagegc-state v3 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
+//! imagegc-state v4 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
 //! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>]}\n
-//! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>]\n
+//! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>,<usual break, ms>]\n
 //! ...
 //! ```
 //!
@@ -13,7 +13,12 @@
 //! times cannot say it once loaded, since loading moves last-used times
 //! forward. Version 2 files (lines without it) are still read, an image
 //! counting as ever used when its stored last use is after its first
-//! sighting, as version 2 inferred.
+//! sighting, as version 2 inferred. `usual break` is the image's
+//! [`crate::records::Record::usual_break`], 0 when none is known; version 3
+//! files (lines without it) are still read, no break known. An imagegc
+//! older than version 4 sets a version 4 file aside as unreadable (named
+//! `records.state.corrupt-...`, see below) and starts afresh: a downgrade
+//! loses the records' history, not an image.
 //!
 //! The payload is one JSON value a line: the time of the save, the number
 //! of records and, when one is known, the time of the last successful cycle
@@ -88,7 +93,7 @@ pub const FILE_NAME: &str = "records.state";
 pub const LOCK_FILE_NAME: &str = ".lock";
 const MAGIC: &str = "imagegc-state";
 /// The version [`encode`] writes; versions 1 and 2 are still read.
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 /// A state file larger than this is not a state file imagegc wrote
 /// (a million images take about 300 MiB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -677,7 +682,7 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&bytes[..newline]).unwrap(),
             format!(
-                "imagegc-state v3 crc32={:08x} len={:010}",
+                "imagegc-state v4 crc32={:08x} len={:010}",
                 crc32fast::hash(body),
                 body.len()
             )
@@ -686,9 +691,9 @@ mod tests {
             std::str::from_utf8(body).unwrap(),
             concat!(
                 "{\"saved_at\":1700000005000,\"records\":2}\n",
-                r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[],false]"#,
+                r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[],false,0]"#,
                 "\n",
-                r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[],false]"#,
+                r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[],false,0]"#,
                 "\n",
             )
         );
@@ -706,6 +711,13 @@ mod tests {
             digests: digests.iter().map(ToString::to_string).collect::<Vec<_>>().into(),
             from_history: true,
             ever_used: last > first,
+            // Every kind: none, a millisecond, a day, the largest.
+            usual_break: match size % 4 {
+                0 => None,
+                1 => Some(Duration::from_millis(1)),
+                2 => Some(Duration::from_secs(86_400)),
+                _ => Some(Duration::from_millis(u64::MAX)),
+            },
         };
         let map = HashMap::from([
             (
@@ -754,7 +766,13 @@ mod tests {
             panic!("not loaded")
         };
         assert_eq!(saved_at, t(60));
-        assert_eq!(records, varied());
+        // Version 1 knew no breaks.
+        let without_breaks = Records::from_map(varied().iter().map(|(id, r)| {
+            let mut r = r.clone();
+            r.usual_break = None;
+            (id.clone(), r)
+        }));
+        assert_eq!(records, without_breaks);
         assert_eq!(verify(bytes), Ok(4));
     }
 
@@ -764,7 +782,7 @@ mod tests {
         let store = StateStore::new(dir.path());
         store.save(&varied(), t(60)).unwrap();
         let bytes = fs::read(store.path()).unwrap();
-        assert!(bytes.starts_with(b"imagegc-state v3 "));
+        assert!(bytes.starts_with(b"imagegc-state v4 "));
         // One line for the header, one for the save time, one a record:
         // the escapes keep every newline in a name out of the file.
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 2 + 4);
@@ -814,6 +832,8 @@ mod tests {
                 r.tags.iter().collect::<Vec<_>>(),
                 r.digests.iter().collect::<Vec<_>>(),
                 r.ever_used,
+                r.usual_break
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             );
             serde_json::to_writer(&mut expected, &line).unwrap();
             expected.push(b'\n');
@@ -840,6 +860,7 @@ mod tests {
                     digests: names(n as usize, "digest").into(),
                     from_history: true,
                     ever_used: n % 2 == 0,
+                    usual_break: None,
                 };
                 (format!("sha256:{n:064x}"), record)
             })
@@ -1022,6 +1043,49 @@ mod tests {
         };
         assert!(!records.ever_used("a"));
         assert!(records.ever_used("b"));
+    }
+
+    #[test]
+    fn a_version_3_file_loads_with_no_break_known() {
+        let payload = concat!(
+            "{\"saved_at\":1700000100000,\"records\":1}\n",
+            r#"["b",1700000000000,1700000050000,20,false,["docker.io/library/b:latest"],[],true]"#,
+            "\n",
+        );
+        let header = format!(
+            "imagegc-state v3 crc32={:08x} len={:010}\n",
+            crc32fast::hash(payload.as_bytes()),
+            payload.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        fs::write(store.path(), format!("{header}{payload}")).unwrap();
+        let Loaded::Records { records, .. } = store.load(t(1100), Duration::from_secs(300)) else {
+            panic!("a version 3 file loads")
+        };
+        let b = records.get("b").unwrap();
+        assert!(b.ever_used);
+        assert_eq!(b.usual_break, None);
+    }
+
+    #[test]
+    fn the_usual_break_survives_a_restart_and_the_downtime_is_no_break() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut records = sample();
+        // Used at 0 (first sight), at 100, then again after 2000 s unused.
+        records.mark_used(["b"], t(100));
+        records.mark_used(["b"], t(2100));
+        assert_eq!(records.get("b").unwrap().usual_break, Some(Duration::from_secs(2000)));
+        store.save(&records, t(2100)).unwrap();
+        // Down for a day with a 300 s grace: the unobserved day moves the
+        // last use forward, so the next use after it is no break.
+        let Loaded::Records { mut records, .. } = store.load(t(2100 + 86_400), Duration::from_secs(300)) else {
+            panic!()
+        };
+        assert_eq!(records.get("b").unwrap().usual_break, Some(Duration::from_secs(2000)));
+        records.mark_used(["b"], t(2100 + 86_400));
+        assert_eq!(records.get("b").unwrap().usual_break, Some(Duration::from_secs(2000)));
     }
 
     #[test]

@@ -232,3 +232,41 @@ async fn plan_asks_only_about_containers_the_daemon_has_not_seen() {
         .count();
     assert_eq!(in_use, 21, "{plan:#}");
 }
+
+#[tokio::test]
+async fn plan_names_its_order_and_with_reuse_when_each_image_is_expected_back() {
+    let fake = FakeRuntime::new();
+    fake.add_image(image("a", 1000));
+    fake.add_image(image("b", 1000));
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let state = dir.path().join("state");
+    Settings::new(dir.path()).remove_everything().write(&config);
+    let toml = std::fs::read_to_string(&config).unwrap();
+
+    let output = support::imagegc_command(&config, &server.endpoint(), &state, &["plan"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("gc.order = \"superseded-first\""), "{stdout}");
+    assert!(!stdout.contains("EXPECTED BACK"), "{stdout}");
+
+    std::fs::write(&config, toml.replace("[gc]\n", "[gc]\norder = \"reuse\"\n")).unwrap();
+    let output = support::imagegc_command(&config, &server.endpoint(), &state, &["plan"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("gc.order = \"reuse\""), "{stdout}");
+    assert!(stdout.contains("EXPECTED BACK"), "{stdout}");
+    let plan = imagegc_json(&config, &server.endpoint(), &state, &["plan"], 0).await;
+    assert_eq!(plan["order"], "reuse", "{plan:#}");
+    let removals = plan["removals"].as_array().unwrap();
+    assert_eq!(removals.len(), 2, "{plan:#}");
+    for removal in removals {
+        // Never used: as long from now as it has been unused, so now.
+        parse_time(&removal["expected_back"]);
+    }
+}

@@ -123,6 +123,7 @@ async fn a_replayed_backlog_counts_at_its_own_time_and_costs_one_listing() {
         digests: Default::default(),
         from_history: true,
         ever_used: false,
+        usual_break: None,
     };
     let mut daemon = InProcess::start(
         fake.clone(),

@@ -42,6 +42,7 @@ fn generation(g: u64) -> imagegc::records::Records {
                 digests: vec![format!("registry.example.com/a-team/app-{n}@sha256:{g:064x}")].into(),
                 from_history: false,
                 ever_used: n % 2 == 0,
+                usual_break: None,
             },
         )
     }))

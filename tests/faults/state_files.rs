@@ -218,7 +218,7 @@ fn a_corrupt_state_file_is_set_aside_and_believed_in_nothing_while_space_collect
         ),
         (
             "wrong version",
-            Fault::Bytes(|valid| with_header(valid, |h| h.replacen(" v3 ", " v4 ", 1))),
+            Fault::Bytes(|valid| with_header(valid, |h| h.replacen(" v4 ", " v5 ", 1))),
         ),
         (
             "checksum mismatch, payload intact",

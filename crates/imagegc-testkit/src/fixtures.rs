@@ -118,6 +118,7 @@ pub fn history(image: &Image, first_seen: SystemTime, last_used: SystemTime) -> 
             digests: image.repo_digests.clone(),
             from_history: true,
             ever_used: last_used > first_seen,
+            usual_break: None,
         },
     )
 }
