@@ -71,7 +71,25 @@ pub struct Record {
     /// is seen using it again after at least [`MIN_BREAK`] unused, each new
     /// break then weighing half (so it follows a job whose period changes).
     /// What `gc.order = "reuse"` expects the next break to be.
-    pub usual_break: Option<Duration>,
+    pub usual_break: Option<Break>,
+}
+
+/// A usual break between two uses, in whole seconds (at least one, at most
+/// 136 years): four bytes, which a record has room for without growing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Break(std::num::NonZeroU32);
+
+impl Break {
+    /// `d`, in whole seconds, at least one.
+    pub fn from_duration(d: Duration) -> Self {
+        let secs = u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1);
+        Break(std::num::NonZeroU32::new(secs).unwrap_or(std::num::NonZeroU32::MIN))
+    }
+
+    /// As a duration.
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(self.0.get().into())
+    }
 }
 
 impl Record {
@@ -86,7 +104,8 @@ impl Record {
             && let Ok(unused) = now.duration_since(self.last_used)
             && unused >= MIN_BREAK
         {
-            self.usual_break = Some(self.usual_break.map_or(unused, |usual| (usual + unused) / 2));
+            let usual = self.usual_break.map_or(unused, |usual| (usual.duration() + unused) / 2);
+            self.usual_break = Some(Break::from_duration(usual));
             changed = true;
         }
         self.last_used = self.last_used.max(now);
@@ -118,7 +137,7 @@ pub struct Records {
 /// A removed image's use, remembered in case it is pulled again.
 #[derive(Debug, Clone, Copy)]
 struct Removed {
-    usual_break: Option<Duration>,
+    usual_break: Option<Break>,
     last_used: SystemTime,
     removed_at: SystemTime,
 }
@@ -490,7 +509,7 @@ pub(crate) struct History {
     /// See [`Records::ever_used`].
     pub ever_used: bool,
     /// See [`Record::usual_break`].
-    pub usual_break: Option<Duration>,
+    pub usual_break: Option<Break>,
 }
 
 impl History {
@@ -594,25 +613,28 @@ mod tests {
         assert_eq!(records.get("0").unwrap().usual_break, None);
         // Unused for an hour, then used again: a break of an hour.
         records.observe(&images, &[container("c", "0")], t(210 * minute - 30));
-        assert_eq!(records.get("0").unwrap().usual_break, Some(Duration::from_secs(3600)));
+        assert_eq!(
+            records.get("0").unwrap().usual_break.map(Break::duration),
+            Some(Duration::from_secs(3600))
+        );
         assert!(records.changed(), "a new break is saved");
         // A break of three hours weighs half.
         records.mark_used(["0"], t(390 * minute - 30));
         assert_eq!(
-            records.get("0").unwrap().usual_break,
+            records.get("0").unwrap().usual_break.map(Break::duration),
             Some(Duration::from_secs(2 * 3600))
         );
         // Less than MIN_BREAK unused (a cycle missed): no break.
         let short = 390 * minute - 30 + MIN_BREAK.as_secs() - 1;
         records.mark_used(["0"], t(short));
         assert_eq!(
-            records.get("0").unwrap().usual_break,
+            records.get("0").unwrap().usual_break.map(Break::duration),
             Some(Duration::from_secs(2 * 3600))
         );
         // A use the simulator knows went on all along is no break.
         records.mark_still_used(["0"], t(short + 10 * 3600));
         assert_eq!(
-            records.get("0").unwrap().usual_break,
+            records.get("0").unwrap().usual_break.map(Break::duration),
             Some(Duration::from_secs(2 * 3600))
         );
     }
@@ -625,7 +647,7 @@ mod tests {
         records.observe(&images, &[container("c", "0")], t(0));
         records.observe(&images, &[container("c", "0")], t(2 * hour));
         assert_eq!(
-            records.get("0").unwrap().usual_break,
+            records.get("0").unwrap().usual_break.map(Break::duration),
             Some(Duration::from_secs(2 * hour))
         );
         records.remove("0", t(3 * hour));
@@ -634,7 +656,10 @@ mod tests {
         // image.
         records.observe(&images, &[], t(6 * hour));
         let again = records.get("0").unwrap();
-        assert_eq!(again.usual_break, Some(Duration::from_secs(3 * hour)));
+        assert_eq!(
+            again.usual_break.map(Break::duration),
+            Some(Duration::from_secs(3 * hour))
+        );
         assert_eq!((again.first_seen, again.last_used), (t(6 * hour), t(6 * hour)));
         assert!(again.ever_used);
         // An image never used is not remembered.

@@ -16,7 +16,7 @@ use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::policy::{
-    self, Candidate, Forecast, ImageBytes, KeepReason, Kept, Plan, Protections, SpaceOutlook, SpaceTarget,
+    self, Candidate, Forecast, ImageBytes, KeepReason, Kept, Plan, Protections, Reason, SpaceOutlook, SpaceTarget,
 };
 use crate::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
@@ -36,8 +36,8 @@ struct PlanJson<'a> {
     /// Why no space pass would run: the measured filesystem is not the
     /// runtime's image filesystem.
     image_fs_mismatch: Option<&'a str>,
-    removals: Vec<&'a Candidate<'a>>,
-    further_space_candidates: &'a [Candidate<'a>],
+    removals: Vec<serde_json::Value>,
+    further_space_candidates: Vec<serde_json::Value>,
     kept: Vec<serde_json::Value>,
 }
 
@@ -115,8 +115,17 @@ pub async fn plan(
             order: config.gc.order.as_str(),
             space_unreachable: outlook,
             image_fs_mismatch: mismatch.as_deref(),
-            removals: plan.age.iter().chain(view.space_expected(&plan)).collect(),
-            further_space_candidates: view.space_further(&plan),
+            removals: plan
+                .age
+                .iter()
+                .chain(view.space_expected(&plan))
+                .map(|c| candidate_json(c, config.gc.order, now))
+                .collect(),
+            further_space_candidates: view
+                .space_further(&plan)
+                .iter()
+                .map(|c| candidate_json(c, config.gc.order, now))
+                .collect(),
             kept: plan.kept.iter().map(|kept| kept_json(kept, now)).collect(),
         })?;
         return Ok(0);
@@ -188,7 +197,10 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
             ago(c.last_used, now),
         ];
         if reuse {
-            row.push(c.expected_back.map_or_else(|| "-".to_string(), |at| from_now(at, now)));
+            row.push(match c.reason {
+                Reason::Space => from_now(c.expected_back(now), now),
+                Reason::Age => "-".to_string(),
+            });
         }
         table.row(row);
     }
@@ -255,6 +267,22 @@ fn kept_text(plan: &Plan) -> String {
     } else {
         format!("\nkept:\n{}", table.render())
     }
+}
+
+/// A candidate as JSON, with, under `gc.order = "reuse"`, when a space
+/// candidate is expected back (what orders it).
+fn candidate_json(candidate: &Candidate<'_>, order: Order, now: SystemTime) -> serde_json::Value {
+    let mut value = serde_json::to_value(candidate).unwrap_or_default();
+    if order == Order::Reuse
+        && candidate.reason == Reason::Space
+        && let Some(object) = value.as_object_mut()
+    {
+        object.insert(
+            "expected_back".to_string(),
+            serde_json::json!(rfc3339(candidate.expected_back(now))),
+        );
+    }
+    value
 }
 
 /// A kept image as JSON, with `removable_after` (for images too young to
@@ -351,7 +379,7 @@ mod tests {
             first_seen: SystemTime::UNIX_EPOCH,
             last_used: SystemTime::UNIX_EPOCH,
             reason: Reason::Age,
-            expected_back: None,
+            usual_break: None,
         };
         let plan = Plan {
             age: vec![candidate("a"), candidate("b")],

@@ -21,7 +21,7 @@ use crate::cri::Names;
 use crate::cri::{Image, Snapshot};
 use crate::matching;
 pub use crate::model::Reason;
-use crate::records::{Listed, Records};
+use crate::records::{Break, Listed, Records};
 use crate::reference::{self, ProtectPattern};
 
 /// Keep rules that come from outside the runtime's listing: the image
@@ -149,14 +149,19 @@ pub struct Candidate<'a> {
     pub last_used: SystemTime,
     /// Why it may be removed: age or space.
     pub reason: Reason,
-    /// When the image is expected to be used again, by its usual break
-    /// ([`expected_back`]): set with `gc.order = "reuse"` only, for the
-    /// space candidates, which it orders.
-    #[serde(
-        serialize_with = "crate::time::serialize_some",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub expected_back: Option<SystemTime>,
+    /// The image's usual break between uses, when one is known: what
+    /// [`Candidate::expected_back`] goes by (four bytes: a candidate is no
+    /// bigger for it).
+    #[serde(skip)]
+    pub usual_break: Option<Break>,
+}
+
+impl Candidate<'_> {
+    /// When the image is expected to be used again ([`expected_back`]):
+    /// what `gc.order = "reuse"` orders the space candidates by.
+    pub fn expected_back(&self, now: SystemTime) -> SystemTime {
+        expected_back(self.last_used, self.usual_break.map(Break::duration), now)
+    }
 }
 
 /// An image the cycle keeps, with why.
@@ -417,8 +422,7 @@ fn plan_images<'a>(
             first_seen,
             last_used,
             reason,
-            expected_back: (reason == Reason::Space && config.gc.order == Order::Reuse)
-                .then(|| expected_back(last_used, place.history.and_then(|h| h.usual_break), now)),
+            usual_break: place.history.and_then(|h| h.usual_break),
         };
         let unused_for = elapsed(last_used, now);
         if !max_age.is_zero() && unused_for > max_age {
@@ -453,7 +457,7 @@ fn plan_images<'a>(
     if config.gc.order == Order::Reuse {
         // Stable: images expected back at the same time stay least
         // recently used first.
-        plan.space.sort_by_key(|c| std::cmp::Reverse(c.expected_back));
+        plan.space.sort_by_key(|c| std::cmp::Reverse(c.expected_back(now)));
     }
     if matches!(config.gc.order, Order::SupersededFirst | Order::Reuse) {
         superseded_first(snapshot, listed, &mut plan.space, now);
@@ -1035,7 +1039,7 @@ mod tests {
         let record = |id: &str, tag: &str, last_used: u64, usual_break: Option<u64>| {
             let (id, mut record) = crate::testing::history(&tagged(id, tag), t(0), t(last_used));
             record.ever_used = true;
-            record.usual_break = usual_break.map(Duration::from_secs);
+            record.usual_break = usual_break.map(|s| Break::from_duration(Duration::from_secs(s)));
             (id, record)
         };
         let mut w = World::new(vec![
@@ -1067,15 +1071,14 @@ mod tests {
         w.observe(now);
         w.config.gc.order = Order::Lru;
         assert_eq!(ids(&w.plan(now).space), ["job", "once", "stopped", "old", "new"]);
-        assert!(w.plan(now).space.iter().all(|c| c.expected_back.is_none()));
         w.config.gc.order = Order::Reuse;
         let p = w.plan(now);
         // Superseded first, then the farthest expected back first.
         assert_eq!(ids(&p.space), ["old", "once", "stopped", "job", "new"]);
-        let back = |id: &str| p.space.iter().find(|c| c.id == id).unwrap().expected_back;
-        assert_eq!(back("job"), Some(t(10 * hour + 30 * 60)));
-        assert_eq!(back("once"), Some(t(11 * hour)));
-        assert_eq!(back("stopped"), Some(t(10 * hour + 50 * 60)));
+        let back = |id: &str| p.space.iter().find(|c| c.id == id).unwrap().expected_back(now);
+        assert_eq!(back("job"), t(10 * hour + 30 * 60));
+        assert_eq!(back("once"), t(11 * hour));
+        assert_eq!(back("stopped"), t(10 * hour + 50 * 60));
     }
 
     #[test]

@@ -466,7 +466,7 @@ mod tests {
                 first_seen: t(0),
                 last_used: t(0),
                 reason: Reason::Space,
-                expected_back: None,
+                usual_break: None,
             }
         }
         let candidates = [candidate(&images[0]), candidate(&images[1])];

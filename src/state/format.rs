@@ -168,9 +168,7 @@ fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
         out.push(b']');
     }
     out.extend_from_slice(if r.ever_used { b",true," } else { b",false," });
-    let usual_break = r
-        .usual_break
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let usual_break = r.usual_break.map_or(0, |b| b.duration().as_secs().saturating_mul(1000));
     out.extend_from_slice(numbers.format(usual_break).as_bytes());
     out.extend_from_slice(b"]\n");
 }
@@ -264,7 +262,8 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
             body,
             |(id, first_seen, last_used, size, pinned, tags, digests, ever_used, usual_break): Line| {
                 let mut record = record(first_seen, last_used, size, pinned, &tags, &digests, ever_used);
-                record.usual_break = (usual_break > 0).then(|| std::time::Duration::from_millis(usual_break));
+                record.usual_break = (usual_break > 0)
+                    .then(|| crate::records::Break::from_duration(std::time::Duration::from_millis(usual_break)));
                 (id, record)
             },
         ),

@@ -717,7 +717,8 @@ mod tests {
                 1 => Some(Duration::from_millis(1)),
                 2 => Some(Duration::from_secs(86_400)),
                 _ => Some(Duration::from_millis(u64::MAX)),
-            },
+            }
+            .map(crate::records::Break::from_duration),
         };
         let map = HashMap::from([
             (
@@ -832,8 +833,7 @@ mod tests {
                 r.tags.iter().collect::<Vec<_>>(),
                 r.digests.iter().collect::<Vec<_>>(),
                 r.ever_used,
-                r.usual_break
-                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                r.usual_break.map_or(0, |b| b.duration().as_secs() * 1000),
             );
             serde_json::to_writer(&mut expected, &line).unwrap();
             expected.push(b'\n');
@@ -1076,16 +1076,37 @@ mod tests {
         // Used at 0 (first sight), at 100, then again after 2000 s unused.
         records.mark_used(["b"], t(100));
         records.mark_used(["b"], t(2100));
-        assert_eq!(records.get("b").unwrap().usual_break, Some(Duration::from_secs(2000)));
+        assert_eq!(
+            records
+                .get("b")
+                .unwrap()
+                .usual_break
+                .map(crate::records::Break::duration),
+            Some(Duration::from_secs(2000))
+        );
         store.save(&records, t(2100)).unwrap();
         // Down for a day with a 300 s grace: the unobserved day moves the
         // last use forward, so the next use after it is no break.
         let Loaded::Records { mut records, .. } = store.load(t(2100 + 86_400), Duration::from_secs(300)) else {
             panic!()
         };
-        assert_eq!(records.get("b").unwrap().usual_break, Some(Duration::from_secs(2000)));
+        assert_eq!(
+            records
+                .get("b")
+                .unwrap()
+                .usual_break
+                .map(crate::records::Break::duration),
+            Some(Duration::from_secs(2000))
+        );
         records.mark_used(["b"], t(2100 + 86_400));
-        assert_eq!(records.get("b").unwrap().usual_break, Some(Duration::from_secs(2000)));
+        assert_eq!(
+            records
+                .get("b")
+                .unwrap()
+                .usual_break
+                .map(crate::records::Break::duration),
+            Some(Duration::from_secs(2000))
+        );
     }
 
     #[test]
