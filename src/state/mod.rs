@@ -1030,17 +1030,7 @@ mod tests {
             r#"["b",1700000000000,1700000050000,20,false,["docker.io/library/b:latest"],[]]"#,
             "\n",
         );
-        let header = format!(
-            "imagegc-state v2 crc32={:08x} len={:010}\n",
-            crc32fast::hash(payload.as_bytes()),
-            payload.len()
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let store = StateStore::new(dir.path());
-        fs::write(store.path(), format!("{header}{payload}")).unwrap();
-        let Loaded::Records { records, .. } = store.load(t(1100), Duration::from_secs(300)) else {
-            panic!("a version 2 file loads")
-        };
+        let records = load_written(2, payload);
         assert!(!records.ever_used("a"));
         assert!(records.ever_used("b"));
     }
@@ -1052,20 +1042,27 @@ mod tests {
             r#"["b",1700000000000,1700000050000,20,false,["docker.io/library/b:latest"],[],true]"#,
             "\n",
         );
+        let records = load_written(3, payload);
+        let b = records.get("b").unwrap();
+        assert!(b.ever_used);
+        assert_eq!(b.usual_break, None);
+    }
+
+    /// The records a file of `version` with `payload`, as an earlier
+    /// imagegc wrote it, loads to (at t(1100), a 300 s grace).
+    fn load_written(version: u32, payload: &str) -> Records {
         let header = format!(
-            "imagegc-state v3 crc32={:08x} len={:010}\n",
+            "imagegc-state v{version} crc32={:08x} len={:010}\n",
             crc32fast::hash(payload.as_bytes()),
             payload.len()
         );
         let dir = tempfile::tempdir().unwrap();
         let store = StateStore::new(dir.path());
         fs::write(store.path(), format!("{header}{payload}")).unwrap();
-        let Loaded::Records { records, .. } = store.load(t(1100), Duration::from_secs(300)) else {
-            panic!("a version 3 file loads")
-        };
-        let b = records.get("b").unwrap();
-        assert!(b.ever_used);
-        assert_eq!(b.usual_break, None);
+        match store.load(t(1100), Duration::from_secs(300)) {
+            Loaded::Records { records, .. } => records,
+            _ => panic!("a version {version} file loads"),
+        }
     }
 
     #[test]
