@@ -86,15 +86,6 @@ pub fn serialize<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S:
     s.serialize_str(&rfc3339(*t))
 }
 
-/// Serializes an optional `SystemTime` as RFC 3339 (serde
-/// `serialize_with`, with `skip_serializing_if = "Option::is_none"`).
-pub fn serialize_some<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-    match t {
-        Some(t) => serialize(t, s),
-        None => s.serialize_none(),
-    }
-}
-
 /// "3m ago", "2h ago", "just now": how long before `now` a time was.
 pub fn ago(t: SystemTime, now: SystemTime) -> String {
     match now.duration_since(t) {

@@ -248,13 +248,13 @@ impl<R: Runtime> Collector<R> {
                             // space back as the call returned is all.
                             let mut peek = walk.clone();
                             peek.removed(confirming.size(), Some(confirming.first()));
-                            let next = std::iter::from_fn(|| match peek.next(|c| self.holds_back(now, c)) {
-                                WalkStep::Remove(c) => Some(Some(c)),
-                                WalkStep::HoldBack(_) => Some(None),
-                                WalkStep::Done | WalkStep::LowNotReached { .. } => None,
-                            })
-                            .flatten()
-                            .next()
+                            let next = loop {
+                                match peek.next(|c| self.holds_back(now, c)) {
+                                    WalkStep::Remove(c) => break Some(c),
+                                    WalkStep::HoldBack(_) => {}
+                                    WalkStep::Done | WalkStep::LowNotReached { .. } => break None,
+                                }
+                            }
                             .filter(|_| !cancel.is_cancelled());
                             rechecked = self
                                 .confirm(confirming, next, true, snapshot, disk, report)

@@ -106,14 +106,6 @@ impl Confirming {
     }
 }
 
-/// The filesystem after a removal, as [`Collector::outcome`] leaves it.
-enum After {
-    /// Measured (`None`: it could not be, or nothing was removed).
-    Reading(Option<FsStats>),
-    /// Back already as the call returned; the confirming look is left.
-    Confirm { before: FsStats, first: FsStats },
-}
-
 /// What a call to [`Collector::remove`] came to.
 pub(super) enum Removing {
     /// Done with the candidate.
@@ -382,7 +374,7 @@ impl<R: Runtime> Collector<R> {
         let result = self.runtime.remove_image(candidate.id).await;
         let (step, after) = self.outcome(candidate, result, disk, before, cancel, report).await;
         match (step, after) {
-            (Step::Removed, After::Confirm { before, first }) => {
+            (Step::Removed, Some(Returned::Back { before, first })) => {
                 return Ok(Removing::Confirming(Box::new(Confirming {
                     removal,
                     before,
@@ -390,7 +382,9 @@ impl<R: Runtime> Collector<R> {
                     in_flight,
                 })));
             }
-            (Step::Removed, After::Reading(after)) => {
+            (Step::Removed, after) => {
+                // Settled, or not measured (a confirm went to the arm above).
+                let after = after.map(|(Returned::Settled(stats) | Returned::Back { first: stats, .. })| stats);
                 removal.freed_bytes = Disk::freed(before, after);
                 self.journal_removal(removal, report).await;
             }
@@ -459,8 +453,9 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// What `RemoveImage` answered comes to: removed (with the filesystem
-    /// once its space came back, or as it returned, to confirm), kept
-    /// (refused, gone already, or OK but still listed), or unknown.
+    /// once its space came back, or as it returned, to confirm; `None`
+    /// when it could not be measured), kept (refused, gone already, or OK
+    /// but still listed), or unknown.
     async fn outcome(
         &mut self,
         candidate: &Candidate<'_>,
@@ -469,7 +464,7 @@ impl<R: Runtime> Collector<R> {
         before: Option<FsStats>,
         cancel: &CancellationToken,
         report: &mut CycleReport,
-    ) -> (Step, After) {
+    ) -> (Step, Option<Returned>) {
         let step = match result {
             Ok(Removed::AlreadyGone) => {
                 self.gone_already(candidate);
@@ -490,14 +485,9 @@ impl<R: Runtime> Collector<R> {
                         candidate.id.to_string(),
                         "RemoveImage answered OK, but the image is still listed".to_string(),
                     ));
-                    return (Step::Kept, After::Reading(None));
+                    return (Step::Kept, None);
                 }
-                let after = match returned {
-                    Ok(Returned::Back { before, first }) => After::Confirm { before, first },
-                    Ok(Returned::Settled(stats)) => After::Reading(Some(stats)),
-                    Err(_) => After::Reading(None),
-                };
-                return (Step::Removed, after);
+                return (Step::Removed, returned.ok());
             }
             // The call failed, but the runtime may have removed the image
             // all the same (a deadline that passed while it worked, a
@@ -509,7 +499,7 @@ impl<R: Runtime> Collector<R> {
                         id: candidate.id,
                         error: &error,
                     });
-                    return (Step::Removed, After::Reading(disk.settled(before).await.ok()));
+                    return (Step::Removed, disk.settled(before).await.ok().map(Returned::Settled));
                 }
                 Some(false) => {
                     let error = err.to_string();
@@ -533,7 +523,7 @@ impl<R: Runtime> Collector<R> {
                 }
             },
         };
-        (step, After::Reading(None))
+        (step, None)
     }
 
     /// After a `RemoveImage` that failed with `err`: `Some(true)` when the
