@@ -31,7 +31,7 @@ use crate::policy::{self, Candidate, Forecast, Plan, SpaceOutlook, SpaceTarget, 
 use crate::records::Listed;
 
 use super::observe::ImageFs;
-use super::removal::{Disk, Rechecked, Removing, Step};
+use super::removal::{Ahead, Disk, Removing, Step};
 use super::report::{CycleError, CycleReport, Outcome};
 use super::usage::Listing;
 use super::{Collector, Event};
@@ -135,9 +135,12 @@ impl<R: Runtime> Collector<R> {
 
         // Age pass. In dry run, what it would free counts against the
         // space pass's estimate.
-        let mut rechecked = None;
+        let mut rechecked: Option<Ahead> = None;
         for (i, candidate) in plan.age.iter().enumerate() {
             if cancel.is_cancelled() {
+                if rechecked.is_some() {
+                    self.drop_ahead(candidate.id);
+                }
                 report.outcome = Outcome::Interrupted;
                 return Ok(());
             }
@@ -232,15 +235,26 @@ impl<R: Runtime> Collector<R> {
         };
         let now = self.clock.now();
         // The re-check of the candidate it names, made ahead of time.
-        let mut rechecked: Option<(&str, Rechecked)> = None;
+        let mut rechecked: Option<(&str, Ahead)> = None;
         loop {
-            match walk.next(|c| self.holds_back(now, c)) {
+            let step = walk.next(|c| self.holds_back(now, c));
+            let unused = match (&rechecked, &step) {
+                (None, _) | (Some(_), WalkStep::HoldBack(_)) => None,
+                (Some((id, _)), WalkStep::Remove(c)) if c.id == *id && !cancel.is_cancelled() => None,
+                // The walk went another way than the peek said.
+                (Some((id, _)), _) => Some(*id),
+            };
+            if let Some(id) = unused {
+                rechecked = None;
+                self.drop_ahead(id);
+            }
+            match step {
                 WalkStep::Remove(candidate) => {
                     if cancel.is_cancelled() {
                         report.outcome = Outcome::Interrupted;
                         return Ok(());
                     }
-                    let ahead = rechecked.take().filter(|(id, _)| *id == candidate.id).map(|(_, r)| r);
+                    let ahead = rechecked.take().map(|(_, r)| r);
                     let step = match self.remove(candidate, ahead, snapshot, disk, cancel, report).await? {
                         Removing::Finished(step) => step,
                         Removing::Confirming(confirming) => {

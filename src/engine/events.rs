@@ -175,6 +175,18 @@ pub enum Event<'a> {
     HeldBack(&'a str),
     /// The re-check before a removal starts (debug).
     Rechecking(&'a str),
+    /// A re-check answered longer than [`super::removal::RECHECK_FRESH`]
+    /// before its `RemoveImage` would have been sent: made again, or, when
+    /// `gave_up`, the image kept for this cycle.
+    RecheckStale {
+        /// The image id.
+        id: &'a str,
+        /// How long ago the re-check answered.
+        age: std::time::Duration,
+        /// Whether the image is kept for this cycle (the re-check went
+        /// stale every time it was made).
+        gave_up: bool,
+    },
     /// A candidate kept at the re-check before its removal.
     Kept {
         /// The image id.
@@ -465,6 +477,21 @@ impl Sink for LogSink {
                 debug!(image = %id, "removed within gc.thrash_window while images cannot reach low: left alone");
             }
             Event::Rechecking(id) => debug!(image = %id, "re-checking containers before removal"),
+            Event::RecheckStale {
+                id,
+                age,
+                gave_up: false,
+            } => debug!(
+                image = %id,
+                age_ms = age.as_millis() as u64,
+                "the re-check went stale before the removal: re-checking again"
+            ),
+            Event::RecheckStale { id, age, gave_up: true } => warn!(
+                image = %id,
+                age_ms = age.as_millis() as u64,
+                "the re-check went stale before every removal attempt (the runtime or this host is slow): \
+                 keeping the image for this cycle"
+            ),
             Event::Kept { id, tags, why } => log_kept(id, tags, why),
             Event::Removing { id, reason, dry_run } => debug!(
                 image = %id,

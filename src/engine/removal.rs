@@ -3,16 +3,23 @@
 //! before `RemoveImage`, the call, what the filesystem gained back, and
 //! settling what the runtime did not tell.
 //!
-//! Removals follow one another without waiting on what they need not: when
-//! a removal's space is back as the call returns, the short look that
+//! **The re-check a removal relies on answered at most [`RECHECK_FRESH`]
+//! before `RemoveImage` is sent**, whatever happens around it. Removals
+//! follow one another without waiting on what they need not: when a
+//! removal's space is back as the call returns, the short look that
 //! confirms it ([`Collector::confirm`]) is made while the next candidate
-//! is re-checked, and that re-check is the one its removal uses (it is
-//! then a few milliseconds older than the call, not less than one: the
-//! window that no CRI client can close between a re-check and
-//! `RemoveImage` was already there). Every removal known to have
-//! happened, at once or settled later (by this process or the next), goes
-//! through [`Collector::removed`]: one event, one journal line, the record
-//! dropped, the re-pull memory fed.
+//! is re-checked. That re-check ahead is used only when it is still that
+//! fresh as the call is about to be sent; a confirming look that took
+//! longer (a disk where something else writes keeps it watching for up to
+//! [`SETTLE_TIMEOUT`]), a slow journal or a slow log make it stale, and
+//! the image is re-checked again right before the call. The pending note
+//! (an fsync) is written before the re-check it precedes, never between
+//! the re-check and the call. What no CRI client can close remains: the
+//! re-check's own round trip, plus those few milliseconds.
+//!
+//! Every removal known to have happened, at once or settled later (by this
+//! process or the next), goes through [`Collector::removed`]: one event,
+//! one journal line, the record dropped, the re-pull memory fed.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -77,11 +84,30 @@ pub(super) enum Returned {
 /// runtime holds it now, `None` to keep it.
 pub(super) type Rechecked = Result<Option<Image>, CycleError>;
 
+/// How old the re-check a removal relies on may be when `RemoveImage` is
+/// sent, counted from its answer (tokio's clock): a few milliseconds, the
+/// time of a reading of the filesystem and a log line. An older one (made
+/// ahead, while a previous removal's space was watched) is made again.
+pub const RECHECK_FRESH: Duration = Duration::from_millis(5);
+
+/// How many times a re-check that went stale before its call (something
+/// between them took longer than [`RECHECK_FRESH`]) is made again before
+/// the image is kept for this cycle: when in doubt, keep.
+const RECHECK_ATTEMPTS: usize = 3;
+
 /// How long a re-check made ahead of time, beside the previous removal's
 /// confirming look, may hold up that removal's journal line: past it, the
 /// re-check is dropped (it changes nothing until both its calls answer)
 /// and made again right before the removal.
 const RECHECK_AHEAD_LIMIT: Duration = Duration::from_millis(250);
+
+/// A re-check made ahead of its removal, beside the removal before it:
+/// what it found, and when it answered. Its pending note was written
+/// before it was made.
+pub(super) struct Ahead {
+    found: Rechecked,
+    answered: tokio::time::Instant,
+}
 
 /// A removal the runtime made, with its space back as the call returned:
 /// the confirming look is still to make, then [`Collector::confirm`]
@@ -314,8 +340,9 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// Removes one candidate after re-checking that it is not in use
-    /// (`rechecked`: the re-check, when made ahead of time; see
-    /// [`Collector::confirm`]). A runtime error while re-checking ends the
+    /// (`ahead`: the re-check, when made ahead of time, see
+    /// [`Collector::confirm`]; used only while fresh, see
+    /// [`Collector::recheck_fresh`]). A runtime error while re-checking ends the
     /// cycle: when in doubt, keep.
     ///
     /// The re-check lists the containers and asks the runtime for the
@@ -330,18 +357,32 @@ impl<R: Runtime> Collector<R> {
     pub(super) async fn remove(
         &mut self,
         candidate: &Candidate<'_>,
-        rechecked: Option<Rechecked>,
+        ahead: Option<Ahead>,
         snapshot: &Snapshot,
         disk: &Disk,
         cancel: &CancellationToken,
         report: &mut CycleReport,
     ) -> Result<Removing, CycleError> {
-        let rechecked = match rechecked {
-            Some(rechecked) => rechecked,
-            None => self.recheck(candidate, snapshot, report).await,
-        };
-        let Some(current) = rechecked? else {
-            return Ok(Removing::Finished(Step::Kept));
+        // Noted before the re-check it relies on (the note is an fsync, and
+        // nothing slow may come between the re-check and the call),
+        // forgotten once journaled or failed: a process that ends in
+        // between leaves it for the next one to settle (as not done, when
+        // the image is still there). A re-check made ahead was noted
+        // before it was made.
+        if !report.dry_run && ahead.is_none() {
+            self.note_pending(candidate);
+        }
+        let checked = self.recheck_fresh(candidate, ahead, snapshot, disk, report).await;
+        let (current, before) = match checked {
+            Ok(Some(fresh)) => fresh,
+            Ok(None) => {
+                self.pending.forget(candidate.id);
+                return Ok(Removing::Finished(Step::Kept));
+            }
+            Err(err) => {
+                self.pending.forget(candidate.id);
+                return Err(err);
+            }
         };
         let mut removal = Removal {
             id: candidate.id.to_string(),
@@ -354,11 +395,6 @@ impl<R: Runtime> Collector<R> {
             last_used: candidate.last_used,
             dry_run: report.dry_run,
         };
-        self.sinks.emit(&Event::Removing {
-            id: candidate.id,
-            reason: candidate.reason,
-            dry_run: report.dry_run,
-        });
         if report.dry_run {
             self.removed(removal, None, report).await;
             return Ok(Removing::Finished(Step::Removed));
@@ -366,11 +402,6 @@ impl<R: Runtime> Collector<R> {
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
         let in_flight = InFlight::new(&self.removing, &self.removing_image, candidate.id);
-        // Noted before the call, forgotten once journaled or failed: a
-        // process that ends in between leaves it for the next one to settle.
-        self.pending
-            .request(JournalEntry::from_removal(&removal, self.clock.now()));
-        let before = disk.measure().ok();
         let result = self.runtime.remove_image(candidate.id).await;
         let (step, after) = self.outcome(candidate, result, disk, before, cancel, report).await;
         match (step, after) {
@@ -395,19 +426,94 @@ impl<R: Runtime> Collector<R> {
         Ok(Removing::Finished(step))
     }
 
+    /// The pending note of a removal about to be asked for (durable).
+    fn note_pending(&mut self, candidate: &Candidate<'_>) {
+        let removal = Removal {
+            id: candidate.id.to_string(),
+            tags: candidate.tags.to_vec(),
+            digests: candidate.digests.to_vec(),
+            reason: candidate.reason,
+            size: candidate.size,
+            freed_bytes: None,
+            first_seen: candidate.first_seen,
+            last_used: candidate.last_used,
+            dry_run: false,
+        };
+        self.pending
+            .request(JournalEntry::from_removal(&removal, self.clock.now()));
+    }
+
+    /// The re-check `RemoveImage` may be sent on at once: the image as the
+    /// runtime holds it, and the filesystem's reading before the call
+    /// (`None` in dry run, or when it cannot be read), from a re-check that
+    /// answered at most [`RECHECK_FRESH`] before that reading. `ahead` is
+    /// used when still that fresh; a re-check that went stale is made
+    /// again, up to [`RECHECK_ATTEMPTS`] times, then the image is kept for
+    /// this cycle. `None`: keep it.
+    async fn recheck_fresh(
+        &mut self,
+        candidate: &Candidate<'_>,
+        mut ahead: Option<Ahead>,
+        snapshot: &Snapshot,
+        disk: &Disk,
+        report: &mut CycleReport,
+    ) -> Result<Option<(Image, Option<FsStats>)>, CycleError> {
+        let mut age = Duration::ZERO;
+        for _ in 0..RECHECK_ATTEMPTS {
+            let (found, answered) = match ahead.take() {
+                Some(Ahead { found, answered }) => (found, answered),
+                None => {
+                    let found = self.recheck(candidate, snapshot, report).await;
+                    (found, tokio::time::Instant::now())
+                }
+            };
+            let Some(current) = found? else {
+                return Ok(None);
+            };
+            self.sinks.emit(&Event::Removing {
+                id: candidate.id,
+                reason: candidate.reason,
+                dry_run: report.dry_run,
+            });
+            if report.dry_run {
+                return Ok(Some((current, None)));
+            }
+            let before = disk.measure().ok();
+            age = answered.elapsed();
+            if age <= RECHECK_FRESH {
+                return Ok(Some((current, before)));
+            }
+            self.sinks.emit(&Event::RecheckStale {
+                id: candidate.id,
+                age,
+                gave_up: false,
+            });
+        }
+        self.sinks.emit(&Event::RecheckStale {
+            id: candidate.id,
+            age,
+            gave_up: true,
+        });
+        Ok(None)
+    }
+
     /// Finishes a removal whose space was back as the call returned: the
     /// confirming look, then the journal line. `next` is the candidate
-    /// that comes next if this removal does not end the pass: it is
-    /// re-checked meanwhile, and what the re-check found comes back, for
-    /// [`Collector::remove`] (`None` when there is no next candidate, or
-    /// the re-check took longer than [`RECHECK_AHEAD_LIMIT`]).
+    /// that comes next if this removal does not end the pass: its pending
+    /// note is written and it is re-checked meanwhile, and what the
+    /// re-check found comes back, for [`Collector::remove`], which uses it
+    /// only if it is still fresh then (`None` when there is no next
+    /// candidate, or the re-check took longer than
+    /// [`RECHECK_AHEAD_LIMIT`]). The cycle hands an unused one to
+    /// [`Collector::drop_ahead`].
     ///
     /// When the look `decides` whether the pass goes on (the space walk),
     /// it waits its full [`SETTLE_CONFIRM`] beside the re-check. When
     /// nothing hangs on it but the count of what this removal freed (the
     /// age pass, which removes every candidate), the re-check's time is
     /// the look's: one reading after it. Either way, space still coming
-    /// back is watched until it holds still. A candidate re-checked for a
+    /// back is watched until it holds still (and the re-check made ahead
+    /// then goes stale, and is made again). A candidate re-checked for a
     /// walk that ends after all (this removal freed more than its first
     /// reading said) is not removed; what the re-check learnt (an image in
     /// use again, or gone) stays true.
@@ -419,18 +525,28 @@ impl<R: Runtime> Collector<R> {
         snapshot: &Snapshot,
         disk: &Disk,
         report: &mut CycleReport,
-    ) -> Option<Rechecked> {
+    ) -> Option<Ahead> {
         let (before, first) = (confirming.before, confirming.first);
-        let (after, rechecked) = match next {
+        let (after, ahead) = match next {
             None => (disk.confirm(before, first).await, None),
             Some(next) => {
-                let ahead = tokio::time::timeout(RECHECK_AHEAD_LIMIT, self.recheck(next, snapshot, report));
+                // Noted before its re-check, as in [`Collector::remove`].
+                if !report.dry_run {
+                    self.note_pending(next);
+                }
+                let ahead = tokio::time::timeout(RECHECK_AHEAD_LIMIT, async {
+                    let found = self.recheck(next, snapshot, report).await;
+                    Ahead {
+                        found,
+                        answered: tokio::time::Instant::now(),
+                    }
+                });
                 if decides {
-                    let (after, rechecked) = tokio::join!(disk.confirm(before, first), ahead);
-                    (after, rechecked.ok())
+                    let (after, ahead) = tokio::join!(disk.confirm(before, first), ahead);
+                    (after, ahead.ok())
                 } else {
-                    let rechecked = ahead.await.ok();
-                    (disk.confirm_now(before, first).await, rechecked)
+                    let ahead = ahead.await.ok();
+                    (disk.confirm_now(before, first).await, ahead)
                 }
             }
         };
@@ -440,7 +556,20 @@ impl<R: Runtime> Collector<R> {
         removal.freed_bytes = Disk::freed(Some(before), after.ok());
         self.journal_removal(removal, report).await;
         drop(in_flight);
-        rechecked
+        if ahead.is_none()
+            && let Some(next) = next
+        {
+            // The re-check timed out: [`Collector::remove`] notes the
+            // removal again before the re-check it makes.
+            self.drop_ahead(next.id);
+        }
+        ahead
+    }
+
+    /// A re-check made ahead for `id` that no removal will use (the walk
+    /// ended, or went on to another candidate): its pending note goes.
+    pub(super) fn drop_ahead(&mut self, id: &str) {
+        self.pending.forget(id);
     }
 
     /// A removal made, measured: what it freed teaches the footprint, and

@@ -38,6 +38,13 @@ struct Sim {
     list_delay: Duration,
     /// Containers that appear right before the n-th ListContainers call.
     appear_at_list: Option<(usize, Container)>,
+    /// A container that appears right after the n-th ListContainers call
+    /// answered (a container created on an image just re-checked).
+    appear_after_list: Option<(usize, Container)>,
+    /// Bytes something else on the filesystem writes between two
+    /// readings (a container's log, an emptyDir, a pull): free space never
+    /// holds still.
+    writer: u64,
     /// A tag an image gains right before the n-th ListContainers call.
     tag_at_list: Option<(usize, String, String)>,
     /// Keep rules published right before the n-th ListContainers call (a
@@ -112,7 +119,13 @@ impl Runtime for SimHandle {
         {
             sender.send_replace(Arc::new(pods.clone()));
         }
-        Ok(sim.containers.clone())
+        let answer = sim.containers.clone();
+        if let Some((n, c)) = sim.appear_after_list.clone()
+            && sim.lists == n
+        {
+            sim.containers.push(c);
+        }
+        Ok(answer)
     }
     async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
         Ok(vec![ImageFsUsage {
@@ -158,6 +171,7 @@ impl FsProbe for SimHandle {
             Some((left, bytes)) => sim.coming = Some((left - 1, bytes)),
             None => {}
         }
+        sim.available = sim.available.saturating_sub(sim.writer);
         if sim.fail_stats {
             return Err(FsError::Io {
                 path: path.display().to_string(),
@@ -490,6 +504,9 @@ async fn space_still_coming_back_after_the_first_reading_ends_the_walk_before_th
     assert_eq!(sim.removed(), ["a"]);
     assert_eq!(report.after.unwrap().available_bytes, 250);
     assert_eq!(report.removed[0].freed_bytes, Some(200));
+    // "b"'s pending note, written before its re-check ahead, went with it.
+    assert!(c.pending.entries().is_empty(), "{:?}", c.pending.entries());
+    assert!(!_dir.path().join(crate::pending::FILE_NAME).exists());
 }
 
 /// Old images, unused for two hours: the age pass removes them all.
@@ -566,6 +583,51 @@ async fn the_age_pass_counts_in_full_what_comes_back_after_the_first_reading() {
     assert_eq!(freed, [Some(40), Some(10), Some(10)]);
     let journaled: Vec<Option<u64>> = journaled(&dir).iter().map(|e| e.freed_bytes).collect();
     assert_eq!(journaled, freed);
+}
+
+/// The cycle's removals when something else writes to the image
+/// filesystem all the while and a container is created on `victim` right
+/// after its re-check made ahead (the `n`-th ListContainers) answered.
+async fn container_created_after_the_recheck_ahead(
+    configure: impl FnOnce(&SimHandle, &mut Collector<SimHandle>),
+) -> Vec<String> {
+    let sim = SimHandle::default();
+    let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(3600));
+    configure(&sim, &mut c);
+    // The listing is the first ListContainers, the first candidate's
+    // re-check the second, the second candidate's re-check ahead the third.
+    sim.with(|s| {
+        s.writer = 1;
+        s.appear_after_list = Some((3, crate::testing::container_naming("new", "old01")));
+    });
+    cycle(&mut c).await;
+    sim.removed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_age_pass_never_removes_on_a_recheck_gone_stale_while_another_writer_moves_free_space() {
+    let removed = container_created_after_the_recheck_ahead(|sim, c| old_images(sim, c, 2)).await;
+    // The confirming look watched a second of moving free space: the
+    // re-check of old01 made beside it went stale, and the one made again
+    // right before the call sees the new container.
+    assert_eq!(removed, ["old00"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_space_walk_never_removes_on_a_recheck_gone_stale_while_another_writer_moves_free_space() {
+    let removed = container_created_after_the_recheck_ahead(|sim, _| {
+        sim.with(|s| {
+            for i in 0..3 {
+                let id = format!("old{i:02}");
+                s.images.push(image(&id, 200));
+                s.on_disk.insert(id, 100);
+            }
+            // Low (80 %) is 200 available: two removals.
+            (s.capacity, s.available) = (1000, 0);
+        });
+    })
+    .await;
+    assert_eq!(removed, ["old00", "old02"]);
 }
 
 #[tokio::test(start_paused = true)]
