@@ -52,19 +52,30 @@ const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 const YOUNG_MARGIN: Duration = Duration::from_millis(500);
 
 /// The node's name for `imagegc_node_info`: `NODE_NAME` (the DaemonSet sets
-/// it from `spec.nodeName`), else the host name (a systemd install).
+/// it from `spec.nodeName`), else the host name from `gethostname(2)` (a
+/// systemd install: its unit's `ProcSubset=pid` hides
+/// `/proc/sys/kernel/hostname`, the system call needs no file).
 fn node_name() -> String {
     std::env::var("NODE_NAME")
         .ok()
         .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|name| name.trim().to_owned())
-                .filter(|name| !name.is_empty())
-        })
+        .or_else(host_name)
         .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The host name (`gethostname(2)`), when it has one.
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at
+    // most that many bytes, NUL-terminated when it fits.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..len]).trim().to_owned();
+    (!name.is_empty()).then_some(name)
 }
 
 /// Runs the collector until `shutdown` is cancelled. Returns after the state
@@ -498,6 +509,89 @@ mod tests {
             restart_keys(&old, &restart),
             ["runtime.endpoint", "state.dir", "metrics.listen", "kubernetes"]
         );
+    }
+
+    /// The host name as `uname -n` prints it.
+    fn uname_n() -> String {
+        let out = std::process::Command::new("uname")
+            .arg("-n")
+            .output()
+            .expect("uname runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    #[test]
+    fn the_host_name_is_the_systems() {
+        assert_eq!(host_name().as_deref(), Some(uname_n().as_str()));
+    }
+
+    /// systemd's `ProcSubset=pid` (imagegc.service) mounts a procfs that
+    /// has only the processes' directories: `/proc/sys/kernel/hostname`
+    /// is gone, and the node's name must still be the host's, not
+    /// "unknown". Reproduced in a private mount namespace with
+    /// `mount -t proc -o subset=pid`, in a child process (this test
+    /// binary again, running only the part below).
+    #[test]
+    #[ignore = "needs root: mounts a private procfs with subset=pid, as the systemd unit's ProcSubset=pid does"]
+    fn the_node_name_is_the_hosts_under_the_units_proc_subset_pid() {
+        const CHILD: &str = "IMAGEGC_TEST_PROC_SUBSET_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            // SAFETY: plain system calls on this process's own namespaces,
+            // made before anything else runs in it (one test, one thread
+            // that matters: the harness waits).
+            unsafe {
+                assert_eq!(
+                    libc::unshare(libc::CLONE_NEWNS),
+                    0,
+                    "unshare: {}",
+                    std::io::Error::last_os_error()
+                );
+                let none = std::ptr::null();
+                assert_eq!(
+                    libc::mount(
+                        c"none".as_ptr(),
+                        c"/".as_ptr(),
+                        none,
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        none.cast()
+                    ),
+                    0
+                );
+                assert_eq!(
+                    libc::mount(
+                        c"proc".as_ptr(),
+                        c"/proc".as_ptr(),
+                        c"proc".as_ptr(),
+                        0,
+                        c"subset=pid".as_ptr().cast()
+                    ),
+                    0,
+                    "mount proc subset=pid: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            assert!(
+                std::fs::read_to_string("/proc/sys/kernel/hostname").is_err(),
+                "procfs with subset=pid still shows sys/"
+            );
+            assert_eq!(node_name(), std::env::var("EXPECTED_NODE").unwrap());
+            return;
+        }
+        let expected = uname_n();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "daemon::tests::the_node_name_is_the_hosts_under_the_units_proc_subset_pid",
+                "--include-ignored",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env("EXPECTED_NODE", &expected)
+            .env_remove("NODE_NAME")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
     }
 
     #[test]
