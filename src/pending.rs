@@ -91,13 +91,15 @@ pub struct PendingRemoval {
 }
 
 impl PendingRemoval {
-    /// Whether [`PENDING_LIMIT`] has passed since the removal was asked (a
-    /// time that does not parse counts as long ago; a clock that went back
-    /// counts no time).
+    /// Whether the removal was asked [`PENDING_LIMIT`] ago or more. A time
+    /// that does not parse counts as long ago, and so does one as far in
+    /// the future (a clock set back that far, or a time no clock of this
+    /// node wrote): either way, past doubt, nothing is claimed.
     fn expired(&self, now: SystemTime) -> bool {
-        self.entry
-            .timestamp()
-            .is_none_or(|asked| now.duration_since(asked).is_ok_and(|ago| ago >= PENDING_LIMIT))
+        self.entry.timestamp().is_none_or(|asked| {
+            let apart = now.duration_since(asked).unwrap_or_else(|ahead| ahead.duration());
+            apart >= PENDING_LIMIT
+        })
     }
 }
 
@@ -458,18 +460,20 @@ mod tests {
         let settled = pending.settle(false, asked() + PENDING_LIMIT, |_| Seen::Unsure);
         assert_eq!(settled[0].1, Settled::Unconfirmed);
         assert!(pending.entries().is_empty());
-        // A clock set back counts no time; a time that does not parse is
-        // long ago.
+        // A clock set back a little counts no time; a time that does not
+        // parse, or an hour ahead, is long ago.
         pending.request(entry("b"));
-        let earlier = asked() - Duration::from_secs(3600);
+        let earlier = asked() - Duration::from_secs(600);
         assert!(pending.settle(false, earlier, |_| Seen::There).is_empty());
         pending.request(JournalEntry {
             time: "yesterday".to_string(),
             ..entry("c")
         });
+        pending.request(entry_at("d", earlier + PENDING_LIMIT));
         let settled = pending.settle(false, earlier, |_| Seen::There);
-        assert_eq!(settled.len(), 1);
-        assert_eq!(settled[0].0.entry.image, "c");
+        let settled: Vec<&str> = settled.iter().map(|(p, _)| p.entry.image.as_str()).collect();
+        assert_eq!(settled, ["c", "d"]);
+        assert_eq!(pending.entries().len(), 1);
     }
 
     #[test]
