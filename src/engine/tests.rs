@@ -28,6 +28,7 @@ struct Sim {
     /// late: right before the n-th `ListImages` after the call, or at a
     /// second `RemoveImage` of it (which then answers not found).
     finish_after_lists: HashMap<String, usize>,
+    /// Those removals under way, with the listings left until done.
     finishing: Vec<(String, usize)>,
     /// `ListImages` leaves these out (a partial listing); `ImageStatus`
     /// still finds them.
@@ -104,7 +105,7 @@ impl Runtime for SimHandle {
         let mut sim = self.0.lock().unwrap();
         let mut finished = Vec::new();
         for (id, left) in &mut sim.finishing {
-            *left -= 1;
+            *left = left.saturating_sub(1);
             if *left == 0 {
                 finished.push(id.clone());
             }
@@ -930,7 +931,6 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
     assert!(journaled(&dir).is_empty());
     assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
     // Gone later: someone else's doing, not claimed.
-    sim.with(|s| s.images.clear());
     sim.with(|s| s.images = vec![image("b", 100)]);
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
