@@ -1,6 +1,7 @@
 //! Removals whose outcome is not known yet, persisted in
 //! `<state dir>/removal-in-flight.json` so that a restart does not forget
-//! them: one entry per removal, with its phase.
+//! them: one entry per image, with its phase and the time its removal was
+//! asked (the journal entry's `time`).
 //!
 //! - `requested`: written (and fsynced) right before `RemoveImage` is
 //!   called, forgotten once the removal is journaled or failed. Left there
@@ -9,16 +10,37 @@
 //! - `unknown`: the call timed out or broke and the image was still listed
 //!   after watching it: the runtime may yet remove it.
 //!
-//! The engine settles every entry at each listing ([`Pending::settle`]),
-//! whether this process or an earlier one wrote it: gone means removed
-//! (journaled and counted once, through the same path as any removal), still
-//! listed means not removed. An empty listing (a runtime restarting, or
-//! wiped) settles nothing. A file in the single-entry format of earlier
-//! versions reads as one `requested` entry.
+//! The engine settles the entries at each listing ([`Pending::settle`]),
+//! whether this process or an earlier one wrote them, and a removal is
+//! taken to have happened only when two sources agree: the listing omits
+//! the image and `ImageStatus` says the runtime does not have it (a
+//! listing alone may be partial: a runtime restarting, or listing part of
+//! its store). Gone means removed: journaled and counted once, through the
+//! same path as any removal. An image still there (listed, or found by
+//! `ImageStatus` though the listing omitted it) keeps its entry: a runtime
+//! slow enough to miss the call's deadline, or still working when the
+//! process that asked was killed, may finish the removal later. So does an
+//! image the runtime could not answer about. An entry is forgotten
+//! unjournaled once its image is still there, or still not known gone,
+//! [`PENDING_LIMIT`] after the removal was asked: when in doubt, no removal
+//! is claimed. An empty listing (a runtime restarting, or wiped) settles
+//! nothing.
+//!
+//! A removal of an image asked again while an earlier removal of it is of
+//! unknown outcome carries that earlier one (`earlier`): when the new call
+//! does not remove the image (refused, already gone, still listed), the
+//! earlier one is pending again, so that if it was the earlier removal
+//! that took the image, it is journaled once; when the new call removes
+//! it, both are done with one journal line (the image went once).
+//!
+//! Files of earlier versions read as they were written: the single-entry
+//! format reads as one `requested` entry, and entries without `earlier` as
+//! having none.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +51,15 @@ use crate::safe_file::{self, Links};
 pub const FILE_NAME: &str = "removal-in-flight.json";
 /// A file larger than this is not one imagegc wrote.
 const MAX_BYTES: u64 = 1024 * 1024;
+
+/// How long after a removal of unknown outcome was asked its entry waits
+/// for the image to go: a runtime that has not finished a removal in an
+/// hour is not finishing it, and an image someone else removes later must
+/// not be claimed as this removal. Far above the slowest removals seen
+/// (minutes, on a saturated disk), and counted from the call, not from the
+/// moment its outcome became unknown (at most `runtime.timeout` and 30
+/// seconds of watching later).
+pub const PENDING_LIMIT: Duration = Duration::from_secs(60 * 60);
 
 /// Where a removal whose outcome is unknown stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,11 +77,30 @@ pub enum Phase {
 pub struct PendingRemoval {
     /// Where it stands.
     pub phase: Phase,
-    /// The journal entry it becomes once it is known to have happened.
+    /// The journal entry it becomes once it is known to have happened; its
+    /// `time` is when the removal was asked.
     pub entry: JournalEntry,
+    /// When an earlier removal of the same image, whose outcome is still
+    /// unknown, was asked (RFC 3339): set while a new removal of the image
+    /// is requested, pending again if that one does not happen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earlier: Option<String>,
     /// Whether this process wrote it (not persisted: false when loaded).
     #[serde(skip)]
     pub this_process: bool,
+}
+
+impl PendingRemoval {
+    /// Whether the removal was asked [`PENDING_LIMIT`] ago or more. A time
+    /// that does not parse counts as long ago, and so does one as far in
+    /// the future (a clock set back that far, or a time no clock of this
+    /// node wrote): either way, past doubt, nothing is claimed.
+    fn expired(&self, now: SystemTime) -> bool {
+        self.entry.timestamp().is_none_or(|asked| {
+            let apart = now.duration_since(asked).unwrap_or_else(|ahead| ahead.duration());
+            apart >= PENDING_LIMIT
+        })
+    }
 }
 
 /// Whether a write of the file must be durable before it returns.
@@ -60,13 +110,31 @@ enum Durability {
     Unsynced,
 }
 
-/// How a pending removal was settled by a listing.
+/// What is known of a pending removal's image at a listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Listed, or found by `ImageStatus` although the listing omitted it
+    /// (a partial listing): the image is still there.
+    There,
+    /// The listing omits it and `ImageStatus` says the runtime does not
+    /// have it.
+    Gone,
+    /// The listing omits it, and `ImageStatus` was not asked (not yet) or
+    /// did not answer.
+    Unsure,
+}
+
+/// How a pending removal was settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settled {
-    /// The image is no longer listed: the removal happened.
+    /// The image is gone: the removal happened.
     Gone,
-    /// The image is still listed: the removal did not happen.
+    /// The image was still there [`PENDING_LIMIT`] after the removal was
+    /// asked: the removal did not happen.
     StillThere,
+    /// Not known gone [`PENDING_LIMIT`] after the removal was asked (the
+    /// runtime did not answer about it): forgotten, not claimed.
+    Unconfirmed,
 }
 
 #[derive(Deserialize)]
@@ -115,28 +183,74 @@ impl Pending {
     }
 
     /// Notes a removal about to be asked of the runtime, durably (best
-    /// effort: a failure is logged and the removal goes on).
+    /// effort: a failure is logged and the removal goes on). An earlier
+    /// removal of the image whose outcome is unknown is carried along (see
+    /// [`Pending::forget`]).
     pub fn request(&mut self, entry: JournalEntry) {
+        let earlier = self
+            .entries
+            .iter()
+            .find(|p| p.entry.image == entry.image)
+            .and_then(|p| {
+                if p.phase == Phase::Requested && p.this_process {
+                    p.earlier.clone()
+                } else {
+                    Some(p.entry.time.clone())
+                }
+            });
         self.entries.retain(|p| p.entry.image != entry.image);
         self.entries.push(PendingRemoval {
             phase: Phase::Requested,
             entry,
+            earlier,
             this_process: true,
         });
         self.persist(Durability::Synced);
     }
 
     /// The removal of `image` failed without telling whether it happened:
-    /// kept as [`Phase::Unknown`] until a listing settles it.
+    /// kept as [`Phase::Unknown`] until a listing settles it. An earlier
+    /// removal it carried is pending with it (its limit counts from this
+    /// later call).
     pub fn mark_unknown(&mut self, image: &str) {
         for pending in self.entries.iter_mut().filter(|p| p.entry.image == image) {
             pending.phase = Phase::Unknown;
+            pending.earlier = None;
         }
         self.persist(Durability::Synced);
     }
 
-    /// Forgets the removal of `image`: it was journaled, or it failed.
+    /// The removal of `image` just asked for did not remove it (refused,
+    /// gone already, or still listed): forgotten, unless it carried an
+    /// earlier removal of unknown outcome, which is pending again as it
+    /// was (the runtime may still finish it, or just did).
     pub fn forget(&mut self, image: &str) {
+        let before = self.entries.len();
+        let mut reverted = false;
+        self.entries.retain_mut(|p| {
+            if p.entry.image != image {
+                return true;
+            }
+            match p.earlier.take() {
+                Some(earlier) if p.phase == Phase::Requested => {
+                    p.phase = Phase::Unknown;
+                    p.entry.time = earlier;
+                    reverted = true;
+                    true
+                }
+                _ => false,
+            }
+        });
+        if reverted {
+            self.persist(Durability::Synced);
+        } else if self.entries.len() != before {
+            self.persist(Durability::Unsynced);
+        }
+    }
+
+    /// The removal of `image` was journaled: forgotten, with any earlier
+    /// one it carried (the image went once).
+    pub fn journaled(&mut self, image: &str) {
         let before = self.entries.len();
         self.entries.retain(|p| p.entry.image != image);
         if self.entries.len() != before {
@@ -144,27 +258,60 @@ impl Pending {
         }
     }
 
-    /// Settles every pending removal against a listing of the runtime's
-    /// images (`listed` says whether an id is listed): each comes back
-    /// with how it was settled, and is forgotten. A listing with no image
-    /// at all settles nothing: a runtime that is restarting lists nothing
-    /// for a moment, and that is no sign an image went.
-    pub fn settle(&mut self, listing_empty: bool, listed: impl Fn(&str) -> bool) -> Vec<(PendingRemoval, Settled)> {
+    /// The images of at most `limit` pending removals that a listing omits
+    /// (`listed` says whether an id is listed), to ask the runtime about:
+    /// they move to the end of the list, so that when a listing omits more
+    /// than `limit`, the next listings ask about the others first.
+    pub fn next_to_ask(&mut self, listed: impl Fn(&str) -> bool, limit: usize) -> Vec<String> {
+        let (mut asked, mut others) = (Vec::new(), Vec::new());
+        for pending in std::mem::take(&mut self.entries) {
+            if asked.len() < limit && !listed(&pending.entry.image) {
+                asked.push(pending);
+            } else {
+                others.push(pending);
+            }
+        }
+        let ids = asked.iter().map(|p| p.entry.image.clone()).collect();
+        others.append(&mut asked);
+        self.entries = others;
+        ids
+    }
+
+    /// Settles the pending removals against what a listing (and
+    /// `ImageStatus`) says of their images (`seen`): those settled come
+    /// back with how, and are forgotten; the others stay pending. Gone
+    /// settles at once; still there, or unsure, only once
+    /// [`PENDING_LIMIT`] has passed since the removal was asked. A listing
+    /// with no image at all (`listing_empty`) settles nothing: a runtime
+    /// that is restarting lists nothing for a moment, and that is no sign
+    /// an image went.
+    pub fn settle(
+        &mut self,
+        listing_empty: bool,
+        now: SystemTime,
+        seen: impl Fn(&str) -> Seen,
+    ) -> Vec<(PendingRemoval, Settled)> {
         if self.entries.is_empty() || listing_empty {
             return Vec::new();
         }
-        let settled: Vec<(PendingRemoval, Settled)> = std::mem::take(&mut self.entries)
-            .into_iter()
-            .map(|p| {
-                let how = if listed(&p.entry.image) {
-                    Settled::StillThere
-                } else {
-                    Settled::Gone
-                };
-                (p, how)
-            })
-            .collect();
-        self.persist(Durability::Unsynced);
+        let mut settled = Vec::new();
+        let mut kept = Vec::new();
+        for pending in std::mem::take(&mut self.entries) {
+            let how = match seen(&pending.entry.image) {
+                Seen::Gone => Some(Settled::Gone),
+                Seen::There if pending.expired(now) => Some(Settled::StillThere),
+                Seen::Unsure if pending.expired(now) => Some(Settled::Unconfirmed),
+                Seen::There | Seen::Unsure => None,
+            };
+            match how {
+                Some(how) => settled.push((pending, how)),
+                None => kept.push(pending),
+            }
+        }
+        self.entries = kept;
+        if !settled.is_empty() {
+            self.persist(Durability::Unsynced);
+        }
         settled
     }
 
@@ -173,8 +320,8 @@ impl Pending {
     /// old list or the new one whole. A removal about to be asked for, or of
     /// unknown outcome, is made durable (the file and the directory
     /// fsynced) before the call: it must survive a power loss. Forgetting
-    /// one that was journaled or failed is not: lost, it comes back at the
-    /// next start, which finds it settled (journaled again at worst, never
+    /// one that was journaled or settled is not: lost, it comes back at the
+    /// next start, which settles it again (journaled again at worst, never
     /// lost).
     fn persist(&self, durability: Durability) {
         let synced = durability == Durability::Synced;
@@ -206,6 +353,7 @@ fn parse(bytes: &[u8]) -> Result<Vec<PendingRemoval>, serde_json::Error> {
             Ok(entry) => Ok(vec![PendingRemoval {
                 phase: Phase::Requested,
                 entry,
+                earlier: None,
                 this_process: false,
             }]),
             Err(_) => Err(err),
@@ -233,8 +381,20 @@ mod tests {
         }
     }
 
+    /// When [`entry`]'s removal was asked.
+    fn asked() -> SystemTime {
+        humantime::parse_rfc3339("2026-01-01T00:00:00Z").unwrap()
+    }
+
+    fn entry_at(image: &str, time: SystemTime) -> JournalEntry {
+        JournalEntry {
+            time: crate::time::rfc3339(time),
+            ..entry(image)
+        }
+    }
+
     #[test]
-    fn an_unknown_removal_survives_a_restart_and_settles_once() {
+    fn an_unknown_removal_survives_a_restart_and_settles_once_gone() {
         let dir = tempfile::tempdir().unwrap();
         let mut pending = Pending::load(dir.path());
         pending.request(entry("a"));
@@ -245,22 +405,163 @@ mod tests {
         assert_eq!(pending.entries().len(), 1);
         assert_eq!(pending.entries()[0].phase, Phase::Unknown);
         assert!(!pending.entries()[0].this_process);
+        let now = asked() + Duration::from_secs(60);
         // A runtime restarting lists nothing: no sign the image went.
-        assert!(pending.settle(true, |_| false).is_empty());
-        let settled = pending.settle(false, |id| id == "other");
+        assert!(pending.settle(true, now, |_| Seen::Gone).is_empty());
+        let settled = pending.settle(false, now, |_| Seen::Gone);
         assert_eq!(settled.len(), 1);
         assert_eq!(settled[0].1, Settled::Gone);
-        assert!(pending.settle(false, |_| false).is_empty(), "settled once");
+        assert!(pending.settle(false, now, |_| Seen::Gone).is_empty(), "settled once");
         assert!(!dir.path().join(FILE_NAME).exists(), "nothing left on disk");
     }
 
     #[test]
-    fn an_earlier_versions_single_entry_reads_as_requested() {
+    fn an_image_still_there_keeps_its_removal_pending_until_the_limit_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
+        let mut pending = Pending::load(dir.path());
+        pending.request(entry("a"));
+        pending.mark_unknown("a");
+        // Still listed a minute, and nearly an hour, later: the runtime
+        // may yet finish it.
+        for ago in [Duration::from_secs(60), PENDING_LIMIT - Duration::from_secs(1)] {
+            assert!(pending.settle(false, asked() + ago, |_| Seen::There).is_empty());
+        }
+        // A restart keeps it, and when it was asked.
+        drop(pending);
+        let mut pending = Pending::load(dir.path());
+        assert_eq!(pending.entries().len(), 1);
+        assert!(
+            pending
+                .settle(false, asked() + PENDING_LIMIT / 2, |_| Seen::There)
+                .is_empty()
+        );
+        // Still there an hour after it was asked: it did not happen.
+        let settled = pending.settle(false, asked() + PENDING_LIMIT, |_| Seen::There);
+        assert_eq!(settled.len(), 1);
+        assert_eq!(settled[0].1, Settled::StillThere);
+        assert!(!dir.path().join(FILE_NAME).exists());
+        // Gone after that: not this removal's doing, not claimed.
+        assert!(
+            pending
+                .settle(false, asked() + PENDING_LIMIT * 2, |_| Seen::Gone)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_image_the_runtime_cannot_answer_about_is_never_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pending = Pending::load(dir.path());
+        pending.request(entry("a"));
+        pending.mark_unknown("a");
+        // Omitted by the listing, and not asked about (or no answer).
+        assert!(pending.settle(false, asked(), |_| Seen::Unsure).is_empty());
+        assert_eq!(pending.entries().len(), 1);
+        let settled = pending.settle(false, asked() + PENDING_LIMIT, |_| Seen::Unsure);
+        assert_eq!(settled[0].1, Settled::Unconfirmed);
+        assert!(pending.entries().is_empty());
+        // A clock set back a little counts no time; a time that does not
+        // parse, or an hour ahead, is long ago.
+        pending.request(entry("b"));
+        let earlier = asked() - Duration::from_secs(600);
+        assert!(pending.settle(false, earlier, |_| Seen::There).is_empty());
+        pending.request(JournalEntry {
+            time: "yesterday".to_string(),
+            ..entry("c")
+        });
+        pending.request(entry_at("d", earlier + PENDING_LIMIT));
+        let settled = pending.settle(false, earlier, |_| Seen::There);
+        let settled: Vec<&str> = settled.iter().map(|(p, _)| p.entry.image.as_str()).collect();
+        assert_eq!(settled, ["c", "d"]);
+        assert_eq!(pending.entries().len(), 1);
+    }
+
+    #[test]
+    fn a_listing_that_omits_many_asks_about_a_few_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pending = Pending::load(dir.path());
+        let ids = ["a", "b", "c", "d", "e", "f"];
+        for id in ids {
+            pending.request(entry(id));
+            pending.mark_unknown(id);
+        }
+        let listed = |id: &str| id == "b";
+        assert_eq!(pending.next_to_ask(listed, 3), ["a", "c", "d"]);
+        // Still there, by ImageStatus: the others come first next time.
+        assert!(pending.settle(false, asked(), |_| Seen::There).is_empty());
+        assert_eq!(pending.next_to_ask(listed, 3), ["e", "f", "a"]);
+        assert_eq!(pending.next_to_ask(listed, 3), ["c", "d", "e"]);
+        assert_eq!(pending.entries().len(), ids.len());
+    }
+
+    #[test]
+    fn a_removal_asked_again_over_an_unknown_one_leaves_it_pending_unless_it_removed_the_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let later = asked() + Duration::from_secs(600);
+        let mut pending = Pending::load(dir.path());
+        pending.request(entry("a"));
+        pending.mark_unknown("a");
+
+        // Asked again, and the runtime did not remove it this time (it
+        // refused, said it was gone already, or still lists it): the
+        // earlier removal is pending again, as it was.
+        pending.request(entry_at("a", later));
+        assert_eq!(pending.entries().len(), 1);
+        assert_eq!(pending.entries()[0].earlier.as_deref(), Some("2026-01-01T00:00:00Z"));
+        pending.forget("a");
+        drop(pending);
+        let mut pending = Pending::load(dir.path());
+        assert_eq!(pending.entries().len(), 1);
+        assert_eq!(pending.entries()[0].phase, Phase::Unknown);
+        assert_eq!(pending.entries()[0].entry.time, "2026-01-01T00:00:00Z");
+
+        // Asked again and removed: journaled once, nothing left pending.
+        pending.request(entry_at("a", later));
+        pending.journaled("a");
+        assert!(pending.entries().is_empty());
+        assert!(!dir.path().join(FILE_NAME).exists());
+
+        // Asked again over an unknown one, and unknown again: one entry,
+        // its limit counting from the later call.
+        pending.request(entry("a"));
+        pending.mark_unknown("a");
+        pending.request(entry_at("a", later));
+        pending.mark_unknown("a");
+        assert_eq!(pending.entries().len(), 1);
+        assert!(
+            pending
+                .settle(false, asked() + PENDING_LIMIT, |_| Seen::There)
+                .is_empty()
+        );
+        assert_eq!(
+            pending.settle(false, later + PENDING_LIMIT, |_| Seen::There)[0].1,
+            Settled::StillThere
+        );
+
+        // A removal that failed plainly is forgotten.
+        pending.request(entry("b"));
+        pending.forget("b");
+        assert!(pending.entries().is_empty());
+    }
+
+    #[test]
+    fn files_of_earlier_versions_read_as_they_were_written() {
+        let dir = tempfile::tempdir().unwrap();
+        // The single-entry format: one removal in flight.
         fs::write(dir.path().join(FILE_NAME), serde_json::to_vec(&entry("old")).unwrap()).unwrap();
         let mut pending = Pending::load(dir.path());
         assert_eq!(pending.entries()[0].phase, Phase::Requested);
-        let settled = pending.settle(false, |id| id == "old");
+        assert!(pending.settle(false, asked(), |_| Seen::There).is_empty());
+        let settled = pending.settle(false, asked() + PENDING_LIMIT, |_| Seen::There);
         assert_eq!(settled[0].1, Settled::StillThere);
+        // The list, before entries carried an earlier removal.
+        let file = serde_json::json!({
+            "removals": [{ "phase": "unknown", "entry": entry("u") }],
+        });
+        fs::write(dir.path().join(FILE_NAME), serde_json::to_vec(&file).unwrap()).unwrap();
+        let pending = Pending::load(dir.path());
+        assert_eq!(pending.entries().len(), 1);
+        assert_eq!(pending.entries()[0].phase, Phase::Unknown);
+        assert_eq!(pending.entries()[0].earlier, None);
     }
 }

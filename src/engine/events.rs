@@ -653,7 +653,8 @@ fn log_settled(id: &str, tags: &[String], reason: &str, earlier_process: bool, h
         (true, Settled::StillThere) => warn!(
             image = %id,
             tags = ?tags,
-            "a removal in flight when imagegc last stopped was not removed: the image is still there"
+            waited = %short(crate::pending::PENDING_LIMIT),
+            "a removal in flight when imagegc last stopped did not happen: the image is still there"
         ),
         (false, Settled::Gone) => info!(
             image = %id,
@@ -662,7 +663,14 @@ fn log_settled(id: &str, tags: &[String], reason: &str, earlier_process: bool, h
         ),
         (false, Settled::StillThere) => info!(
             image = %id,
-            "a removal whose outcome the runtime did not tell did not happen: the image is still listed"
+            waited = %short(crate::pending::PENDING_LIMIT),
+            "a removal whose outcome the runtime did not tell did not happen: the image is still there"
+        ),
+        (_, Settled::Unconfirmed) => warn!(
+            image = %id,
+            tags = ?tags,
+            waited = %short(crate::pending::PENDING_LIMIT),
+            "the runtime never said whether a removal whose outcome was unknown happened: forgetting it, not journaled"
         ),
     }
 }

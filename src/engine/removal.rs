@@ -34,7 +34,7 @@ use crate::fs::{FsError, FsProbe, FsStats};
 use crate::journal::JournalEntry;
 use crate::matching;
 use crate::model::{Reason, Removal};
-use crate::pending::Settled;
+use crate::pending::{Seen, Settled};
 use crate::policy::{self, Candidate};
 
 use super::events::KeptAtRecheck;
@@ -701,19 +701,42 @@ impl<R: Runtime> Collector<R> {
             Arc::make_mut(&mut self.records).remove(&removal.id, self.clock.now());
             self.thrash
                 .remember(self.clock.now(), removal.id.clone(), removal.digests.clone());
-            self.pending.forget(&removal.id);
+            self.pending.journaled(&removal.id);
         }
     }
 
-    /// Settles every pending removal (this process's or an earlier one's)
-    /// against a listing: gone means removed, through the same path as any
-    /// removal; still listed means it did not happen.
+    /// Settles the pending removals (this process's or an earlier one's)
+    /// against a listing: an image the listing omits is gone only when
+    /// `ImageStatus` agrees (a listing may be partial), and a removal known
+    /// gone goes through the same path as any removal. `ImageStatus` is
+    /// asked about [`PENDING_ASKED_PER_LISTING`] images at most; an image
+    /// it still finds is still there (the listing was partial), and one it
+    /// cannot answer about stays unsure. See [`crate::pending`].
     pub(super) async fn settle_pending(&mut self, images: &[Image]) {
         if self.pending.entries().is_empty() {
             return;
         }
         let listed: crate::collections::HashMap<&str, ()> = images.iter().map(|i| (i.id.as_str(), ())).collect();
-        let settled = self.pending.settle(images.is_empty(), |id| listed.contains_key(id));
+        let listed = |id: &str| listed.contains_key(id);
+        let asked = if images.is_empty() {
+            Vec::new()
+        } else {
+            self.pending.next_to_ask(listed, PENDING_ASKED_PER_LISTING)
+        };
+        let answers = futures_util::future::join_all(asked.iter().map(|id| self.runtime.image_status(id))).await;
+        let answered: crate::collections::HashMap<&str, Seen> = asked
+            .iter()
+            .zip(answers)
+            .map(|(id, answer)| (id.as_str(), seen_by_status(&answer)))
+            .collect();
+        let seen = |id: &str| {
+            if listed(id) {
+                Seen::There
+            } else {
+                answered.get(id).copied().unwrap_or(Seen::Unsure)
+            }
+        };
+        let settled = self.pending.settle(images.is_empty(), self.clock.now(), seen);
         for (pending, how) in settled {
             let entry = pending.entry;
             self.sinks.emit(&Event::PendingSettled {
@@ -732,6 +755,23 @@ impl<R: Runtime> Collector<R> {
                 self.account(&removal_of(&entry), Some(note)).await;
             }
         }
+    }
+}
+
+/// How many images of pending removals that a listing omits are asked
+/// about (`ImageStatus`, all at once) at one listing: a listing may omit
+/// many, and a few calls per listing settle the usual one or two pending
+/// removals at once; the others are asked about at the next listings.
+const PENDING_ASKED_PER_LISTING: usize = 4;
+
+/// What `ImageStatus` says of the image of a pending removal the listing
+/// omitted: not found is gone; found is still there (the listing was
+/// partial); an error tells nothing.
+fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
+    match answer {
+        Ok(None) => Seen::Gone,
+        Ok(Some(_)) => Seen::There,
+        Err(_) => Seen::Unsure,
     }
 }
 

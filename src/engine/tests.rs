@@ -24,6 +24,17 @@ struct Sim {
     fail_remove: Vec<String>,
     /// `RemoveImage` of these times out and removes nothing.
     hang_remove: Vec<String>,
+    /// A removal of an image in `hang_remove` that the runtime finishes
+    /// late: right before the n-th `ListImages` after the call, or at a
+    /// second `RemoveImage` of it (which then answers not found).
+    finish_after_lists: HashMap<String, usize>,
+    /// Those removals under way, with the listings left until done.
+    finishing: Vec<(String, usize)>,
+    /// `ListImages` leaves these out (a partial listing); `ImageStatus`
+    /// still finds them.
+    omit: Vec<String>,
+    /// `ImageStatus` fails while set.
+    fail_image_status: bool,
     fail_stats: bool,
     /// ListContainers fails while set: the runtime is down.
     fail_lists: bool,
@@ -58,6 +69,17 @@ type PodsSender = tokio::sync::watch::Sender<Arc<crate::policy::Protections>>;
 #[derive(Clone, Default)]
 struct SimHandle(Arc<Mutex<Sim>>);
 
+impl Sim {
+    /// The runtime removes an image.
+    fn remove(&mut self, id: &str) {
+        self.images.retain(|i| i.id != id);
+        let freed = self.on_disk.remove(id).unwrap_or(0);
+        self.available = (self.available + freed).min(self.capacity);
+        self.coming = self.later.remove(id).map(|bytes| (1, bytes));
+        self.removed.push(id.to_string());
+    }
+}
+
 impl SimHandle {
     fn with(&self, f: impl FnOnce(&mut Sim)) {
         f(&mut self.0.lock().unwrap());
@@ -87,7 +109,35 @@ impl Runtime for SimHandle {
         })
     }
     async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
-        Ok(self.0.lock().unwrap().images.clone())
+        let mut sim = self.0.lock().unwrap();
+        let mut finished = Vec::new();
+        for (id, left) in &mut sim.finishing {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                finished.push(id.clone());
+            }
+        }
+        sim.finishing.retain(|(_, left)| *left > 0);
+        for id in finished {
+            sim.remove(&id);
+        }
+        Ok(sim
+            .images
+            .iter()
+            .filter(|i| !sim.omit.contains(&i.id))
+            .cloned()
+            .collect())
+    }
+    async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
+        let sim = self.0.lock().unwrap();
+        if sim.fail_image_status {
+            return Err(RuntimeError::Rpc {
+                rpc: "ImageStatus",
+                endpoint: "unix:///sim.sock".to_string(),
+                status: Box::new(tonic::Status::unavailable("injected failure")),
+            });
+        }
+        Ok(sim.images.iter().find(|i| i.id == id).cloned())
     }
     async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
         let delay = self.0.lock().unwrap().list_delay;
@@ -142,18 +192,22 @@ impl Runtime for SimHandle {
                 status: Box::new(tonic::Status::internal("injected failure")),
             });
         }
+        if let Some(at) = sim.finishing.iter().position(|(f, _)| f == id) {
+            sim.finishing.remove(at);
+            sim.remove(id);
+            return Ok(Removed::AlreadyGone);
+        }
         if sim.hang_remove.iter().any(|f| f == id) {
+            if let Some(n) = sim.finish_after_lists.remove(id) {
+                sim.finishing.push((id.to_string(), n));
+            }
             return Err(RuntimeError::Timeout {
                 rpc: "RemoveImage",
                 endpoint: "unix:///sim.sock".to_string(),
                 timeout: Duration::from_millis(50),
             });
         }
-        sim.images.retain(|i| i.id != id);
-        let freed = sim.on_disk.remove(id).unwrap_or(0);
-        sim.available = (sim.available + freed).min(sim.capacity);
-        sim.coming = sim.later.remove(id).map(|bytes| (1, bytes));
-        sim.removed.push(id.to_string());
+        sim.remove(id);
         Ok(Removed::Done)
     }
 }
@@ -899,14 +953,11 @@ async fn a_removal_that_timed_out_and_went_is_journaled_by_the_same_process() {
     assert_eq!(journaled(&dir).len(), 1, "journaled once");
 }
 
-#[tokio::test]
-async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
-    let sim = SimHandle::default();
-    sim.with(|s| (s.capacity, s.available) = (1000, 900));
-    let (mut c, dir) = collector(&sim, |_| {});
-    // A removal an earlier process had in flight.
+/// An earlier process asked for the removal of `id` and was killed during
+/// the call: its pending note is all that is left of it.
+fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfile::TempDir, id: &str) {
     let removal = Removal {
-        id: "a".to_string(),
+        id: id.to_string(),
         tags: vec![],
         digests: vec![],
         reason: Reason::Space,
@@ -917,16 +968,171 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
         dry_run: false,
     };
     crate::pending::Pending::load(dir.path())
-        .request(crate::journal::JournalEntry::from_removal(&removal, SystemTime::now()));
+        .request(crate::journal::JournalEntry::from_removal(&removal, c.clock.now()));
     c.pending = crate::pending::Pending::load(dir.path());
+}
+
+#[tokio::test]
+async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
+    let sim = SimHandle::default();
+    sim.with(|s| (s.capacity, s.available) = (1000, 900));
+    let (mut c, dir) = collector(&sim, |_| {});
+    an_earlier_process_asked_to_remove(&mut c, &dir, "a");
     // The runtime is restarting: it lists nothing.
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty(), "no false \"completed after shutdown\"");
-    // Back, and the image is still there: the removal did not happen.
+    // Back, and the image is still there: the removal has not happened,
+    // and may yet, as long as the runtime may still be working on it.
     sim.with(|s| s.images = vec![image("a", 100)]);
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
+    assert!(dir.path().join(crate::pending::FILE_NAME).exists());
+    // Still there an hour later: it did not happen.
+    c.clock = Clock::starting_at(c.clock.now() + crate::pending::PENDING_LIMIT);
+    cycle(&mut c).await;
+    assert!(journaled(&dir).is_empty());
     assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+    // Gone later: someone else's doing, not claimed.
+    sim.with(|s| s.images = vec![image("b", 100)]);
+    cycle(&mut c).await;
+    assert!(journaled(&dir).is_empty());
+}
+
+#[tokio::test]
+async fn a_partial_listing_never_settles_a_removal_the_runtime_did_not_make_as_done() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    // Killed during a RemoveImage of `a` that the runtime never carried
+    // out; the next process starts.
+    an_earlier_process_asked_to_remove(&mut c, &dir, "a");
+    // The runtime lists only part of its images, and cannot say yet
+    // whether it has `a`...
+    sim.with(|s| {
+        s.omit = vec!["a".to_string()];
+        s.fail_image_status = true;
+    });
+    assert!(c.poll_usage().await.is_ok());
+    // ...then says it has.
+    sim.with(|s| s.fail_image_status = false);
+    assert!(c.poll_usage().await.is_ok());
+    // Whole listings again.
+    sim.with(|s| s.omit.clear());
+    cycle(&mut c).await;
+    cycle(&mut c).await;
+    assert!(journaled(&dir).is_empty(), "{:?}", journaled(&dir));
+    assert_eq!(
+        sample(&c, "image_garbage_collected_total{reason=\"space\"}").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        sample(&c, "imagegc_repulled_after_removal_total").as_deref(),
+        Some("0"),
+        "no re-pull of an image that never left"
+    );
+    assert!(c.records().get("a").is_some(), "its history is kept");
+    assert!(sim.removed().is_empty());
+}
+
+#[tokio::test]
+async fn a_removal_the_runtime_finishes_after_a_listing_still_lists_it_is_journaled_and_counted_once() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
+        s.containers = vec![crate::testing::container_naming("c", "app")];
+        s.on_disk.insert("a".into(), 100);
+        (s.capacity, s.available) = (1000, 50);
+        s.hang_remove = vec!["a".to_string()];
+        s.finish_after_lists.insert("a".into(), 2);
+    });
+    let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
+    assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
+    // The runtime is still at it at the next listing...
+    assert!(c.poll_usage().await.is_ok());
+    assert!(sim.removed().is_empty());
+    assert!(journaled(&dir).is_empty());
+    // ...and done by the one after.
+    assert!(c.poll_usage().await.is_ok());
+    assert_eq!(sim.removed(), ["a"]);
+    let entries = journaled(&dir);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].image, "a");
+    assert_eq!(entries[0].note.as_deref(), Some("completed after RemoveImage failed"));
+    assert_eq!(
+        sample(&c, "image_garbage_collected_total{reason=\"space\"}").as_deref(),
+        Some("1")
+    );
+    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+    // Pulled again soon after: seen as a re-pull.
+    sim.with(|s| s.images.push(image("a", 100)));
+    assert!(c.poll_usage().await.is_ok());
+    assert_eq!(sample(&c, "imagegc_repulled_after_removal_total").as_deref(), Some("1"));
+    cycle(&mut c).await;
+    assert_eq!(journaled(&dir).len(), 1, "journaled once");
+}
+
+#[tokio::test]
+async fn an_image_removed_again_while_an_earlier_removal_is_unknown_is_journaled_once_per_removal() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
+        s.containers = vec![crate::testing::container_naming("c", "app")];
+        s.on_disk.insert("a".into(), 100);
+        (s.capacity, s.available) = (1000, 50);
+        s.hang_remove = vec!["a".to_string()];
+    });
+    let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
+    assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
+    assert!(c.poll_usage().await.is_ok());
+    // The runtime answers again; the next cycle removes `a`: one removal,
+    // one journal line, whichever call did it.
+    sim.with(|s| s.hang_remove.clear());
+    cycle(&mut c).await;
+    assert_eq!(sim.removed()[0], "a");
+    assert!(c.poll_usage().await.is_ok());
+    cycle(&mut c).await;
+    let entries = journaled(&dir);
+    assert_eq!(entries.iter().filter(|e| e.image == "a").count(), 1, "{entries:?}");
+    assert_eq!(entries[0].note, None);
+    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+}
+
+#[tokio::test]
+async fn an_earlier_removal_that_finishes_as_it_is_asked_again_is_journaled_once() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
+        s.containers = vec![crate::testing::container_naming("c", "app")];
+        s.on_disk.insert("a".into(), 100);
+        (s.capacity, s.available) = (1000, 50);
+        s.hang_remove = vec!["a".to_string()];
+        // Not finished by any listing: only as it is asked again.
+        s.finish_after_lists.insert("a".into(), 1000);
+    });
+    let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
+    assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
+    // The next cycle asks again; the runtime finishes the first call and
+    // answers the second that the image is not there.
+    sim.with(|s| s.hang_remove.clear());
+    cycle(&mut c).await;
+    assert_eq!(sim.removed()[0], "a");
+    assert!(c.poll_usage().await.is_ok());
+    cycle(&mut c).await;
+    let entries = journaled(&dir);
+    let of_a: Vec<_> = entries.iter().filter(|e| e.image == "a").collect();
+    assert_eq!(of_a.len(), 1, "{entries:?}");
+    assert_eq!(of_a[0].note.as_deref(), Some("completed after RemoveImage failed"));
+    assert!(
+        c.metrics().encode().contains(&format!(
+            "image_garbage_collected_total{{reason=\"space\"}} {}",
+            entries.len()
+        )),
+        "each removal journaled is counted"
+    );
 }
 
 #[tokio::test]

@@ -901,9 +901,8 @@ fn a_removal_in_flight_when_imagegc_is_killed_is_journaled_at_the_next_start() {
 fn a_removal_that_timed_out_then_a_kill_is_journaled_once_when_the_next_start_finds_it_gone() {
     let node = Node::start();
     node.short_runtime_timeout();
-    // One cycle and no listing after it: the next listing settles a removal
-    // still listed as not done, and one coming between the test's look at
-    // the file and the kill made the test lose the removal under load.
+    // One cycle and no listing after it: the test looks at the file the
+    // cycle left, without a listing rewriting it before the kill.
     let text = fs::read_to_string(&node.config).unwrap();
     fs::write(&node.config, text.replace("interval = \"1s\"", "interval = \"1h\"")).unwrap();
     let mut daemon = spawn_with_a_hung_removal(&node, "run", std::process::Stdio::null());
