@@ -321,8 +321,8 @@ impl Pending {
     /// unknown outcome, is made durable (the file and the directory
     /// fsynced) before the call: it must survive a power loss. Forgetting
     /// one that was journaled or settled is not: lost, it comes back at the
-    /// next start, which settles it again (journaled again at worst, never
-    /// lost).
+    /// next start, which finds its journal line and journals it no second
+    /// time (see `Collector::settle_pending`).
     fn persist(&self, durability: Durability) {
         let synced = durability == Durability::Synced;
         let result = if self.entries.is_empty() {

@@ -746,6 +746,11 @@ impl<R: Runtime> Collector<R> {
                 earlier_process: !pending.this_process,
                 how,
             });
+            if how == Settled::Gone && !pending.this_process && self.journaled_already(&entry).await {
+                // The process before journaled it and ended before it could
+                // forget the note (forgetting is not synced): once is enough.
+                continue;
+            }
             if how == Settled::Gone {
                 let note = if pending.this_process {
                     "completed after RemoveImage failed"
@@ -775,6 +780,25 @@ fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
     }
 }
 
+impl<R: Runtime> Collector<R> {
+    /// Whether the journal has a line for the removal `entry` notes: one
+    /// for its image, written at or after the note.
+    async fn journaled_already(&self, entry: &JournalEntry) -> bool {
+        let Some(since) = entry.timestamp() else {
+            return false;
+        };
+        let journal = self.journal.clone();
+        let image = entry.image.clone();
+        tokio::task::spawn_blocking(move || {
+            journal
+                .read(Some(since))
+                .is_ok_and(|lines| lines.iter().any(|line| line.image == image && !line.dry_run))
+        })
+        .await
+        .unwrap_or(false)
+    }
+}
+
 /// The sandbox images' names, borrowed.
 fn sandbox_names(snapshot: &Snapshot) -> Vec<&str> {
     snapshot.sandbox_images.iter().map(String::as_str).collect()
@@ -782,7 +806,7 @@ fn sandbox_names(snapshot: &Snapshot) -> Vec<&str> {
 
 /// The removal a journal entry describes (times that do not parse read as
 /// the epoch: they are only reported).
-fn removal_of(entry: &JournalEntry) -> Removal {
+pub(super) fn removal_of(entry: &JournalEntry) -> Removal {
     let time = |t: &str| humantime::parse_rfc3339(t).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
     Removal {
         id: entry.image.clone(),

@@ -4,7 +4,7 @@ use super::*;
 use crate::cri::{Container, Image, ImageFsUsage, Removed, RuntimeError, RuntimeStatus, RuntimeVersion};
 use crate::fs::{FsError, FsStats};
 use crate::policy::Reason;
-use removal::{Disk, SETTLE_CONFIRM, SETTLE_STEP, SETTLE_TIMEOUT};
+use removal::{Disk, SETTLE_CONFIRM, SETTLE_STEP, SETTLE_TIMEOUT, removal_of};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
@@ -1244,4 +1244,31 @@ async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
     let report = cycle(&mut c).await;
     assert_eq!(sim.removed(), ["a"], "b was kept at its re-check");
     assert_eq!(report.removed.len(), 1);
+}
+
+#[tokio::test]
+async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_next_process() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("b", 100)];
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    // The process before noted the removal of `a`, the runtime made it,
+    // the journal line was written, and the process was killed before
+    // the note was forgotten (forgetting it is not synced).
+    an_earlier_process_asked_to_remove(&mut c, &dir, "a");
+    let removal = removal_of(&c.pending.entries()[0].entry);
+    let line = crate::journal::JournalEntry::from_removal(&removal, c.clock.now() + Duration::from_millis(5));
+    crate::journal::Journal::new(dir.path()).append(&line);
+    cycle(&mut c).await;
+    cycle(&mut c).await;
+    let journal = journaled(&dir);
+    assert_eq!(journal.iter().filter(|e| e.image == "a").count(), 1, "{journal:?}");
+    assert_eq!(
+        sample(&c, "image_garbage_collected_total{reason=\"space\"}").as_deref(),
+        Some("0"),
+        "counted by the process that made it, not again"
+    );
+    assert!(c.pending.entries().is_empty());
 }
