@@ -39,6 +39,10 @@ for test in tests/*.rs tests/*/main.rs; do
     [ "$name" = e2e ] || targets+=(--test "$name")
 done
 # Tests that need root are #[ignore]d for a plain `cargo test`; run here.
+# The invariant harness (tests/invariant) attacks the daemon with 300
+# seeded iterations here (about 2 minutes), 50 in a plain `cargo test`; a
+# failure prints the seed that replays it.
+export IMAGEGC_INVARIANT_ITERATIONS=300
 # --workspace adds the test kit's unit tests (the fake runtime, the OCI
 # builder, the test bed's helpers).
 cargo test --locked --workspace --lib --bins "${targets[@]}" -- --include-ignored

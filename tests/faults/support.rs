@@ -273,25 +273,4 @@ pub fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// A small xorshift generator: reproducible randomness without a crate.
-pub struct XorShift(u64);
-
-impl XorShift {
-    pub fn new(seed: u64) -> Self {
-        XorShift(seed.max(1))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform enough in `low..=high`.
-    pub fn between(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next_u64() % (high - low + 1)
-    }
-}
+pub use imagegc_testkit::XorShift;

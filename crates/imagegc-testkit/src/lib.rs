@@ -31,3 +31,34 @@ pub mod script;
 pub mod testbed;
 
 pub use fixtures::*;
+
+/// A small xorshift generator: reproducible randomness without a crate
+/// (the fault tests' mutations, the invariant harness's attacks).
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// A generator for `seed` (0 counts as 1).
+    pub fn new(seed: u64) -> Self {
+        XorShift(seed.max(1))
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform enough in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+
+    /// True about `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next_u64() % 100 < percent
+    }
+}

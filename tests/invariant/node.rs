@@ -1,0 +1,597 @@
+//! The attacked node: a runtime and an image filesystem in one, in
+//! process, on tokio's (paused) clock, that the daemon talks to through the
+//! [`Runtime`] and [`FsProbe`] traits, and that checks the invariant on
+//! every `RemoveImage` it receives.
+//!
+//! It behaves as the runtimes do where it matters: a removal is carried out
+//! by the runtime whether or not the client is still there to hear the
+//! answer (a killed daemon, a deadline that passed), an image in use is
+//! removed all the same when asked (containerd does), space comes back at
+//! once or a moment after the call returns (containerd 2.x deletes in the
+//! background), and something else always writes to the filesystem. Its
+//! faults are what nodes do: slow answers, partial and empty listings,
+//! a `RemoveImage` that answers OK and keeps the image, one that times out
+//! and completes later or never.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use imagegc::fs::{FsError, FsProbe, FsStats};
+use imagegc::policy::Protections;
+use imagegc_testkit::XorShift;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The sandbox image the runtime names (`Status`).
+pub const PAUSE: &str = "registry.k8s.io/pause:3.10";
+
+/// How each fault is dealt, in percent of the calls it can strike (all 0
+/// once the node calms down).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// Longest extra time a `ListContainers` or `ImageStatus` takes.
+    pub max_latency: Duration,
+    /// A `ListImages` that omits some images.
+    pub partial_listing: u64,
+    /// A `ListImages` that lists nothing.
+    pub empty_listing: u64,
+    /// A container created on the image right after a `ListContainers` or
+    /// an `ImageStatus` answered (the image just re-checked, when there is
+    /// one).
+    pub create_after_call: u64,
+    /// A `RemoveImage` that answers OK and keeps the image.
+    pub lying: u64,
+    /// A `RemoveImage` refused (the runtime still has the image).
+    pub refused: u64,
+    /// A `RemoveImage` that times out; the runtime removes the image then,
+    /// a little later (up to 90 s), or never.
+    pub timeout: u64,
+    /// A `RemoveImage` that takes up to 3 s (a slow disk).
+    pub slow_remove: u64,
+    /// The daemon killed as a call arrives or answers (between any two of
+    /// its steps that talk to the runtime).
+    pub kill_at_call: u64,
+}
+
+impl Faults {
+    /// A node under attack, its fault rates drawn from `rng`.
+    pub fn drawn(rng: &mut XorShift) -> Faults {
+        Faults {
+            max_latency: Duration::from_millis(rng.between(0, 40)),
+            partial_listing: rng.between(0, 30),
+            empty_listing: rng.between(0, 5),
+            create_after_call: rng.between(0, 40),
+            lying: rng.between(0, 5),
+            refused: rng.between(0, 5),
+            timeout: rng.between(0, 10),
+            slow_remove: rng.between(0, 20),
+            kill_at_call: rng.between(0, 3),
+        }
+    }
+}
+
+/// An image as the node holds it.
+#[derive(Debug, Clone)]
+struct Held {
+    image: Image,
+    /// Bytes it takes on the filesystem.
+    bytes: u64,
+}
+
+/// A container and when it was created.
+#[derive(Debug, Clone)]
+struct Running {
+    container: Container,
+    created: Instant,
+}
+
+/// A pod bound to the node, naming an image, and when it was bound.
+#[derive(Debug, Clone)]
+struct Bound {
+    reference: String,
+    pod: String,
+    at: Instant,
+}
+
+/// Everything the node is and has seen.
+pub struct World {
+    pub rng: XorShift,
+    pub faults: Faults,
+    images: BTreeMap<String, Held>,
+    /// Images the registry has: what pulls bring (by id).
+    catalog: Vec<Held>,
+    containers: Vec<Running>,
+    pods: Vec<Bound>,
+    pods_tx: watch::Sender<Arc<Protections>>,
+    capacity: u64,
+    /// Bytes coming back at an instant (a removal's background deletion).
+    freeing: Vec<(Instant, u64)>,
+    /// Bytes whose removal is decided but not yet back.
+    started: Instant,
+    /// Each removal the runtime carried out because imagegc asked, in order.
+    pub removed_by_imagegc: Vec<String>,
+    /// Removals imagegc asked for that the runtime still works on.
+    pub removing: Vec<String>,
+    /// Images removed by someone else (another collector, `crictl rmi`).
+    pub removed_by_others: Vec<String>,
+    /// Every broken promise, described.
+    pub violations: Vec<String>,
+    /// The `RemoveImage` calls received.
+    pub remove_calls: usize,
+    /// The latest image asked about with `ImageStatus`.
+    last_status: Option<String>,
+    next_container: u64,
+    /// Rung to have the daemon killed now.
+    pub kill: Arc<tokio::sync::Notify>,
+    /// The allowance for a removal: how long before the call a container
+    /// may have been created, or a pod bound, and still be missed (the
+    /// re-check's round trip and the promised freshness).
+    pub allowance: Duration,
+}
+
+/// The node, shared by the daemon (as its runtime and disk) and the test.
+#[derive(Clone)]
+pub struct Node(pub Arc<Mutex<World>>);
+
+impl Node {
+    /// A node with `count` images of the catalog pulled, most of them used
+    /// by a container, on a filesystem of `capacity` bytes.
+    pub fn new(seed: u64, catalog: usize, pulled: usize, capacity: u64) -> (Node, watch::Receiver<Arc<Protections>>) {
+        let mut rng = XorShift::new(seed);
+        let catalog: Vec<Held> = (0..catalog)
+            .map(|i| {
+                let size = rng.between(capacity / 100, capacity / 20);
+                let mut image = imagegc_testkit::image(&format!("app{i:03}"), size);
+                if rng.chance(20) {
+                    // A second tag, as a release and its `latest` carry.
+                    let extra = format!("registry.example.com/team/app{i:03}:latest");
+                    image.repo_tags = image.repo_tags.iter().map(str::to_owned).chain([extra]).collect();
+                }
+                // Shared layers: an image may free less than its size.
+                let bytes = size * rng.between(30, 100) / 100;
+                Held { image, bytes }
+            })
+            .collect();
+        let (pods_tx, pods_rx) = watch::channel(Arc::new(Protections::default()));
+        let mut world = World {
+            rng,
+            faults: Faults::default(),
+            images: BTreeMap::new(),
+            catalog,
+            containers: Vec::new(),
+            pods: Vec::new(),
+            pods_tx,
+            capacity,
+            freeing: Vec::new(),
+            started: Instant::now(),
+            removed_by_imagegc: Vec::new(),
+            removing: Vec::new(),
+            removed_by_others: Vec::new(),
+            violations: Vec::new(),
+            remove_calls: 0,
+            last_status: None,
+            next_container: 0,
+            allowance: Duration::ZERO,
+            kill: Arc::new(tokio::sync::Notify::new()),
+        };
+        for i in 0..pulled.min(world.catalog.len()) {
+            let held = world.catalog[i].clone();
+            world.images.insert(held.image.id.clone(), held);
+        }
+        (Node(Arc::new(Mutex::new(world))), pods_rx)
+    }
+
+    /// The world, locked.
+    pub fn world(&self) -> std::sync::MutexGuard<'_, World> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn latency(&self) {
+        let delay = {
+            let mut w = self.world();
+            let max = w.faults.max_latency.as_millis() as u64;
+            Duration::from_millis(w.rng.between(0, max))
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+impl World {
+    /// Prints what happens when `IMAGEGC_INVARIANT_TRACE` is set (replaying
+    /// a seed).
+    pub fn trace(&self, what: impl std::fmt::Display) {
+        if std::env::var_os("IMAGEGC_INVARIANT_TRACE").is_some() {
+            eprintln!("[{}] {what}", self.at(Instant::now()));
+        }
+    }
+
+    /// The virtual time since the node started, for messages.
+    fn at(&self, when: Instant) -> String {
+        format!("{:.3}s", when.duration_since(self.started).as_secs_f64())
+    }
+
+    /// Whether `container` uses `image` (by id or one of its names).
+    fn uses(container: &Container, image: &Image) -> bool {
+        container.image_ref == image.id || image.repo_tags.iter().any(|t| t == container.image)
+    }
+
+    /// Has the daemon killed now, at `kill_at_call`'s rate.
+    fn maybe_kill(&mut self, at: &str) {
+        if self.rng.chance(self.faults.kill_at_call) {
+            self.trace(format_args!("kill requested at {at}"));
+            self.kill.notify_one();
+        }
+    }
+
+    /// Binds a pod naming the image `id` now.
+    fn bind_pod_on(&mut self, id: &str) {
+        let Some(held) = self.images.get(id) else {
+            return;
+        };
+        let reference = held.image.repo_tags.first().unwrap_or_default().to_owned();
+        let pod = format!("default/pod-{}", self.next_container);
+        self.next_container += 1;
+        self.pods.push(Bound {
+            reference,
+            pod,
+            at: Instant::now(),
+        });
+        self.publish_pods();
+    }
+
+    fn publish_pods(&mut self) {
+        let references = self.pods.iter().map(|b| (b.reference.clone(), b.pod.clone())).collect();
+        self.pods_tx.send_replace(Arc::new(Protections { references }));
+    }
+
+    /// Whether the node holds the image `id`.
+    pub fn has_image(&self, id: &str) -> bool {
+        self.images.contains_key(id)
+    }
+
+    /// Creates a container on `id` now.
+    pub fn create_container(&mut self, id: &str) {
+        let Some(held) = self.images.get(id) else {
+            return;
+        };
+        self.next_container += 1;
+        let container = imagegc_testkit::container_using(&format!("c{:05}", self.next_container), &held.image);
+        self.containers.push(Running {
+            container,
+            created: Instant::now(),
+        });
+    }
+
+    /// Creates a container on a random image.
+    pub fn create_container_anywhere(&mut self) {
+        if let Some(id) = self.pick_image() {
+            self.create_container(&id);
+        }
+    }
+
+    /// Deletes a random container.
+    pub fn delete_container(&mut self) {
+        if !self.containers.is_empty() {
+            let i = self.rng.between(0, self.containers.len() as u64 - 1) as usize;
+            self.containers.swap_remove(i);
+        }
+    }
+
+    /// Binds a pod naming a random image's tag, or unbinds one.
+    pub fn bind_or_unbind_pod(&mut self) {
+        if !self.pods.is_empty() && self.rng.chance(40) {
+            let i = self.rng.between(0, self.pods.len() as u64 - 1) as usize;
+            self.pods.swap_remove(i);
+        } else if let Some(id) = self.pick_image() {
+            self.bind_pod_on(&id);
+            return;
+        }
+        self.publish_pods();
+    }
+
+    /// Pulls an image of the catalog not on the node (a new one or one
+    /// removed before), unless `pending` names it: an image whose removal
+    /// is still to be settled by imagegc is not pulled back meanwhile (no
+    /// collector could tell its removal from a pull then).
+    pub fn pull(&mut self, pending: &[String]) {
+        let absent: Vec<usize> = (0..self.catalog.len())
+            .filter(|&i| {
+                let id = &self.catalog[i].image.id;
+                !self.images.contains_key(id) && !pending.contains(id) && !self.removing.contains(id)
+            })
+            .collect();
+        if absent.is_empty() {
+            return;
+        }
+        let i = absent[self.rng.between(0, absent.len() as u64 - 1) as usize];
+        let held = self.catalog[i].clone();
+        self.trace(format_args!("pulled {}", held.image.id));
+        self.images.insert(held.image.id.clone(), held);
+    }
+
+    /// Another collector removes an unused image, unless imagegc has a
+    /// removal of it to settle.
+    pub fn remove_by_other(&mut self, pending: &[String]) {
+        let Some(id) = self.pick_image() else {
+            return;
+        };
+        let held = &self.images[&id];
+        let used = self.containers.iter().any(|r| World::uses(&r.container, &held.image));
+        if used || pending.contains(&id) || self.removing.contains(&id) {
+            return;
+        }
+        let held = self.images.remove(&id).expect("picked");
+        self.freeing.push((Instant::now(), held.bytes));
+        self.removed_by_others.push(id);
+    }
+
+    fn pick_image(&mut self) -> Option<String> {
+        if self.images.is_empty() {
+            return None;
+        }
+        let i = self.rng.between(0, self.images.len() as u64 - 1) as usize;
+        self.images.keys().nth(i).cloned()
+    }
+
+    /// The invariant at a `RemoveImage` of `id` received now.
+    fn check_removal(&mut self, id: &str) {
+        let now = Instant::now();
+        let Some(held) = self.images.get(id) else {
+            return;
+        };
+        let image = held.image.clone();
+        let allowed_since = now.checked_sub(self.allowance).unwrap_or(self.started);
+        let using: Vec<String> = self
+            .containers
+            .iter()
+            .filter(|r| r.created < allowed_since && World::uses(&r.container, &image))
+            .map(|r| format!("container {} created at {}", r.container.id, self.at(r.created)))
+            .collect();
+        let naming: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|b| b.at < allowed_since && image.repo_tags.iter().any(|t| *t == b.reference))
+            .map(|b| format!("pod {} bound at {}", b.pod, self.at(b.at)))
+            .collect();
+        if !using.is_empty() || !naming.is_empty() {
+            let what = using.into_iter().chain(naming).collect::<Vec<_>>().join(", ");
+            self.violations.push(format!(
+                "RemoveImage({}) at {} while in use: {what} (allowance {:?})",
+                image.repo_tags.first().unwrap_or(&image.id),
+                self.at(now),
+                self.allowance
+            ));
+        }
+    }
+
+    /// Carries out a removal imagegc asked for, now (a no-op when the
+    /// image went meanwhile).
+    fn carry_out(&mut self, id: &str, background: bool) {
+        // One call's work done; another call's on the same image may still
+        // be under way (and keeps the image from being pulled back).
+        if let Some(i) = self.removing.iter().position(|r| r == id) {
+            self.removing.swap_remove(i);
+        }
+        let Some(held) = self.images.remove(id) else {
+            return;
+        };
+        let back = if background {
+            Instant::now() + Duration::from_millis(self.rng.between(1, 300))
+        } else {
+            Instant::now()
+        };
+        self.freeing.push((back, held.bytes));
+        self.trace(format_args!("removed {id} at imagegc's request"));
+        self.removed_by_imagegc.push(id.to_owned());
+    }
+
+    /// Bytes something else writes at `now`: a log growing and rotated, an
+    /// emptyDir filled and emptied; never still for long.
+    fn other_writer(&self, now: Instant) -> u64 {
+        let ms = now.duration_since(self.started).as_millis() as u64;
+        (ms / 7 % 97) * (self.capacity / 2000) + (ms / 1000 % 13) * (self.capacity / 200)
+    }
+
+    fn used_bytes(&self, now: Instant) -> u64 {
+        let images: u64 = self.images.values().map(|h| h.bytes).sum();
+        let still_freeing: u64 = self.freeing.iter().filter(|(at, _)| *at > now).map(|(_, b)| b).sum();
+        (images + still_freeing + self.other_writer(now)).min(self.capacity)
+    }
+}
+
+fn rpc_error(rpc: &'static str, status: tonic::Status) -> RuntimeError {
+    RuntimeError::Rpc {
+        rpc,
+        endpoint: "unix:///node.sock".to_string(),
+        status: Box::new(status),
+    }
+}
+
+impl Runtime for Node {
+    fn endpoint(&self) -> &str {
+        "unix:///node.sock"
+    }
+
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        Ok(RuntimeVersion::default())
+    }
+
+    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+        Ok(RuntimeStatus {
+            sandbox_image: Some(PAUSE.to_string()),
+        })
+    }
+
+    async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
+        self.latency().await;
+        let mut guard = self.world();
+        let w = &mut *guard;
+        if w.rng.chance(w.faults.empty_listing) {
+            return Ok(Vec::new());
+        }
+        let partial = w.rng.chance(w.faults.partial_listing);
+        if partial {
+            w.trace("ListImages: partial");
+        }
+        let images: Vec<Image> = w.images.values().map(|h| h.image.clone()).collect();
+        Ok(images.into_iter().filter(|_| !partial || !w.rng.chance(30)).collect())
+    }
+
+    async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
+        // What the runtime answers is as it was when the call arrived; the
+        // answer takes its time.
+        let answer: Vec<Container> = self.world().containers.iter().map(|r| r.container.clone()).collect();
+        self.latency().await;
+        let mut guard = self.world();
+        let w = &mut *guard;
+        if w.rng.chance(w.faults.create_after_call) {
+            match w.last_status.clone() {
+                Some(id) => w.create_container(&id),
+                None => w.create_container_anywhere(),
+            }
+        }
+        if let Some(id) = w.last_status.clone()
+            && w.rng.chance(w.faults.create_after_call / 2)
+        {
+            // A pod bound between the plan and the call.
+            w.bind_pod_on(&id);
+        }
+        w.maybe_kill("ListContainers' answer");
+        Ok(answer)
+    }
+
+    async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
+        let answer = self.world().images.get(id).map(|h| h.image.clone());
+        self.latency().await;
+        let mut guard = self.world();
+        let w = &mut *guard;
+        w.last_status = Some(id.to_owned());
+        if w.rng.chance(w.faults.create_after_call) {
+            w.create_container(id);
+        }
+        w.maybe_kill("ImageStatus' answer");
+        Ok(answer)
+    }
+
+    async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
+        Ok(vec![ImageFsUsage {
+            mount_point: "/node".to_string(),
+            ..Default::default()
+        }])
+    }
+
+    async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
+        enum How {
+            Done {
+                background: bool,
+            },
+            Lying,
+            Refused,
+            /// Times out after the first duration; carried out after the
+            /// second, or never.
+            TimesOut(Duration, Option<Duration>),
+        }
+        let (how, slow) = {
+            let mut w = self.world();
+            w.remove_calls += 1;
+            w.check_removal(id);
+            if !w.images.contains_key(id) {
+                return Ok(Removed::AlreadyGone);
+            }
+            let f = w.faults;
+            let slow = if w.rng.chance(f.slow_remove) {
+                Duration::from_millis(w.rng.between(10, 3000))
+            } else {
+                Duration::from_millis(w.rng.between(0, 3))
+            };
+            let how = if w.rng.chance(f.lying) {
+                How::Lying
+            } else if w.rng.chance(f.refused) {
+                How::Refused
+            } else if w.rng.chance(f.timeout) {
+                let later = match w.rng.between(0, 2) {
+                    0 => None,
+                    1 => Some(Duration::from_millis(w.rng.between(0, 2000))),
+                    _ => Some(Duration::from_millis(w.rng.between(2000, 90_000))),
+                };
+                How::TimesOut(Duration::from_secs(2), later)
+            } else {
+                How::Done {
+                    background: w.rng.chance(50),
+                }
+            };
+            let what = match &how {
+                How::Done { background } => format!("done (background {background})"),
+                How::Lying => "lying".to_string(),
+                How::Refused => "refused".to_string(),
+                How::TimesOut(_, later) => format!("times out, carried out after {later:?}"),
+            };
+            w.trace(format_args!("RemoveImage({id}): {what}, slow {slow:?}"));
+            w.maybe_kill("RemoveImage's arrival");
+            (how, slow)
+        };
+        match how {
+            How::Done { background } => {
+                // The runtime works on it whether or not the caller is
+                // still there when it is done.
+                self.world().removing.push(id.to_owned());
+                let node = self.clone();
+                let id = id.to_owned();
+                let work = tokio::spawn(async move {
+                    tokio::time::sleep(slow).await;
+                    node.world().carry_out(&id, background);
+                });
+                let _ = work.await;
+                self.world().maybe_kill("RemoveImage's answer");
+                Ok(Removed::Done)
+            }
+            How::Lying => {
+                tokio::time::sleep(slow).await;
+                Ok(Removed::Done)
+            }
+            How::Refused => {
+                tokio::time::sleep(slow).await;
+                Err(rpc_error(
+                    "RemoveImage",
+                    tonic::Status::failed_precondition("image is in use by a container"),
+                ))
+            }
+            How::TimesOut(deadline, later) => {
+                if let Some(later) = later {
+                    self.world().removing.push(id.to_owned());
+                    let node = self.clone();
+                    let id = id.to_owned();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(later).await;
+                        node.world().carry_out(&id, false);
+                    });
+                }
+                tokio::time::sleep(deadline).await;
+                Err(RuntimeError::Timeout {
+                    rpc: "RemoveImage",
+                    endpoint: "unix:///node.sock".to_string(),
+                    timeout: deadline,
+                })
+            }
+        }
+    }
+}
+
+impl FsProbe for Node {
+    fn stats(&self, _: &Path) -> Result<FsStats, FsError> {
+        let mut w = self.world();
+        let now = Instant::now();
+        w.freeing.retain(|(at, _)| *at > now);
+        let used = w.used_bytes(now);
+        Ok(FsStats {
+            capacity_bytes: w.capacity,
+            available_bytes: w.capacity - used,
+            ..Default::default()
+        })
+    }
+}
