@@ -26,6 +26,11 @@ kustomization.yaml sets (and the one daemonset.yaml names), the chart's
 default image tag (empty, so that the template falls back to appVersion),
 the tags README.md and the chart's README install and the cluster suite
 builds all name it, and CHANGELOG.md has a section for it.
+
+upgrades(REPO) returns the `helm upgrade` commands of the READMEs that
+would drop a later chart's defaults: each keeps them with
+--reset-then-reuse-values or a values file, never --reuse-values (which
+reuses the old chart's defaults, so a value a later chart adds is empty).
 """
 
 import os
@@ -262,4 +267,26 @@ def versions(repo):
             heading = re.compile(rf"^## \[{re.escape(version)}\]( |$)")
             problems.check(any(heading.match(line) for line in f),
                            f"CHANGELOG.md has no section for {version} (a line starting '## [{version}]')")
+    return problems
+
+
+UPGRADE_READMES = ("README.md", os.path.join("deploy", "README.md"), os.path.join("deploy", "helm", "imagegc", "README.md"))
+
+
+def upgrades(repo):
+    problems = Problems()
+    for name in UPGRADE_READMES:
+        with open(os.path.join(repo, name), encoding="utf-8") as f:
+            text = f.read()
+        for block in re.findall(r"```(?:sh|console|bash)\n(.*?)```", text, re.S):
+            for command in re.sub(r"\\\n\s*", " ", block).split("\n"):
+                if "helm upgrade" not in command:
+                    continue
+                words = command.split()
+                if "--reuse-values" in words:
+                    problems.append(f"{name}: {command.strip()!r} reuses the old chart's defaults: "
+                                    "use --reset-then-reuse-values")
+                elif not any(w in ("--reset-then-reuse-values", "-f") or w.startswith("--values") for w in words):
+                    problems.append(f"{name}: {command.strip()!r} drops the values set on the release: "
+                                    "use --reset-then-reuse-values or a values file")
     return problems

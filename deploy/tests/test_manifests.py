@@ -47,3 +47,9 @@ def test_one_version_for_crate_chart_image_and_changelog():
     import check_manifests
 
     no_problems(check_manifests.versions(REPO), "the release's version differs")
+
+
+def test_upgrade_commands_keep_new_chart_defaults():
+    import check_manifests
+
+    no_problems(check_manifests.upgrades(REPO), "README upgrade commands")
