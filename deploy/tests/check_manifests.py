@@ -19,9 +19,22 @@ other and with what the daemon needs.
 
 check(DEPLOY_DIR) returns the problems found; deploy/tests/test_manifests.py
 runs it.
+
+versions(REPO) returns the problems with the release's one version: the
+crate's (Cargo.toml), the chart's version and appVersion, the image tag
+kustomization.yaml sets (and the one daemonset.yaml names), the chart's
+default image tag (empty, so that the template falls back to appVersion),
+the tags README.md and the chart's README install and the cluster suite
+builds all name it, and CHANGELOG.md has a section for it.
+
+upgrades(REPO) returns the `helm upgrade` commands of the READMEs that
+would drop a later chart's defaults: each keeps them with
+--reset-then-reuse-values or a values file, never --reuse-values (which
+reuses the old chart's defaults, so a value a later chart adds is empty).
 """
 
 import os
+import re
 import tomllib
 
 import yaml
@@ -38,6 +51,13 @@ CONFIG_KEYS = {
     "kubernetes": {"enabled", "protect_pods", "node_events", "pods_stale_after"},
 }
 OPERATOR_EXTRAS = {"prometheusrule.yaml", "podmonitor.yaml"}
+IMAGE = "ghcr.io/imagegc/imagegc"
+# The chart's image when image.tag is empty: the chart's appVersion.
+CHART_IMAGE = '"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"'
+# A version as the READMEs' install commands and the cluster suite's image
+# write it: an image reference (imagegc:0.1.0), a kustomize newTag, a Helm
+# --set image.tag. A placeholder (imagegc:NEW) is not a version.
+README_TAGS = re.compile(r"(?:imagegc:|newTag: |image\.tag=)(\d[\w.+-]*)")
 SHUTDOWN_GRACE_SECONDS = 20  # the daemon's own bound on finishing a removal
 
 
@@ -203,3 +223,70 @@ def check(deploy):
             problems.check(doc["metadata"].get("namespace") == namespace, f"{name} is not in namespace {namespace}")
     return problems
 
+
+
+def versions(repo):
+    problems = Problems()
+    with open(os.path.join(repo, "Cargo.toml"), "rb") as f:
+        version = tomllib.load(f)["package"]["version"]
+    chart_dir = os.path.join(repo, "deploy", "helm", "imagegc")
+    chart = load_all(os.path.join(chart_dir, "Chart.yaml"))[0]
+    problems.check(str(chart.get("version")) == version,
+                   f"Chart.yaml's version is {chart.get('version')}, the crate's (Cargo.toml) is {version}")
+    problems.check(str(chart.get("appVersion")) == version,
+                   f"Chart.yaml's appVersion is {chart.get('appVersion')}, the crate's (Cargo.toml) is {version}")
+    values = load_all(os.path.join(chart_dir, "values.yaml"))[0]
+    tag = values.get("image", {}).get("tag")
+    problems.check(tag in ("", version),
+                   f"the chart's default image.tag is {tag!r}: leave it empty (the chart's appVersion, {version})")
+    with open(os.path.join(chart_dir, "templates", "daemonset.yaml"), encoding="utf-8") as f:
+        problems.check(f"image: {CHART_IMAGE}" in f.read(),
+                       "the chart's DaemonSet does not take its image tag from image.tag, else appVersion")
+
+    deploy = os.path.join(repo, "deploy")
+    kust = load_all(os.path.join(deploy, "kustomization.yaml"))[0]
+    tags = [i.get("newTag") for i in kust.get("images", []) if i.get("name") == IMAGE]
+    problems.check([str(t) for t in tags] == [version],
+                   f"kustomization.yaml sets the tag of {IMAGE} to {tags}, expected [{version!r}]")
+    for doc in load_all(os.path.join(deploy, "daemonset.yaml")):
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            problems.check(container["image"] == f"{IMAGE}:{version}",
+                           f"deploy/daemonset.yaml's image is {container['image']}, expected {IMAGE}:{version}")
+
+    for name in ("README.md", os.path.join("deploy", "helm", "imagegc", "README.md"),
+                 os.path.join("deploy", "tests", "cluster", "cluster.py")):
+        with open(os.path.join(repo, name), encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                for match in README_TAGS.finditer(line):
+                    found = match.group(1)
+                    problems.check(found == version, f"{name}:{number} names version {found}, the release is {version}")
+
+    path = os.path.join(repo, "CHANGELOG.md")
+    if problems.check(os.path.isfile(path), "there is no CHANGELOG.md"):
+        with open(path, encoding="utf-8") as f:
+            heading = re.compile(rf"^## \[{re.escape(version)}\]( |$)")
+            problems.check(any(heading.match(line) for line in f),
+                           f"CHANGELOG.md has no section for {version} (a line starting '## [{version}]')")
+    return problems
+
+
+UPGRADE_READMES = ("README.md", os.path.join("deploy", "README.md"), os.path.join("deploy", "helm", "imagegc", "README.md"))
+
+
+def upgrades(repo):
+    problems = Problems()
+    for name in UPGRADE_READMES:
+        with open(os.path.join(repo, name), encoding="utf-8") as f:
+            text = f.read()
+        for block in re.findall(r"```(?:sh|console|bash)\n(.*?)```", text, re.S):
+            for command in re.sub(r"\\\n\s*", " ", block).split("\n"):
+                if "helm upgrade" not in command:
+                    continue
+                words = command.split()
+                if "--reuse-values" in words:
+                    problems.append(f"{name}: {command.strip()!r} reuses the old chart's defaults: "
+                                    "use --reset-then-reuse-values")
+                elif not any(w in ("--reset-then-reuse-values", "-f") or w.startswith("--values") for w in words):
+                    problems.append(f"{name}: {command.strip()!r} drops the values set on the release: "
+                                    "use --reset-then-reuse-values or a values file")
+    return problems

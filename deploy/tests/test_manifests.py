@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from support import DEPLOY, K8S_VERSIONS, module, no_problems, run, tool
+from support import DEPLOY, K8S_VERSIONS, REPO, module, no_problems, run, tool
 
 
 def resources():
@@ -23,8 +23,16 @@ def test_kustomize_build_validates(kustomized, version):
     run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", version, kustomized)
 
 
+def crate_version():
+    import tomllib
+
+    with open(os.path.join(REPO, "Cargo.toml"), "rb") as f:
+        return tomllib.load(f)["package"]["version"]
+
+
 def test_kustomize_build_sets_the_image(kustomized):
-    assert "image: ghcr.io/imagegc/imagegc:0.1.0" in kustomized.read_text(), "the image is not set"
+    image = f"image: ghcr.io/imagegc/imagegc:{crate_version()}"
+    assert image in kustomized.read_text(), f"the image is not set ({image})"
 
 
 def test_deploy_files_agree_ports_paths_mounts_security():
@@ -32,3 +40,16 @@ def test_deploy_files_agree_ports_paths_mounts_security():
     import check_manifests
 
     no_problems(check_manifests.check(DEPLOY), "deploy/ files disagree")
+
+
+def test_one_version_for_crate_chart_image_and_changelog():
+    module("yaml")
+    import check_manifests
+
+    no_problems(check_manifests.versions(REPO), "the release's version differs")
+
+
+def test_upgrade_commands_keep_new_chart_defaults():
+    import check_manifests
+
+    no_problems(check_manifests.upgrades(REPO), "README upgrade commands")

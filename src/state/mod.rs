@@ -92,7 +92,7 @@ pub const FILE_NAME: &str = "records.state";
 /// The lock file: `run` and `once` hold an exclusive `flock` on it.
 pub const LOCK_FILE_NAME: &str = ".lock";
 const MAGIC: &str = "imagegc-state";
-/// The version [`encode`] writes; versions 1 and 2 are still read.
+/// The version [`encode`] writes; versions 1 to 3 are still read.
 const VERSION: u32 = 4;
 /// A state file larger than this is not a state file imagegc wrote
 /// (a million images take about 300 MiB).
