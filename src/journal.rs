@@ -81,6 +81,14 @@ pub struct JournalEntry {
     /// after shutdown` for a removal found done at the next start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// When the removal was asked: its pending note's own time (RFC 3339,
+    /// nanoseconds), which names this removal apart from any other of the
+    /// same image. A process started after one that ended between a
+    /// removal's journal line and forgetting its note matches the two, and
+    /// journals the removal no second time. Absent in dry run and in lines
+    /// of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<String>,
 }
 
 impl JournalEntry {
@@ -98,6 +106,7 @@ impl JournalEntry {
             first_seen: rfc3339(removal.first_seen),
             dry_run: removal.dry_run,
             note: None,
+            asked: None,
         }
     }
 

@@ -250,6 +250,15 @@ impl Pending {
 
     /// The removal of `image` was journaled: forgotten, with any earlier
     /// one it carried (the image went once).
+    /// When the removal of `image` pending now was asked (its note's own
+    /// time), for its journal line.
+    pub fn asked(&self, image: &str) -> Option<String> {
+        self.entries
+            .iter()
+            .find(|p| p.entry.image == image)
+            .map(|p| p.entry.time.clone())
+    }
+
     pub fn journaled(&mut self, image: &str) {
         let before = self.entries.len();
         self.entries.retain(|p| p.entry.image != image);
@@ -378,6 +387,7 @@ mod tests {
             first_seen: "2026-01-01T00:00:00Z".to_string(),
             dry_run: false,
             note: None,
+            asked: None,
         }
     }
 

@@ -439,8 +439,11 @@ impl<R: Runtime> Collector<R> {
             last_used: candidate.last_used,
             dry_run: false,
         };
-        self.pending
-            .request(JournalEntry::from_removal(&removal, self.clock.now()));
+        let mut entry = JournalEntry::from_removal(&removal, self.clock.now());
+        // Its own time, to the nanosecond: what names this removal in the
+        // journal line it becomes (see `JournalEntry::asked`).
+        entry.time = humantime::format_rfc3339_nanos(self.clock.now()).to_string();
+        self.pending.request(entry);
     }
 
     /// The re-check `RemoveImage` may be sent on at once: the image as the
@@ -685,14 +688,18 @@ impl<R: Runtime> Collector<R> {
     /// its record dropped and its image remembered for re-pulls; and, in a
     /// cycle, added to the report.
     pub(super) async fn removed(&mut self, removal: Removal, note: Option<&str>, report: &mut CycleReport) {
-        self.account(&removal, note).await;
+        let asked = self.pending.asked(&removal.id).filter(|_| !removal.dry_run);
+        self.account(&removal, note, asked).await;
         report.removed.push(removal);
     }
 
-    async fn account(&mut self, removal: &Removal, note: Option<&str>) {
+    /// Journals a removal that happened; `asked` is its pending note's
+    /// time, which the journal line carries.
+    async fn account(&mut self, removal: &Removal, note: Option<&str>, asked: Option<String>) {
         self.sinks.emit(&Event::Removed(removal));
         let mut entry = JournalEntry::from_removal(removal, self.clock.now());
         entry.note = note.map(str::to_string);
+        entry.asked = asked;
         let journal = self.journal.clone();
         // File IO stays off the runtime's thread (metrics and health answer
         // from it); awaited, so the journal keeps the removals' order.
@@ -757,7 +764,8 @@ impl<R: Runtime> Collector<R> {
                 } else {
                     "completed after shutdown"
                 };
-                self.account(&removal_of(&entry), Some(note)).await;
+                self.account(&removal_of(&entry), Some(note), Some(entry.time.clone()))
+                    .await;
             }
         }
     }
@@ -781,18 +789,21 @@ fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
 }
 
 impl<R: Runtime> Collector<R> {
-    /// Whether the journal has a line for the removal `entry` notes: one
-    /// for its image, written at or after the note.
+    /// Whether the journal has the line of the removal `entry` notes: one
+    /// for its image that says it was asked at the note's time.
     async fn journaled_already(&self, entry: &JournalEntry) -> bool {
-        let Some(since) = entry.timestamp() else {
-            return false;
-        };
+        // Journal lines are stamped to the second, after the note.
+        let since = entry
+            .timestamp()
+            .and_then(|t| t.checked_sub(std::time::Duration::from_secs(1)));
         let journal = self.journal.clone();
-        let image = entry.image.clone();
+        let (image, asked) = (entry.image.clone(), entry.time.clone());
         tokio::task::spawn_blocking(move || {
-            journal
-                .read(Some(since))
-                .is_ok_and(|lines| lines.iter().any(|line| line.image == image && !line.dry_run))
+            journal.read(since).is_ok_and(|lines| {
+                lines
+                    .iter()
+                    .any(|line| line.image == image && line.asked.as_deref() == Some(asked.as_str()))
+            })
         })
         .await
         .unwrap_or(false)

@@ -1258,17 +1258,41 @@ async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_ne
     // the journal line was written, and the process was killed before
     // the note was forgotten (forgetting it is not synced).
     an_earlier_process_asked_to_remove(&mut c, &dir, "a");
-    let removal = removal_of(&c.pending.entries()[0].entry);
-    let line = crate::journal::JournalEntry::from_removal(&removal, c.clock.now() + Duration::from_millis(5));
+    let note = c.pending.entries()[0].entry.clone();
+    let mut line = crate::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
+    // An earlier removal of the same image, in the same second, journaled
+    // whole: it is not this one.
+    crate::journal::Journal::new(dir.path()).append(&line);
+    line.asked = Some(note.time.clone());
     crate::journal::Journal::new(dir.path()).append(&line);
     cycle(&mut c).await;
     cycle(&mut c).await;
     let journal = journaled(&dir);
-    assert_eq!(journal.iter().filter(|e| e.image == "a").count(), 1, "{journal:?}");
+    assert_eq!(journal.iter().filter(|e| e.image == "a").count(), 2, "{journal:?}");
     assert_eq!(
         sample(&c, "image_garbage_collected_total{reason=\"space\"}").as_deref(),
         Some("0"),
         "counted by the process that made it, not again"
     );
     assert!(c.pending.entries().is_empty());
+}
+
+#[tokio::test]
+async fn a_removal_killed_before_its_journal_line_is_journaled_though_one_of_the_same_image_was_that_second() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("b", 100)];
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    an_earlier_process_asked_to_remove(&mut c, &dir, "a");
+    let note = c.pending.entries()[0].entry.clone();
+    // The removal of `a` before this one, journaled in the same second.
+    let mut earlier = crate::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
+    earlier.asked = Some("2026-01-01T00:00:00.000000001Z".to_string());
+    crate::journal::Journal::new(dir.path()).append(&earlier);
+    cycle(&mut c).await;
+    let journal = journaled(&dir);
+    assert_eq!(journal.iter().filter(|e| e.image == "a").count(), 2, "{journal:?}");
+    assert_eq!(journal[1].note.as_deref(), Some("completed after shutdown"));
 }
