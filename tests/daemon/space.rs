@@ -67,6 +67,29 @@ async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() 
     daemon.stop().await;
 }
 
+/// Images kept only for `gc.min_age` that would bring usage to low once
+/// they age are no reason to say that images cannot: no unreachable
+/// episode (the metric, the `FreeDiskSpaceFailed` event, the thrash
+/// hold-back), and the image goes as soon as it may.
+#[tokio::test]
+async fn images_that_only_need_to_age_are_not_space_images_cannot_free() {
+    let fresh = image("fresh", 450);
+    let (fake, _disk, mut daemon) = one_image_on_a_1000_byte_disk(&fresh, 100, |c| c.gc.min_age = secs(3)).await;
+    assert!(fake.removed().is_empty(), "too young at the first cycle");
+    assert_eq!(
+        metric(&daemon.metrics.encode(), "imagegc_space_unreachable"),
+        Some(0.0),
+        "400 bytes to free, and the young image frees 450 once it ages"
+    );
+    let removed = eventually(secs(10), "the image removed once old enough", || {
+        (!fake.removed().is_empty()).then(|| fake.removed())
+    })
+    .await;
+    assert_eq!(removed, vec![fresh.id.clone()]);
+    assert_eq!(metric(&daemon.metrics.encode(), "imagegc_space_unreachable"), Some(0.0));
+    daemon.stop().await;
+}
+
 /// A daemon over one unused `image` occupying its size on a 1000-byte disk
 /// with `available` bytes free, high 80 and low 50, a cycle an hour (only
 /// what the test starts runs one), once its first cycle has finished.
