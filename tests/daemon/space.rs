@@ -51,6 +51,57 @@ async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds()
     daemon.stop().await;
 }
 
+/// Usage oscillating across high (a pull filling the disk while another
+/// writer frees it) starts at most one cycle per `CROSSING_SPACING`, and a
+/// crossing inside it is answered at its end, not dropped: cycles do not
+/// spin whatever the disk does. On tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn usage_oscillating_across_high_starts_at_most_one_cycle_per_spacing() {
+    let spacing = imagegc::daemon::CROSSING_SPACING;
+    let fake = FakeRuntime::new();
+    let disk = SimDisk::new(1000, 900);
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        disk.clone(),
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.usage_poll_interval = secs(30);
+            c.gc.high_threshold_percent = 80;
+            c.gc.low_threshold_percent = 50;
+        },
+    )
+    .await;
+    first_cycle_done(&daemon).await;
+    let cycles = || {
+        let scrape = daemon.metrics.encode();
+        ["success", "failure"]
+            .iter()
+            .filter_map(|result| metric(&scrape, &format!("imagegc_cycles_total{{result=\"{result}\"}}")))
+            .sum::<f64>() as u64
+    };
+    assert_eq!(cycles(), 1);
+    // 90 % and 10 % used in turn, 3 s each (the disk is measured every
+    // 2 s): a crossing every 6 s, over one spacing and a third.
+    let start = tokio::time::Instant::now();
+    let end = start + spacing + spacing / 3;
+    while tokio::time::Instant::now() < end {
+        disk.set_available(100);
+        tokio::time::sleep(secs(3)).await;
+        disk.set_available(900);
+        tokio::time::sleep(secs(3)).await;
+    }
+    // The first crossing's cycle at once, the ones after it one cycle at
+    // the end of the spacing.
+    assert_eq!(
+        cycles(),
+        3,
+        "cycles in {:?} of usage crossing high every 6 s",
+        start.elapsed()
+    );
+    daemon.stop().await;
+}
+
 /// A cycle that could not reach low because the images it could free were
 /// younger than `gc.min_age` runs again as soon as the first of them may
 /// go, not at the next interval: usage staying above high is no crossing.
