@@ -41,6 +41,9 @@ impl<R: Runtime> Collector<R> {
     pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
         let observation = self.observer.observe(&self.runtime, &self.config).await;
         self.sinks.emit(&Event::RuntimeUp(observation.is_ok()));
+        if observation.is_err() {
+            Arc::make_mut(&mut self.records).observation_broken();
+        }
         let Observation {
             snapshot,
             image_fs,
@@ -96,6 +99,9 @@ impl<R: Runtime> Collector<R> {
         self.last_images = Vec::new();
         let listings = self.observer.list(&self.runtime).await;
         self.sinks.emit(&Event::RuntimeUp(listings.is_ok()));
+        if listings.is_err() {
+            Arc::make_mut(&mut self.records).observation_broken();
+        }
         let (images, containers) = listings?;
         self.sinks.emit(&Event::Seen {
             images: &images,
