@@ -39,7 +39,9 @@ pub const REMOVED_MEMORY_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The shortest time unused that counts as a break between two uses: three
 /// default cycles. A container running all along is seen by every cycle
 /// and every poll in between (every 30 s), so its image's last use never
-/// falls this far behind.
+/// falls this far behind while imagegc observes. A gap it did not observe
+/// whole (its own downtime, a runtime outage) is no break, however long:
+/// see [`Records::observation_broken`].
 pub const MIN_BREAK: Duration = Duration::from_secs(15 * 60);
 
 /// What imagegc knows about one image.
@@ -70,6 +72,8 @@ pub struct Record {
     /// The usual break between two uses of the image: set when a container
     /// is seen using it again after at least [`MIN_BREAK`] unused, each new
     /// break then weighing half (so it follows a job whose period changes).
+    /// Only a gap imagegc observed whole counts: not one that spans its
+    /// start or the runtime coming back after an outage.
     /// What `gc.order = "reuse"` expects the next break to be.
     pub usual_break: Option<Break>,
 }
@@ -93,13 +97,15 @@ impl Break {
 }
 
 impl Record {
-    /// A container was seen using the image at `now`. When `after_break`
-    /// and the image was used before (not only pulled) and unused for at
-    /// least [`MIN_BREAK`], that time unused is a break between two uses.
-    /// True when something the state file keeps changed, beyond the time.
-    fn used_at(&mut self, now: SystemTime, after_break: bool) -> bool {
+    /// A container was seen using the image at `now`. When observation
+    /// went on unbroken since `observed_since` (`None`: no break can be
+    /// told, or none is wanted), the image was used before (not only
+    /// pulled) no earlier than that, and unused for at least [`MIN_BREAK`],
+    /// that time unused is a break between two uses. True when something
+    /// the state file keeps changed, beyond the time.
+    fn used_at(&mut self, now: SystemTime, observed_since: Option<SystemTime>) -> bool {
         let mut changed = false;
-        if after_break
+        if observed_since.is_some_and(|since| self.last_used >= since)
             && self.ever_used
             && let Ok(unused) = now.duration_since(self.last_used)
             && unused >= MIN_BREAK
@@ -132,6 +138,11 @@ pub struct Records {
     /// that were ever used. Kept in memory only, for
     /// [`REMOVED_MEMORY_FOR`], at most [`REMOVED_MEMORY`] of them.
     removed: HashMap<String, Removed>,
+    /// Since when this process has observed the runtime without a break:
+    /// set by the first listing after the process started or after
+    /// [`Records::observation_broken`]; `None` until then. A gap in an
+    /// image's use that began before it was not observed whole.
+    observed_since: Option<SystemTime>,
 }
 
 /// A removed image's use, remembered in case it is pulled again.
@@ -263,6 +274,9 @@ impl Records {
     // notes its place, so the planner looks nothing up again.
     fn observe_matched(&mut self, images: &[Image], matches: Matches, now: SystemTime) -> (Observed, Listed) {
         let mut observed = Observed::default();
+        // The first listing after a break in observation resumes it: a gap
+        // that began before it was not observed whole.
+        let since = *self.observed_since.get_or_insert(now);
         // Grown once to the listing's size, not doubled as records come:
         // on a first cycle of 100,000 images the last doubling held the
         // old table beside the new.
@@ -304,7 +318,7 @@ impl Records {
                             record.ever_used = true;
                             record.usual_break = before.usual_break;
                             record.last_used = before.last_used;
-                            record.used_at(now, true);
+                            record.used_at(now, Some(since));
                             record.last_used = now;
                         }
                         record
@@ -314,7 +328,7 @@ impl Records {
             }
             let record = self.map.get_mut(image.id.as_str()).expect("inserted above");
             if used {
-                self.changed |= record.used_at(now, true);
+                self.changed |= record.used_at(now, Some(since));
             }
             if record.size != image.size || record.pinned != image.pinned {
                 record.size = image.size;
@@ -415,9 +429,23 @@ impl Records {
     pub fn mark_used<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: SystemTime) {
         for id in ids {
             if let Some(record) = self.map.get_mut(id) {
-                self.changed |= record.used_at(now, true);
+                self.changed |= record.used_at(now, self.observed_since);
             }
         }
+    }
+
+    /// Since when the runtime has been observed without a break (see
+    /// [`Records::observation_broken`]); `None` while it is broken.
+    pub fn observed_since(&self) -> Option<SystemTime> {
+        self.observed_since
+    }
+
+    /// The runtime could not be listed: observation is broken until the
+    /// next listing, and no gap in an image's use that spans it is learnt
+    /// as a break (the image may have been used meanwhile). The process's
+    /// start is such a break too.
+    pub fn observation_broken(&mut self) {
+        self.observed_since = None;
     }
 
     /// Marks images used now by a use that went on since they were last
@@ -427,7 +455,7 @@ impl Records {
     pub fn mark_still_used<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>, now: SystemTime) {
         for id in ids {
             if let Some(record) = self.map.get_mut(id) {
-                self.changed |= record.used_at(now, false);
+                self.changed |= record.used_at(now, None);
             }
         }
     }
@@ -636,6 +664,40 @@ mod tests {
         assert_eq!(
             records.get("0").unwrap().usual_break.map(Break::duration),
             Some(Duration::from_secs(2 * 3600))
+        );
+    }
+
+    #[test]
+    fn a_gap_imagegc_did_not_observe_whole_teaches_no_break() {
+        let minute = 60;
+        let images = [image("0", 1)];
+        let running = [container("c", "0")];
+        // A container running throughout, seen at 0 and 10 minutes; then
+        // imagegc is down for 20 minutes and its next process (records as
+        // the state file held them) sees the container still there.
+        let mut records = Records::new();
+        records.observe(&images, &running, t(0));
+        records.observe(&images, &running, t(10 * minute));
+        let mut restarted = Records::from_map(records.map.clone());
+        restarted.observe(&images, &running, t(30 * minute));
+        assert_eq!(restarted.get("0").unwrap().usual_break, None, "its own downtime");
+        assert_eq!(restarted.get("0").unwrap().last_used, t(30 * minute));
+        // The runtime down for 20 minutes: listings fail, then it is back.
+        records.observation_broken();
+        records.observe(&images, &running, t(30 * minute));
+        assert_eq!(records.get("0").unwrap().usual_break, None, "a runtime outage");
+        // Nor is a use seen by an event right after the outage.
+        records.observation_broken();
+        records.mark_used(["0"], t(50 * minute));
+        records.observe(&images, &[], t(51 * minute));
+        assert_eq!(records.get("0").unwrap().usual_break, None);
+        // A gap observed whole after that is a break, as ever.
+        records.observe(&images, &running, t(52 * minute));
+        records.observe(&images, &[], t(60 * minute));
+        records.observe(&images, &running, t(82 * minute));
+        assert_eq!(
+            records.get("0").unwrap().usual_break.map(Break::duration),
+            Some(Duration::from_secs(30 * minute))
         );
     }
 

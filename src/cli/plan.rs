@@ -4,7 +4,7 @@
 //! [`SpaceTarget`] the collector acts on.
 
 use std::path::PathBuf;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
@@ -83,20 +83,19 @@ pub async fn plan(
         .filter(|fs| target.due(fs))
         .map(|fs| Forecast::new(target, fs, &plan.space, policy::total_size(&plan.age), |_| false));
     let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), &config);
-    let outlook = fs
-        .as_ref()
-        .filter(|_| view.space_pass)
-        .map(|fs| {
-            SpaceOutlook::new(
-                fs,
-                config.gc.low_threshold_percent,
-                plan.age.iter().chain(&plan.space),
-                &snapshot.images,
-                footprint,
-                image_fs.image_bytes,
-            )
-        })
-        .filter(SpaceOutlook::unreachable);
+    let full_outlook = fs.as_ref().filter(|_| view.space_pass).map(|fs| {
+        SpaceOutlook::new(
+            fs,
+            config.gc.low_threshold_percent,
+            plan.age.iter().chain(&plan.space),
+            &plan.tally,
+            &snapshot.images,
+            footprint,
+            image_fs.image_bytes,
+        )
+    });
+    let once_aged = full_outlook.and_then(|o| o.reached_once_aged());
+    let outlook = full_outlook.filter(SpaceOutlook::unreachable);
     if output == Output::Json {
         out::json(&PlanJson {
             time: rfc3339(now),
@@ -138,7 +137,7 @@ pub async fn plan(
     if let Some(why) = &mismatch {
         text.push_str(&format!("no space pass: {}\n", printable(why)));
     }
-    text.push_str(&summary(&plan, &view, outlook.as_ref(), &config));
+    text.push_str(&summary(&plan, &view, outlook.as_ref(), once_aged, &config));
     text.push_str(&removals_text(&plan, &view, config.gc.order, now));
     text.push_str(&kept_text(&plan));
     let unused_later = if view.space_pass { 0 } else { plan.space.len() };
@@ -154,7 +153,13 @@ pub async fn plan(
 
 /// The lines before the tables: nothing to do, or what the space pass must
 /// free and whether images can.
-fn summary(plan: &Plan, view: &PlanView, outlook: Option<&SpaceOutlook>, config: &Config) -> String {
+fn summary(
+    plan: &Plan,
+    view: &PlanView,
+    outlook: Option<&SpaceOutlook>,
+    once_aged: Option<Duration>,
+    config: &Config,
+) -> String {
     let mut text = String::new();
     if plan.age.is_empty() && !view.space_pass {
         text.push_str("nothing to remove now");
@@ -174,6 +179,13 @@ fn summary(plan: &Plan, view: &PlanView, outlook: Option<&SpaceOutlook>, config:
     }
     if let Some(outlook) = outlook {
         text.push_str(&unreachable_text(outlook));
+    }
+    if let Some(after) = once_aged {
+        text.push_str(&format!(
+            "removable images cannot reach the low threshold yet: images younger than gc.min_age can once they \
+             age (the first in {})\n",
+            crate::time::short(after)
+        ));
     }
     text
 }

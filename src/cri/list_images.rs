@@ -6,8 +6,10 @@
 //! Here the request goes to the channel as a plain HTTP/2 request and the
 //! answer's body is read frame by frame: the 5-byte gRPC prefix, then the
 //! `ListImagesResponse` field by field, each `Image` decoded (by
-//! [`WireImage`]) as soon as its bytes are in and those bytes dropped. What
-//! is held besides the images is one partly received image and one frame.
+//! [`WireImage`]) as soon as its bytes are in and those bytes dropped (an
+//! entry without an id is dropped whole: it names nothing that could be
+//! removed). What is held besides the images is one partly received image
+//! and one frame.
 //!
 //! The answer is read as tonic reads a unary answer: a `grpc-status` in the
 //! headers (a trailers-only answer) or the trailers decides; without one,
@@ -232,7 +234,12 @@ impl Reader {
                                 return Ok(at);
                             };
                             let image = WireImage::decode(bytes).map_err(|e| Status::internal(e.to_string()))?;
-                            self.images.push(image.into_image(&mut self.names));
+                            // An entry without an id is dropped here, as
+                            // `merge_listings` would drop it: an answer of
+                            // millions of them holds nothing meanwhile.
+                            if image.has_id() {
+                                self.images.push(image.into_image(&mut self.names));
+                            }
                             at += end;
                             self.state = State::Field { left: left - end };
                         }
@@ -424,6 +431,36 @@ mod tests {
             let parts = [&body[..cut], &body[cut..cut + 3], &body[cut + 3..]];
             assert_eq!(read(&parts).unwrap(), expected, "cuts at {cut}");
         }
+    }
+
+    #[test]
+    fn entries_without_an_id_are_dropped_as_they_are_decoded_names_and_all() {
+        // 10,000 entries without an id, each with a tag of its own, around
+        // one real image.
+        let empty = |n: u32| proto::Image {
+            repo_tags: vec![format!("registry.example.com/ghost-{n}:v1")],
+            size: 1,
+            ..Default::default()
+        };
+        let mut images: Vec<proto::Image> = (0..10_000).map(empty).collect();
+        images.insert(
+            5_000,
+            proto::Image {
+                id: format!("sha256:{:064x}", 1),
+                repo_tags: vec!["registry.example.com/app:v1".to_string()],
+                ..Default::default()
+            },
+        );
+        let message = proto::ListImagesResponse { images }.encode_to_vec();
+        let mut reader = Reader::new(MAX, Previous::default());
+        for chunk in framed(&message).chunks(4096) {
+            reader.feed(chunk).unwrap();
+        }
+        let (images, names) = reader.finish().unwrap();
+        assert_eq!(images.len(), 1, "only the image with an id is held");
+        assert_eq!(images[0].id, format!("sha256:{:064x}", 1));
+        assert!(images.capacity() < 16, "room for {} images", images.capacity());
+        assert!(names.len() <= 2, "{} names kept for the next listing", names.len());
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub(super) struct WireImage {
 }
 
 impl WireImage {
+    /// Whether the runtime gave it an id: an entry without one names
+    /// nothing that could be removed (see [`super::merge_listings`]).
+    pub(super) fn has_id(&self) -> bool {
+        !self.id.is_empty()
+    }
+
     /// The image, its names taken from `names` where they are unchanged.
     pub(super) fn into_image(self, names: &mut Interner) -> Image {
         Image {

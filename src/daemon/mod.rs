@@ -46,6 +46,14 @@ const RETRY_CAP: Duration = Duration::from_secs(60);
 /// which looks every 10 s, sees usage reach its eviction line.
 const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The least time between two cycles that usage crossing the high threshold
+/// starts: usage oscillating around high (a pull filling the disk while
+/// another writer frees it) starts at most one cycle per spacing, and a
+/// crossing inside it schedules a cycle at its end rather than being
+/// dropped. Three times the kubelet's eviction period: a disk that fills
+/// for good is still answered before eviction sees it more than a few times.
+pub const CROSSING_SPACING: Duration = Duration::from_secs(30);
+
 /// After the first image kept for being too young becomes removable, how
 /// long the next cycle waits: its first sighting and the clock it is
 /// measured against may differ by a few milliseconds.
@@ -104,6 +112,9 @@ pub async fn run<R: Runtime>(
     // pass starts early only when usage crosses high, not while it stays
     // above after a cycle that could not bring it down.
     let mut space_due = false;
+    // When the last cycle a crossing started was due to start (see
+    // `CROSSING_SPACING`).
+    let mut crossing_cycle: Option<Instant> = None;
     let mut retry = RETRY_FIRST;
     let mut runtime_up: Option<bool> = None;
     let mut usage = UsageTracker::new(&config);
@@ -181,12 +192,17 @@ pub async fn run<R: Runtime>(
             () = sleep_until(next_check) => {
                 next_check = Instant::now() + usage_check_interval(&config);
                 if let Some(due) = collector.check_usage() {
-                    if due && !space_due && next_cycle > Instant::now() {
+                    let now = Instant::now();
+                    let at = crossing_cycle.map_or(now, |last| (last + CROSSING_SPACING).max(now));
+                    if due && !space_due && next_cycle > at {
                         info!(
                             high_threshold_percent = config.gc.high_threshold_percent,
-                            "image filesystem usage crossed the high threshold: starting a cycle now"
+                            starts_in_ms = (at - now).as_millis() as u64,
+                            "image filesystem usage crossed the high threshold: starting a cycle (crossings start \
+                             at most one every 30s)"
                         );
-                        next_cycle = Instant::now();
+                        next_cycle = at;
+                        crossing_cycle = Some(at);
                         interval_from = None;
                     }
                     space_due = due;

@@ -211,6 +211,7 @@ impl<R: Runtime> Collector<R> {
             &stats,
             target.low_percent(),
             &plan.space,
+            &plan.tally,
             &snapshot.images,
             self.footprint,
             disk.image_bytes,
@@ -349,8 +350,12 @@ impl<R: Runtime> Collector<R> {
                 .removed_recently(now, self.config.gc.thrash_window, candidate.id, candidate.digests)
     }
 
-    /// Starts or ends an episode in which images cannot bring usage to low.
+    /// Starts or ends an episode in which images cannot bring usage to low
+    /// (images that only need to age count: see [`SpaceOutlook`]).
     fn note_outlook(&mut self, outlook: Option<SpaceOutlook>) {
+        if let Some((outlook, first_after)) = outlook.and_then(|o| Some((o, o.reached_once_aged()?))) {
+            self.sinks.emit(&Event::SpaceReachedOnceAged { outlook, first_after });
+        }
         if let Some(change) = self.thrash.note_outlook(outlook) {
             self.sinks.emit(&Event::SpaceUnreachable {
                 outlook: change,

@@ -169,6 +169,15 @@ pub enum Event<'a> {
         /// `gc.thrash_window`.
         thrash_window: Duration,
     },
+    /// The space candidates cannot bring usage to low now, but can with the
+    /// images kept only for being younger than `gc.min_age` once they age
+    /// (no episode: see [`SpaceOutlook::reached_once_aged`]).
+    SpaceReachedOnceAged {
+        /// The outlook.
+        outlook: SpaceOutlook,
+        /// How long until the first of the young images may go.
+        first_after: Duration,
+    },
     /// Statvfs failed during the walk: the rest goes by reported sizes.
     MeasureFailedMidWalk(&'a str),
     /// A space candidate left alone: removed within the thrash window.
@@ -469,6 +478,14 @@ impl Sink for LogSink {
                  over and over"
             ),
             Event::SpaceUnreachable { outlook: None, .. } => info!("images can bring usage to the low threshold again"),
+            Event::SpaceReachedOnceAged { outlook, first_after } => info!(
+                bytes_to_free = outlook.bytes_to_free,
+                images_could_free = outlook.could_free,
+                young_images_could_free = outlook.could_free_once_aged,
+                first_removable_in = %short(*first_after),
+                "removable images cannot bring usage to the low threshold yet; images younger than gc.min_age \
+                 can once they age, and a cycle runs when the first of them may go"
+            ),
             Event::MeasureFailedMidWalk(err) => warn!(
                 error = %err,
                 "cannot re-measure the image filesystem: falling back to the runtime's image sizes (they overstate what shared layers free)"

@@ -347,6 +347,30 @@ async fn the_usage_poll_reports_runtime_reachability_in_the_metric() {
 }
 
 #[tokio::test]
+async fn a_listing_that_fails_breaks_observation_until_the_next_one() {
+    // No gap in an image's use that spans the outage is learnt as a break
+    // (see `records::tests::a_gap_imagegc_did_not_observe_whole_teaches_no_break`).
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 10)];
+        s.containers = vec![crate::testing::container_naming("c", "a")];
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    assert_eq!(c.records().observed_since(), None, "not before the first listing");
+    assert!(c.poll_usage().await.is_ok());
+    let first = c.records().observed_since().expect("observing");
+    sim.with(|s| s.fail_lists = true);
+    assert!(c.poll_usage().await.is_err());
+    assert_eq!(c.records().observed_since(), None);
+    sim.with(|s| s.fail_lists = false);
+    cycle(&mut c).await;
+    let resumed = c.records().observed_since().expect("observing again");
+    assert!(resumed >= first);
+    assert!(c.poll_usage().await.is_ok());
+    assert_eq!(c.records().observed_since(), Some(resumed), "unbroken since");
+}
+
+#[tokio::test]
 async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     let sim = SimHandle::default();
     sim.with(|s| {

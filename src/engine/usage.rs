@@ -41,6 +41,9 @@ impl<R: Runtime> Collector<R> {
     pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
         let observation = self.observer.observe(&self.runtime, &self.config).await;
         self.sinks.emit(&Event::RuntimeUp(observation.is_ok()));
+        if observation.is_err() {
+            Arc::make_mut(&mut self.records).observation_broken();
+        }
         let Observation {
             snapshot,
             image_fs,
@@ -96,6 +99,9 @@ impl<R: Runtime> Collector<R> {
         self.last_images = Vec::new();
         let listings = self.observer.list(&self.runtime).await;
         self.sinks.emit(&Event::RuntimeUp(listings.is_ok()));
+        if listings.is_err() {
+            Arc::make_mut(&mut self.records).observation_broken();
+        }
         let (images, containers) = listings?;
         self.sinks.emit(&Event::Seen {
             images: &images,
@@ -199,9 +205,15 @@ const EVENT_POLL_DELAY: Duration = Duration::from_secs(1);
 /// is taken not to stream events (CRI-O with `enable_pod_events = false`
 /// ends the stream at once) and containers are polled for good.
 const EMPTY_STREAMS_BEFORE_POLLING: u32 = 3;
-/// Delays before reopening a broken stream: doubling from the first to the cap.
+/// Delays before reopening a broken stream: doubling from the first to the
+/// cap, back to the first only after a healthy stream.
 const REOPEN_FIRST: Duration = Duration::from_secs(1);
 const REOPEN_CAP: Duration = Duration::from_secs(60);
+/// How long a stream must stay open, when it delivers no event, to count as
+/// healthy (the reopen delay starts again from [`REOPEN_FIRST`]): a stream
+/// that breaks sooner is reopened after twice the delay before it. As long
+/// as the cap: an idle node's stream may rightly carry no event for that long.
+const HEALTHY_AFTER: Duration = REOPEN_CAP;
 
 /// How the loop learns about container use between cycles.
 enum Source {
@@ -211,7 +223,14 @@ enum Source {
     /// Following the runtime's container events. The stream opens when it
     /// is first polled, inside the loop's `select!`: runtimes answer the
     /// open only with the first event.
-    Events { stream: EventStream, received: u64 },
+    Events {
+        stream: EventStream,
+        received: u64,
+        /// When it was opened.
+        opened: Instant,
+        /// The reopen delay that led to it.
+        delay: Duration,
+    },
     /// The stream broke (or is yet to be opened): open it at this time,
     /// polling meanwhile.
     Reopen(Instant, Duration),
@@ -263,6 +282,8 @@ impl UsageTracker {
             self.source = Source::Events {
                 stream: runtime.container_events(),
                 received: 0,
+                opened: Instant::now(),
+                delay,
             };
         }
     }
@@ -351,10 +372,19 @@ impl UsageTracker {
         self.source = Source::Polling;
     }
 
-    /// The next attempt to open the stream: at once after a stream that
-    /// delivered events, with a doubling delay otherwise.
+    /// The next attempt to open the stream: after [`REOPEN_FIRST`] when the
+    /// stream was healthy (it delivered an event, or stayed open for
+    /// [`HEALTHY_AFTER`]), else after twice the delay before it, up to
+    /// [`REOPEN_CAP`]: a stream that breaks as soon as it opens is not
+    /// reopened every second forever.
     fn reopen(&mut self) {
         let delay = match self.source {
+            Source::Events {
+                received,
+                opened,
+                delay,
+                ..
+            } if received == 0 && opened.elapsed() < HEALTHY_AFTER => (delay * 2).min(REOPEN_CAP),
             Source::Reopen(_, delay) => (delay * 2).min(REOPEN_CAP),
             _ => REOPEN_FIRST,
         };
@@ -370,5 +400,108 @@ fn source(config: &Config, given_up: bool) -> Source {
         Source::Reopen(Instant::now(), REOPEN_FIRST)
     } else {
         Source::Polling
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::{Container, ImageFsUsage, Removed, RuntimeStatus, RuntimeVersion};
+
+    /// A runtime whose event stream breaks as soon as it is opened (a
+    /// runtime that accepts the call and fails it at once), counting opens.
+    #[derive(Default)]
+    struct BreaksAtOnce {
+        opens: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Runtime for BreaksAtOnce {
+        fn endpoint(&self) -> &str {
+            "unix:///breaks.sock"
+        }
+        async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+            Ok(RuntimeVersion::default())
+        }
+        async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
+            Ok(RuntimeStatus::default())
+        }
+        async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
+            Ok(Vec::new())
+        }
+        async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
+            Ok(Vec::new())
+        }
+        async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
+            Ok(Vec::new())
+        }
+        async fn remove_image(&self, _id: &str) -> Result<Removed, RuntimeError> {
+            Ok(Removed::AlreadyGone)
+        }
+        fn container_events(&self) -> EventStream {
+            self.opens.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(tokio_stream::once(Err(RuntimeError::Rpc {
+                rpc: "GetContainerEvents",
+                endpoint: self.endpoint().to_string(),
+                status: Box::new(tonic::Status::internal("stream reset")),
+            })))
+        }
+    }
+
+    /// Drives the tracker as the daemon loop does, for `span` of tokio's
+    /// paused clock: returns the delays between one open and the next.
+    async fn reopen_gaps(runtime: &BreaksAtOnce, span: Duration) -> Vec<Duration> {
+        let mut config = Config::default();
+        config.runtime.container_events = true;
+        let mut tracker = UsageTracker::new(&config);
+        let start = Instant::now();
+        let mut opened_at = Vec::new();
+        while start.elapsed() < span {
+            let before = runtime.opens.load(std::sync::atomic::Ordering::SeqCst);
+            tracker.open_stream_if_due(runtime);
+            if runtime.opens.load(std::sync::atomic::Ordering::SeqCst) > before {
+                opened_at.push(Instant::now());
+                let event = tracker.next_event().await;
+                assert!(tracker.received(event, &config).is_none());
+            }
+            let Some(at) = tracker.reopen_at() else { break };
+            tokio::time::sleep_until(at).await;
+        }
+        opened_at.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_breaks_as_soon_as_it_opens_is_reopened_ever_later_up_to_the_cap() {
+        let runtime = BreaksAtOnce::default();
+        let gaps = reopen_gaps(&runtime, Duration::from_secs(600)).await;
+        let secs: Vec<u64> = gaps.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs[..7], [2, 4, 8, 16, 32, 60, 60], "{secs:?}");
+        assert!(
+            runtime.opens.load(std::sync::atomic::Ordering::SeqCst) < 20,
+            "{} opens in 10 minutes",
+            runtime.opens.load(std::sync::atomic::Ordering::SeqCst)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_stayed_open_long_enough_is_reopened_at_once() {
+        let mut config = Config::default();
+        config.runtime.container_events = true;
+        let runtime = BreaksAtOnce::default();
+        let mut tracker = UsageTracker::new(&config);
+        // Two quick breaks: the delay doubled twice.
+        for _ in 0..2 {
+            tokio::time::sleep_until(tracker.reopen_at().unwrap()).await;
+            tracker.open_stream_if_due(&runtime);
+            let event = tracker.next_event().await;
+            tracker.received(event, &config);
+        }
+        assert_eq!(tracker.reopen_at().unwrap() - Instant::now(), Duration::from_secs(4));
+        // Then one that lived past HEALTHY_AFTER: back to the first delay.
+        tokio::time::sleep_until(tracker.reopen_at().unwrap()).await;
+        tracker.open_stream_if_due(&runtime);
+        tokio::time::advance(HEALTHY_AFTER).await;
+        let event = tracker.next_event().await;
+        tracker.received(event, &config);
+        assert_eq!(tracker.reopen_at().unwrap() - Instant::now(), REOPEN_FIRST);
     }
 }

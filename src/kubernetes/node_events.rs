@@ -341,6 +341,8 @@ mod tests {
         SpaceOutlook {
             bytes_to_free: 500,
             could_free: 100,
+            could_free_once_aged: 0,
+            first_aged_after: None,
             not_image_bytes: 9_000,
             image_bytes: ImageBytes {
                 bytes: 1_000,

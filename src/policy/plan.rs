@@ -207,6 +207,10 @@ pub struct KeptTally {
     /// Kept only for being younger than `gc.min_age`: how long until the
     /// first of them may go.
     pub first_young_removable_after: Option<Duration>,
+    /// Kept only for being younger than `gc.min_age`: their reported sizes
+    /// added up (what they may free once they age; see
+    /// [`SpaceOutlook`](super::SpaceOutlook)).
+    pub young_bytes: u64,
 }
 
 impl<'a> Plan<'a> {
@@ -229,6 +233,7 @@ impl<'a> Plan<'a> {
             KeepReason::TooYoung { removable_after } => {
                 let first = &mut self.tally.first_young_removable_after;
                 *first = Some(first.map_or(removable_after, |f| f.min(removable_after)));
+                self.tally.young_bytes = self.tally.young_bytes.saturating_add(kept.size);
             }
             _ => self.tally.protected += 1,
         }
@@ -677,12 +682,18 @@ mod tests {
                     _ => None,
                 })
                 .min();
+            let young_bytes = plan
+                .kept
+                .iter()
+                .filter(|k| matches!(k.why, KeepReason::TooYoung { .. }))
+                .fold(0u64, |sum, k| sum.saturating_add(k.size));
             assert_eq!(
                 plan.tally,
                 KeptTally {
                     in_use: listed_in_use,
                     protected: listed_protected,
                     first_young_removable_after: first_young,
+                    young_bytes,
                 }
             );
             plan

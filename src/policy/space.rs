@@ -9,7 +9,9 @@ use crate::config::Config;
 use crate::cri::Image;
 use crate::fs::FsStats;
 
-use super::plan::Candidate;
+use std::time::Duration;
+
+use super::plan::{Candidate, KeptTally};
 
 /// Whether a space pass is due, what it must free and when it is done: the
 /// one answer the collector, its dry-run estimate and `plan` share. Bytes
@@ -136,7 +138,10 @@ impl Default for DiskFootprint {
 /// Whether removing images can bring usage down to the low threshold
 /// (kubernetes#71869: a disk full of logs, volumes or other data is not
 /// fixed by removing images, only by removing every image again each time
-/// the node pulls it back).
+/// the node pulls it back). Images kept only for being younger than
+/// `gc.min_age` count as removable later: when they would suffice, low is
+/// reachable once they age ([`SpaceOutlook::reached_once_aged`]), which is
+/// no episode of thrash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct SpaceOutlook {
     /// What reaching the low threshold needs.
@@ -145,6 +150,12 @@ pub struct SpaceOutlook {
     /// the runtime's [`DiskFootprint`]; `u64::MAX` when a candidate's size
     /// is unknown (reported as 0, as mid-pull), which can free anything.
     pub could_free: u64,
+    /// What the images kept only for being younger than `gc.min_age` could
+    /// free once they age, by the same arithmetic.
+    pub could_free_once_aged: u64,
+    /// How long until the first of those may go.
+    #[serde(skip)]
+    pub first_aged_after: Option<Duration>,
     /// Used bytes of the image filesystem that are not images: used minus
     /// [`SpaceOutlook::image_bytes`].
     pub not_image_bytes: u64,
@@ -202,13 +213,15 @@ impl ImageBytes {
 }
 
 impl SpaceOutlook {
-    /// `candidates`: every image the pass may still remove; `images`: every
-    /// listed image; `reported`: what the runtime says images use (see
-    /// [`ImageBytes::new`]).
+    /// `candidates`: every image the pass may still remove; `young`: the
+    /// plan's count of the images kept only for being younger than
+    /// `gc.min_age`; `images`: every listed image; `reported`: what the
+    /// runtime says images use (see [`ImageBytes::new`]).
     pub fn new<'c>(
         stats: &FsStats,
         low_percent: u8,
         candidates: impl IntoIterator<Item = &'c Candidate<'c>>,
+        young: &KeptTally,
         images: &[Image],
         footprint: DiskFootprint,
         reported: Option<u64>,
@@ -226,14 +239,27 @@ impl SpaceOutlook {
         SpaceOutlook {
             bytes_to_free: stats.bytes_to_free(low_percent),
             could_free,
+            could_free_once_aged: footprint.on_disk(young.young_bytes),
+            first_aged_after: young.first_young_removable_after,
             not_image_bytes: used.saturating_sub(image_bytes.bytes),
             image_bytes,
         }
     }
 
-    /// True when the candidates cannot free what reaching low needs.
+    /// True when the candidates cannot free what reaching low needs, not
+    /// even with the images that only need to age.
     pub fn unreachable(&self) -> bool {
-        self.could_free < self.bytes_to_free
+        self.could_free.saturating_add(self.could_free_once_aged) < self.bytes_to_free
+    }
+
+    /// When the candidates cannot free what reaching low needs now, but
+    /// can with the images kept only for being younger than `gc.min_age`:
+    /// how long until the first of those may go.
+    pub fn reached_once_aged(&self) -> Option<Duration> {
+        if self.could_free >= self.bytes_to_free || self.unreachable() {
+            return None;
+        }
+        self.first_aged_after
     }
 }
 
@@ -474,6 +500,7 @@ mod tests {
             &stats,
             40,
             &candidates,
+            &KeptTally::default(),
             &images,
             DiskFootprint::for_runtime("containerd"),
             None,
@@ -485,6 +512,7 @@ mod tests {
             &stats,
             40,
             &candidates,
+            &KeptTally::default(),
             &images,
             DiskFootprint::for_runtime("cri-o"),
             None,
@@ -497,11 +525,53 @@ mod tests {
             &stats,
             40,
             &[candidate(&unknown)],
+            &KeptTally::default(),
             &images,
             DiskFootprint::default(),
             None,
         );
         assert!(!outlook.unreachable());
+    }
+
+    #[test]
+    fn images_that_only_need_to_age_make_low_reachable_later_not_unreachable() {
+        // 1000 bytes, 800 used; low 40 needs 400 freed. The one candidate
+        // frees 100; two images of 150 are kept only for gc.min_age.
+        let stats = FsStats {
+            capacity_bytes: 1000,
+            available_bytes: 200,
+            free_bytes: 200,
+            ..FsStats::default()
+        };
+        let images: Vec<Image> = ["a", "b", "c"].iter().map(|n| image(n, 100)).collect();
+        let old = Candidate {
+            id: &images[0].id,
+            tags: &images[0].repo_tags,
+            digests: &images[0].repo_digests,
+            size: 100,
+            first_seen: t(0),
+            last_used: t(0),
+            reason: Reason::Space,
+            usual_break: None,
+        };
+        let young = |bytes| KeptTally {
+            first_young_removable_after: Some(Duration::from_secs(240)),
+            young_bytes: bytes,
+            ..KeptTally::default()
+        };
+        let outlook =
+            |tally: &KeptTally| SpaceOutlook::new(&stats, 40, [&old], tally, &images, DiskFootprint::default(), None);
+        let later = outlook(&young(300));
+        assert!(!later.unreachable(), "{later:?}");
+        assert_eq!(later.reached_once_aged(), Some(Duration::from_secs(240)));
+        // Not enough even once they age: unreachable, as before.
+        let never = outlook(&young(200));
+        assert!(never.unreachable());
+        assert_eq!(never.reached_once_aged(), None);
+        // Enough now: nothing to wait for.
+        let big = Candidate { size: 500, ..old };
+        let now = SpaceOutlook::new(&stats, 40, [&big], &young(300), &images, DiskFootprint::default(), None);
+        assert_eq!(now.reached_once_aged(), None);
     }
 
     #[test]

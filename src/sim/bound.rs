@@ -123,7 +123,7 @@ fn bound(trace: &Trace, budget: u64, windows: &[Seconds]) -> Bound {
     for window in windows
         .iter()
         .copied()
-        .filter(|&w| w > 0 && w < end)
+        .filter(|&w| w > 0 && w < end && end.div_ceil(w) <= MAX_WINDOWS)
         .chain([end.max(1)])
     {
         let saved = saved_in_windows(&used, &gaps, budget, end, window);
@@ -140,6 +140,12 @@ fn bound(trace: &Trace, budget: u64, windows: &[Seconds]) -> Bound {
 /// The window lengths, besides the whole trace, over which the budget is
 /// held on average: 6 hours and a day.
 const WINDOWS: [Seconds; 2] = [6 * 3600, 24 * 3600];
+
+/// The most windows of one length a bound is computed over: a trace longer
+/// than this many windows (68 years of 6 hours) is bounded over its longer
+/// windows and the whole trace only, which are lower bounds still; its
+/// gaps would otherwise cost memory and time in proportion to their length.
+const MAX_WINDOWS: u64 = 100_000;
 
 /// What keeping gaps can save, at most, when the budget is held on
 /// average over each window of `window` seconds. Each gap's part in a
@@ -260,6 +266,25 @@ mod tests {
         assert_eq!(pfoo_l(&trace, 4).repulled_bytes, 20);
         // Budget 9: room 500 keeps gap 0 and 400 of gap 1's 800: half of it.
         assert_eq!(pfoo_l(&trace, 9).repulled_bytes, 5);
+    }
+
+    #[test]
+    fn a_trace_spanning_ages_is_bounded_without_a_window_per_six_hours() {
+        // A container running 10^15 s, another image used at each end.
+        use Action::{Start, Stop};
+        const AGES: Seconds = 1_000_000_000_000_000;
+        let events = [
+            (0, Start { container: 1, image: 0 }),
+            (0, Start { container: 2, image: 1 }),
+            (1, Stop { container: 2 }),
+            (AGES, Start { container: 3, image: 1 }),
+            (AGES, Stop { container: 1 }),
+        ];
+        let trace = one_layer_images(&[10, 10], &events);
+        let bound = pfoo_l(&trace, 15);
+        assert_eq!(bound.window_seconds, AGES, "the whole trace only");
+        assert_eq!(bound.gaps, 1);
+        assert_eq!(bound.repulled_bytes, 5, "half the gap fits in the budget's room");
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //!   above low for images too young comes back when the first can go;
 //!   containers mark their image used when they start and when they go
 //!   (the daemon's polls and events see them in between). The thrash
-//!   hold-back (`gc.thrash_window`) is not simulated.
+//!   hold-back (`gc.thrash_window`) and the spacing between cycles that
+//!   crossings start are not simulated.
 //! - [`Kubelet`]: the kubelet's image GC (docs/kubelet.md): every 5 minutes
 //!   it detects images and the containers using them, and when usage is at
 //!   or above high, removes unused images in its order (never used first,
@@ -31,6 +32,10 @@
 //!   removal of every unused image is not simulated.
 //! - [`Belady`]: an offline policy that knows when each image is needed
 //!   next (an achievable schedule, not a bound; see [`super::bound`]).
+//!
+//! Between two events, the wakes of a policy in which nothing can change
+//! are counted without being run ([`Policy::quiet_until`]): a gap in a
+//! trace costs a few steps however long it is, with the same result.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
@@ -110,6 +115,11 @@ pub struct Node<'t> {
     image_bytes: u64,
     clock: Seconds,
     image_byte_seconds: u128,
+    /// Seconds at or above high, and below the eviction line: counted in
+    /// whole seconds, so that the figures do not depend on how time was
+    /// split into steps (see [`replay`]).
+    seconds_above_high: u64,
+    seconds_above_eviction: u64,
     tally: Tally,
 }
 
@@ -136,6 +146,8 @@ impl<'t> Node<'t> {
             image_bytes: 0,
             clock: 0,
             image_byte_seconds: 0,
+            seconds_above_high: 0,
+            seconds_above_eviction: 0,
             tally: Tally::default(),
         }
     }
@@ -179,12 +191,11 @@ impl<'t> Node<'t> {
         let span = t - self.clock;
         self.image_byte_seconds += u128::from(self.image_bytes) * u128::from(span);
         let stats = self.stats();
-        let hours = span as f64 / 3600.0;
         if stats.usage_percent() >= u64::from(self.high) {
-            self.tally.hours_above_high += hours;
+            self.seconds_above_high = self.seconds_above_high.saturating_add(span);
         }
         if self.capacity.saturating_sub(self.used()) < self.eviction_available {
-            self.tally.hours_above_eviction += hours;
+            self.seconds_above_eviction = self.seconds_above_eviction.saturating_add(span);
         }
         self.clock = t;
     }
@@ -290,19 +301,45 @@ pub trait Policy {
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>);
     /// A container started (`started`) or went at `t`, using `image`.
     fn used(&mut self, _t: Seconds, _image: u32, _started: bool, _node: &Node<'_>) {}
+    /// Called right after a wake that removed nothing: the time before
+    /// which, as long as the node does not change (no trace event), each of
+    /// its wakes would again remove nothing and leave it as this one did,
+    /// counting the same (`None`: no such promise). [`replay`] then skips
+    /// to the last such wake before the next event ([`Policy::skip_to`]).
+    fn quiet_until(&self, _node: &Node<'_>) -> Option<Seconds> {
+        None
+    }
+    /// The wakes after this one and before `to` are skipped (the last of
+    /// them would have been at `last_skipped`): bring what the policy
+    /// learns at each wake up to that time, and wake next at `to`.
+    fn skip_to(&mut self, _last_skipped: Seconds, _to: Seconds, _node: &Node<'_>) {}
 }
 
 /// Replays `trace` on a node of `capacity` bytes, `other` of them not
-/// images, under `policy`.
+/// images, under `policy`. Between two events, wakes in which nothing can
+/// change (see [`Policy::quiet_until`]) are counted without being run: a
+/// gap of any length in a trace costs a few steps, and the result is the
+/// one every wake would give.
 pub fn replay(trace: &Trace, capacity: u64, other: u64, config: &Config, policy: &mut dyn Policy) -> Tally {
+    replay_steps(trace, capacity, other, config, policy).0
+}
+
+/// [`replay`], and how many wakes it ran.
+fn replay_steps(trace: &Trace, capacity: u64, other: u64, config: &Config, policy: &mut dyn Policy) -> (Tally, u64) {
     let mut node = Node::new(trace, capacity, other, config);
+    let mut steps = 0u64;
     for event in &trace.events {
         while policy.next_wake() <= event.at {
             let t = policy.next_wake();
             node.advance(t);
+            let before = node.tally.clone();
             policy.wake(t, &mut node);
+            steps += 1;
             if policy.next_wake() <= t {
                 break;
+            }
+            if node.tally.removals == before.removals {
+                skip_quiet_wakes(t, event.at, &before, &mut node, policy);
             }
         }
         node.advance(event.at);
@@ -322,13 +359,45 @@ pub fn replay(trace: &Trace, capacity: u64, other: u64, config: &Config, policy:
     node.advance(end);
     let mut tally = node.tally;
     tally.policy = policy.name();
+    tally.hours_above_high = node.seconds_above_high as f64 / 3600.0;
+    tally.hours_above_eviction = node.seconds_above_eviction as f64 / 3600.0;
     tally.mean_image_bytes = if end == 0 {
         node.image_bytes
     } else {
         // Rounded up: a budget of this much holds what the policy held.
         u64::try_from(node.image_byte_seconds.div_ceil(u128::from(end))).unwrap_or(u64::MAX)
     };
-    tally
+    (tally, steps)
+}
+
+/// After a wake at `t` that removed nothing (`before`: the tally before
+/// it), skips the policy's wakes that would repeat it, up to the last one
+/// at or before `next_event` and before its [`Policy::quiet_until`]: each
+/// skipped wake counts as the one at `t` did, and the last runs for real.
+fn skip_quiet_wakes(t: Seconds, next_event: Seconds, before: &Tally, node: &mut Node<'_>, policy: &mut dyn Policy) {
+    let Some(until) = policy.quiet_until(node) else {
+        return;
+    };
+    let period = policy.next_wake() - t;
+    // Wakes at t + k * period, k >= 1: at or before the event, before `until`.
+    let limit = until.min(next_event.saturating_add(1));
+    let Some(last) = limit.checked_sub(t + 1).map(|span| span / period) else {
+        return;
+    };
+    if last < 2 {
+        return;
+    }
+    let skipped = last - 1;
+    let tally = &mut node.tally;
+    let times = |now: u64, then: u64| now.saturating_sub(then).saturating_mul(skipped);
+    tally.cycles = tally.cycles.saturating_add(times(tally.cycles, before.cycles));
+    tally.space_passes = tally
+        .space_passes
+        .saturating_add(times(tally.space_passes, before.space_passes));
+    tally.passes_short = tally
+        .passes_short
+        .saturating_add(times(tally.passes_short, before.passes_short));
+    policy.skip_to(t + skipped * period, t + last * period, node);
 }
 
 /// The instant the simulation's second 0 stands for (any will do; the
@@ -348,6 +417,8 @@ pub struct Imagegc<'c> {
     by_id: HashMap<String, u32>,
     next_cycle: Seconds,
     space_due: bool,
+    /// See [`Policy::quiet_until`], as the last cycle found it.
+    quiet_until: Option<Seconds>,
 }
 
 impl<'c> Imagegc<'c> {
@@ -378,7 +449,44 @@ impl<'c> Imagegc<'c> {
             by_id,
             next_cycle: 0,
             space_due: false,
+            quiet_until: None,
         }
+    }
+
+    /// Until when cycles that remove nothing go on removing nothing while
+    /// the node stays as it is: the first time an image not in use becomes
+    /// an age candidate (`gc.max_age`), old enough for space (`gc.min_age`)
+    /// or no longer used "at this instant", or the age guard opens. `None`
+    /// when a cycle would learn something at each wake: an image in use
+    /// seen again after `MIN_BREAK` (an interval that long).
+    fn quiet_until(&self, t: Seconds, node: &Node<'_>) -> Option<Seconds> {
+        let config = self.config;
+        let in_use = node.images_on_disk().any(|i| node.users(i) > 0);
+        if in_use && config.gc.interval >= crate::records::MIN_BREAK {
+            return None;
+        }
+        let secs = |at: SystemTime| at.duration_since(instant(0)).map_or(0, |d| d.as_secs());
+        let max_age = config.gc.max_age.as_secs();
+        let min_age = config.gc.min_age.as_secs();
+        let mut until = Seconds::MAX;
+        let mut note = |at: Seconds| {
+            if at > t {
+                until = until.min(at);
+            }
+        };
+        if max_age > 0 {
+            note(max_age);
+        }
+        for image in node.images_on_disk().filter(|&i| node.users(i) == 0) {
+            let record = self.records.get(&self.listed[image as usize].id)?;
+            let (first_seen, last_used) = (secs(record.first_seen), secs(record.last_used));
+            note(first_seen.saturating_add(min_age));
+            note(last_used.saturating_add(1));
+            if max_age > 0 {
+                note(last_used.saturating_add(max_age));
+            }
+        }
+        Some(until)
     }
 
     /// One cycle at `t`: observe, plan, age pass, space pass.
@@ -432,6 +540,7 @@ impl<'c> Imagegc<'c> {
         let interval = config.gc.interval.as_secs().max(1);
         self.next_cycle = retry.map_or(t + interval, |at| at.min(t + interval));
         self.space_due = target.due(&node.stats());
+        self.quiet_until = self.quiet_until(t, node);
     }
 }
 
@@ -446,6 +555,19 @@ impl Policy for Imagegc<'_> {
 
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
         self.cycle(t, node);
+    }
+
+    fn quiet_until(&self, _node: &Node<'_>) -> Option<Seconds> {
+        self.quiet_until
+    }
+
+    fn skip_to(&mut self, last_skipped: Seconds, to: Seconds, node: &Node<'_>) {
+        // The skipped cycles saw the images in use used, each at its time:
+        // the cycle at `to` sees them one interval after the last.
+        let in_use = node.images_on_disk().filter(|&i| node.users(i) > 0);
+        let ids: Vec<&str> = in_use.map(|i| self.listed[i as usize].id.as_str()).collect();
+        self.records.mark_still_used(ids, instant(last_skipped));
+        self.next_cycle = to;
     }
 
     fn used(&mut self, t: Seconds, image: u32, started: bool, node: &Node<'_>) {
@@ -496,6 +618,25 @@ impl Policy for Kubelet {
 
     fn next_wake(&self) -> Seconds {
         self.next
+    }
+
+    fn quiet_until(&self, node: &Node<'_>) -> Option<Seconds> {
+        // Nothing removed: below high, or every unused image too young.
+        let t = self.next - KUBELET_PERIOD;
+        let young = node
+            .images_on_disk()
+            .filter(|&image| node.users(image) == 0)
+            .filter_map(|image| self.records.get(&image))
+            .map(|&(first, _)| first.saturating_add(self.min_age))
+            .filter(|&at| at > t)
+            .min();
+        Some(young.unwrap_or(Seconds::MAX))
+    }
+
+    fn skip_to(&mut self, _last_skipped: Seconds, to: Seconds, _node: &Node<'_>) {
+        // The wake at `to` marks the images in use used at its time, as
+        // the skipped ones would have.
+        self.next = to;
     }
 
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
@@ -621,6 +762,16 @@ impl Policy for Belady<'_> {
         }
     }
 
+    fn quiet_until(&self, _node: &Node<'_>) -> Option<Seconds> {
+        // Nothing removed: below high, or no unused image on disk; either
+        // holds until the node changes.
+        Some(Seconds::MAX)
+    }
+
+    fn skip_to(&mut self, _last_skipped: Seconds, to: Seconds, _node: &Node<'_>) {
+        self.next_cycle = to;
+    }
+
     fn used(&mut self, t: Seconds, _image: u32, _started: bool, node: &Node<'_>) {
         if SpaceTarget::new(self.config).due(&node.stats()) && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
@@ -664,6 +815,38 @@ mod tests {
         config.gc.high_threshold_percent = high;
         config.gc.low_threshold_percent = low;
         config
+    }
+
+    #[test]
+    fn a_gap_of_any_length_in_a_trace_costs_a_few_steps_and_counts_every_cycle() {
+        // Three lines: a container runs for a minute, then another on the
+        // same image after a gap of 10^12 s, while a third runs throughout.
+        const GAP: Seconds = 1_000_000_000_000;
+        let events = [(0, start(1, 0)), (0, start(2, 1)), (60, stop(1)), (GAP, start(3, 0))];
+        let trace = trace(&[400 * MB, 100 * MB], &events);
+        let mut config = config(85, 50);
+        config.gc.max_age = Duration::from_secs(86_400);
+        let interval = config.gc.interval.as_secs();
+        let mut imagegc = Imagegc::new(&config, "imagegc", &trace);
+        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &config, &mut imagegc);
+        assert!(steps < 100, "{steps} steps for a trace of four events");
+        // Every cycle of the gap counted; the unused image removed by age
+        // a day after its last use, and pulled again after the gap.
+        assert_eq!(tally.cycles, GAP / interval + 1, "{tally:?}");
+        assert_eq!(tally.removals, 1);
+        assert_eq!(tally.repulled_images, 1);
+        // The image in use all along learnt no break from the skipped cycles.
+        let running = imagegc.records.get(&trace.images[1].id).unwrap();
+        assert_eq!(running.usual_break, None);
+        assert_eq!(running.last_used, instant(GAP / interval * interval));
+        let mut kubelet = Kubelet::new(&config);
+        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &config, &mut kubelet);
+        assert!(steps < 100, "kubelet: {steps} steps");
+        assert_eq!(tally.cycles, GAP / KUBELET_PERIOD + 1);
+        let mut offline = Belady::new(&config, &trace);
+        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &config, &mut offline);
+        assert!(steps < 100, "offline: {steps} steps");
+        assert_eq!(tally.cycles, GAP / interval + 1);
     }
 
     #[test]

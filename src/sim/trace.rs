@@ -32,13 +32,22 @@
 //! start (those already running go on). A start of a container already
 //! running on the same image goes on too. A line cut short (a crash in the
 //! middle of an append) is skipped; [`Trace::read_log`] reads a rotated
-//! log (`FILE.1`, then `FILE`).
+//! log (`FILE.1`, then `FILE`). A line longer than [`MAX_LINE_BYTES`] is
+//! an error naming it: no trace has one, and a file that is not a trace
+//! (`/dev/zero`) is not read whole into memory.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+/// The longest line a trace may have, in bytes. The longest a recorded log
+/// writes are a `running` line (about 150 bytes per container listed) and
+/// an image line with every name of the image (tags of up to 64 KiB each):
+/// 64 MiB holds 400,000 containers, or a thousand names of the longest
+/// kind.
+pub const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Seconds since the start of the trace.
 pub type Seconds = u64;
@@ -270,10 +279,29 @@ struct Reader {
 }
 
 impl Reader {
-    fn feed(&mut self, input: impl BufRead) -> Result<(), TraceError> {
-        for (n, line) in input.split(b'\n').enumerate() {
-            let number = n + 1;
-            let line = line.map_err(|e| TraceError::at(number, e.to_string()))?;
+    fn feed(&mut self, mut input: impl BufRead) -> Result<(), TraceError> {
+        let mut line = Vec::new();
+        for number in 1.. {
+            line.clear();
+            // At most one byte past the limit is read: enough to tell.
+            let read = (&mut input)
+                .take(MAX_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .map_err(|e| TraceError::at(number, e.to_string()))?;
+            if read == 0 {
+                break;
+            }
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            } else if line.len() > MAX_LINE_BYTES {
+                return Err(TraceError::at(
+                    number,
+                    format!(
+                        "longer than {} MiB with no end of line: not a trace",
+                        MAX_LINE_BYTES / (1024 * 1024)
+                    ),
+                ));
+            }
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
@@ -641,5 +669,29 @@ mod tests {
         let err = Trace::read_log(&path).unwrap_err();
         assert_eq!(err.path, path);
         assert!(err.to_string().contains("line 1: stop of container nope"), "{err}");
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_an_error_naming_it_not_read_whole() {
+        // Two good lines, then bytes with no end of line (/dev/zero).
+        let good = "{\"at\":0,\"ev\":\"image\",\"id\":\"a\",\"size\":10}\n\n";
+        let endless = good
+            .as_bytes()
+            .chain(std::io::repeat(0).take(2 * MAX_LINE_BYTES as u64));
+        let err = Trace::read(std::io::BufReader::new(endless)).unwrap_err();
+        assert_eq!(err.line, 3, "{err}");
+        assert!(err.to_string().contains("longer than 64 MiB"), "{err}");
+        // A line of exactly the limit is read (and judged on what it says).
+        let mut long = vec![b' '; MAX_LINE_BYTES];
+        long.push(b'\n');
+        long.extend_from_slice(good.as_bytes());
+        assert_eq!(Trace::read(long.as_slice()).unwrap().images.len(), 1);
+        // The file is named, with the line.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("zeros");
+        std::fs::write(&path, vec![0u8; MAX_LINE_BYTES + 1]).unwrap();
+        let err = Trace::read_log(&path).unwrap_err();
+        assert_eq!(err.path, path);
+        assert!(err.to_string().contains("line 1: longer than"), "{err}");
     }
 }

@@ -51,6 +51,57 @@ async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds()
     daemon.stop().await;
 }
 
+/// Usage oscillating across high (a pull filling the disk while another
+/// writer frees it) starts at most one cycle per `CROSSING_SPACING`, and a
+/// crossing inside it is answered at its end, not dropped: cycles do not
+/// spin whatever the disk does. On tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn usage_oscillating_across_high_starts_at_most_one_cycle_per_spacing() {
+    let spacing = imagegc::daemon::CROSSING_SPACING;
+    let fake = FakeRuntime::new();
+    let disk = SimDisk::new(1000, 900);
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        disk.clone(),
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.usage_poll_interval = secs(30);
+            c.gc.high_threshold_percent = 80;
+            c.gc.low_threshold_percent = 50;
+        },
+    )
+    .await;
+    first_cycle_done(&daemon).await;
+    let cycles = || {
+        let scrape = daemon.metrics.encode();
+        ["success", "failure"]
+            .iter()
+            .filter_map(|result| metric(&scrape, &format!("imagegc_cycles_total{{result=\"{result}\"}}")))
+            .sum::<f64>() as u64
+    };
+    assert_eq!(cycles(), 1);
+    // 90 % and 10 % used in turn, 3 s each (the disk is measured every
+    // 2 s): a crossing every 6 s, over one spacing and a third.
+    let start = tokio::time::Instant::now();
+    let end = start + spacing + spacing / 3;
+    while tokio::time::Instant::now() < end {
+        disk.set_available(100);
+        tokio::time::sleep(secs(3)).await;
+        disk.set_available(900);
+        tokio::time::sleep(secs(3)).await;
+    }
+    // The first crossing's cycle at once, the ones after it one cycle at
+    // the end of the spacing.
+    assert_eq!(
+        cycles(),
+        3,
+        "cycles in {:?} of usage crossing high every 6 s",
+        start.elapsed()
+    );
+    daemon.stop().await;
+}
+
 /// A cycle that could not reach low because the images it could free were
 /// younger than `gc.min_age` runs again as soon as the first of them may
 /// go, not at the next interval: usage staying above high is no crossing.
@@ -64,6 +115,29 @@ async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() 
     })
     .await;
     assert_eq!(removed, vec![fresh.id.clone()]);
+    daemon.stop().await;
+}
+
+/// Images kept only for `gc.min_age` that would bring usage to low once
+/// they age are no reason to say that images cannot: no unreachable
+/// episode (the metric, the `FreeDiskSpaceFailed` event, the thrash
+/// hold-back), and the image goes as soon as it may.
+#[tokio::test]
+async fn images_that_only_need_to_age_are_not_space_images_cannot_free() {
+    let fresh = image("fresh", 450);
+    let (fake, _disk, mut daemon) = one_image_on_a_1000_byte_disk(&fresh, 100, |c| c.gc.min_age = secs(3)).await;
+    assert!(fake.removed().is_empty(), "too young at the first cycle");
+    assert_eq!(
+        metric(&daemon.metrics.encode(), "imagegc_space_unreachable"),
+        Some(0.0),
+        "400 bytes to free, and the young image frees 450 once it ages"
+    );
+    let removed = eventually(secs(10), "the image removed once old enough", || {
+        (!fake.removed().is_empty()).then(|| fake.removed())
+    })
+    .await;
+    assert_eq!(removed, vec![fresh.id.clone()]);
+    assert_eq!(metric(&daemon.metrics.encode(), "imagegc_space_unreachable"), Some(0.0));
     daemon.stop().await;
 }
 

@@ -148,7 +148,9 @@ async fn a_replayed_backlog_counts_at_its_own_time_and_costs_one_listing() {
     // The stream opened at start is waiting; the backlog goes to the next.
     let server = daemon.server.take().unwrap();
     daemon.server = Some(server.restart().await.unwrap());
-    eventually(secs(10), "the backlog delivered", || {
+    // Reopens back off (2, 4, 8, 16 s) while streams break as they open,
+    // as they may while the restarted runtime comes back.
+    eventually(secs(40), "the backlog delivered", || {
         (fake.count("GetContainerEvents") >= 2 && fake.event_subscribers() == 1).then_some(())
     })
     .await;
