@@ -1,9 +1,15 @@
 //! The race the collector exists to win, on a real containerd.
 //!
 //! A daemon with the most aggressive settings (high 1 %, low 0 %, min age 0,
-//! a cycle every second) removes every unused image it sees, while a seeded
-//! random driver creates, starts, stops and removes containers on a set of
-//! small images and imports removed images again, for at least a minute.
+//! a cycle every second, a thrash window of two seconds so that an image
+//! imported again is walked again) removes every unused image it sees,
+//! while a seeded random driver creates, starts, stops and removes
+//! containers on a set of small images and imports removed images again,
+//! for at least a minute. Two of its moves strike on purpose: a race
+//! creates a container on one of the images it imported as the daemon
+//! starts re-checking another, and a late race creates one on the image
+//! the walk takes second more than a round trip after its re-check
+//! (made ahead, beside the first one's removal) was logged.
 //! The driver writes down when each container existed and ran; the daemon's
 //! debug log says, for every removal, when the re-check of the containers
 //! was sent and when the removal began. Afterwards:
@@ -14,19 +20,40 @@
 //!     began: the re-check saw it, so the image had to be kept;
 //! (b) no removal began while such a container was running on the image.
 //!
+//! (c) no removal began while a container on the image existed that was
+//!     created more than [`RECHECK_ROUND_TRIP`] after the re-check was sent:
+//!     the re-check had answered long before, and the removal relied on a
+//!     stale one.
+//!
 //! A container whose creation returned only after the re-check was sent
 //! cannot have been seen by it: that is the window between the re-check and
-//! `RemoveImage` that no CRI client can close. Such containers are counted
-//! and reported, not held against the daemon.
+//! `RemoveImage` that no CRI client can close, the re-check's own round
+//! trip and a few milliseconds. Such containers are counted and reported,
+//! not held against the daemon; a creation that returned later than any
+//! round trip explains is (c).
+//!
+//! Free space does not move by removals alone: another writer (a
+//! container's log, an emptyDir) writes and truncates or deletes a file of
+//! a few hundred KiB to a few MiB on the image filesystem every few
+//! milliseconds for the whole run ([`FsWriter`]), as on a node under the
+//! pressure imagegc acts on. A removal's measured gain is therefore not
+//! what the image took: nothing here checks it. On a filesystem that holds
+//! still, the look that confirms a removal's space is short; with the
+//! writer it watches for its full second, and a re-check made beside it is
+//! a second old when the call is sent unless the daemon makes it again.
 //!
 //! `IMAGEGC_CHAOS_SECONDS` sets how long the driver runs (default 60) and
-//! `IMAGEGC_CHAOS_SEED` replays a run (the seed is printed).
+//! `IMAGEGC_CHAOS_SEED` replays a run (the seed is printed; the writer's
+//! choices come from it too).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use imagegc::cri::proto;
@@ -34,7 +61,7 @@ use imagegc_testkit::imagegc_command;
 use serde_json::Value;
 
 use crate::oci::{BuiltImage, ImageSpec, Layer};
-use crate::testbed::{ContainerId, Kind, PodId, TestBed};
+use crate::testbed::{ContainerId, Kind, PodId, TestBed, statvfs};
 
 const MIB: u64 = 1024 * 1024;
 /// How long the driver runs unless `IMAGEGC_CHAOS_SECONDS` says otherwise.
@@ -59,6 +86,14 @@ const VISIBLE_WAIT: Duration = Duration::from_secs(2);
 /// How long a race waits for the daemon to start removing the images it
 /// imported (a cycle runs every second).
 const RACE_WAIT: Duration = Duration::from_millis(2500);
+/// How long a late race waits for the re-check of its target (the walk's
+/// second image, re-checked about one removal after the first).
+const LATE_RACE_WAIT: Duration = Duration::from_secs(4);
+/// How long after its target's re-check was logged a late race creates a
+/// container on it, in milliseconds (drawn uniformly): after any round
+/// trip ([`RECHECK_ROUND_TRIP`]) and before the second a confirming look
+/// can watch a moving disk is over.
+const LATE_RACE_DELAY_MS: (u64, u64) = (520, 760);
 /// How long the daemon keeps running after the driver stops, so that it
 /// runs a few cycles on the final state.
 const SETTLE: Duration = Duration::from_secs(3);
@@ -66,10 +101,32 @@ const SETTLE: Duration = Duration::from_secs(3);
 /// an in-flight cycle is 20 s).
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest the re-check's own round trip (`ListContainers` and
+/// `ImageStatus` at once, a few milliseconds here) is taken to last: a
+/// container created later than this after the re-check was sent was
+/// created after it answered. Far above the round trip on a loaded
+/// machine, half the second a confirming look can watch a moving disk
+/// (the daemon's `SETTLE_TIMEOUT`).
+const RECHECK_ROUND_TRIP: Duration = Duration::from_millis(500);
+/// The other writer's file grows to this many bytes (drawn uniformly)
+/// before it is truncated or deleted: at most 3 MiB of the 800 MiB
+/// filesystem, so the thresholds still mean what they say.
+const WRITER_FILE: (u64, u64) = (256 * 1024, 3 * MIB);
+/// One write of the other writer, in bytes (drawn uniformly).
+const WRITER_CHUNK: (u64, u64) = (32 * 1024, 256 * 1024);
+/// Pause after each write, truncation or deletion, in milliseconds (drawn
+/// uniformly): free space moves between any two of the daemon's readings
+/// while it watches a removal's space (every 20 ms).
+const WRITER_PAUSE_MS: (u64, u64) = (3, 12);
+
 const CHECK_MESSAGE: &str = "re-checking containers before removal";
 const REMOVING_MESSAGE: &str = "no container uses the image: removing it";
 const KEPT_MESSAGE: &str = "image came into use; keeping it";
 const REMOVED_MESSAGE: &str = "removed image";
+/// The start of the lines of a re-check that went stale between its answer
+/// and the call (made again, or the image kept): the removal logged just
+/// before was not sent.
+const STALE_MESSAGE: &str = "the re-check went stale before";
 const REMOVE_FAILED_MESSAGE: &str = "could not remove image";
 const REPULLED_MESSAGE: &str = "an image imagegc removed was pulled again";
 
@@ -116,6 +173,15 @@ async fn no_image_is_removed_from_under_a_container_while_containers_come_and_go
     for image in 0..IMAGE_COUNT as usize / 2 {
         driver.create(image, image % 2 == 0, "create").await;
     }
+    // Free space moves from before the daemon's first cycle to after its
+    // last; stopped and joined on every way out (panics included) before
+    // the test bed goes.
+    let writer = FsWriter::start(&bed.image_fs_mount().join("chaos-writer"), seed);
+    // Low 0 % is out of reach: with the default thrash window (1 h) every
+    // image removed once and imported again would be left alone for the
+    // rest of the run, and the races would strike at nothing. Two seconds
+    // keep re-pulls noticed right after a removal and let the walk take an
+    // image again once the driver imports it again.
     let mut daemon = Daemon::start(
         bed.endpoint(),
         r#"[gc]
@@ -124,6 +190,7 @@ low_threshold_percent = 0
 min_age = "0s"
 interval = "1s"
 usage_poll_interval = "1s"
+thrash_window = "2s"
 
 [metrics]
 listen = ""
@@ -142,13 +209,14 @@ listen = ""
         "chaos: the daemon exited {} ms after SIGTERM",
         stopping.elapsed().as_millis()
     );
+    let writes = writer.stop();
     let log = daemon.log();
     let history = daemon.history();
     driver.clean_up().await;
 
     let analysis = Analysis::of(&log, &driver);
     let removed = log.iter().filter(|l| l.message == REMOVED_MESSAGE).count();
-    let report = summary(seed, drove, &driver, &analysis, &log, history.len());
+    let report = summary(seed, drove, &driver, &analysis, &log, history.len(), &writes);
     println!("{report}");
     for refusal in driver.refusals.iter().take(10) {
         println!("chaos: refused: {refusal}");
@@ -161,6 +229,10 @@ listen = ""
         status.success(),
         "imagegc run exited with {status} after SIGTERM; last lines of its log:\n{}",
         daemon.log_tail(30)
+    );
+    assert!(
+        writes.error.is_none() && writes.moves as f64 >= drove.as_secs_f64() * 10.0,
+        "{report}the other writer did not keep free space moving"
     );
     if !analysis.violations.is_empty() {
         let mut evidence = String::new();
@@ -214,18 +286,30 @@ fn summary(
     analysis: &Analysis,
     log: &[LogLine],
     journal_entries: usize,
+    writes: &WriterStats,
 ) -> String {
     let count = |message: &str| log.iter().filter(|l| l.message.starts_with(message)).count();
-    let violations = |running: bool| analysis.violations.iter().filter(|v| v.running == running).count();
+    let violations = |kind: Breach| analysis.violations.iter().filter(|v| v.kind == kind).count();
+    let gap = |r: &Removal| r.removal.duration_since(r.check).unwrap_or_default();
+    let mut gaps: Vec<Duration> = analysis.removals.iter().map(gap).collect();
+    gaps.sort();
+    let gap_at = |q: f64| {
+        gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize)
+            .map_or(0, Duration::as_millis)
+    };
     format!(
         "chaos: seed {seed}; the driver ran {:.1} s\n\
          chaos: operations {:?}\n\
          chaos: {} containers lived; the runtime refused {} calls (an image removed under them)\n\
          chaos: {} removals checked ({} succeeded, {} failed) in {} cycles; {} images kept by the re-check; \
          {} re-pulls noticed; {} journal entries\n\
+         chaos: the other writer: {} writes ({} MiB), {} truncations or deletions, free space seen moving {} times{}\n\
+         chaos: re-check sent to removal began: median {} ms, p99 {} ms, max {} ms; {} re-checks went stale \
+         and were made again or kept\n\
          chaos: {} containers created across a re-check (the window no client can close), {} of them running \
          when the removal began\n\
-         chaos: violations: (a) {} removals under an existing container, (b) {} under a running one\n",
+         chaos: violations: (a) {} removals under an existing container, (b) {} under a running one, \
+         (c) {} under one created after the re-check had answered\n",
         drove.as_secs_f64(),
         driver.ops,
         driver.lives.len(),
@@ -237,10 +321,23 @@ fn summary(
         analysis.saves,
         count(REPULLED_MESSAGE),
         journal_entries,
+        writes.writes,
+        writes.bytes / MIB,
+        writes.resets,
+        writes.moves,
+        writes
+            .error
+            .as_ref()
+            .map_or(String::new(), |e| format!("; stopped on: {e}")),
+        gap_at(0.5),
+        gap_at(0.99),
+        gap_at(1.0),
+        count(STALE_MESSAGE),
         analysis.window.len(),
         analysis.window.iter().filter(|w| w.running).count(),
-        violations(false),
-        violations(true),
+        violations(Breach::Existed),
+        violations(Breach::Running),
+        violations(Breach::Stale),
     )
 }
 
@@ -291,6 +388,15 @@ impl Life {
             && self.create_done >= check
             && self.remove_sent.is_none_or(|t| t > check)
     }
+
+    /// Created after the re-check answered (later than any round trip
+    /// explains) and before the removal began, and not yet being removed
+    /// then: the removal relied on a stale re-check.
+    fn created_after_answer(&self, check: SystemTime, removal: SystemTime) -> bool {
+        self.create_done > check + RECHECK_ROUND_TRIP
+            && self.create_done < removal
+            && self.remove_sent.is_none_or(|t| t > removal)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -299,6 +405,7 @@ enum Op {
     PullAndRun,
     Pull,
     Race,
+    LateRace,
     Start,
     Stop,
     Remove,
@@ -352,6 +459,7 @@ impl Driver<'_> {
             (Op::PullAndRun, if room && !missing.is_empty() { 15 } else { 0 }),
             (Op::Pull, if missing.is_empty() { 0 } else { 10 }),
             (Op::Race, if room && missing.len() >= 2 { 25 } else { 0 }),
+            (Op::LateRace, if room && missing.len() >= 2 { 15 } else { 0 }),
             (Op::Start, if created.is_empty() { 0 } else { 8 }),
             (Op::Stop, if running.is_empty() { 0 } else { 15 }),
             (Op::Remove, if live.is_empty() { 0 } else { 25 }),
@@ -396,6 +504,10 @@ impl Driver<'_> {
             Op::Race => {
                 let images = self.draw(&missing, RACE_IMAGES);
                 self.race(&images).await;
+            }
+            Op::LateRace => {
+                let images = self.draw(&missing, RACE_IMAGES);
+                self.late_race(&images).await;
             }
             Op::Start => {
                 let i = *self.rng.pick(&created).expect("a created container");
@@ -494,6 +606,46 @@ impl Driver<'_> {
         };
         let start = self.rng.chance(50);
         self.create(target, start, "create in race").await;
+    }
+
+    /// Imports a few images at once, waits for the re-check of the one the
+    /// walk takes second (images with the same history are walked in id
+    /// order), which the daemon makes ahead, beside the first one's
+    /// removal, and creates a container on it once that re-check has long
+    /// answered: a daemon that sends `RemoveImage` on the strength of that
+    /// re-check after the look at the moving disk removes the image from
+    /// under the container (c); one that re-checks again right before the
+    /// call keeps it.
+    async fn late_race(&mut self, images: &[usize]) {
+        self.count("late race");
+        self.log.read();
+        let from = self.log.len();
+        let mut imported = self.import(images).await;
+        if imported.len() < 2 {
+            return;
+        }
+        imported.sort_by(|&a, &b| self.images[a].built.id.cmp(&self.images[b].built.id));
+        let target = imported[1];
+        let target_id = self.images[target].built.id.clone();
+        let deadline = Instant::now() + LATE_RACE_WAIT;
+        let mut checked = false;
+        while !checked && Instant::now() < deadline {
+            checked = self
+                .log
+                .next_check(from, |id| (id == target_id).then_some(()))
+                .is_some();
+            if !checked {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        if !checked {
+            self.count("late race: no re-check seen");
+            return;
+        }
+        let delay = self.rng.between(LATE_RACE_DELAY_MS.0, LATE_RACE_DELAY_MS.1);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let start = self.rng.chance(50);
+        self.create(target, start, "create in late race").await;
     }
 
     /// Imports a missing image and runs a container on it once CRI lists
@@ -635,10 +787,10 @@ impl Driver<'_> {
             at(life.start_done),
             at(life.stop_sent),
             at(life.remove_sent),
-            if violation.running {
-                "(b) running"
-            } else {
-                "(a) existed"
+            match violation.kind {
+                Breach::Running => "(b) running",
+                Breach::Existed => "(a) existed",
+                Breach::Stale => "(c) created after the re-check answered",
             },
         );
         for line in log
@@ -670,7 +822,18 @@ struct Removal {
 struct Violation {
     removal: Removal,
     life: usize,
-    running: bool,
+    kind: Breach,
+}
+
+/// Which of the checks a removal broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Breach {
+    /// (a) a container the re-check saw existed when the removal began.
+    Existed,
+    /// (b) one it saw was running.
+    Running,
+    /// (c) one created after the re-check answered existed.
+    Stale,
 }
 
 #[derive(Debug)]
@@ -709,7 +872,17 @@ impl Analysis {
                     violations.push(Violation {
                         removal: removal.clone(),
                         life: i,
-                        running: life.running_at(removal.removal),
+                        kind: if life.running_at(removal.removal) {
+                            Breach::Running
+                        } else {
+                            Breach::Existed
+                        },
+                    });
+                } else if life.created_after_answer(removal.check, removal.removal) {
+                    violations.push(Violation {
+                        removal: removal.clone(),
+                        life: i,
+                        kind: Breach::Stale,
                     });
                 } else if life.created_across(removal.check, removal.done) {
                     window.push(Window {
@@ -766,6 +939,15 @@ fn removals(log: &[LogLine]) -> Vec<Removal> {
                 });
             }
             KEPT_MESSAGE => pending = None,
+            // The re-check went stale between its answer and the call: the
+            // removal logged just before was not sent (the daemon re-checks
+            // again, or keeps the image).
+            message if message.starts_with(STALE_MESSAGE) => {
+                match removals.last() {
+                    Some(r) if r.image == image() && r.done.is_none() => removals.pop(),
+                    _ => panic!("a stale re-check without its removal: {}", line.raw),
+                };
+            }
             REMOVED_MESSAGE | REMOVE_FAILED_MESSAGE => {
                 let removal = removals
                     .last_mut()
@@ -880,6 +1062,110 @@ impl LogTail {
             .iter()
             .filter(|l| l.message == CHECK_MESSAGE)
             .find_map(|l| pick(l.image.as_deref()?))
+    }
+}
+
+/// Another writer on the image filesystem, on a thread of its own: it
+/// writes a file in chunks up to a drawn size, then truncates or deletes it
+/// (a container's log rotated away, an emptyDir emptied), and again, with a
+/// few milliseconds between any two steps, so that free space moves between
+/// any two readings of the daemon. Stopped and joined when dropped (a
+/// panicking test included), so it never writes under an unmount.
+struct FsWriter {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<WriterStats>>,
+}
+
+/// What the other writer did.
+#[derive(Debug, Default)]
+struct WriterStats {
+    writes: u64,
+    bytes: u64,
+    resets: u64,
+    /// Steps after which the filesystem's available space differed from
+    /// the reading after the step before.
+    moves: u64,
+    /// Why it stopped early, when it did.
+    error: Option<String>,
+}
+
+impl FsWriter {
+    /// Starts writing in `dir` (created, on the filesystem to keep
+    /// moving), with choices drawn from `seed`.
+    fn start(dir: &Path, seed: u64) -> FsWriter {
+        fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let dir = dir.to_path_buf();
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("chaos-writer".to_string())
+            .spawn(move || {
+                let mut stats = WriterStats::default();
+                if let Err(e) = Self::write(&dir, seed, &stopping, &mut stats) {
+                    stats.error = Some(e.to_string());
+                }
+                let _ = fs::remove_file(dir.join("container.log"));
+                stats
+            })
+            .expect("starting the other writer's thread");
+        FsWriter {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn write(dir: &Path, seed: u64, stop: &AtomicBool, stats: &mut WriterStats) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut rng = XorShift::new(seed ^ 0x0077_7269_7465_7200);
+        let path = dir.join("container.log");
+        let chunk = vec![b'.'; WRITER_CHUNK.1 as usize];
+        let mut last = statvfs(dir).available_bytes;
+        let mut step = |rng: &mut XorShift, stats: &mut WriterStats| {
+            let now = statvfs(dir).available_bytes;
+            if now != last {
+                stats.moves += 1;
+            }
+            last = now;
+            std::thread::sleep(Duration::from_millis(rng.between(WRITER_PAUSE_MS.0, WRITER_PAUSE_MS.1)));
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let size = rng.between(WRITER_FILE.0, WRITER_FILE.1);
+            let mut file = fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            let mut written = 0;
+            while written < size && !stop.load(Ordering::Relaxed) {
+                let n = rng.between(WRITER_CHUNK.0, WRITER_CHUNK.1).min(size - written);
+                file.write_all(&chunk[..n as usize])?;
+                written += n;
+                stats.writes += 1;
+                stats.bytes += n;
+                step(&mut rng, stats);
+            }
+            if rng.chance(50) {
+                file.set_len(0)?;
+            } else {
+                drop(file);
+                fs::remove_file(&path)?;
+            }
+            stats.resets += 1;
+            step(&mut rng, stats);
+        }
+        Ok(())
+    }
+
+    /// Stops the writer and says what it did.
+    fn stop(mut self) -> WriterStats {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.take().expect("the writer runs until stopped");
+        thread.join().expect("the other writer panicked")
+    }
+}
+
+impl Drop for FsWriter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
