@@ -473,17 +473,20 @@ impl<R: Runtime> Collector<R> {
             let Some(current) = found? else {
                 return Ok(None);
             };
-            self.sinks.emit(&Event::Removing {
+            let removing = Event::Removing {
                 id: candidate.id,
                 reason: candidate.reason,
                 dry_run: report.dry_run,
-            });
+            };
             if report.dry_run {
+                self.sinks.emit(&removing);
                 return Ok(Some((current, None)));
             }
             let before = disk.measure().ok();
             age = answered.elapsed();
             if age <= RECHECK_FRESH {
+                // Said only of a removal that is sent (a debug line).
+                self.sinks.emit(&removing);
                 return Ok(Some((current, before)));
             }
             self.sinks.emit(&Event::RecheckStale {

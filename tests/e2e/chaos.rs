@@ -939,15 +939,13 @@ fn removals(log: &[LogLine]) -> Vec<Removal> {
                 });
             }
             KEPT_MESSAGE => pending = None,
-            // The re-check went stale between its answer and the call: the
-            // removal logged just before was not sent (the daemon re-checks
-            // again, or keeps the image).
-            message if message.starts_with(STALE_MESSAGE) => {
-                match removals.last() {
-                    Some(r) if r.image == image() && r.done.is_none() => removals.pop(),
-                    _ => panic!("a stale re-check without its removal: {}", line.raw),
-                };
-            }
+            // The re-check went stale between its answer and the call: no
+            // removal was sent on it (the daemon re-checks again, or keeps
+            // the image).
+            message if message.starts_with(STALE_MESSAGE) => match &pending {
+                Some((checked, _)) if *checked == image() => pending = None,
+                _ => panic!("a stale re-check without its re-check: {}", line.raw),
+            },
             REMOVED_MESSAGE | REMOVE_FAILED_MESSAGE => {
                 let removal = removals
                     .last_mut()
