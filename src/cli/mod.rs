@@ -372,4 +372,53 @@ mod tests {
         assert_eq!(cli.runtime_endpoint.as_deref(), Some("unix:///x"));
         assert!(matches!(cli.command, Command::Images { output: Output::Json }));
     }
+
+    /// A kubeconfig for the API server at `url`, and a configuration with
+    /// `[kubernetes]` on for node `node-1` that reads it.
+    #[cfg(feature = "kubernetes")]
+    fn kubernetes_config(dir: &std::path::Path, url: &str) -> Config {
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
+                 users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\n\
+                 current-context: x\n"
+            ),
+        )
+        .unwrap();
+        let mut config = Config::default();
+        config.kubernetes.enabled = true;
+        config.kubernetes.node_name = Some("node-1".to_owned());
+        config.kubernetes.kubeconfig = Some(kubeconfig);
+        config
+    }
+
+    /// `plan` and `once` against an API server that accepts and never
+    /// answers: they give up after the documented 30 s, saying which API
+    /// server did not answer and for how long, instead of hanging (`once`
+    /// with the state directory locked).
+    #[cfg(feature = "kubernetes")]
+    #[tokio::test(start_paused = true)]
+    async fn plan_and_once_give_up_on_an_api_server_that_never_answers() {
+        use crate::kubernetes::fake_api;
+
+        let url = fake_api::serve(|_| fake_api::Reply::Never).await;
+        fake_api::keep_time_moving();
+        let dir = tempfile::tempdir().unwrap();
+        let config = kubernetes_config(dir.path(), &url);
+        let started = tokio::time::Instant::now();
+        let listed = tokio::time::timeout(std::time::Duration::from_secs(600), async {
+            PodSource::connect(&config).await.unwrap().list().await
+        })
+        .await
+        .expect("the listing gave up rather than hang");
+        let err = listed.expect_err("no pods without an answer").to_string();
+        assert!(
+            err.contains(&format!("the API server at {url}/ did not answer within 30s")),
+            "{err}"
+        );
+        assert!(err.contains("nothing was done"), "{err}");
+        assert!(started.elapsed() <= crate::kubernetes::REQUEST_TIMEOUT + std::time::Duration::from_secs(1));
+    }
 }

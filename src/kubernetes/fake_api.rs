@@ -1,6 +1,7 @@
 //! An API server for tests, on a local port: each test says what it
 //! answers. It reproduces what the client sees of a real one (JSON bodies,
-//! a `Status` on failure, a watch held open), not its semantics.
+//! a `Status` on failure, a watch held open, a request never answered), not
+//! its semantics.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -13,9 +14,24 @@ use hyper::{Request, Response};
 /// A response: the body, boxed so that a test may also stream one.
 pub type Answer = Response<BoxBody<Bytes, Infallible>>;
 
+/// What the server does with a request.
+pub enum Reply {
+    /// Answers it.
+    Now(Answer),
+    /// Reads it and never answers (the connection stays open): an API
+    /// server that hangs.
+    Never,
+}
+
+impl From<Answer> for Reply {
+    fn from(answer: Answer) -> Reply {
+        Reply::Now(answer)
+    }
+}
+
 /// Serves `respond` on a local port until the test's runtime ends;
 /// returns its URL.
-pub async fn serve(respond: impl Fn(&Request<Incoming>) -> Answer + Send + Sync + 'static) -> String {
+pub async fn serve<R: Into<Reply>>(respond: impl Fn(&Request<Incoming>) -> R + Send + Sync + 'static) -> String {
     let respond = Arc::new(respond);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -27,8 +43,13 @@ pub async fn serve(respond: impl Fn(&Request<Incoming>) -> Answer + Send + Sync 
             let respond = Arc::clone(&respond);
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request| {
-                    let response = respond(&request);
-                    async move { Ok::<_, Infallible>(response) }
+                    let reply = respond(&request).into();
+                    async move {
+                        match reply {
+                            Reply::Now(answer) => Ok::<_, Infallible>(answer),
+                            Reply::Never => std::future::pending().await,
+                        }
+                    }
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -55,4 +76,18 @@ pub fn unavailable() -> Answer {
         503,
         r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"ServiceUnavailable","code":503}"#.to_owned(),
     )
+}
+
+/// Keeps a paused clock moving in small steps, so that a test can wait
+/// through the client's real timeouts (tens of seconds) in no time while
+/// every answer that is on its way still arrives first: a paused clock
+/// jumps to the next timer whenever the runtime is idle, even while a
+/// socket has bytes in flight, and the next timer is then never further
+/// than this.
+pub fn keep_time_moving() {
+    tokio::spawn(async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    });
 }

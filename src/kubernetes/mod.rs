@@ -8,12 +8,21 @@
 //!
 //! The cycle never waits on the API server: the watch and the event poster
 //! run in tasks of their own and hand over what they have.
+//!
+//! Every call is bounded: the API server must answer each request (its
+//! status line and headers) within [`REQUEST_TIMEOUT`], and no read from
+//! its connection waits longer than [`READ_TIMEOUT`], which is longer than
+//! a quiet watch legitimately stays open ([`WATCH_TIMEOUT`], the
+//! `timeoutSeconds` the watch asks for). An API server that accepts and
+//! never answers costs `plan` and `once` at most [`REQUEST_TIMEOUT`], and the
+//! daemon's watch a relisting (see [`pods`]).
 
 #[cfg(test)]
-mod fake_api;
+pub(crate) mod fake_api;
 pub mod node_events;
 pub mod pods;
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +40,53 @@ pub use pods::PodWatch;
 /// How long connecting to the API server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the API server may take to answer one request (its status and
+/// headers; a listing, its body too), and `plan`, `once` and `check-config`
+/// all their calls together. The API server gives up on a request after
+/// 60 s itself (`--request-timeout`); one node's pods answer in well under
+/// a second.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the API server holds a watch open before it ends it
+/// (`timeoutSeconds`; kube's default, made explicit here because
+/// [`READ_TIMEOUT`] must exceed it). The watch is then resumed from where it
+/// was, without a relisting.
+pub const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
+
+/// The longest any read from the API server's connection may wait: past a
+/// quiet watch's [`WATCH_TIMEOUT`] (the API server ends it then, which is a
+/// read), with room to spare. A connection that goes silent for longer is
+/// dead: the call fails and is made again on a new one.
+const READ_TIMEOUT: Duration = Duration::from_secs(WATCH_TIMEOUT.as_secs() + 30);
+
 /// A client of the API server for this node.
 pub struct Cluster {
     client: Client,
     node: String,
+    /// The API server's URL, for messages.
+    server: String,
     config: KubernetesConfig,
+}
+
+/// A call to the API server that failed, naming the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No answer within the bound ([`REQUEST_TIMEOUT`]).
+    #[error("the API server at {server} did not answer within {}", humantime::format_duration(*within))]
+    NoAnswer {
+        /// The API server's URL.
+        server: String,
+        /// How long it was given.
+        within: Duration,
+    },
+    /// An answer that is an error, or no connection.
+    #[error("the API server at {server}: {error}")]
+    Failed {
+        /// The API server's URL.
+        server: String,
+        /// What the client says.
+        error: kube::Error,
+    },
 }
 
 /// What a started [`Cluster`] hands the engine.
@@ -88,11 +139,13 @@ impl Cluster {
                 )
             })?,
         };
+        let server = client_config.cluster_url.to_string();
         let client = client(client_config)
             .map_err(|err| problem("kubernetes.kubeconfig", format!("cannot make a client: {err}")))?;
         Ok(Cluster {
             client,
             node,
+            server,
             config: config.clone(),
         })
     }
@@ -103,12 +156,33 @@ impl Cluster {
     }
 
     /// The pods bound to this node now, listed once (`once`, `plan`), as
-    /// keep rules; `None` when `protect_pods` is off.
-    pub async fn list_pods(&self) -> Result<Option<crate::policy::Protections>, kube::Error> {
+    /// keep rules; `None` when `protect_pods` is off. Gives up after
+    /// [`REQUEST_TIMEOUT`].
+    pub async fn list_pods(&self) -> Result<Option<crate::policy::Protections>, ApiError> {
         if !self.config.protect_pods {
             return Ok(None);
         }
-        pods::list(self.client.clone(), &self.node).await.map(Some)
+        self.bounded(pods::list(self.client.clone(), &self.node))
+            .await
+            .map(Some)
+    }
+
+    /// `call`, given up after [`REQUEST_TIMEOUT`], its error naming the API
+    /// server.
+    async fn bounded<T>(&self, call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, ApiError> {
+        let no_answer = || ApiError::NoAnswer {
+            server: self.server.clone(),
+            within: REQUEST_TIMEOUT,
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(kube::Error::Service(err))) if err.is::<answer::NoAnswer>() => Err(no_answer()),
+            Ok(Err(error)) => Err(ApiError::Failed {
+                server: self.server.clone(),
+                error,
+            }),
+            Err(_) => Err(no_answer()),
+        }
     }
 
     /// Starts the pod watch and the event poster (each when configured),
@@ -132,15 +206,78 @@ impl Cluster {
 }
 
 /// A client as imagegc uses one. Connecting gives up after
-/// [`CONNECT_TIMEOUT`], and a request the API server refuses (429, 503, 504)
-/// fails at once instead of being retried inside the client: the watch and
-/// the event poster back off on their own, and the client's retries (up to
-/// 15, their delays doubling) would hold the watch down long after the API
-/// server is back.
+/// [`CONNECT_TIMEOUT`], each request after [`REQUEST_TIMEOUT`] without an
+/// answer, each read after [`READ_TIMEOUT`]; and a request the API server
+/// refuses (429, 503, 504) fails at once instead of being retried inside the
+/// client: the watch and the event poster back off on their own, and the
+/// client's retries (up to 15, their delays doubling) would hold the watch
+/// down long after the API server is back.
 pub(crate) fn client(mut config: ClientConfig) -> Result<Client, kube::Error> {
     config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
     config.default_retry = false;
-    Client::try_from(config)
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(builder.with_layer(&answer::Within(REQUEST_TIMEOUT)).build())
+}
+
+/// A request the API server does not answer in time fails (a tower layer
+/// under the client): a watch request too, whose answer (its headers) comes
+/// at once, while its events come for as long as it stays open.
+mod answer {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use tower::{BoxError, Layer, Service};
+
+    /// No answer within this long fails the request.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Within(pub Duration);
+
+    /// The error of a request without an answer.
+    #[derive(Debug, thiserror::Error)]
+    #[error("no answer within {}", humantime::format_duration(*.0))]
+    pub struct NoAnswer(pub Duration);
+
+    impl<S> Layer<S> for Within {
+        type Service = Bounded<S>;
+        fn layer(&self, inner: S) -> Bounded<S> {
+            Bounded { inner, within: self.0 }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    pub struct Bounded<S> {
+        inner: S,
+        within: Duration,
+    }
+
+    impl<S, R> Service<R> for Bounded<S>
+    where
+        S: Service<R>,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+    {
+        type Response = S::Response;
+        type Error = BoxError;
+        type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            self.inner.poll_ready(cx).map_err(Into::into)
+        }
+
+        fn call(&mut self, request: R) -> Self::Future {
+            let answer = self.inner.call(request);
+            let within = self.within;
+            Box::pin(async move {
+                match tokio::time::timeout(within, answer).await {
+                    Ok(answer) => answer.map_err(Into::into),
+                    Err(_) => Err(NoAnswer(within).into()),
+                }
+            })
+        }
+    }
 }
 
 async fn from_kubeconfig(path: &Path) -> Result<ClientConfig, String> {

@@ -183,7 +183,9 @@ pub fn spawn(
     let (synced_tx, synced) = watch::channel(false);
     let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics);
     let api: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let config = watcher::Config::default()
+        .fields(&format!("spec.nodeName={node}"))
+        .timeout(super::WATCH_TIMEOUT.as_secs() as u32);
     let node = node.to_owned();
     tokio::spawn(async move {
         info!(node, "watching the pods bound to this node");
@@ -198,38 +200,67 @@ pub fn spawn(
 /// whole again, and the cache would be called down until the next relisting
 /// (the API server's restart is such a failure). One node's pods are a
 /// small listing.
+///
+/// A listing that takes longer than [`LISTING_TIMEOUT`] (an API server that
+/// accepts and never answers, or stops halfway) is such a failure too: the
+/// watch is dropped and started again. Each watch request is bounded by the
+/// client ([`super::REQUEST_TIMEOUT`] for its answer), and a watch that goes
+/// silent by the watcher (its `timeoutSeconds` and a margin).
 async fn watch_pods(api: Api<Pod>, config: watcher::Config, mut state: WatchState, shutdown: CancellationToken) {
     let start = || Box::pin(watcher::watcher(api.clone(), config.clone()));
     let mut backoff = watcher::DefaultBackoff::default();
     let mut stream = Some(start());
     let mut retry_at = None;
+    // While a listing is under way: when it must be done.
+    let mut listed_by = Some(Instant::now() + LISTING_TIMEOUT);
     loop {
         let stale_at = (!state.up && !state.stale).then(|| state.down_since + state.stale_after);
-        tokio::select! {
+        let failure = tokio::select! {
             () = shutdown.cancelled() => break,
-            () = sleep_until_some(stale_at) => state.went_stale(),
+            () = sleep_until_some(stale_at) => {
+                state.went_stale();
+                None
+            }
             () = sleep_until_some(retry_at) => {
                 retry_at = None;
                 stream = Some(start());
+                listed_by = Some(Instant::now() + LISTING_TIMEOUT);
+                None
             }
+            () = sleep_until_some(listed_by) => Some(format!(
+                "the pods bound to this node were not listed within {}",
+                humantime::format_duration(LISTING_TIMEOUT)
+            )),
             item = next_or_pending(&mut stream) => match item {
                 Some(Ok(event)) => {
-                    if matches!(event, Event::InitDone) {
-                        backoff.reset();
+                    match event {
+                        Event::Init => listed_by = Some(Instant::now() + LISTING_TIMEOUT),
+                        Event::InitDone => {
+                            listed_by = None;
+                            backoff.reset();
+                        }
+                        _ => {}
                     }
                     state.event(event);
+                    None
                 }
-                Some(Err(err)) => {
-                    state.failed(&err);
-                    stream = None;
-                    let delay = backoff.next().unwrap_or(MAX_RETRY);
-                    retry_at = Some(Instant::now() + delay);
-                }
+                Some(Err(err)) => Some(err.to_string()),
                 None => break,
             },
+        };
+        if let Some(err) = failure {
+            state.failed(&err);
+            stream = None;
+            listed_by = None;
+            let delay = backoff.next().unwrap_or(MAX_RETRY);
+            retry_at = Some(Instant::now() + delay);
         }
     }
 }
+
+/// How long one listing of the pods (every page) may take before the watch
+/// is dropped and started again.
+const LISTING_TIMEOUT: Duration = super::REQUEST_TIMEOUT;
 
 /// The longest wait between two attempts to watch (the watcher's own
 /// backoff caps at this).
@@ -317,7 +348,7 @@ impl WatchState {
         }
     }
 
-    fn failed(&mut self, err: &watcher::Error) {
+    fn failed(&mut self, err: &str) {
         if self.up {
             warn!(
                 error = %err,
@@ -474,7 +505,7 @@ status:
         assert_eq!(named(&receiver), ["web:1"]);
         assert!(state.up);
         // The API server goes away: the pods stay.
-        state.failed(&watcher::Error::NoResourceVersion);
+        state.failed("the API server went away");
         assert!(!state.up);
         assert_eq!(named(&receiver), ["web:1"]);
         // Past pods_stale_after they go, and it says so.
@@ -509,24 +540,31 @@ status:
     }
 
     /// An API server that lists the pods it is told to, holds each watch
-    /// open without events, and answers 503 to everything while it is down.
+    /// open without events, answers 503 to everything while it is down, and
+    /// never answers a listing while it hangs.
     mod fake_api {
         use std::convert::Infallible;
         use std::sync::Mutex;
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-        use http_body_util::combinators::BoxBody;
         use http_body_util::{BodyExt as _, StreamBody};
         use hyper::body::{Bytes, Frame, Incoming};
         use hyper::{Request, Response};
         use tokio::sync::mpsc;
 
-        use crate::kubernetes::fake_api::{json, unavailable};
+        use crate::kubernetes::fake_api::{Reply, json, unavailable};
 
         #[derive(Default)]
         pub struct FakeApi {
             pub down: AtomicBool,
+            /// Listings are read and never answered.
+            pub hang_lists: AtomicBool,
+            /// Listings never answered.
+            pub hung: AtomicUsize,
+            /// Listings answered.
             pub lists: AtomicUsize,
+            /// The query of each watch request.
+            pub watch_queries: Mutex<Vec<String>>,
             /// The images of the pods a listing returns.
             pub images: Mutex<Vec<&'static str>>,
             watches: Mutex<Vec<mpsc::Sender<Bytes>>>,
@@ -544,13 +582,14 @@ status:
                 self.down.store(false, Ordering::SeqCst);
             }
 
-            pub fn respond(&self, request: &Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
+            pub fn respond(&self, request: &Request<Incoming>) -> Reply {
                 if self.down.load(Ordering::SeqCst) {
-                    return unavailable();
+                    return unavailable().into();
                 }
                 let query = request.uri().query().unwrap_or_default();
                 assert!(query.contains("fieldSelector=spec.nodeName%3Dnode-1"), "{query}");
                 if query.contains("watch=true") {
+                    self.watch_queries.lock().unwrap().push(query.to_owned());
                     let (tx, rx) = mpsc::channel::<Bytes>(1);
                     self.watches.lock().unwrap().push(tx);
                     let events = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -559,7 +598,12 @@ status:
                     return Response::builder()
                         .header("content-type", "application/json")
                         .body(StreamBody::new(events).boxed())
-                        .unwrap();
+                        .unwrap()
+                        .into();
+                }
+                if self.hang_lists.load(Ordering::SeqCst) {
+                    self.hung.fetch_add(1, Ordering::SeqCst);
+                    return Reply::Never;
                 }
                 let n = self.lists.fetch_add(1, Ordering::SeqCst) + 1;
                 let items: Vec<String> = self
@@ -581,6 +625,7 @@ status:
                         items.join(",")
                     ),
                 )
+                .into()
             }
         }
     }
@@ -641,6 +686,92 @@ status:
         wait_until("the watch up again", || up(&metrics)).await;
         assert_eq!(named(&watch.protections), ["web:1", "job:2"]);
         assert_eq!(api.lists.load(Ordering::SeqCst), 2);
+        shutdown.cancel();
+    }
+
+    /// A watch on a node where nothing changes is quiet for as long as it
+    /// is open: the client's bounds must not take that for a hang. It asks
+    /// the API server to end it after `WATCH_TIMEOUT` and watches on from
+    /// where it was, without listing again.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_watch_stays_up_without_listing_again() {
+        use std::sync::atomic::Ordering;
+
+        let api = Arc::new(fake_api::FakeApi::default());
+        api.images.lock().unwrap().push("web:1");
+        let url = {
+            let api = Arc::clone(&api);
+            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
+        };
+        crate::kubernetes::fake_api::keep_time_moving();
+        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let watch = spawn(
+            client,
+            "node-1",
+            Duration::from_secs(60),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        );
+        wait_until("the first listing", || *watch.synced.borrow()).await;
+        tokio::time::sleep(Duration::from_secs(15 * 60)).await;
+        assert!(metric(&metrics, "imagegc_kubernetes_pods_watch_up 1"));
+        assert_eq!(named(&watch.protections), ["web:1"]);
+        assert_eq!(api.lists.load(Ordering::SeqCst), 1, "never listed again");
+        let watches = api.watch_queries.lock().unwrap().clone();
+        assert!(
+            (2..=4).contains(&watches.len()),
+            "one watch per timeoutSeconds and a margin: {watches:?}"
+        );
+        assert!(watches.iter().all(|q| q.contains("timeoutSeconds=290")), "{watches:?}");
+        shutdown.cancel();
+    }
+
+    fn metric(metrics: &Metrics, line: &str) -> bool {
+        metrics.encode().lines().any(|l| l == line)
+    }
+
+    /// The API server accepts the listing and never answers it (a control
+    /// plane lost without a reset, a load balancer that dropped its state):
+    /// the listing is given up, and once the API server answers again the
+    /// watch lists anew and is up and current, not stale until a restart.
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_that_is_never_answered_is_made_again() {
+        use std::sync::atomic::Ordering;
+
+        let api = Arc::new(fake_api::FakeApi::default());
+        api.images.lock().unwrap().push("web:1");
+        api.hang_lists.store(true, Ordering::SeqCst);
+        let url = {
+            let api = Arc::clone(&api);
+            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
+        };
+        crate::kubernetes::fake_api::keep_time_moving();
+        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let watch = spawn(
+            client,
+            "node-1",
+            Duration::from_secs(10),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        );
+        wait_until("a listing sent", || api.hung.load(Ordering::SeqCst) == 1).await;
+        wait_until("the pods stale", || metric(&metrics, "imagegc_kubernetes_pods_stale 1")).await;
+
+        // The API server answers again (the hung listing stays unanswered).
+        api.hang_lists.store(false, Ordering::SeqCst);
+        wait_until("the watch up again", || {
+            metric(&metrics, "imagegc_kubernetes_pods_watch_up 1")
+        })
+        .await;
+        assert!(metric(&metrics, "imagegc_kubernetes_pods_stale 0"));
+        assert!(metric(&metrics, "imagegc_kubernetes_pods 1"));
+        assert!(*watch.synced.borrow());
+        assert_eq!(named(&watch.protections), ["web:1"]);
+        assert_eq!(api.lists.load(Ordering::SeqCst), 1, "listed anew, once");
         shutdown.cancel();
     }
 }
