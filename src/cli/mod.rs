@@ -212,7 +212,7 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
 /// Runs a command other than `run` (the daemon lives in [`crate::daemon`]).
 pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> {
     match &cli.command {
-        Command::CheckConfig => check_config(&config),
+        Command::CheckConfig => check_config(&config).await,
         Command::History { since, output } => history::history(&config, since.as_deref(), *output),
         Command::Images { output } => {
             let runtime = runtime_client(&config).await?;
@@ -270,12 +270,19 @@ impl PodSource {
     }
 
     /// The pods' keep rules. A listing that fails stops the command: it
-    /// could not tell which images a starting pod is about to run.
+    /// could not tell which images a starting pod is about to run. A node
+    /// name that looks wrong is said on stderr (see
+    /// [`crate::kubernetes::node`]).
     async fn list(&self) -> Result<crate::policy::Protections, CliError> {
         #[cfg(feature = "kubernetes")]
         if let Some(cluster) = &self.cluster {
-            return match cluster.list_pods().await {
-                Ok(pods) => Ok(pods.unwrap_or_default()),
+            return match cluster.survey().await {
+                Ok(survey) => {
+                    for warning in &survey.warnings {
+                        eprintln!("warning: {warning}");
+                    }
+                    Ok(survey.pods.unwrap_or_default())
+                }
                 Err(err) => Err(CliError::Other(anyhow::anyhow!(
                     "cannot list the pods bound to node {} ({err}): nothing was done; set kubernetes.enabled = \
                      false to act on what the runtime says alone",
@@ -284,6 +291,34 @@ impl PodSource {
             };
         }
         Ok(crate::policy::Protections::default())
+    }
+}
+
+/// With `[kubernetes]` on, what `check-config` says of the node's name (see
+/// [`crate::kubernetes::node`]), asking the API server as `run` would
+/// (at most [`crate::kubernetes::REQUEST_TIMEOUT`]). Where `run` could not
+/// connect (no token outside a pod) that is said too, as a warning: the
+/// file may be checked away from the node it is for.
+#[cfg(feature = "kubernetes")]
+async fn kubernetes_warnings(config: &Config) -> Vec<String> {
+    if !config.kubernetes.enabled {
+        return Vec::new();
+    }
+    let file = config
+        .source
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let cluster = match crate::kubernetes::Cluster::connect(&config.kubernetes, &file).await {
+        Ok(cluster) => cluster,
+        Err(err) => return vec![format!("cannot check the node's name from here: {err}")],
+    };
+    match cluster.survey().await {
+        Ok(survey) => survey.warnings,
+        Err(err) => vec![format!(
+            "cannot check the node's name: cannot list the pods bound to node {}: {err}",
+            cluster.node()
+        )],
     }
 }
 
@@ -301,8 +336,12 @@ pub async fn runtime_client(config: &Config) -> Result<CriClient, RuntimeError> 
     Ok(client)
 }
 
-fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
+async fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
     for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    #[cfg(feature = "kubernetes")]
+    for warning in kubernetes_warnings(config).await {
         eprintln!("warning: {warning}");
     }
     // Against the `imagegc run` on this state directory, if one runs: what
@@ -420,5 +459,33 @@ mod tests {
         );
         assert!(err.contains("nothing was done"), "{err}");
         assert!(started.elapsed() <= crate::kubernetes::REQUEST_TIMEOUT + std::time::Duration::from_secs(1));
+    }
+
+    /// `check-config` with `kubernetes.node_name` a host name where the
+    /// Node is `node-1`: it says so, naming the key.
+    #[cfg(feature = "kubernetes")]
+    #[tokio::test]
+    async fn check_config_says_a_node_name_names_no_node() {
+        use crate::kubernetes::fake_api;
+
+        let api = std::sync::Arc::new(fake_api::cluster::FakeApi::default());
+        api.nodes.lock().unwrap().push("node-1");
+        let url = {
+            let api = std::sync::Arc::clone(&api);
+            fake_api::serve(move |request| api.respond(request)).await
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = kubernetes_config(dir.path(), &url);
+        assert!(kubernetes_warnings(&config).await.is_empty());
+        config.kubernetes.node_name = Some("ip-10-0-0-1".to_owned());
+        let warnings = kubernetes_warnings(&config).await;
+        assert!(
+            warnings.iter().any(|w| w.starts_with(
+                r#"the API server has no Node named "ip-10-0-0-1": kubernetes.node_name (or NODE_NAME) is not this node's name"#
+            )),
+            "{warnings:?}"
+        );
+        config.kubernetes.enabled = false;
+        assert!(kubernetes_warnings(&config).await.is_empty());
     }
 }

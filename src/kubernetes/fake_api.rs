@@ -91,3 +91,131 @@ pub fn keep_time_moving() {
         }
     });
 }
+
+/// Waits until `done`, checking every 100 ms, for at most 60 s.
+pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("timed out after 60 s waiting for {what}");
+}
+
+/// An API server that lists the pods it is told to, holds each watch
+/// open without events, answers 503 to everything while it is down, and
+/// never answers a listing while it hangs. It knows the Nodes it is told
+/// to, and only node `node-1`'s pods.
+pub mod cluster {
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use http_body_util::{BodyExt as _, StreamBody};
+    use hyper::body::{Bytes, Frame, Incoming};
+    use hyper::{Request, Response};
+    use tokio::sync::mpsc;
+
+    use super::{Reply, json, unavailable};
+
+    #[derive(Default)]
+    pub struct FakeApi {
+        pub down: AtomicBool,
+        /// Listings are read and never answered.
+        pub hang_lists: AtomicBool,
+        /// Listings never answered.
+        pub hung: AtomicUsize,
+        /// Listings answered.
+        pub lists: AtomicUsize,
+        /// The query of each watch request.
+        pub watch_queries: Mutex<Vec<String>>,
+        /// The images of the pods a listing returns: pod `default/p<i>`
+        /// names the i-th.
+        pub images: Mutex<Vec<&'static str>>,
+        /// The Nodes that exist.
+        pub nodes: Mutex<Vec<&'static str>>,
+        watches: Mutex<Vec<mpsc::Sender<Bytes>>>,
+    }
+
+    impl FakeApi {
+        /// Goes down: every watch held open ends, as when the process
+        /// stops, and every request fails until `up`.
+        pub fn go_down(&self) {
+            self.down.store(true, Ordering::SeqCst);
+            self.watches.lock().unwrap().clear();
+        }
+
+        pub fn come_up(&self) {
+            self.down.store(false, Ordering::SeqCst);
+        }
+
+        pub fn respond(&self, request: &Request<Incoming>) -> Reply {
+            if self.down.load(Ordering::SeqCst) {
+                return unavailable().into();
+            }
+            if let Some(node) = request.uri().path().strip_prefix("/api/v1/nodes/") {
+                return if self.nodes.lock().unwrap().contains(&node) {
+                    json(
+                        200,
+                        format!(r#"{{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{node}"}}}}"#),
+                    )
+                    .into()
+                } else {
+                    json(
+                        404,
+                        format!(
+                            r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"nodes \"{node}\" not found","reason":"NotFound","code":404}}"#
+                        ),
+                    )
+                    .into()
+                };
+            }
+            let query = request.uri().query().unwrap_or_default();
+            let node = query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("fieldSelector=spec.nodeName%3D"))
+                .unwrap_or_else(|| panic!("pods not selected by node: {query}"));
+            if query.contains("watch=true") {
+                self.watch_queries.lock().unwrap().push(query.to_owned());
+                let (tx, rx) = mpsc::channel::<Bytes>(1);
+                self.watches.lock().unwrap().push(tx);
+                let events = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                });
+                return Response::builder()
+                    .header("content-type", "application/json")
+                    .body(StreamBody::new(events).boxed())
+                    .unwrap()
+                    .into();
+            }
+            if self.hang_lists.load(Ordering::SeqCst) {
+                self.hung.fetch_add(1, Ordering::SeqCst);
+                return Reply::Never;
+            }
+            let n = self.lists.fetch_add(1, Ordering::SeqCst) + 1;
+            let images = if node == "node-1" {
+                self.images.lock().unwrap().clone()
+            } else {
+                Vec::new()
+            };
+            let items: Vec<String> = images
+                .iter()
+                .enumerate()
+                .map(|(i, image)| {
+                    format!(
+                        r#"{{"metadata":{{"name":"p{i}","namespace":"default","resourceVersion":"{n}"}},"spec":{{"nodeName":"node-1","containers":[{{"name":"c","image":"{image}"}}]}}}}"#
+                    )
+                })
+                .collect();
+            json(
+                200,
+                format!(
+                    r#"{{"apiVersion":"v1","kind":"PodList","metadata":{{"resourceVersion":"{n}"}},"items":[{}]}}"#,
+                    items.join(",")
+                ),
+            )
+            .into()
+        }
+    }
+}

@@ -66,6 +66,11 @@ impl PodImages {
         self.pods.is_empty()
     }
 
+    /// The pods known, `namespace/name`.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.pods.keys().map(String::as_str)
+    }
+
     /// The keep rules: each image a pod names, with the pod.
     pub fn protections(&self) -> Protections {
         Protections {
@@ -144,8 +149,8 @@ pub fn images_of(pod: &Pod) -> Vec<String> {
     images
 }
 
-/// The pods bound to `node`, listed once, as keep rules.
-pub async fn list(client: Client, node: &str) -> Result<Protections, kube::Error> {
+/// The pods bound to `node`, listed once.
+pub async fn list(client: Client, node: &str) -> Result<PodImages, kube::Error> {
     let api: Api<Pod> = Api::all(client);
     let selector = format!("spec.nodeName={node}");
     let mut pods = PodImages::default();
@@ -157,7 +162,7 @@ pub async fn list(client: Client, node: &str) -> Result<Protections, kube::Error
         });
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None => return Ok(pods.protections()),
+            None => return Ok(pods),
         }
     }
 }
@@ -169,6 +174,9 @@ pub struct PodWatch {
     pub protections: watch::Receiver<Arc<Protections>>,
     /// True once the pods were listed (the first time).
     pub synced: watch::Receiver<bool>,
+    /// The pods of the latest complete listing, `namespace/name`; `None`
+    /// until the first.
+    pub listed: watch::Receiver<Option<Vec<String>>>,
 }
 
 /// Watches the pods bound to `node` until `shutdown`, in a task of its own.
@@ -181,7 +189,8 @@ pub fn spawn(
 ) -> PodWatch {
     let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
     let (synced_tx, synced) = watch::channel(false);
-    let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics);
+    let (listed_tx, listed) = watch::channel(None);
+    let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics).listed_to(listed_tx);
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default()
         .fields(&format!("spec.nodeName={node}"))
@@ -191,7 +200,11 @@ pub fn spawn(
         info!(node, "watching the pods bound to this node");
         watch_pods(api, config, state, shutdown).await;
     });
-    PodWatch { protections, synced }
+    PodWatch {
+        protections,
+        synced,
+        listed,
+    }
 }
 
 /// The watch's loop. A watch that fails is dropped and, after a backoff,
@@ -287,10 +300,17 @@ struct WatchState {
     stale_after: Duration,
     protections: watch::Sender<Arc<Protections>>,
     synced: watch::Sender<bool>,
+    listed: Option<watch::Sender<Option<Vec<String>>>>,
     metrics: Arc<Metrics>,
 }
 
 impl WatchState {
+    /// Each complete listing's pods go to `listed` too.
+    fn listed_to(mut self, listed: watch::Sender<Option<Vec<String>>>) -> Self {
+        self.listed = Some(listed);
+        self
+    }
+
     /// Nothing listed yet, down since now.
     fn new(
         stale_after: Duration,
@@ -307,6 +327,7 @@ impl WatchState {
             stale_after,
             protections,
             synced,
+            listed: None,
             metrics,
         }
     }
@@ -326,6 +347,9 @@ impl WatchState {
                         pods = listed.len(),
                         "pods bound to this node listed: their images are kept"
                     );
+                }
+                if let Some(sender) = &self.listed {
+                    sender.send_replace(Some(listed.keys().map(str::to_owned).collect()));
                 }
                 self.pods = listed;
                 self.up = true;
@@ -539,106 +563,7 @@ status:
         );
     }
 
-    /// An API server that lists the pods it is told to, holds each watch
-    /// open without events, answers 503 to everything while it is down, and
-    /// never answers a listing while it hangs.
-    mod fake_api {
-        use std::convert::Infallible;
-        use std::sync::Mutex;
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-        use http_body_util::{BodyExt as _, StreamBody};
-        use hyper::body::{Bytes, Frame, Incoming};
-        use hyper::{Request, Response};
-        use tokio::sync::mpsc;
-
-        use crate::kubernetes::fake_api::{Reply, json, unavailable};
-
-        #[derive(Default)]
-        pub struct FakeApi {
-            pub down: AtomicBool,
-            /// Listings are read and never answered.
-            pub hang_lists: AtomicBool,
-            /// Listings never answered.
-            pub hung: AtomicUsize,
-            /// Listings answered.
-            pub lists: AtomicUsize,
-            /// The query of each watch request.
-            pub watch_queries: Mutex<Vec<String>>,
-            /// The images of the pods a listing returns.
-            pub images: Mutex<Vec<&'static str>>,
-            watches: Mutex<Vec<mpsc::Sender<Bytes>>>,
-        }
-
-        impl FakeApi {
-            /// Goes down: every watch held open ends, as when the process
-            /// stops, and every request fails until `up`.
-            pub fn go_down(&self) {
-                self.down.store(true, Ordering::SeqCst);
-                self.watches.lock().unwrap().clear();
-            }
-
-            pub fn come_up(&self) {
-                self.down.store(false, Ordering::SeqCst);
-            }
-
-            pub fn respond(&self, request: &Request<Incoming>) -> Reply {
-                if self.down.load(Ordering::SeqCst) {
-                    return unavailable().into();
-                }
-                let query = request.uri().query().unwrap_or_default();
-                assert!(query.contains("fieldSelector=spec.nodeName%3Dnode-1"), "{query}");
-                if query.contains("watch=true") {
-                    self.watch_queries.lock().unwrap().push(query.to_owned());
-                    let (tx, rx) = mpsc::channel::<Bytes>(1);
-                    self.watches.lock().unwrap().push(tx);
-                    let events = futures_util::stream::unfold(rx, |mut rx| async move {
-                        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
-                    });
-                    return Response::builder()
-                        .header("content-type", "application/json")
-                        .body(StreamBody::new(events).boxed())
-                        .unwrap()
-                        .into();
-                }
-                if self.hang_lists.load(Ordering::SeqCst) {
-                    self.hung.fetch_add(1, Ordering::SeqCst);
-                    return Reply::Never;
-                }
-                let n = self.lists.fetch_add(1, Ordering::SeqCst) + 1;
-                let items: Vec<String> = self
-                    .images
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, image)| {
-                        format!(
-                            r#"{{"metadata":{{"name":"p{i}","namespace":"default","resourceVersion":"{n}"}},"spec":{{"nodeName":"node-1","containers":[{{"name":"c","image":"{image}"}}]}}}}"#
-                        )
-                    })
-                    .collect();
-                json(
-                    200,
-                    format!(
-                        r#"{{"apiVersion":"v1","kind":"PodList","metadata":{{"resourceVersion":"{n}"}},"items":[{}]}}"#,
-                        items.join(",")
-                    ),
-                )
-                .into()
-            }
-        }
-    }
-
-    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-        for _ in 0..600 {
-            if done() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("timed out after 60 s waiting for {what}");
-    }
+    use crate::kubernetes::fake_api::{self, wait_until};
 
     /// The API server restarts while nothing changes on the node: the watch
     /// is whole again once it returns (a relisting, with what changed
@@ -647,7 +572,7 @@ status:
     async fn after_the_api_server_returns_the_watch_is_up_again() {
         use std::sync::atomic::Ordering;
 
-        let api = Arc::new(fake_api::FakeApi::default());
+        let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
         let url = {
             let api = Arc::clone(&api);
@@ -697,7 +622,7 @@ status:
     async fn a_quiet_watch_stays_up_without_listing_again() {
         use std::sync::atomic::Ordering;
 
-        let api = Arc::new(fake_api::FakeApi::default());
+        let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
         let url = {
             let api = Arc::clone(&api);
@@ -740,7 +665,7 @@ status:
     async fn a_listing_that_is_never_answered_is_made_again() {
         use std::sync::atomic::Ordering;
 
-        let api = Arc::new(fake_api::FakeApi::default());
+        let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
         api.hang_lists.store(true, Ordering::SeqCst);
         let url = {
