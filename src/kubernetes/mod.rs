@@ -5,6 +5,8 @@
 //!   are kept (reason `pod`), through the engine's protections input.
 //! - [`node_events`]: events on this node's Node object, through the
 //!   engine's event sinks.
+//! - [`node`]: whether `kubernetes.node_name` is this node's name (its Node
+//!   exists; imagegc's own pod is among the node's pods), said once.
 //!
 //! The cycle never waits on the API server: the watch and the event poster
 //! run in tasks of their own and hand over what they have.
