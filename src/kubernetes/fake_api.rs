@@ -124,6 +124,9 @@ pub mod cluster {
         pub down: AtomicBool,
         /// Listings are read and never answered.
         pub hang_lists: AtomicBool,
+        /// Listings are answered with their status and headers, and a body
+        /// that never comes (a server that stops halfway).
+        pub stall_lists: AtomicBool,
         /// Listings never answered.
         pub hung: AtomicUsize,
         /// Listings answered.
@@ -186,6 +189,15 @@ pub mod cluster {
                 return Response::builder()
                     .header("content-type", "application/json")
                     .body(StreamBody::new(events).boxed())
+                    .unwrap()
+                    .into();
+            }
+            if self.stall_lists.load(Ordering::SeqCst) {
+                self.hung.fetch_add(1, Ordering::SeqCst);
+                let never = futures_util::stream::pending::<Result<Frame<Bytes>, Infallible>>();
+                return Response::builder()
+                    .header("content-type", "application/json")
+                    .body(StreamBody::new(never).boxed())
                     .unwrap()
                     .into();
             }

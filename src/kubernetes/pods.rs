@@ -663,11 +663,25 @@ status:
     /// watch lists anew and is up and current, not stale until a restart.
     #[tokio::test(start_paused = true)]
     async fn a_listing_that_is_never_answered_is_made_again() {
+        a_listing_that_hangs_is_made_again(|api| &api.hang_lists).await;
+    }
+
+    /// The same with a listing that stops halfway: its status and headers
+    /// come, its body never does. The watch's own bound on a listing ends
+    /// it, not the connection's read timeout minutes later.
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_that_stops_halfway_is_made_again() {
+        a_listing_that_hangs_is_made_again(|api| &api.stall_lists).await;
+    }
+
+    async fn a_listing_that_hangs_is_made_again(
+        hang: impl Fn(&fake_api::cluster::FakeApi) -> &std::sync::atomic::AtomicBool,
+    ) {
         use std::sync::atomic::Ordering;
 
         let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
-        api.hang_lists.store(true, Ordering::SeqCst);
+        hang(&api).store(true, Ordering::SeqCst);
         let url = {
             let api = Arc::clone(&api);
             crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
@@ -687,7 +701,7 @@ status:
         wait_until("the pods stale", || metric(&metrics, "imagegc_kubernetes_pods_stale 1")).await;
 
         // The API server answers again (the hung listing stays unanswered).
-        api.hang_lists.store(false, Ordering::SeqCst);
+        hang(&api).store(false, Ordering::SeqCst);
         wait_until("the watch up again", || {
             metric(&metrics, "imagegc_kubernetes_pods_watch_up 1")
         })
