@@ -203,6 +203,7 @@ struct KubernetesFamilies {
     watch_up: Gauge,
     pods: Gauge,
     pods_stale: Gauge,
+    node_found: Gauge,
     node_events: Family<NodeEventLabels, Counter>,
 }
 
@@ -228,6 +229,14 @@ impl KubernetesFamilies {
              only the runtime's containers protect images until the watch returns",
             pods_stale.clone(),
         );
+        let node_found = Gauge::default();
+        registry.register(
+            "imagegc_kubernetes_node_found",
+            "1 once kubernetes.node_name is confirmed as this node's name (its Node exists and, in a pod, \
+             imagegc's own pod is among the pods listed for it); 0 when it is not, not yet known, or \
+             [kubernetes] is off",
+            node_found.clone(),
+        );
         let node_events = Family::<NodeEventLabels, Counter>::default();
         registry.register(
             "imagegc_kubernetes_node_events",
@@ -247,6 +256,7 @@ impl KubernetesFamilies {
             watch_up,
             pods,
             pods_stale,
+            node_found,
             node_events,
         }
     }
@@ -679,6 +689,11 @@ impl Metrics {
     /// Whether the last call to the runtime succeeded.
     pub fn set_runtime_up(&self, up: bool) {
         self.node.runtime_up.set(i64::from(up));
+    }
+
+    /// Whether `kubernetes.node_name` is confirmed as this node's name.
+    pub fn set_node_found(&self, found: bool) {
+        self.kubernetes.node_found.set(i64::from(found));
     }
 
     /// The watch of this node's pods: whether it is current, how many pods

@@ -45,7 +45,7 @@ import tomllib
 import jsonschema
 import yaml
 
-CORE_KINDS = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota", "Service",
+CORE_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota", "Service",
               "ServiceAccount"}
 OPERATOR_KINDS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitors",
                   "PrometheusRule": "prometheusrules"}
@@ -296,18 +296,31 @@ def values(render, values_file, deploy):
                        "pods_stale_after": v["kubernetes"]["podsStaleAfter"]},
     }
     if v["kubernetes"]["enabled"]:
-        # Exactly the RBAC imagegc needs, for its account, and its token.
+        # Exactly the RBAC imagegc needs, for its account, and its token:
+        # pods list/watch and nodes get cluster-wide, events only in
+        # `default`, where it posts them.
         (role,) = one("ClusterRole")
         problems.same("ClusterRole rules", role["rules"],
-                      [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                       {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}])
+                      [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+                       {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}])
         (binding,) = one("ClusterRoleBinding")
         problems.same("ClusterRoleBinding role", binding["roleRef"]["name"], role["metadata"]["name"])
         problems.same("ClusterRoleBinding subject", [s["name"] for s in binding["subjects"]],
                       [pod["spec"]["serviceAccountName"]])
+        (events,) = one("Role")
+        problems.same("Role namespace", events["metadata"].get("namespace"), "default")
+        problems.same("Role rules", events["rules"],
+                      [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}])
+        (events_binding,) = one("RoleBinding")
+        problems.same("RoleBinding namespace", events_binding["metadata"].get("namespace"), "default")
+        problems.same("RoleBinding role", events_binding["roleRef"], {"apiGroup": "rbac.authorization.k8s.io",
+                                                                     "kind": "Role",
+                                                                     "name": events["metadata"]["name"]})
+        problems.same("RoleBinding subject", [s["name"] for s in events_binding["subjects"]],
+                      [pod["spec"]["serviceAccountName"]])
         problems.same("automountServiceAccountToken", pod["spec"]["automountServiceAccountToken"], True)
     else:
-        problems.check(not docs.get("ClusterRole") and not docs.get("ClusterRoleBinding"),
+        problems.check(not any(docs.get(k) for k in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")),
                        "RBAC without kubernetes.enabled")
     if gc["imageFsPath"]:
         want["gc"]["image_fs_path"] = gc["imageFsPath"]
@@ -320,6 +333,13 @@ def values(render, values_file, deploy):
                   {"kubernetes.io/metadata.name": v["networkPolicy"]["scrapeNamespace"]})
     problems.same("scrape pods", peer.get("podSelector", {}).get("matchLabels"), v["networkPolicy"]["scrapePodLabels"])
     problems.same("NetworkPolicy port", np["spec"]["ingress"][0]["ports"], [{"protocol": "TCP", "port": port}])
+    if v["kubernetes"]["enabled"]:
+        cidrs = v["networkPolicy"].get("apiServerCIDRs", ["0.0.0.0/0", "::/0"])
+        problems.same("NetworkPolicy egress", np["spec"]["egress"],
+                      [{"to": [{"ipBlock": {"cidr": c}} for c in cidrs],
+                        "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}])
+    else:
+        problems.same("NetworkPolicy egress", np["spec"]["egress"], [])
 
     if v.get("serviceMonitor", {}).get("enabled"):
         (svc,) = one("Service")

@@ -145,6 +145,9 @@ def check(deploy):
     env = {e["name"]: e for e in container.get("env", [])}
     problems.check(env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName",
                    "NODE_NAME is not taken from spec.nodeName")
+    for name, path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
+        problems.check(env.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == path,
+                       f"{name} is not taken from {path}: imagegc cannot look for its own pod among the node's")
 
     sc = container.get("securityContext", {})
     problems.check(sc.get("capabilities", {}).get("drop") == ["ALL"], "capabilities are not all dropped")

@@ -49,6 +49,7 @@ EXPORTED = {
     "imagegc_kubernetes_pods_watch_up": {},
     "imagegc_kubernetes_pods": {},
     "imagegc_kubernetes_pods_stale": {},
+    "imagegc_kubernetes_node_found": {},
     "imagegc_kubernetes_node_events_total": {
         "reason": {"FreeDiskSpaceFailed", "ImageGCFailed", "ImageRepullThrash", "SandboxImageUnknown"},
         "result": {"posted", "failed", "dropped"},

@@ -212,7 +212,7 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
 /// Runs a command other than `run` (the daemon lives in [`crate::daemon`]).
 pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> {
     match &cli.command {
-        Command::CheckConfig => check_config(&config),
+        Command::CheckConfig => check_config(&config).await,
         Command::History { since, output } => history::history(&config, since.as_deref(), *output),
         Command::Images { output } => {
             let runtime = runtime_client(&config).await?;
@@ -270,12 +270,19 @@ impl PodSource {
     }
 
     /// The pods' keep rules. A listing that fails stops the command: it
-    /// could not tell which images a starting pod is about to run.
+    /// could not tell which images a starting pod is about to run. A node
+    /// name that looks wrong is said on stderr (see
+    /// [`crate::kubernetes::node`]).
     async fn list(&self) -> Result<crate::policy::Protections, CliError> {
         #[cfg(feature = "kubernetes")]
         if let Some(cluster) = &self.cluster {
-            return match cluster.list_pods().await {
-                Ok(pods) => Ok(pods.unwrap_or_default()),
+            return match cluster.survey().await {
+                Ok(survey) => {
+                    for warning in &survey.warnings {
+                        eprintln!("warning: {warning}");
+                    }
+                    Ok(survey.pods.unwrap_or_default())
+                }
                 Err(err) => Err(CliError::Other(anyhow::anyhow!(
                     "cannot list the pods bound to node {} ({err}): nothing was done; set kubernetes.enabled = \
                      false to act on what the runtime says alone",
@@ -284,6 +291,34 @@ impl PodSource {
             };
         }
         Ok(crate::policy::Protections::default())
+    }
+}
+
+/// With `[kubernetes]` on, what `check-config` says of the node's name (see
+/// [`crate::kubernetes::node`]), asking the API server as `run` would
+/// (at most [`crate::kubernetes::REQUEST_TIMEOUT`]). Where `run` could not
+/// connect (no token outside a pod) that is said too, as a warning: the
+/// file may be checked away from the node it is for.
+#[cfg(feature = "kubernetes")]
+async fn kubernetes_warnings(config: &Config) -> Vec<String> {
+    if !config.kubernetes.enabled {
+        return Vec::new();
+    }
+    let file = config
+        .source
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let cluster = match crate::kubernetes::Cluster::connect(&config.kubernetes, &file).await {
+        Ok(cluster) => cluster,
+        Err(err) => return vec![format!("cannot check the node's name from here: {err}")],
+    };
+    match cluster.survey().await {
+        Ok(survey) => survey.warnings,
+        Err(err) => vec![format!(
+            "cannot check the node's name: cannot list the pods bound to node {}: {err}",
+            cluster.node()
+        )],
     }
 }
 
@@ -301,8 +336,12 @@ pub async fn runtime_client(config: &Config) -> Result<CriClient, RuntimeError> 
     Ok(client)
 }
 
-fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
+async fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
     for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
+    #[cfg(feature = "kubernetes")]
+    for warning in kubernetes_warnings(config).await {
         eprintln!("warning: {warning}");
     }
     // Against the `imagegc run` on this state directory, if one runs: what
@@ -371,5 +410,82 @@ mod tests {
         .unwrap();
         assert_eq!(cli.runtime_endpoint.as_deref(), Some("unix:///x"));
         assert!(matches!(cli.command, Command::Images { output: Output::Json }));
+    }
+
+    /// A kubeconfig for the API server at `url`, and a configuration with
+    /// `[kubernetes]` on for node `node-1` that reads it.
+    #[cfg(feature = "kubernetes")]
+    fn kubernetes_config(dir: &std::path::Path, url: &str) -> Config {
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
+                 users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\n\
+                 current-context: x\n"
+            ),
+        )
+        .unwrap();
+        let mut config = Config::default();
+        config.kubernetes.enabled = true;
+        config.kubernetes.node_name = Some("node-1".to_owned());
+        config.kubernetes.kubeconfig = Some(kubeconfig);
+        config
+    }
+
+    /// `plan` and `once` against an API server that accepts and never
+    /// answers: they give up after the documented 30 s, saying which API
+    /// server did not answer and for how long, instead of hanging (`once`
+    /// with the state directory locked).
+    #[cfg(feature = "kubernetes")]
+    #[tokio::test(start_paused = true)]
+    async fn plan_and_once_give_up_on_an_api_server_that_never_answers() {
+        use crate::kubernetes::fake_api;
+
+        let url = fake_api::serve(|_| fake_api::Reply::Never).await;
+        fake_api::keep_time_moving();
+        let dir = tempfile::tempdir().unwrap();
+        let config = kubernetes_config(dir.path(), &url);
+        let started = tokio::time::Instant::now();
+        let listed = tokio::time::timeout(std::time::Duration::from_secs(600), async {
+            PodSource::connect(&config).await.unwrap().list().await
+        })
+        .await
+        .expect("the listing gave up rather than hang");
+        let err = listed.expect_err("no pods without an answer").to_string();
+        assert!(
+            err.contains(&format!("the API server at {url}/ did not answer within 30s")),
+            "{err}"
+        );
+        assert!(err.contains("nothing was done"), "{err}");
+        assert!(started.elapsed() <= crate::kubernetes::REQUEST_TIMEOUT + std::time::Duration::from_secs(1));
+    }
+
+    /// `check-config` with `kubernetes.node_name` a host name where the
+    /// Node is `node-1`: it says so, naming the key.
+    #[cfg(feature = "kubernetes")]
+    #[tokio::test]
+    async fn check_config_says_a_node_name_names_no_node() {
+        use crate::kubernetes::fake_api;
+
+        let api = std::sync::Arc::new(fake_api::cluster::FakeApi::default());
+        api.nodes.lock().unwrap().push("node-1");
+        let url = {
+            let api = std::sync::Arc::clone(&api);
+            fake_api::serve(move |request| api.respond(request)).await
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = kubernetes_config(dir.path(), &url);
+        assert!(kubernetes_warnings(&config).await.is_empty());
+        config.kubernetes.node_name = Some("ip-10-0-0-1".to_owned());
+        let warnings = kubernetes_warnings(&config).await;
+        assert!(
+            warnings.iter().any(|w| w.starts_with(
+                r#"the API server has no Node named "ip-10-0-0-1": kubernetes.node_name (or NODE_NAME) is not this node's name"#
+            )),
+            "{warnings:?}"
+        );
+        config.kubernetes.enabled = false;
+        assert!(kubernetes_warnings(&config).await.is_empty());
     }
 }

@@ -66,6 +66,11 @@ impl PodImages {
         self.pods.is_empty()
     }
 
+    /// The pods known, `namespace/name`.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.pods.keys().map(String::as_str)
+    }
+
     /// The keep rules: each image a pod names, with the pod.
     pub fn protections(&self) -> Protections {
         Protections {
@@ -144,8 +149,8 @@ pub fn images_of(pod: &Pod) -> Vec<String> {
     images
 }
 
-/// The pods bound to `node`, listed once, as keep rules.
-pub async fn list(client: Client, node: &str) -> Result<Protections, kube::Error> {
+/// The pods bound to `node`, listed once.
+pub async fn list(client: Client, node: &str) -> Result<PodImages, kube::Error> {
     let api: Api<Pod> = Api::all(client);
     let selector = format!("spec.nodeName={node}");
     let mut pods = PodImages::default();
@@ -157,7 +162,7 @@ pub async fn list(client: Client, node: &str) -> Result<Protections, kube::Error
         });
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None => return Ok(pods.protections()),
+            None => return Ok(pods),
         }
     }
 }
@@ -169,6 +174,9 @@ pub struct PodWatch {
     pub protections: watch::Receiver<Arc<Protections>>,
     /// True once the pods were listed (the first time).
     pub synced: watch::Receiver<bool>,
+    /// The pods of the latest complete listing, `namespace/name`; `None`
+    /// until the first.
+    pub listed: watch::Receiver<Option<Vec<String>>>,
 }
 
 /// Watches the pods bound to `node` until `shutdown`, in a task of its own.
@@ -181,15 +189,22 @@ pub fn spawn(
 ) -> PodWatch {
     let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
     let (synced_tx, synced) = watch::channel(false);
-    let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics);
+    let (listed_tx, listed) = watch::channel(None);
+    let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics).listed_to(listed_tx);
     let api: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let config = watcher::Config::default()
+        .fields(&format!("spec.nodeName={node}"))
+        .timeout(super::WATCH_TIMEOUT.as_secs() as u32);
     let node = node.to_owned();
     tokio::spawn(async move {
         info!(node, "watching the pods bound to this node");
         watch_pods(api, config, state, shutdown).await;
     });
-    PodWatch { protections, synced }
+    PodWatch {
+        protections,
+        synced,
+        listed,
+    }
 }
 
 /// The watch's loop. A watch that fails is dropped and, after a backoff,
@@ -198,38 +213,67 @@ pub fn spawn(
 /// whole again, and the cache would be called down until the next relisting
 /// (the API server's restart is such a failure). One node's pods are a
 /// small listing.
+///
+/// A listing that takes longer than [`LISTING_TIMEOUT`] (an API server that
+/// accepts and never answers, or stops halfway) is such a failure too: the
+/// watch is dropped and started again. Each watch request is bounded by the
+/// client ([`super::REQUEST_TIMEOUT`] for its answer), and a watch that goes
+/// silent by the watcher (its `timeoutSeconds` and a margin).
 async fn watch_pods(api: Api<Pod>, config: watcher::Config, mut state: WatchState, shutdown: CancellationToken) {
     let start = || Box::pin(watcher::watcher(api.clone(), config.clone()));
     let mut backoff = watcher::DefaultBackoff::default();
     let mut stream = Some(start());
     let mut retry_at = None;
+    // While a listing is under way: when it must be done.
+    let mut listed_by = Some(Instant::now() + LISTING_TIMEOUT);
     loop {
         let stale_at = (!state.up && !state.stale).then(|| state.down_since + state.stale_after);
-        tokio::select! {
+        let failure = tokio::select! {
             () = shutdown.cancelled() => break,
-            () = sleep_until_some(stale_at) => state.went_stale(),
+            () = sleep_until_some(stale_at) => {
+                state.went_stale();
+                None
+            }
             () = sleep_until_some(retry_at) => {
                 retry_at = None;
                 stream = Some(start());
+                listed_by = Some(Instant::now() + LISTING_TIMEOUT);
+                None
             }
+            () = sleep_until_some(listed_by) => Some(format!(
+                "the pods bound to this node were not listed within {}",
+                humantime::format_duration(LISTING_TIMEOUT)
+            )),
             item = next_or_pending(&mut stream) => match item {
                 Some(Ok(event)) => {
-                    if matches!(event, Event::InitDone) {
-                        backoff.reset();
+                    match event {
+                        Event::Init => listed_by = Some(Instant::now() + LISTING_TIMEOUT),
+                        Event::InitDone => {
+                            listed_by = None;
+                            backoff.reset();
+                        }
+                        _ => {}
                     }
                     state.event(event);
+                    None
                 }
-                Some(Err(err)) => {
-                    state.failed(&err);
-                    stream = None;
-                    let delay = backoff.next().unwrap_or(MAX_RETRY);
-                    retry_at = Some(Instant::now() + delay);
-                }
+                Some(Err(err)) => Some(err.to_string()),
                 None => break,
             },
+        };
+        if let Some(err) = failure {
+            state.failed(&err);
+            stream = None;
+            listed_by = None;
+            let delay = backoff.next().unwrap_or(MAX_RETRY);
+            retry_at = Some(Instant::now() + delay);
         }
     }
 }
+
+/// How long one listing of the pods (every page) may take before the watch
+/// is dropped and started again.
+const LISTING_TIMEOUT: Duration = super::REQUEST_TIMEOUT;
 
 /// The longest wait between two attempts to watch (the watcher's own
 /// backoff caps at this).
@@ -256,10 +300,17 @@ struct WatchState {
     stale_after: Duration,
     protections: watch::Sender<Arc<Protections>>,
     synced: watch::Sender<bool>,
+    listed: Option<watch::Sender<Option<Vec<String>>>>,
     metrics: Arc<Metrics>,
 }
 
 impl WatchState {
+    /// Each complete listing's pods go to `listed` too.
+    fn listed_to(mut self, listed: watch::Sender<Option<Vec<String>>>) -> Self {
+        self.listed = Some(listed);
+        self
+    }
+
     /// Nothing listed yet, down since now.
     fn new(
         stale_after: Duration,
@@ -276,6 +327,7 @@ impl WatchState {
             stale_after,
             protections,
             synced,
+            listed: None,
             metrics,
         }
     }
@@ -295,6 +347,9 @@ impl WatchState {
                         pods = listed.len(),
                         "pods bound to this node listed: their images are kept"
                     );
+                }
+                if let Some(sender) = &self.listed {
+                    sender.send_replace(Some(listed.keys().map(str::to_owned).collect()));
                 }
                 self.pods = listed;
                 self.up = true;
@@ -317,7 +372,7 @@ impl WatchState {
         }
     }
 
-    fn failed(&mut self, err: &watcher::Error) {
+    fn failed(&mut self, err: &str) {
         if self.up {
             warn!(
                 error = %err,
@@ -474,7 +529,7 @@ status:
         assert_eq!(named(&receiver), ["web:1"]);
         assert!(state.up);
         // The API server goes away: the pods stay.
-        state.failed(&watcher::Error::NoResourceVersion);
+        state.failed("the API server went away");
         assert!(!state.up);
         assert_eq!(named(&receiver), ["web:1"]);
         // Past pods_stale_after they go, and it says so.
@@ -508,92 +563,7 @@ status:
         );
     }
 
-    /// An API server that lists the pods it is told to, holds each watch
-    /// open without events, and answers 503 to everything while it is down.
-    mod fake_api {
-        use std::convert::Infallible;
-        use std::sync::Mutex;
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-        use http_body_util::combinators::BoxBody;
-        use http_body_util::{BodyExt as _, StreamBody};
-        use hyper::body::{Bytes, Frame, Incoming};
-        use hyper::{Request, Response};
-        use tokio::sync::mpsc;
-
-        use crate::kubernetes::fake_api::{json, unavailable};
-
-        #[derive(Default)]
-        pub struct FakeApi {
-            pub down: AtomicBool,
-            pub lists: AtomicUsize,
-            /// The images of the pods a listing returns.
-            pub images: Mutex<Vec<&'static str>>,
-            watches: Mutex<Vec<mpsc::Sender<Bytes>>>,
-        }
-
-        impl FakeApi {
-            /// Goes down: every watch held open ends, as when the process
-            /// stops, and every request fails until `up`.
-            pub fn go_down(&self) {
-                self.down.store(true, Ordering::SeqCst);
-                self.watches.lock().unwrap().clear();
-            }
-
-            pub fn come_up(&self) {
-                self.down.store(false, Ordering::SeqCst);
-            }
-
-            pub fn respond(&self, request: &Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
-                if self.down.load(Ordering::SeqCst) {
-                    return unavailable();
-                }
-                let query = request.uri().query().unwrap_or_default();
-                assert!(query.contains("fieldSelector=spec.nodeName%3Dnode-1"), "{query}");
-                if query.contains("watch=true") {
-                    let (tx, rx) = mpsc::channel::<Bytes>(1);
-                    self.watches.lock().unwrap().push(tx);
-                    let events = futures_util::stream::unfold(rx, |mut rx| async move {
-                        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
-                    });
-                    return Response::builder()
-                        .header("content-type", "application/json")
-                        .body(StreamBody::new(events).boxed())
-                        .unwrap();
-                }
-                let n = self.lists.fetch_add(1, Ordering::SeqCst) + 1;
-                let items: Vec<String> = self
-                    .images
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, image)| {
-                        format!(
-                            r#"{{"metadata":{{"name":"p{i}","namespace":"default","resourceVersion":"{n}"}},"spec":{{"nodeName":"node-1","containers":[{{"name":"c","image":"{image}"}}]}}}}"#
-                        )
-                    })
-                    .collect();
-                json(
-                    200,
-                    format!(
-                        r#"{{"apiVersion":"v1","kind":"PodList","metadata":{{"resourceVersion":"{n}"}},"items":[{}]}}"#,
-                        items.join(",")
-                    ),
-                )
-            }
-        }
-    }
-
-    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-        for _ in 0..600 {
-            if done() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("timed out after 60 s waiting for {what}");
-    }
+    use crate::kubernetes::fake_api::{self, wait_until};
 
     /// The API server restarts while nothing changes on the node: the watch
     /// is whole again once it returns (a relisting, with what changed
@@ -602,7 +572,7 @@ status:
     async fn after_the_api_server_returns_the_watch_is_up_again() {
         use std::sync::atomic::Ordering;
 
-        let api = Arc::new(fake_api::FakeApi::default());
+        let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
         let url = {
             let api = Arc::clone(&api);
@@ -641,6 +611,106 @@ status:
         wait_until("the watch up again", || up(&metrics)).await;
         assert_eq!(named(&watch.protections), ["web:1", "job:2"]);
         assert_eq!(api.lists.load(Ordering::SeqCst), 2);
+        shutdown.cancel();
+    }
+
+    /// A watch on a node where nothing changes is quiet for as long as it
+    /// is open: the client's bounds must not take that for a hang. It asks
+    /// the API server to end it after `WATCH_TIMEOUT` and watches on from
+    /// where it was, without listing again.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_watch_stays_up_without_listing_again() {
+        use std::sync::atomic::Ordering;
+
+        let api = Arc::new(fake_api::cluster::FakeApi::default());
+        api.images.lock().unwrap().push("web:1");
+        let url = {
+            let api = Arc::clone(&api);
+            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
+        };
+        crate::kubernetes::fake_api::keep_time_moving();
+        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let watch = spawn(
+            client,
+            "node-1",
+            Duration::from_secs(60),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        );
+        wait_until("the first listing", || *watch.synced.borrow()).await;
+        tokio::time::sleep(Duration::from_secs(15 * 60)).await;
+        assert!(metric(&metrics, "imagegc_kubernetes_pods_watch_up 1"));
+        assert_eq!(named(&watch.protections), ["web:1"]);
+        assert_eq!(api.lists.load(Ordering::SeqCst), 1, "never listed again");
+        let watches = api.watch_queries.lock().unwrap().clone();
+        assert!(
+            (2..=4).contains(&watches.len()),
+            "one watch per timeoutSeconds and a margin: {watches:?}"
+        );
+        assert!(watches.iter().all(|q| q.contains("timeoutSeconds=290")), "{watches:?}");
+        shutdown.cancel();
+    }
+
+    fn metric(metrics: &Metrics, line: &str) -> bool {
+        metrics.encode().lines().any(|l| l == line)
+    }
+
+    /// The API server accepts the listing and never answers it (a control
+    /// plane lost without a reset, a load balancer that dropped its state):
+    /// the listing is given up, and once the API server answers again the
+    /// watch lists anew and is up and current, not stale until a restart.
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_that_is_never_answered_is_made_again() {
+        a_listing_that_hangs_is_made_again(|api| &api.hang_lists).await;
+    }
+
+    /// The same with a listing that stops halfway: its status and headers
+    /// come, its body never does. The watch's own bound on a listing ends
+    /// it, not the connection's read timeout minutes later.
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_that_stops_halfway_is_made_again() {
+        a_listing_that_hangs_is_made_again(|api| &api.stall_lists).await;
+    }
+
+    async fn a_listing_that_hangs_is_made_again(
+        hang: impl Fn(&fake_api::cluster::FakeApi) -> &std::sync::atomic::AtomicBool,
+    ) {
+        use std::sync::atomic::Ordering;
+
+        let api = Arc::new(fake_api::cluster::FakeApi::default());
+        api.images.lock().unwrap().push("web:1");
+        hang(&api).store(true, Ordering::SeqCst);
+        let url = {
+            let api = Arc::clone(&api);
+            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
+        };
+        crate::kubernetes::fake_api::keep_time_moving();
+        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let watch = spawn(
+            client,
+            "node-1",
+            Duration::from_secs(10),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        );
+        wait_until("a listing sent", || api.hung.load(Ordering::SeqCst) == 1).await;
+        wait_until("the pods stale", || metric(&metrics, "imagegc_kubernetes_pods_stale 1")).await;
+
+        // The API server answers again (the hung listing stays unanswered).
+        hang(&api).store(false, Ordering::SeqCst);
+        wait_until("the watch up again", || {
+            metric(&metrics, "imagegc_kubernetes_pods_watch_up 1")
+        })
+        .await;
+        assert!(metric(&metrics, "imagegc_kubernetes_pods_stale 0"));
+        assert!(metric(&metrics, "imagegc_kubernetes_pods 1"));
+        assert!(*watch.synced.borrow());
+        assert_eq!(named(&watch.protections), ["web:1"]);
+        assert_eq!(api.lists.load(Ordering::SeqCst), 1, "listed anew, once");
         shutdown.cancel();
     }
 }

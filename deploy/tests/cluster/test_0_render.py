@@ -171,8 +171,9 @@ def test_shipped_configurations_stay_below_the_kubelets_default_eviction_line():
     assert "imagefs.available 15%" in out and "the kubelet's default" in out, out
 
 
-RBAC_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-              {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+RBAC_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+              {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+EVENTS_RULES = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
 
 
 def test_kubernetes_awareness_adds_exactly_its_rbac_token_and_egress():
@@ -190,15 +191,23 @@ def test_kubernetes_awareness_adds_exactly_its_rbac_token_and_egress():
         account = next(d for d in docs if d["kind"] == "ServiceAccount")
         assert bindings[0]["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                             "namespace": "imagegc"}], name
-        assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")], name
+        # Events only in `default`, where imagegc posts them.
+        (events,) = [d for d in docs if d["kind"] == "Role"]
+        assert events["metadata"]["namespace"] == "default" and events["rules"] == EVENTS_RULES, (name, events)
+        (events_binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+        assert events_binding["metadata"]["namespace"] == "default", (name, events_binding)
+        assert events_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                             "name": events["metadata"]["name"]}, name
+        assert events_binding["subjects"] == bindings[0]["subjects"], name
         spec = daemonset(docs)["spec"]["template"]["spec"]
         assert spec["automountServiceAccountToken"] is True, name
         assert spec["serviceAccountName"] == account["metadata"]["name"], name
         egress = next(d for d in docs if d["kind"] == "NetworkPolicy")["spec"]["egress"]
-        assert egress == [{"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}], name
+        assert egress == [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}],
+                           "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}], name
         # Turned on: by the component's variable, by the chart's file.
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
         config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["imagegc.toml"]
         enabled = env.get("IMAGEGC_KUBERNETES") == "true" or "[kubernetes]\nenabled = true" in config
         assert enabled, (name, env, config)
-        assert "NODE_NAME" in env, name
+        assert "NODE_NAME" in env and "POD_NAME" in env and "POD_NAMESPACE" in env, name

@@ -7,8 +7,9 @@ aggressive settings (high 1 %, low 0 %, min age 0, max age 1 s, a cycle
 every 2 s) imagegc keeps it with reason `pod`, and the pod then starts
 without a pull (imagePullPolicy: Never). The same with the component off
 removes it and the pod fails with ErrImageNeverPull: the scenario is real.
-The RBAC is exactly pods get/list/watch and events create/patch, as the
-real API server says (`kubectl auth can-i`); images that cannot reach 0 %
+The RBAC is exactly pods list/watch and nodes get everywhere and events
+create/patch in `default` only, as the real API server says (`kubectl auth
+can-i`); the node's name is confirmed (`imagegc_kubernetes_node_found`); images that cannot reach 0 %
 post one FreeDiskSpaceFailed event on the Node; with the API server
 stopped, cycles go on, and protection resumes when it returns."""
 
@@ -106,18 +107,23 @@ def test_pods_on_the_node_keep_their_images(cluster):
     d.apply()
     try:
         # The RBAC, as the real API server evaluates it.
-        allowed = [("get", "pods"), ("list", "pods"), ("watch", "pods"), ("create", "events"),
-                   ("patch", "events")]
-        denied = [("delete", "pods"), ("create", "pods"), ("update", "pods"), ("patch", "pods"),
-                  ("create", "pods/eviction"), ("get", "secrets"), ("list", "secrets"), ("get", "nodes"),
-                  ("patch", "nodes"), ("get", "events"), ("delete", "events"), ("update", "events"),
-                  ("list", "configmaps"), ("create", "serviceaccounts/token")]
+        everywhere = [("list", "pods"), ("watch", "pods"), ("get", "nodes")]
+        in_default = [("create", "events"), ("patch", "events")]
+        never = [("get", "pods"), ("delete", "pods"), ("create", "pods"), ("update", "pods"), ("patch", "pods"),
+                 ("create", "pods/eviction"), ("get", "secrets"), ("list", "secrets"), ("list", "nodes"),
+                 ("watch", "nodes"), ("patch", "nodes"), ("get", "events"), ("delete", "events"),
+                 ("update", "events"), ("list", "configmaps"), ("create", "serviceaccounts/token")]
+        asked = everywhere + in_default + never
         for namespace in ("default", "kube-system", "imagegc"):
-            got = {f"{v} {r}": can_i(cluster, v, r, namespace) for v, r in allowed + denied}
-            want = {f"{v} {r}": (v, r) in allowed for v, r in allowed + denied}
+            allowed = everywhere + (in_default if namespace == "default" else [])
+            got = {f"{v} {r}": can_i(cluster, v, r, namespace) for v, r in asked}
+            want = {f"{v} {r}": (v, r) in allowed for v, r in asked}
             assert got == want, f"in {namespace}: {[k for k in got if got[k] != want[k]]}"
 
         wait_for("the pods listed", lambda: metric(d.scrape(), "imagegc_kubernetes_pods_watch_up") == 1.0, 30, 1)
+        # Its Node exists and its own pod is among the node's pods.
+        wait_for("the node's name confirmed", lambda: metric(d.scrape(), "imagegc_kubernetes_node_found") == 1.0,
+                 30, 1)
 
         # A pod lands; its init container runs; its main image comes to the
         # node meanwhile and no container uses it.
