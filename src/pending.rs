@@ -65,6 +65,11 @@ pub const PENDING_LIMIT: Duration = Duration::from_secs(60 * 60);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Noted (durably) before the re-check that precedes `RemoveImage`;
+    /// the call is not sent yet. Left by a process that ended then, it
+    /// names a call never sent, and the next start drops it: an image
+    /// that went meanwhile went by someone else's hand.
+    Checking,
     /// `RemoveImage` is (or was, when the process ended) being called.
     Requested,
     /// The call failed in a way that does not tell whether the runtime
@@ -135,6 +140,9 @@ pub enum Settled {
     /// Not known gone [`PENDING_LIMIT`] after the removal was asked (the
     /// runtime did not answer about it): forgotten, not claimed.
     Unconfirmed,
+    /// Noted before a re-check whose `RemoveImage` was never sent (the
+    /// process ended in between): forgotten, not claimed.
+    NotSent,
 }
 
 #[derive(Deserialize)]
@@ -182,17 +190,18 @@ impl Pending {
         &self.entries
     }
 
-    /// Notes a removal about to be asked of the runtime, durably (best
-    /// effort: a failure is logged and the removal goes on). An earlier
-    /// removal of the image whose outcome is unknown is carried along (see
-    /// [`Pending::forget`]).
+    /// Notes a removal about to be re-checked and then asked of the
+    /// runtime ([`Phase::Checking`]), durably (best effort: a failure is
+    /// logged and the removal goes on); [`Pending::sending`] marks it sent.
+    /// An earlier removal of the image whose outcome is unknown is carried
+    /// along (see [`Pending::forget`]).
     pub fn request(&mut self, entry: JournalEntry) {
         let earlier = self
             .entries
             .iter()
             .find(|p| p.entry.image == entry.image)
             .and_then(|p| {
-                if p.phase == Phase::Requested && p.this_process {
+                if matches!(p.phase, Phase::Requested | Phase::Checking) && p.this_process {
                     p.earlier.clone()
                 } else {
                     Some(p.entry.time.clone())
@@ -200,12 +209,39 @@ impl Pending {
             });
         self.entries.retain(|p| p.entry.image != entry.image);
         self.entries.push(PendingRemoval {
-            phase: Phase::Requested,
+            phase: Phase::Checking,
             entry,
             earlier,
             this_process: true,
         });
         self.persist(Durability::Synced);
+    }
+
+    /// The removal of `image` noted by [`Pending::request`] passed its
+    /// re-check, and `RemoveImage` is sent next (`sent`), or it went stale
+    /// and is re-checked again (`!sent`). Not synced: a rename, so that a
+    /// process killed at any point leaves the phase it was in (a power
+    /// loss may leave the note as it was, [`Phase::Checking`]: a removal
+    /// the runtime made then is not journaled, rather than one it did not
+    /// claimed).
+    pub fn sending(&mut self, image: &str, sent: bool) {
+        let (from, to) = if sent {
+            (Phase::Checking, Phase::Requested)
+        } else {
+            (Phase::Requested, Phase::Checking)
+        };
+        let mut changed = false;
+        for pending in self
+            .entries
+            .iter_mut()
+            .filter(|p| p.entry.image == image && p.phase == from)
+        {
+            pending.phase = to;
+            changed = true;
+        }
+        if changed {
+            self.persist(Durability::Unsynced);
+        }
     }
 
     /// The removal of `image` failed without telling whether it happened:
@@ -232,7 +268,7 @@ impl Pending {
                 return true;
             }
             match p.earlier.take() {
-                Some(earlier) if p.phase == Phase::Requested => {
+                Some(earlier) if matches!(p.phase, Phase::Requested | Phase::Checking) => {
                     p.phase = Phase::Unknown;
                     p.entry.time = earlier;
                     reverted = true;
@@ -248,8 +284,6 @@ impl Pending {
         }
     }
 
-    /// The removal of `image` was journaled: forgotten, with any earlier
-    /// one it carried (the image went once).
     /// When the removal of `image` pending now was asked (its note's own
     /// time), for its journal line.
     pub fn asked(&self, image: &str) -> Option<String> {
@@ -259,6 +293,8 @@ impl Pending {
             .map(|p| p.entry.time.clone())
     }
 
+    /// The removal of `image` was journaled: forgotten, with any earlier
+    /// one it carried (the image went once).
     pub fn journaled(&mut self, image: &str) {
         let before = self.entries.len();
         self.entries.retain(|p| p.entry.image != image);
@@ -305,7 +341,26 @@ impl Pending {
         }
         let mut settled = Vec::new();
         let mut kept = Vec::new();
+        let mut forgotten = false;
         for pending in std::mem::take(&mut self.entries) {
+            if pending.phase == Phase::Checking {
+                forgotten = true;
+                // Its call was never sent. An earlier removal it carried is
+                // pending again as it was.
+                if let Some(earlier) = pending.earlier.clone() {
+                    kept.push(PendingRemoval {
+                        phase: Phase::Unknown,
+                        entry: JournalEntry {
+                            time: earlier,
+                            ..pending.entry.clone()
+                        },
+                        earlier: None,
+                        this_process: pending.this_process,
+                    });
+                }
+                settled.push((pending, Settled::NotSent));
+                continue;
+            }
             let how = match seen(&pending.entry.image) {
                 Seen::Gone => Some(Settled::Gone),
                 Seen::There if pending.expired(now) => Some(Settled::StillThere),
@@ -313,12 +368,22 @@ impl Pending {
                 Seen::There | Seen::Unsure => None,
             };
             match how {
-                Some(how) => settled.push((pending, how)),
+                // Kept until journaled ([`Pending::journaled`]): a process
+                // ended in between finds it again, and its journal line
+                // says whether it was.
+                Some(Settled::Gone) => {
+                    kept.push(pending.clone());
+                    settled.push((pending, Settled::Gone));
+                }
+                Some(how) => {
+                    forgotten = true;
+                    settled.push((pending, how));
+                }
                 None => kept.push(pending),
             }
         }
         self.entries = kept;
-        if !settled.is_empty() {
+        if forgotten {
             self.persist(Durability::Unsynced);
         }
         settled
@@ -374,6 +439,28 @@ fn parse(bytes: &[u8]) -> Result<Vec<PendingRemoval>, serde_json::Error> {
 mod tests {
     use super::*;
 
+    /// A removal noted, re-checked and sent (`RemoveImage` called).
+    fn sent(pending: &mut Pending, entry: JournalEntry) {
+        let image = entry.image.clone();
+        pending.request(entry);
+        pending.sending(&image, true);
+    }
+
+    #[test]
+    fn a_note_whose_call_was_never_sent_is_not_claimed_by_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pending = Pending::load(dir.path());
+        pending.request(entry("a"));
+        // The process ends during the re-check; someone else removes `a`.
+        drop(pending);
+        let mut pending = Pending::load(dir.path());
+        assert_eq!(pending.entries()[0].phase, Phase::Checking);
+        let settled = pending.settle(false, asked(), |_| Seen::Gone);
+        assert_eq!(settled.len(), 1);
+        assert_eq!(settled[0].1, Settled::NotSent);
+        assert!(pending.entries().is_empty());
+    }
+
     fn entry(image: &str) -> JournalEntry {
         JournalEntry {
             time: "2026-01-01T00:00:00Z".to_string(),
@@ -407,7 +494,7 @@ mod tests {
     fn an_unknown_removal_survives_a_restart_and_settles_once_gone() {
         let dir = tempfile::tempdir().unwrap();
         let mut pending = Pending::load(dir.path());
-        pending.request(entry("a"));
+        sent(&mut pending, entry("a"));
         pending.mark_unknown("a");
         // The process ends here, however it ends.
         drop(pending);
@@ -421,6 +508,10 @@ mod tests {
         let settled = pending.settle(false, now, |_| Seen::Gone);
         assert_eq!(settled.len(), 1);
         assert_eq!(settled[0].1, Settled::Gone);
+        // On disk until journaled: a process ended before the journal line
+        // finds it again.
+        assert!(dir.path().join(FILE_NAME).exists());
+        pending.journaled("a");
         assert!(pending.settle(false, now, |_| Seen::Gone).is_empty(), "settled once");
         assert!(!dir.path().join(FILE_NAME).exists(), "nothing left on disk");
     }
@@ -429,7 +520,7 @@ mod tests {
     fn an_image_still_there_keeps_its_removal_pending_until_the_limit_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
         let mut pending = Pending::load(dir.path());
-        pending.request(entry("a"));
+        sent(&mut pending, entry("a"));
         pending.mark_unknown("a");
         // Still listed a minute, and nearly an hour, later: the runtime
         // may yet finish it.
@@ -462,7 +553,7 @@ mod tests {
     fn an_image_the_runtime_cannot_answer_about_is_never_claimed() {
         let dir = tempfile::tempdir().unwrap();
         let mut pending = Pending::load(dir.path());
-        pending.request(entry("a"));
+        sent(&mut pending, entry("a"));
         pending.mark_unknown("a");
         // Omitted by the listing, and not asked about (or no answer).
         assert!(pending.settle(false, asked(), |_| Seen::Unsure).is_empty());
@@ -472,14 +563,17 @@ mod tests {
         assert!(pending.entries().is_empty());
         // A clock set back a little counts no time; a time that does not
         // parse, or an hour ahead, is long ago.
-        pending.request(entry("b"));
+        sent(&mut pending, entry("b"));
         let earlier = asked() - Duration::from_secs(600);
         assert!(pending.settle(false, earlier, |_| Seen::There).is_empty());
-        pending.request(JournalEntry {
-            time: "yesterday".to_string(),
-            ..entry("c")
-        });
-        pending.request(entry_at("d", earlier + PENDING_LIMIT));
+        sent(
+            &mut pending,
+            JournalEntry {
+                time: "yesterday".to_string(),
+                ..entry("c")
+            },
+        );
+        sent(&mut pending, entry_at("d", earlier + PENDING_LIMIT));
         let settled = pending.settle(false, earlier, |_| Seen::There);
         let settled: Vec<&str> = settled.iter().map(|(p, _)| p.entry.image.as_str()).collect();
         assert_eq!(settled, ["c", "d"]);
@@ -492,7 +586,7 @@ mod tests {
         let mut pending = Pending::load(dir.path());
         let ids = ["a", "b", "c", "d", "e", "f"];
         for id in ids {
-            pending.request(entry(id));
+            sent(&mut pending, entry(id));
             pending.mark_unknown(id);
         }
         let listed = |id: &str| id == "b";
@@ -509,13 +603,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let later = asked() + Duration::from_secs(600);
         let mut pending = Pending::load(dir.path());
-        pending.request(entry("a"));
+        sent(&mut pending, entry("a"));
         pending.mark_unknown("a");
 
         // Asked again, and the runtime did not remove it this time (it
         // refused, said it was gone already, or still lists it): the
         // earlier removal is pending again, as it was.
-        pending.request(entry_at("a", later));
+        sent(&mut pending, entry_at("a", later));
         assert_eq!(pending.entries().len(), 1);
         assert_eq!(pending.entries()[0].earlier.as_deref(), Some("2026-01-01T00:00:00Z"));
         pending.forget("a");
@@ -526,16 +620,16 @@ mod tests {
         assert_eq!(pending.entries()[0].entry.time, "2026-01-01T00:00:00Z");
 
         // Asked again and removed: journaled once, nothing left pending.
-        pending.request(entry_at("a", later));
+        sent(&mut pending, entry_at("a", later));
         pending.journaled("a");
         assert!(pending.entries().is_empty());
         assert!(!dir.path().join(FILE_NAME).exists());
 
         // Asked again over an unknown one, and unknown again: one entry,
         // its limit counting from the later call.
-        pending.request(entry("a"));
+        sent(&mut pending, entry("a"));
         pending.mark_unknown("a");
-        pending.request(entry_at("a", later));
+        sent(&mut pending, entry_at("a", later));
         pending.mark_unknown("a");
         assert_eq!(pending.entries().len(), 1);
         assert!(
@@ -549,7 +643,7 @@ mod tests {
         );
 
         // A removal that failed plainly is forgotten.
-        pending.request(entry("b"));
+        sent(&mut pending, entry("b"));
         pending.forget("b");
         assert!(pending.entries().is_empty());
     }

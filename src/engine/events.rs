@@ -683,6 +683,11 @@ fn log_settled(id: &str, tags: &[String], reason: &str, earlier_process: bool, h
             waited = %short(crate::pending::PENDING_LIMIT),
             "a removal whose outcome the runtime did not tell did not happen: the image is still there"
         ),
+        (_, Settled::NotSent) => info!(
+            image = %id,
+            "a removal noted when imagegc last stopped was never asked of the runtime (the process ended during \
+             its re-check): forgetting it, not journaled"
+        ),
         (_, Settled::Unconfirmed) => warn!(
             image = %id,
             tags = ?tags,

@@ -482,6 +482,11 @@ impl<R: Runtime> Collector<R> {
                 self.sinks.emit(&removing);
                 return Ok(Some((current, None)));
             }
+            // The note says the call is sent from here on (a rename, not
+            // synced), within the re-check's freshness: a process killed
+            // before leaves a note of a call never sent, which the next
+            // start does not claim.
+            self.pending.sending(candidate.id, true);
             let before = disk.measure().ok();
             age = answered.elapsed();
             if age <= RECHECK_FRESH {
@@ -489,6 +494,7 @@ impl<R: Runtime> Collector<R> {
                 self.sinks.emit(&removing);
                 return Ok(Some((current, before)));
             }
+            self.pending.sending(candidate.id, false);
             self.sinks.emit(&Event::RecheckStale {
                 id: candidate.id,
                 age,
@@ -759,6 +765,7 @@ impl<R: Runtime> Collector<R> {
             if how == Settled::Gone && !pending.this_process && self.journaled_already(&entry).await {
                 // The process before journaled it and ended before it could
                 // forget the note (forgetting is not synced): once is enough.
+                self.pending.journaled(&entry.image);
                 continue;
             }
             if how == Settled::Gone {

@@ -993,6 +993,9 @@ fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfi
     };
     crate::pending::Pending::load(dir.path())
         .request(crate::journal::JournalEntry::from_removal(&removal, c.clock.now()));
+    // Re-checked, and RemoveImage sent.
+    let mut noted = crate::pending::Pending::load(dir.path());
+    noted.sending(id, true);
     c.pending = crate::pending::Pending::load(dir.path());
 }
 
