@@ -28,6 +28,9 @@ use tokio::time::Instant;
 /// The sandbox image the runtime names (`Status`).
 pub const PAUSE: &str = "registry.k8s.io/pause:3.10";
 
+/// The longest a `ListContainers` or `ImageStatus` is made to take.
+pub const MAX_LATENCY: Duration = Duration::from_millis(40);
+
 /// How each fault is dealt, in percent of the calls it can strike (all 0
 /// once the node calms down).
 #[derive(Debug, Clone, Copy, Default)]
@@ -60,7 +63,7 @@ impl Faults {
     /// A node under attack, its fault rates drawn from `rng`.
     pub fn drawn(rng: &mut XorShift) -> Faults {
         Faults {
-            max_latency: Duration::from_millis(rng.between(0, 40)),
+            max_latency: Duration::from_millis(rng.between(0, MAX_LATENCY.as_millis() as u64)),
             partial_listing: rng.between(0, 30),
             empty_listing: rng.between(0, 5),
             create_after_call: rng.between(0, 40),
@@ -327,6 +330,7 @@ impl World {
         }
         let held = self.images.remove(&id).expect("picked");
         self.freeing.push((Instant::now(), held.bytes));
+        self.trace(format_args!("removed {id} by another collector (pending: {pending:?})"));
         self.removed_by_others.push(id);
     }
 
