@@ -218,25 +218,19 @@ impl Pending {
     }
 
     /// The removal of `image` noted by [`Pending::request`] passed its
-    /// re-check, and `RemoveImage` is sent next (`sent`), or it went stale
-    /// and is re-checked again (`!sent`). Not synced: a rename, so that a
-    /// process killed at any point leaves the phase it was in (a power
-    /// loss may leave the note as it was, [`Phase::Checking`]: a removal
-    /// the runtime made then is not journaled, rather than one it did not
-    /// claimed).
-    pub fn sending(&mut self, image: &str, sent: bool) {
-        let (from, to) = if sent {
-            (Phase::Checking, Phase::Requested)
-        } else {
-            (Phase::Requested, Phase::Checking)
-        };
+    /// re-check, and `RemoveImage` is sent next. Not synced: a rename, so
+    /// that a process killed at any point leaves the phase it was in (a
+    /// power loss may leave the note as it was, [`Phase::Checking`]: a
+    /// removal the runtime made then is not journaled, rather than one it
+    /// did not claimed).
+    pub fn sending(&mut self, image: &str) {
         let mut changed = false;
         for pending in self
             .entries
             .iter_mut()
-            .filter(|p| p.entry.image == image && p.phase == from)
+            .filter(|p| p.entry.image == image && p.phase == Phase::Checking)
         {
-            pending.phase = to;
+            pending.phase = Phase::Requested;
             changed = true;
         }
         if changed {
@@ -443,7 +437,7 @@ mod tests {
     fn sent(pending: &mut Pending, entry: JournalEntry) {
         let image = entry.image.clone();
         pending.request(entry);
-        pending.sending(&image, true);
+        pending.sending(&image);
     }
 
     #[test]

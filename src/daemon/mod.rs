@@ -47,11 +47,14 @@ const RETRY_CAP: Duration = Duration::from_secs(60);
 const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The least time between two cycles that usage crossing the high threshold
-/// starts: usage oscillating around high (a pull filling the disk while
-/// another writer frees it) starts at most one cycle per spacing, and a
+/// starts, while the last of them left usage at or above high: usage
+/// oscillating around high that images cannot bring down (another writer
+/// filling and freeing the disk) starts at most one cycle per spacing, and a
 /// crossing inside it schedules a cycle at its end rather than being
-/// dropped. Three times the kubelet's eviction period: a disk that fills
-/// for good is still answered before eviction sees it more than a few times.
+/// dropped. A cycle that brought usage below high answered its crossing:
+/// the next crossing is a new fill, answered at once (a disk filling in
+/// steps must not wait while eviction nears). Three times the kubelet's
+/// eviction period.
 pub const CROSSING_SPACING: Duration = Duration::from_secs(30);
 
 /// After the first image kept for being too young becomes removable, how
@@ -171,6 +174,11 @@ pub async fn run<R: Runtime>(
                 }
                 debug!(reached, next_in_ms = (next_cycle - Instant::now()).as_millis() as u64, "next cycle scheduled");
                 space_due = collector.check_usage().unwrap_or(false);
+                if !space_due {
+                    // Usage below high: the crossing was answered, and the
+                    // next one is a new fill (see CROSSING_SPACING).
+                    crossing_cycle = None;
+                }
                 next_check = Instant::now() + usage_check_interval(&config);
             }
             () = sleep_until_some(poll_at), if runtime_up == Some(true) => {
@@ -198,8 +206,8 @@ pub async fn run<R: Runtime>(
                         info!(
                             high_threshold_percent = config.gc.high_threshold_percent,
                             starts_in_ms = (at - now).as_millis() as u64,
-                            "image filesystem usage crossed the high threshold: starting a cycle (crossings start \
-                             at most one every 30s)"
+                            "image filesystem usage crossed the high threshold: starting a cycle (while cycles \
+                             cannot bring usage below high, crossings start at most one every 30s)"
                         );
                         next_cycle = at;
                         crossing_cycle = Some(at);

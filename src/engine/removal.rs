@@ -485,8 +485,13 @@ impl<R: Runtime> Collector<R> {
             // The note says the call is sent from here on (a rename, not
             // synced), within the re-check's freshness: a process killed
             // before leaves a note of a call never sent, which the next
-            // start does not claim.
-            self.pending.sending(candidate.id, true);
+            // start does not claim. When that write made the re-check
+            // stale (a filesystem slow under other writes), the note stays
+            // as it is for the re-check made again, which then has nothing
+            // slow between its answer and the call: on that path only, a
+            // process killed during the re-check leaves a note that may
+            // claim an image someone else removes before the next start.
+            self.pending.sending(candidate.id);
             let before = disk.measure().ok();
             age = answered.elapsed();
             if age <= RECHECK_FRESH {
@@ -494,7 +499,6 @@ impl<R: Runtime> Collector<R> {
                 self.sinks.emit(&removing);
                 return Ok(Some((current, before)));
             }
-            self.pending.sending(candidate.id, false);
             self.sinks.emit(&Event::RecheckStale {
                 id: candidate.id,
                 age,

@@ -995,7 +995,7 @@ fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfi
         .request(crate::journal::JournalEntry::from_removal(&removal, c.clock.now()));
     // Re-checked, and RemoveImage sent.
     let mut noted = crate::pending::Pending::load(dir.path());
-    noted.sending(id, true);
+    noted.sending(id);
     c.pending = crate::pending::Pending::load(dir.path());
 }
 

@@ -141,6 +141,58 @@ async fn images_that_only_need_to_age_are_not_space_images_cannot_free() {
     daemon.stop().await;
 }
 
+/// A disk filling in steps: each crossing's cycle brings usage below high,
+/// and the next crossing, well inside `CROSSING_SPACING`, starts a cycle at
+/// once (the spacing holds only while cycles cannot bring usage down).
+/// On tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_disk_filling_in_steps_is_answered_at_every_crossing() {
+    let (a, b) = (image("a", 200), image("b", 200));
+    let fake = FakeRuntime::new();
+    let disk = SimDisk::new(1000, 600);
+    for image in [&a, &b] {
+        fake.add_image(image.clone());
+        disk.occupy(&image.id, image.size);
+    }
+    fake.on_remove(Some(disk.free_on_remove()));
+    let mut daemon = InProcess::start(
+        fake.clone(),
+        disk.clone(),
+        |_| {},
+        |c| {
+            c.gc.interval = secs(3600);
+            c.gc.usage_poll_interval = secs(30);
+            c.gc.high_threshold_percent = 80;
+            c.gc.low_threshold_percent = 75;
+        },
+    )
+    .await;
+    first_cycle_done(&daemon).await;
+    assert!(fake.removed().is_empty());
+    // A pull: 90 % used. One image brings usage to 70 %.
+    disk.set_available(100);
+    let first = tokio::time::Instant::now();
+    eventually(secs(60), "the first image removed", || {
+        (fake.removed().len() == 1).then_some(())
+    })
+    .await;
+    // The next pull, a few seconds later.
+    tokio::time::sleep(secs(4)).await;
+    disk.set_available(100);
+    let second = tokio::time::Instant::now();
+    eventually(secs(60), "the second image removed", || {
+        (fake.removed().len() == 2).then_some(())
+    })
+    .await;
+    let took = second.elapsed();
+    assert!(
+        second.duration_since(first) < imagegc::daemon::CROSSING_SPACING && took < secs(5),
+        "the second crossing, {:?} after the first, was answered {took:?} after it",
+        second.duration_since(first)
+    );
+    daemon.stop().await;
+}
+
 /// A daemon over one unused `image` occupying its size on a 1000-byte disk
 /// with `available` bytes free, high 80 and low 50, a cycle an hour (only
 /// what the test starts runs one), once its first cycle has finished.
