@@ -470,10 +470,7 @@ mod tests {
 
         let api = std::sync::Arc::new(fake_api::cluster::FakeApi::default());
         api.nodes.lock().unwrap().push("node-1");
-        let url = {
-            let api = std::sync::Arc::clone(&api);
-            fake_api::serve(move |request| api.respond(request)).await
-        };
+        let url = api.serve().await;
         let dir = tempfile::tempdir().unwrap();
         let mut config = kubernetes_config(dir.path(), &url);
         assert!(kubernetes_warnings(&config).await.is_empty());

@@ -142,6 +142,12 @@ pub mod cluster {
     }
 
     impl FakeApi {
+        /// Serves this API server on a port of its own; its URL.
+        pub async fn serve(self: &std::sync::Arc<Self>) -> String {
+            let api = std::sync::Arc::clone(self);
+            super::serve(move |request| api.respond(request)).await
+        }
+
         /// Goes down: every watch held open ends, as when the process
         /// stops, and every request fails until `up`.
         pub fn go_down(&self) {

@@ -320,10 +320,7 @@ mod tests {
         let api = Arc::new(FakeApi::default());
         api.nodes.lock().unwrap().push("node-1");
         api.images.lock().unwrap().push("web:1");
-        let url = {
-            let api = Arc::clone(&api);
-            fake_api::serve(move |request| api.respond(request)).await
-        };
+        let url = api.serve().await;
         (api, url)
     }
 

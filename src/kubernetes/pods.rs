@@ -565,6 +565,20 @@ status:
 
     use crate::kubernetes::fake_api::{self, wait_until};
 
+    /// The pod watch of `node-1` on `api`, served; pods stale after
+    /// `stale_after` without a watch. Cancel the token to end it.
+    async fn watch_on(
+        api: &Arc<fake_api::cluster::FakeApi>,
+        stale_after: Duration,
+    ) -> (PodWatch, Arc<Metrics>, CancellationToken) {
+        let url = api.serve().await;
+        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let shutdown = CancellationToken::new();
+        let watch = spawn(client, "node-1", stale_after, Arc::clone(&metrics), shutdown.clone());
+        (watch, metrics, shutdown)
+    }
+
     /// The API server restarts while nothing changes on the node: the watch
     /// is whole again once it returns (a relisting, with what changed
     /// meanwhile), not called down until the next relisting.
@@ -574,20 +588,7 @@ status:
 
         let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
-        let url = {
-            let api = Arc::clone(&api);
-            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
-        };
-        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let shutdown = CancellationToken::new();
-        let watch = spawn(
-            client,
-            "node-1",
-            Duration::from_secs(3600),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        );
+        let (watch, metrics, shutdown) = watch_on(&api, Duration::from_secs(3600)).await;
         let up = |metrics: &Metrics| {
             metrics
                 .encode()
@@ -624,21 +625,8 @@ status:
 
         let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
-        let url = {
-            let api = Arc::clone(&api);
-            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
-        };
-        crate::kubernetes::fake_api::keep_time_moving();
-        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let shutdown = CancellationToken::new();
-        let watch = spawn(
-            client,
-            "node-1",
-            Duration::from_secs(60),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        );
+        let (watch, metrics, shutdown) = watch_on(&api, Duration::from_secs(60)).await;
+        fake_api::keep_time_moving();
         wait_until("the first listing", || *watch.synced.borrow()).await;
         tokio::time::sleep(Duration::from_secs(15 * 60)).await;
         assert!(metric(&metrics, "imagegc_kubernetes_pods_watch_up 1"));
@@ -682,21 +670,8 @@ status:
         let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.images.lock().unwrap().push("web:1");
         hang(&api).store(true, Ordering::SeqCst);
-        let url = {
-            let api = Arc::clone(&api);
-            crate::kubernetes::fake_api::serve(move |request| api.respond(request)).await
-        };
-        crate::kubernetes::fake_api::keep_time_moving();
-        let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let shutdown = CancellationToken::new();
-        let watch = spawn(
-            client,
-            "node-1",
-            Duration::from_secs(10),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        );
+        let (watch, metrics, shutdown) = watch_on(&api, Duration::from_secs(10)).await;
+        fake_api::keep_time_moving();
         wait_until("a listing sent", || api.hung.load(Ordering::SeqCst) == 1).await;
         wait_until("the pods stale", || metric(&metrics, "imagegc_kubernetes_pods_stale 1")).await;
 
