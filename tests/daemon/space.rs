@@ -14,7 +14,7 @@ use crate::support::{DiskEffects, InProcess, SimDisk, cycles_done, eventually, f
 async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds() {
     let old = image("old", 100);
     let (fake, disk, mut daemon) =
-        one_image_on_a_1000_byte_disk(&old, 850, |c| c.gc.usage_poll_interval = secs(30)).await;
+        images_on_a_1000_byte_disk(&[&old], 850, |c| c.gc.usage_poll_interval = secs(30)).await;
     assert!(fake.removed().is_empty(), "15 % used: nothing to free");
     assert_eq!(metric(&daemon.metrics.encode(), "imagegc_space_pass_due"), Some(0.0));
 
@@ -58,21 +58,7 @@ async fn usage_crossing_high_between_cycles_starts_a_space_pass_within_seconds()
 #[tokio::test(start_paused = true)]
 async fn usage_oscillating_across_high_starts_at_most_one_cycle_per_spacing() {
     let spacing = imagegc::daemon::CROSSING_SPACING;
-    let fake = FakeRuntime::new();
-    let disk = SimDisk::new(1000, 900);
-    let mut daemon = InProcess::start(
-        fake.clone(),
-        disk.clone(),
-        |_| {},
-        |c| {
-            c.gc.interval = secs(3600);
-            c.gc.usage_poll_interval = secs(30);
-            c.gc.high_threshold_percent = 80;
-            c.gc.low_threshold_percent = 50;
-        },
-    )
-    .await;
-    first_cycle_done(&daemon).await;
+    let (_fake, disk, mut daemon) = images_on_a_1000_byte_disk(&[], 900, |c| c.gc.usage_poll_interval = secs(30)).await;
     let cycles = || {
         let scrape = daemon.metrics.encode();
         ["success", "failure"]
@@ -108,7 +94,7 @@ async fn usage_oscillating_across_high_starts_at_most_one_cycle_per_spacing() {
 #[tokio::test]
 async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() {
     let fresh = image("fresh", 300);
-    let (fake, _disk, mut daemon) = one_image_on_a_1000_byte_disk(&fresh, 100, |c| c.gc.min_age = secs(3)).await;
+    let (fake, _disk, mut daemon) = images_on_a_1000_byte_disk(&[&fresh], 100, |c| c.gc.min_age = secs(3)).await;
     assert!(fake.removed().is_empty(), "too young at the first cycle");
     let removed = eventually(secs(10), "the image removed once old enough", || {
         (!fake.removed().is_empty()).then(|| fake.removed())
@@ -125,7 +111,7 @@ async fn a_cycle_held_back_by_min_age_runs_again_when_the_young_images_may_go() 
 #[tokio::test]
 async fn images_that_only_need_to_age_are_not_space_images_cannot_free() {
     let fresh = image("fresh", 450);
-    let (fake, _disk, mut daemon) = one_image_on_a_1000_byte_disk(&fresh, 100, |c| c.gc.min_age = secs(3)).await;
+    let (fake, _disk, mut daemon) = images_on_a_1000_byte_disk(&[&fresh], 100, |c| c.gc.min_age = secs(3)).await;
     assert!(fake.removed().is_empty(), "too young at the first cycle");
     assert_eq!(
         metric(&daemon.metrics.encode(), "imagegc_space_unreachable"),
@@ -148,26 +134,11 @@ async fn images_that_only_need_to_age_are_not_space_images_cannot_free() {
 #[tokio::test(start_paused = true)]
 async fn a_disk_filling_in_steps_is_answered_at_every_crossing() {
     let (a, b) = (image("a", 200), image("b", 200));
-    let fake = FakeRuntime::new();
-    let disk = SimDisk::new(1000, 600);
-    for image in [&a, &b] {
-        fake.add_image(image.clone());
-        disk.occupy(&image.id, image.size);
-    }
-    fake.on_remove(Some(disk.free_on_remove()));
-    let mut daemon = InProcess::start(
-        fake.clone(),
-        disk.clone(),
-        |_| {},
-        |c| {
-            c.gc.interval = secs(3600);
-            c.gc.usage_poll_interval = secs(30);
-            c.gc.high_threshold_percent = 80;
-            c.gc.low_threshold_percent = 75;
-        },
-    )
+    let (fake, disk, mut daemon) = images_on_a_1000_byte_disk(&[&a, &b], 600, |c| {
+        c.gc.usage_poll_interval = secs(30);
+        c.gc.low_threshold_percent = 75;
+    })
     .await;
-    first_cycle_done(&daemon).await;
     assert!(fake.removed().is_empty());
     // A pull: 90 % used. One image brings usage to 70 %.
     disk.set_available(100);
@@ -193,18 +164,20 @@ async fn a_disk_filling_in_steps_is_answered_at_every_crossing() {
     daemon.stop().await;
 }
 
-/// A daemon over one unused `image` occupying its size on a 1000-byte disk
-/// with `available` bytes free, high 80 and low 50, a cycle an hour (only
-/// what the test starts runs one), once its first cycle has finished.
-async fn one_image_on_a_1000_byte_disk(
-    image: &imagegc::cri::Image,
+/// A daemon over unused `images`, each occupying its size on a 1000-byte
+/// disk with `available` bytes free, high 80 and low 50, a cycle an hour
+/// (only what the test starts runs one), once its first cycle has finished.
+async fn images_on_a_1000_byte_disk(
+    images: &[&imagegc::cri::Image],
     available: u64,
     configure: impl FnOnce(&mut imagegc::config::Config),
 ) -> (FakeRuntime, SimDisk, InProcess) {
     let fake = FakeRuntime::new();
-    fake.add_image(image.clone());
     let disk = SimDisk::new(1000, available);
-    disk.occupy(&image.id, image.size);
+    for image in images {
+        fake.add_image((*image).clone());
+        disk.occupy(&image.id, image.size);
+    }
     fake.on_remove(Some(disk.free_on_remove()));
     let daemon = InProcess::start(
         fake.clone(),
