@@ -66,6 +66,15 @@ struct Sim {
 
 type PodsSender = tokio::sync::watch::Sender<Arc<crate::policy::Protections>>;
 
+impl Sim {
+    /// An unused image of `size` reported bytes that takes `on_disk` bytes
+    /// of the filesystem (what its removal gives back).
+    fn unused(&mut self, id: &str, size: u64, on_disk: u64) {
+        self.images.push(image(id, size));
+        self.on_disk.insert(id.to_owned(), on_disk);
+    }
+}
+
 #[derive(Clone, Default)]
 struct SimHandle(Arc<Mutex<Sim>>);
 
@@ -544,8 +553,7 @@ async fn shared_layers_reach_low_in_one_cycle_and_no_further() {
     let sim = SimHandle::default();
     sim.with(|s| {
         for (id, disk) in [("a", 50), ("b", 50), ("c", 150), ("d", 300), ("e", 300)] {
-            s.images.push(image(id, 200));
-            s.on_disk.insert(id.into(), disk);
+            s.unused(id, 200, disk);
         }
         (s.capacity, s.available) = (1000, 50);
     });
@@ -567,8 +575,7 @@ async fn space_still_coming_back_after_the_first_reading_ends_the_walk_before_th
     let sim = SimHandle::default();
     sim.with(|s| {
         for id in ["a", "b", "c"] {
-            s.images.push(image(id, 200));
-            s.on_disk.insert(id.into(), 100);
+            s.unused(id, 200, 100);
         }
         // "a": 100 at once, 100 more a moment after the call returns.
         s.later.insert("a".into(), 100);
@@ -593,8 +600,7 @@ fn old_images(sim: &SimHandle, c: &mut Collector<SimHandle>, count: usize) {
     let ids: Vec<String> = (0..count).map(|i| format!("old{i:02}")).collect();
     sim.with(|s| {
         for id in &ids {
-            s.images.push(image(id, 10));
-            s.on_disk.insert(id.clone(), 10);
+            s.unused(id, 10, 10);
         }
         (s.capacity, s.available) = (1000, 900);
     });
@@ -621,9 +627,7 @@ async fn the_space_walk_confirms_each_removal_beside_the_next_candidates_recheck
     let took = ten_removals(|sim, _| {
         sim.with(|s| {
             for i in 0..12 {
-                let id = format!("i{i:02}");
-                s.images.push(image(&id, 200));
-                s.on_disk.insert(id, 20);
+                s.unused(&format!("i{i:02}"), 200, 20);
             }
             // Low (80 %) is 200 available: ten removals.
             (s.capacity, s.available) = (1000, 0);
@@ -696,9 +700,7 @@ async fn the_space_walk_never_removes_on_a_recheck_gone_stale_while_another_writ
     let removed = container_created_after_the_recheck_ahead(|sim, _| {
         sim.with(|s| {
             for i in 0..3 {
-                let id = format!("old{i:02}");
-                s.images.push(image(&id, 200));
-                s.on_disk.insert(id, 100);
+                s.unused(&format!("old{i:02}"), 200, 100);
             }
             // Low (80 %) is 200 available: two removals.
             (s.capacity, s.available) = (1000, 0);
@@ -792,8 +794,7 @@ async fn dry_run_removes_nothing_and_estimates_by_size() {
     let sim = SimHandle::default();
     sim.with(|s| {
         for id in ["a", "b", "c"] {
-            s.images.push(image(id, 100));
-            s.on_disk.insert(id.into(), 100);
+            s.unused(id, 100, 100);
         }
         (s.capacity, s.available) = (1000, 50);
     });
