@@ -1274,19 +1274,31 @@ async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
     assert_eq!(report.removed.len(), 1);
 }
 
-#[tokio::test]
-async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_next_process() {
+/// A collector on a node that lists only `b`, and the note of a removal of
+/// `a` that an earlier process asked for and sent before it was killed.
+fn after_an_earlier_process_removed_a() -> (
+    SimHandle,
+    Collector<SimHandle>,
+    tempfile::TempDir,
+    crate::journal::JournalEntry,
+) {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("b", 100)];
         (s.capacity, s.available) = (1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
+    an_earlier_process_asked_to_remove(&mut c, &dir, "a");
+    let note = c.pending.entries()[0].entry.clone();
+    (sim, c, dir, note)
+}
+
+#[tokio::test]
+async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_next_process() {
     // The process before noted the removal of `a`, the runtime made it,
     // the journal line was written, and the process was killed before
     // the note was forgotten (forgetting it is not synced).
-    an_earlier_process_asked_to_remove(&mut c, &dir, "a");
-    let note = c.pending.entries()[0].entry.clone();
+    let (_sim, mut c, dir, note) = after_an_earlier_process_removed_a();
     let mut line = crate::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
     // An earlier removal of the same image, in the same second, journaled
     // whole: it is not this one.
@@ -1307,14 +1319,7 @@ async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_ne
 
 #[tokio::test]
 async fn a_removal_killed_before_its_journal_line_is_journaled_though_one_of_the_same_image_was_that_second() {
-    let sim = SimHandle::default();
-    sim.with(|s| {
-        s.images = vec![image("b", 100)];
-        (s.capacity, s.available) = (1000, 900);
-    });
-    let (mut c, dir) = collector(&sim, |_| {});
-    an_earlier_process_asked_to_remove(&mut c, &dir, "a");
-    let note = c.pending.entries()[0].entry.clone();
+    let (_sim, mut c, dir, note) = after_an_earlier_process_removed_a();
     // The removal of `a` before this one, journaled in the same second.
     let mut earlier = crate::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
     earlier.asked = Some("2026-01-01T00:00:00.000000001Z".to_string());
