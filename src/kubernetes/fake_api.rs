@@ -119,6 +119,17 @@ pub mod cluster {
 
     use super::{Reply, json, unavailable};
 
+    /// A JSON answer whose body is `frames`, as they come.
+    fn streamed(
+        frames: impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + Sync + 'static,
+    ) -> Reply {
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(StreamBody::new(frames).boxed())
+            .unwrap()
+            .into()
+    }
+
     #[derive(Default)]
     pub struct FakeApi {
         pub down: AtomicBool,
@@ -192,20 +203,12 @@ pub mod cluster {
                 let events = futures_util::stream::unfold(rx, |mut rx| async move {
                     rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
                 });
-                return Response::builder()
-                    .header("content-type", "application/json")
-                    .body(StreamBody::new(events).boxed())
-                    .unwrap()
-                    .into();
+                return streamed(events);
             }
             if self.stall_lists.load(Ordering::SeqCst) {
                 self.hung.fetch_add(1, Ordering::SeqCst);
                 let never = futures_util::stream::pending::<Result<Frame<Bytes>, Infallible>>();
-                return Response::builder()
-                    .header("content-type", "application/json")
-                    .body(StreamBody::new(never).boxed())
-                    .unwrap()
-                    .into();
+                return streamed(never);
             }
             if self.hang_lists.load(Ordering::SeqCst) {
                 self.hung.fetch_add(1, Ordering::SeqCst);
