@@ -766,21 +766,21 @@ impl<R: Runtime> Collector<R> {
                 earlier_process: !pending.this_process,
                 how,
             });
-            if how == Settled::Gone && !pending.this_process && self.journaled_already(&entry).await {
+            if how != Settled::Gone {
+                continue;
+            }
+            let note = if pending.this_process {
+                "completed after RemoveImage failed"
+            } else if self.journaled_already(&entry).await {
                 // The process before journaled it and ended before it could
                 // forget the note (forgetting is not synced): once is enough.
                 self.pending.journaled(&entry.image);
                 continue;
-            }
-            if how == Settled::Gone {
-                let note = if pending.this_process {
-                    "completed after RemoveImage failed"
-                } else {
-                    "completed after shutdown"
-                };
-                self.account(&removal_of(&entry), Some(note), Some(entry.time.clone()))
-                    .await;
-            }
+            } else {
+                "completed after shutdown"
+            };
+            self.account(&removal_of(&entry), Some(note), Some(entry.time.clone()))
+                .await;
         }
     }
 }
