@@ -96,6 +96,20 @@ pub struct PendingRemoval {
 }
 
 impl PendingRemoval {
+    /// Becomes the earlier removal of the image it carried, of unknown
+    /// outcome, when it carried one (a removal asked again that did not
+    /// happen, or was never sent); false when it carried none.
+    fn back_to_earlier(&mut self) -> bool {
+        match self.earlier.take() {
+            Some(earlier) if matches!(self.phase, Phase::Requested | Phase::Checking) => {
+                self.phase = Phase::Unknown;
+                self.entry.time = earlier;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the removal was asked [`PENDING_LIMIT`] ago or more. A time
     /// that does not parse counts as long ago, and so does one as far in
     /// the future (a clock set back that far, or a time no clock of this
@@ -261,15 +275,9 @@ impl Pending {
             if p.entry.image != image {
                 return true;
             }
-            match p.earlier.take() {
-                Some(earlier) if matches!(p.phase, Phase::Requested | Phase::Checking) => {
-                    p.phase = Phase::Unknown;
-                    p.entry.time = earlier;
-                    reverted = true;
-                    true
-                }
-                _ => false,
-            }
+            let back = p.back_to_earlier();
+            reverted |= back;
+            back
         });
         if reverted {
             self.persist(Durability::Synced);
@@ -341,16 +349,9 @@ impl Pending {
                 forgotten = true;
                 // Its call was never sent. An earlier removal it carried is
                 // pending again as it was.
-                if let Some(earlier) = pending.earlier.clone() {
-                    kept.push(PendingRemoval {
-                        phase: Phase::Unknown,
-                        entry: JournalEntry {
-                            time: earlier,
-                            ..pending.entry.clone()
-                        },
-                        earlier: None,
-                        this_process: pending.this_process,
-                    });
+                let mut earlier = pending.clone();
+                if earlier.back_to_earlier() {
+                    kept.push(earlier);
                 }
                 settled.push((pending, Settled::NotSent));
                 continue;
