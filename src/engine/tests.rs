@@ -1066,8 +1066,12 @@ async fn a_partial_listing_never_settles_a_removal_the_runtime_did_not_make_as_d
     assert!(sim.removed().is_empty());
 }
 
-#[tokio::test]
-async fn a_removal_the_runtime_finishes_after_a_listing_still_lists_it_is_journaled_and_counted_once() {
+/// A cycle over a full disk whose `RemoveImage` of the unused `a` times out
+/// with `a` still listed (its outcome unknown); the runtime finishes it
+/// after `finish_after_lists` listings, if ever (or when asked again).
+async fn a_removal_of_a_that_times_out(
+    finish_after_lists: Option<usize>,
+) -> (SimHandle, Collector<SimHandle>, tempfile::TempDir) {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
@@ -1075,10 +1079,18 @@ async fn a_removal_the_runtime_finishes_after_a_listing_still_lists_it_is_journa
         s.on_disk.insert("a".into(), 100);
         (s.capacity, s.available) = (1000, 50);
         s.hang_remove = vec!["a".to_string()];
-        s.finish_after_lists.insert("a".into(), 2);
+        if let Some(lists) = finish_after_lists {
+            s.finish_after_lists.insert("a".into(), lists);
+        }
     });
     let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
     assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
+    (sim, c, dir)
+}
+
+#[tokio::test]
+async fn a_removal_the_runtime_finishes_after_a_listing_still_lists_it_is_journaled_and_counted_once() {
+    let (sim, mut c, dir) = a_removal_of_a_that_times_out(Some(2)).await;
     // The runtime is still at it at the next listing...
     assert!(c.poll_usage().await.is_ok());
     assert!(sim.removed().is_empty());
@@ -1105,16 +1117,7 @@ async fn a_removal_the_runtime_finishes_after_a_listing_still_lists_it_is_journa
 
 #[tokio::test]
 async fn an_image_removed_again_while_an_earlier_removal_is_unknown_is_journaled_once_per_removal() {
-    let sim = SimHandle::default();
-    sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
-        s.containers = vec![crate::testing::container_naming("c", "app")];
-        s.on_disk.insert("a".into(), 100);
-        (s.capacity, s.available) = (1000, 50);
-        s.hang_remove = vec!["a".to_string()];
-    });
-    let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
-    assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
+    let (sim, mut c, dir) = a_removal_of_a_that_times_out(None).await;
     assert!(c.poll_usage().await.is_ok());
     // The runtime answers again; the next cycle removes `a`: one removal,
     // one journal line, whichever call did it.
@@ -1131,18 +1134,8 @@ async fn an_image_removed_again_while_an_earlier_removal_is_unknown_is_journaled
 
 #[tokio::test]
 async fn an_earlier_removal_that_finishes_as_it_is_asked_again_is_journaled_once() {
-    let sim = SimHandle::default();
-    sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
-        s.containers = vec![crate::testing::container_naming("c", "app")];
-        s.on_disk.insert("a".into(), 100);
-        (s.capacity, s.available) = (1000, 50);
-        s.hang_remove = vec!["a".to_string()];
-        // Not finished by any listing: only as it is asked again.
-        s.finish_after_lists.insert("a".into(), 1000);
-    });
-    let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
-    assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
+    // Not finished by any listing: only as it is asked again.
+    let (sim, mut c, dir) = a_removal_of_a_that_times_out(Some(1000)).await;
     // The next cycle asks again; the runtime finishes the first call and
     // answers the second that the image is not there.
     sim.with(|s| s.hang_remove.clear());
