@@ -71,8 +71,10 @@ def metric(samples, name, **labels):
 class Deployment:
     """One imagegc DaemonSet on the cluster, deployed with kustomize or Helm."""
 
-    def __init__(self, cluster, name, how, config=None, namespace=None, components=()):
+    def __init__(self, cluster, name, how, config=None, namespace=None, components=(), chart=CHART):
         self.cluster = cluster
+        # The chart Helm installs (a directory or a packaged .tgz).
+        self.chart = chart
         self.name = name
         self.how = how
         self.config = dict(config or {})
@@ -164,7 +166,7 @@ class Deployment:
             self._write_overlay()
             self.cluster.kubectl("apply", "-k", self.overlay)
         else:
-            self.cluster.helm("upgrade", "--install", "imagegc", CHART, "--namespace", self.namespace,
+            self.cluster.helm("upgrade", "--install", "imagegc", self.chart, "--namespace", self.namespace,
                               "--create-namespace", "--values", self._helm_values(), "--wait",
                               f"--timeout={timeout}s")
         try:
