@@ -200,7 +200,6 @@ class FakeApiServer:
         self.changed = threading.Condition()
         self.down = False
         self.closing = False
-        self.lists = 0
         self.server = None
 
     def start(self):
@@ -237,7 +236,6 @@ class FakeApiServer:
                                                 "reason": "NotFound", "code": 404})
                 if query.get("watch") in (["true"], ["1"]):
                     return self.watch(int(query.get("timeoutSeconds", ["290"])[0]))
-                api.lists += 1
                 pod = {"metadata": {"name": "web", "namespace": "default", "resourceVersion": "1"},
                        "spec": {"nodeName": api.node, "containers": [{"name": "web", "image": "web:1"}]}}
                 self.send_json(200, {"apiVersion": "v1", "kind": "PodList",
