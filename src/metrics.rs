@@ -200,6 +200,7 @@ pub struct Metrics {
 /// What imagegc knows of the cluster (`[kubernetes]`); zero when off.
 #[derive(Debug)]
 struct KubernetesFamilies {
+    watch_enabled: Gauge,
     watch_up: Gauge,
     pods: Gauge,
     pods_stale: Gauge,
@@ -209,6 +210,14 @@ struct KubernetesFamilies {
 
 impl KubernetesFamilies {
     fn register(registry: &mut Registry) -> Self {
+        let watch_enabled = Gauge::default();
+        registry.register(
+            "imagegc_kubernetes_pods_watch_enabled",
+            "1 when this imagegc watches the pods bound to its node ([kubernetes] with protect_pods), \
+             0 otherwise: imagegc_kubernetes_pods_watch_up and imagegc_kubernetes_pods_stale mean \
+             something only then",
+            watch_enabled.clone(),
+        );
         let watch_up = Gauge::default();
         registry.register(
             "imagegc_kubernetes_pods_watch_up",
@@ -253,6 +262,7 @@ impl KubernetesFamilies {
             }
         }
         KubernetesFamilies {
+            watch_enabled,
             watch_up,
             pods,
             pods_stale,
@@ -694,6 +704,11 @@ impl Metrics {
     /// Whether `kubernetes.node_name` is confirmed as this node's name.
     pub fn set_node_found(&self, found: bool) {
         self.kubernetes.node_found.set(i64::from(found));
+    }
+
+    /// The watch of this node's pods runs (set once, when it starts).
+    pub fn set_pods_watch_enabled(&self) {
+        self.kubernetes.watch_enabled.set(1);
     }
 
     /// The watch of this node's pods: whether it is current, how many pods

@@ -49,6 +49,9 @@ CORE_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Confi
               "ServiceAccount"}
 OPERATOR_KINDS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitors",
                   "PrometheusRule": "prometheusrules"}
+# Where the API server listens: the kubernetes Service's port, the usual
+# port of its endpoints, and MicroK8s's.
+API_SERVER_PORTS = (443, 6443, 16443)
 # Labels the chart adds to deploy/'s app.kubernetes.io/name.
 HELM_LABELS = {"app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
                "helm.sh/chart"}
@@ -337,7 +340,7 @@ def values(render, values_file, deploy):
         cidrs = v["networkPolicy"].get("apiServerCIDRs", ["0.0.0.0/0", "::/0"])
         problems.same("NetworkPolicy egress", np["spec"]["egress"],
                       [{"to": [{"ipBlock": {"cidr": c}} for c in cidrs],
-                        "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}])
+                        "ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}])
     else:
         problems.same("NetworkPolicy egress", np["spec"]["egress"], [])
 

@@ -41,11 +41,15 @@ EXPORTED = {
     "imagegc_runtime_up": {},
     "imagegc_dry_run": {},
     "imagegc_repulled_after_removal_total": {},
+    "imagegc_images_removed_by_others_total": {},
     "imagegc_removal_candidates": {},
     "imagegc_space_unreachable": {},
     "imagegc_space_pass_due": {},
+    "imagegc_image_fs_mismatch": {},
+    "imagegc_container_mounts_unknown": {},
     "imagegc_consecutive_failed_cycles": {},
     "imagegc_start_time_seconds": {},
+    "imagegc_kubernetes_pods_watch_enabled": {},
     "imagegc_kubernetes_pods_watch_up": {},
     "imagegc_kubernetes_pods": {},
     "imagegc_kubernetes_pods_stale": {},
@@ -57,6 +61,10 @@ EXPORTED = {
     "imagegc_node_info": {"node": None},  # any value
     "imagegc_build_info": {"version": None},  # any value
 }
+# Series of the list above that a rule uses before the daemon exports them:
+# a scrape without one is noted, not a problem; a scrape with one is a
+# problem, so that the entry goes once the daemon exports it.
+NOT_YET_EXPORTED = {"imagegc_images_removed_by_others_total"}
 # Series Prometheus itself adds for every target, which rules may use.
 PROMETHEUS_SERIES = {"up": {}}
 HISTOGRAMS = {"imagegc_cycle_duration_seconds"}
@@ -315,11 +323,17 @@ def check(dashboard, rules, scrape=None, emit_rules=None):
     source = "the list in check_metrics.py"
     series = exported_series()
     notes = []
+    early = []
     if scrape:
         scraped = scraped_series(scrape)
         source = scrape
         listed = set(series)
-        for name in sorted(listed - set(scraped)):
+        for name in sorted(NOT_YET_EXPORTED):
+            if name in scraped:
+                early.append(f"{name} is in the scrape: remove it from NOT_YET_EXPORTED in check_metrics.py")
+            else:
+                notes.append(f"not exported yet (NOT_YET_EXPORTED): {name}")
+        for name in sorted(listed - set(scraped) - NOT_YET_EXPORTED):
             notes.append(f"listed here but not in the scrape: {name}")
         for name in sorted(set(scraped) - listed):
             notes.append(f"in the scrape but not listed here: {name}")
@@ -328,7 +342,7 @@ def check(dashboard, rules, scrape=None, emit_rules=None):
         series = {
             name: {label: (series.get(name, {}).get(label)) for label in labels}
             for name, labels in scraped.items()
-        }
+        } | {name: series[name] for name in NOT_YET_EXPORTED if name not in scraped}
 
     series.update(PROMETHEUS_SERIES)
     checker = Checker(series)
@@ -346,4 +360,4 @@ def check(dashboard, rules, scrape=None, emit_rules=None):
     if unused:
         notes.append(f"exported but shown nowhere: {', '.join(unused)}")
     notes.append(f"{checker.checked} expressions use {len(checker.used)} series ({source})")
-    return checker.problems, notes
+    return early + checker.problems, notes

@@ -53,3 +53,75 @@ def test_upgrade_commands_keep_new_chart_defaults():
     import check_manifests
 
     no_problems(check_manifests.upgrades(REPO), "README upgrade commands")
+
+
+def kustomize_overlay(work, name, components, files=None):
+    """`kustomize build` of an overlay of deploy/ with these components and
+    extra resource files ({file name: YAML text}): the documents, or the
+    failed build's error."""
+    import shutil
+    import subprocess
+
+    yaml = module("yaml")
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl here")
+    overlay = work / f"overlay-{name}"
+    overlay.mkdir()
+    deploy = os.path.relpath(DEPLOY, overlay)
+    for file, text in (files or {}).items():
+        (overlay / file).write_text(text)
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [deploy, *(files or {})],
+        "components": [f"{deploy}/components/{c}" for c in components]}))
+    proc = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d], None
+
+
+def network_policy(docs):
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    return policy["spec"]
+
+
+def test_kubernetes_component_reaches_the_api_server_on_its_usual_ports_and_microk8s(work):
+    # 443: the kubernetes Service; 6443: the usual port of its endpoints;
+    # 16443: MicroK8s's. Nothing else leaves the pod (no DNS: imagegc
+    # reaches KUBERNETES_SERVICE_HOST, an address).
+    base, _ = kustomize_overlay(work, "base", [])
+    assert network_policy(base)["egress"] == []
+    docs, error = kustomize_overlay(work, "kubernetes", ["kubernetes"])
+    assert error is None, error
+    assert network_policy(docs)["egress"] == [{
+        "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}],
+        "ports": [{"protocol": "TCP", "port": p} for p in (443, 6443, 16443)],
+    }]
+
+
+SCRAPE_NAMESPACE = """\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: imagegc-scrape-namespace
+  annotations:
+    config.kubernetes.io/local-config: "true"
+data:
+  namespace: gmp-system
+"""
+
+
+def test_scrape_namespace_component_admits_the_namespace_the_overlay_names(work):
+    # As deploy/components/scrape-namespace documents it: GKE's managed
+    # collectors scrape from gmp-system.
+    docs, error = kustomize_overlay(work, "scrape", ["kubernetes", "scrape-namespace"],
+                                    {"scrape-namespace.yaml": SCRAPE_NAMESPACE})
+    assert error is None, error
+    (peer,) = network_policy(docs)["ingress"][0]["from"]
+    assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}}}
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert ("ConfigMap", "imagegc-scrape-namespace") not in names, "the local ConfigMap would be applied"
+    # Forgotten, it fails the build and names what is missing.
+    _, error = kustomize_overlay(work, "scrape-forgotten", ["scrape-namespace"])
+    assert error is not None and "imagegc-scrape-namespace" in error, error

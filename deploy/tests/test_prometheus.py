@@ -76,7 +76,7 @@ def test_live_prometheus_alerts_fire_and_resolve_dashboard_queries(imagegc_bin, 
     # evaluates the rules with their windows scaled from minutes to seconds;
     # each alert must fire and resolve on its condition, nothing may fire
     # while all is well, and every dashboard query must return data. About
-    # 2.5 minutes.
+    # 3.5 minutes.
     if os.geteuid() != 0:
         pytest.skip("not root (mounts a tmpfs)")
     module("yaml")

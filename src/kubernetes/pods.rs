@@ -190,6 +190,7 @@ pub fn spawn(
     let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
     let (synced_tx, synced) = watch::channel(false);
     let (listed_tx, listed) = watch::channel(None);
+    metrics.set_pods_watch_enabled();
     let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics).listed_to(listed_tx);
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default()
@@ -643,6 +644,21 @@ status:
 
     fn metric(metrics: &Metrics, line: &str) -> bool {
         metrics.encode().lines().any(|l| l == line)
+    }
+
+    /// A started watch says so before anything is listed, so that an alert
+    /// on a watch that is down fires only where one runs: without
+    /// `[kubernetes]` (or `protect_pods`) `imagegc_kubernetes_pods_watch_up`
+    /// is 0 too.
+    #[tokio::test]
+    async fn a_started_watch_says_it_runs_before_the_api_server_answers() {
+        let api = Arc::new(fake_api::cluster::FakeApi::default());
+        api.go_down();
+        assert!(metric(&Metrics::new(), "imagegc_kubernetes_pods_watch_enabled 0"));
+        let (_watch, metrics, shutdown) = watch_on(&api, Duration::from_secs(3600)).await;
+        assert!(metric(&metrics, "imagegc_kubernetes_pods_watch_enabled 1"));
+        assert!(metric(&metrics, "imagegc_kubernetes_pods_watch_up 0"));
+        shutdown.cancel();
     }
 
     /// The API server accepts the listing and never answers it (a control

@@ -25,7 +25,14 @@
 //! - `calls`: answers `ok RPC=N RPC=N ...`, how many times each RPC was
 //!   called so far, in the order of their first call, so a script can tell
 //!   what one client process asked of the runtime.
+//! - `remove-image NAME`: removes the image tagged `NAME` (and its `FILE`)
+//!   outside imagegc, as another collector (`crictl rmi`, the kubelet's
+//!   image GC) would.
 //! - `fail-remove NAME`: `RemoveImage` of that image fails from now on.
+//! - `fail-rpc RPC`, `heal-rpc RPC`: every call of the CRI RPC named (as
+//!   `ContainerStatus`) fails with `INTERNAL` from now on; answers again.
+//!   A container first listed while `ContainerStatus` fails has mounts a
+//!   client cannot read.
 //! - `image-fs PATH`: `ImageFsInfo` names `PATH` as the image filesystem's
 //!   mount point (the default is containerd's snapshotter directory), as a
 //!   runtime whose images are on the filesystem at `PATH` would.
@@ -129,10 +136,27 @@ pub fn main() -> ExitCode {
                     println!("ok{}", call_counts(&fake.calls()));
                     continue;
                 }
+                ["remove-image", name] => match fake.remove_image_by_id(&image_id(name)) {
+                    Some(image) => {
+                        let file = files
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .remove(&image.id);
+                        if let Some(file) = file {
+                            let _ = std::fs::remove_file(file);
+                        }
+                        Ok(())
+                    }
+                    None => Err(format!("no image {name}")),
+                },
                 ["fail-remove", name] => {
                     fake.fail_remove(&image_id(name), tonic::Code::Internal);
                     Ok(())
                 }
+                ["fail-rpc", rpc] => known_rpc(rpc).map(|rpc| {
+                    fake.fail_always(rpc, Some(tonic::Status::internal(format!("{rpc} fails (fail-rpc)"))));
+                }),
+                ["heal-rpc", rpc] => known_rpc(rpc).map(|rpc| fake.fail_always(rpc, None)),
                 ["image-fs", path] => {
                     fake.set_image_fs_mount(path);
                     Ok(())
@@ -164,6 +188,20 @@ pub fn main() -> ExitCode {
         }
         ExitCode::SUCCESS
     })
+}
+
+/// `rpc` if the fake serves a CRI RPC of that name, else why not.
+fn known_rpc(rpc: &str) -> Result<&'static str, String> {
+    crate::fake::RPCS
+        .iter()
+        .find(|known| **known == rpc)
+        .copied()
+        .ok_or_else(|| {
+            format!(
+                "{rpc:?} is not a CRI RPC the fake serves; expected one of {:?}",
+                crate::fake::RPCS
+            )
+        })
 }
 
 /// ` RPC=N` for each RPC in `calls`, in the order of their first call.
@@ -274,6 +312,13 @@ mod tests {
         assert_eq!(ids.len(), 10_000);
         let first: std::collections::HashSet<&str> = ids.iter().map(|id| &id[..2]).collect();
         assert!(first.len() > 200, "{} distinct leading bytes", first.len());
+    }
+
+    #[test]
+    fn an_rpc_is_named_as_the_cri_names_it() {
+        assert_eq!(known_rpc("ContainerStatus"), Ok("ContainerStatus"));
+        let err = known_rpc("containerstatus").unwrap_err();
+        assert!(err.contains("not a CRI RPC"), "{err}");
     }
 
     #[test]

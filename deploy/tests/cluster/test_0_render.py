@@ -204,7 +204,8 @@ def test_kubernetes_awareness_adds_exactly_its_rbac_token_and_egress():
         assert spec["serviceAccountName"] == account["metadata"]["name"], name
         egress = next(d for d in docs if d["kind"] == "NetworkPolicy")["spec"]["egress"]
         assert egress == [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}],
-                           "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}], name
+                           "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443},
+                                     {"protocol": "TCP", "port": 16443}]}], name
         # Turned on: by the component's variable, by the chart's file.
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
         config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["imagegc.toml"]
