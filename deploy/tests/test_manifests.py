@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from support import DEPLOY, K8S_VERSIONS, REPO, module, no_problems, run, tool
+from support import DEPLOY, K8S_VERSIONS, REPO, module, no_problems, output, run, tool
 
 
 def resources():
@@ -33,6 +33,52 @@ def crate_version():
 def test_kustomize_build_sets_the_image(kustomized):
     image = f"image: ghcr.io/imagegc/imagegc:{crate_version()}"
     assert image in kustomized.read_text(), f"the image is not set ({image})"
+
+
+COMPONENTS = sorted(os.listdir(os.path.join(DEPLOY, "components")))
+
+
+def build_with_component(work, component):
+    """`kubectl kustomize` of an overlay of a copy of deploy/ with one
+    component (kustomize wants relative paths), as parsed documents."""
+    import shutil
+
+    yaml = module("yaml")
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("no kubectl here")
+    root = work / f"overlay-{component}"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(DEPLOY, root / "deploy", ignore=shutil.ignore_patterns("tests", "helm", "__pycache__"))
+    (root / "overlay").mkdir()
+    (root / "overlay" / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../deploy]\n"
+        f"components: [../deploy/components/{component}]\n")
+    path = root / "built.yaml"
+    path.write_text(output(kubectl, "kustomize", root / "overlay"))
+    return path, [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_each_component_builds_and_validates(work, component):
+    path, _ = build_with_component(work, component)
+    run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", K8S_VERSIONS[0], path)
+
+
+def test_openshift_component_grants_the_privileged_scc_and_spc_t(work):
+    _, docs = build_with_component(work, "openshift")
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
+                              "resourceNames": ["privileged"], "verbs": ["use"]}], role["rules"]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == "imagegc" and binding["roleRef"]["name"] == role["metadata"]["name"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"][
+        "serviceAccountName"], "namespace": "imagegc"}]
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    security = container["securityContext"]
+    assert security["seLinuxOptions"] == {"type": "spc_t"}
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["privileged"] is False
 
 
 def test_deploy_files_agree_ports_paths_mounts_security():
