@@ -159,6 +159,30 @@ def test_helm_openshift_values_grant_the_scc_and_set_the_contexts(helm):
     assert 'listen = "127.0.0.1:9106"' in config["data"]["imagegc.toml"]
 
 
+def notes(helm, work, *sets):
+    """NOTES.txt as `helm install` prints it, rendered without a cluster:
+    a copy of the chart with a template that runs it through tpl."""
+    import shutil
+
+    yaml = module("yaml")
+    chart = work / "notes-chart"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "NOTES.txt")
+        (chart / "templates" / "notes-test.yaml").write_text('notes: {{ tpl (.Files.Get "NOTES.txt") . | toJson }}\n')
+    flags = [arg for s in sets for arg in ("--set", s)]
+    rendered = output(helm.binary, "template", "imagegc", chart, "--kube-version", "1.26.0",
+                      "--show-only", "templates/notes-test.yaml", *flags)
+    return yaml.safe_load(rendered)["notes"]
+
+
+@pytest.mark.parametrize("high,below", [(80, True), (84, True), (85, False), (90, False)])
+def test_helm_notes_say_below_the_eviction_line_only_when_it_is(helm, work, high, below):
+    text = notes(helm, work, f"gc.highThresholdPercent={high}", "gc.lowThresholdPercent=70")
+    assert (f"imagegc starts at {high}% usage, below the kubelet's" in text) is below, text
+    assert ("WARNING: imagegc starts at" in text) is not below, text
+
+
 def test_every_configuration_key_is_a_chart_value():
     """Every key of config/imagegc.toml (the schema, every key listed) has
     its chart value: section.key in camelCase, but for the two the chart
