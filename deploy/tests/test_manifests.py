@@ -99,3 +99,30 @@ def test_upgrade_commands_keep_new_chart_defaults():
     import check_manifests
 
     no_problems(check_manifests.upgrades(REPO), "README upgrade commands")
+
+
+def test_readme_blocks_the_cluster_suite_runs_are_there_and_parse():
+    """deploy/tests/cluster/test_5_readme.py runs README's marked blocks on
+    the cluster; without one, check here that each it runs is still marked,
+    is bash, and says what that test relies on."""
+    import re
+    import subprocess
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    blocks = {}
+    # The cluster suite's own pattern (test_5_readme.readme_blocks).
+    for m in re.finditer(r"<!-- readme-test: ([a-z-]+) -->\n([ \t]*)```sh\n(.*?)\n[ \t]*```", text, re.S):
+        indent = m.group(2)
+        lines = [line[len(indent):] if line.startswith(indent) else line for line in m.group(3).split("\n")]
+        blocks[m.group(1)] = "\n".join(lines) + "\n"
+    for name in ("install-kustomize", "install-helm", "verify", "confirm", "takeover-kustomize", "takeover-helm",
+                 "uninstall-kustomize", "uninstall-helm"):
+        assert name in blocks, f"README has no block marked readme-test: {name}"
+        proc = subprocess.run(["bash", "-n"], input=blocks[name], capture_output=True, text=True)
+        assert proc.returncode == 0, f"README block {name} is not bash: {proc.stderr}"
+    assert "  # - ../deploy/components/k3s\n" in blocks["install-kustomize"]
+    assert re.search(r"helm install [^\n]*\\\n", blocks["install-helm"])
+    for how in ("kustomize", "helm"):
+        assert "/imagegc check-config" in blocks[f"takeover-{how}"]
+    assert "-l app.kubernetes.io/name=imagegc" in blocks["confirm"] and "spec.nodeName=" in blocks["confirm"]
