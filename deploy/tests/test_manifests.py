@@ -126,3 +126,11 @@ def test_readme_blocks_the_cluster_suite_runs_are_there_and_parse():
     for how in ("kustomize", "helm"):
         assert "/imagegc check-config" in blocks[f"takeover-{how}"]
     assert "-l app.kubernetes.io/name=imagegc" in blocks["confirm"] and "spec.nodeName=" in blocks["confirm"]
+    # The label and namespace the confirm block selects by are the pods'.
+    yaml = module("yaml")
+    with open(os.path.join(DEPLOY, "daemonset.yaml"), encoding="utf-8") as f:
+        ds = yaml.safe_load(f)
+    assert ds["metadata"]["namespace"] == "imagegc" and "kubectl -n imagegc get pod" in blocks["confirm"]
+    assert ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "imagegc"
+    with open(os.path.join(DEPLOY, "helm", "imagegc", "Chart.yaml"), encoding="utf-8") as f:
+        assert yaml.safe_load(f)["name"] == "imagegc", "the chart's pods carry app.kubernetes.io/name: <chart name>"
