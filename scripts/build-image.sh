@@ -4,31 +4,44 @@
 # manifest per architecture), then pushes it to a registry or loads it into
 # a local containerd.
 #
-#   scripts/build-image.sh [--image REF] [--arch amd64,arm64] [--push] [--load-containerd SOCKET]
+#   scripts/build-image.sh [--image REF] [--arch amd64,arm64] [--push] [--load-containerd SOCKET] [--dry-run]
 #
 #   --image REF      the image reference (default ghcr.io/imagegc/imagegc:<version>,
 #                    the name the manifests and the chart use)
-#   --arch LIST      architectures, comma-separated: amd64, arm64 (default both)
+#   --arch LIST      architectures, comma-separated: amd64, arm64 (default: this
+#                    machine's own; --arch amd64,arm64 for one image of both)
 #   --push           push every architecture to REF (skopeo copy --all; log in
 #                    first with `skopeo login REGISTRY`)
 #   --load-containerd SOCKET
 #                    import into the containerd at SOCKET, namespace k8s.io (ctr)
+#   --dry-run        say what would be built and what it needs, build nothing
 #
 # The image is written to target/image/imagegc-<version>.oci.tar either way.
-# Needs rustup, cargo and a C compiler for each target: the Kubernetes
-# client's TLS (rustls with ring) compiles C and assembly. amd64: musl-gcc
-# (apt-get install musl-tools). arm64 on an amd64 machine: clang (apt-get
-# install clang lld) compiles ring for aarch64 musl, and the toolchain's own
-# rust-lld links. Or build without Kubernetes support
-# (IMAGEGC_CARGO_FLAGS=--no-default-features): no C at all. --push needs skopeo (apt-get install skopeo); the image is
-# assembled by scripts/oci-image.py (python3, standard library only).
+# What it needs, besides rustup and cargo (the script adds the musl targets
+# with rustup) and python3 (scripts/oci-image.py assembles the image with
+# the standard library only):
+#   amd64 on amd64:  musl-gcc (apt-get install musl-tools): the Kubernetes
+#                    client's TLS (rustls with ring) compiles C and assembly
+#   arm64 on arm64:  musl-gcc, as above
+#   arm64 on amd64:  clang (apt-get install clang lld) compiles ring for
+#                    aarch64 musl; the toolchain's own rust-lld links
+#   amd64 on arm64:  not supported by this script (use the Containerfile on an
+#                    amd64 builder)
+#   --push:          skopeo (apt-get install skopeo)
+# Without Kubernetes support (IMAGEGC_CARGO_FLAGS=--no-default-features) no
+# C compiler is needed at all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 image=ghcr.io/imagegc/imagegc:$version
-arches=amd64,arm64
+case $(uname -m) in
+    x86_64) arches=amd64 ;;
+    aarch64 | arm64) arches=arm64 ;;
+    *) echo "scripts/build-image.sh: no image for this machine's architecture $(uname -m) (amd64, arm64)" >&2; exit 2 ;;
+esac
 push=false
+dry_run=false
 load_socket=
 while [ $# -gt 0 ]; do
     case $1 in
@@ -36,6 +49,7 @@ while [ $# -gt 0 ]; do
         --arch) arches=$2; shift 2 ;;
         --push) push=true; shift ;;
         --load-containerd) load_socket=$2; shift 2 ;;
+        --dry-run) dry_run=true; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "scripts/build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -50,6 +64,18 @@ for arch in "${wanted[@]}"; do
         arm64) triple=aarch64-unknown-linux-musl ;;
         *) echo "scripts/build-image.sh: unknown architecture $arch (amd64, arm64)" >&2; exit 2 ;;
     esac
+    if [ "$arch" = arm64 ] && [ "$(uname -m)" != aarch64 ]; then
+        needs="rustup target $triple, clang and lld (apt-get install clang lld)"
+    elif [ "$arch" = amd64 ] && [ "$(uname -m)" != x86_64 ]; then
+        echo "scripts/build-image.sh: amd64 on $(uname -m) is not supported here: use the Containerfile on an amd64 builder" >&2
+        exit 2
+    else
+        needs="rustup target $triple, musl-gcc (apt-get install musl-tools)"
+    fi
+    if $dry_run; then
+        echo "would build linux/$arch ($triple): needs $needs"
+        continue
+    fi
     rustup target add "$triple" >/dev/null
     echo "==> building imagegc $version for linux/$arch ($triple)"
     # shellcheck disable=SC2086 # flags, split on purpose
@@ -72,6 +98,12 @@ for arch in "${wanted[@]}"; do
     binaries+=(--binary "$arch=$binary")
 done
 
+if $dry_run; then
+    echo "would write $target_dir/image/imagegc-$version.oci.tar as $image (python3)"
+    $push && echo "would push $image (skopeo)"
+    [ -n "$load_socket" ] && echo "would import $image into the containerd at $load_socket (ctr)"
+    exit 0
+fi
 mkdir -p "$target_dir/image"
 archive=$target_dir/image/imagegc-$version.oci.tar
 python3 scripts/oci-image.py --name "$image" --version "$version" --config deploy/imagegc.toml \

@@ -2,7 +2,7 @@
 //! client reads, how large answers pass, and how every failure is reported.
 //!
 //! Default-endpoint discovery is not tested here: it probes the real
-//! containerd, CRI-O and cri-dockerd sockets of the machine running the tests.
+//! containerd and CRI-O sockets of the machine running the tests.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

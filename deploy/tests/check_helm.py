@@ -293,11 +293,20 @@ def values(render, values_file, deploy):
         "protect": {"images": v["protect"]["images"],
                     "keep_recent_per_repository": v["protect"]["keepRecentPerRepository"]},
         "state": {"dir": "/var/lib/imagegc"},
-        "metrics": {"listen": f"0.0.0.0:{port}"},
+        "metrics": {"listen": v["metrics"].get("listen") or f"0.0.0.0:{port}"},
         "kubernetes": {"enabled": v["kubernetes"]["enabled"], "protect_pods": v["kubernetes"]["protectPods"],
                        "node_events": v["kubernetes"]["nodeEvents"],
                        "pods_stale_after": v["kubernetes"]["podsStaleAfter"]},
     }
+    if not v.get("state", {}).get("usageLog", True):
+        want["state"]["usage_log"] = False
+    for key, value in (("node_name", v["kubernetes"].get("nodeName")), ("kubeconfig", v["kubernetes"].get("kubeconfig"))):
+        if value:
+            want["kubernetes"][key] = value
+    for extra in v.get("extraVolumes", []):
+        problems.same(f"extra volume {extra['name']}", volumes.get(extra["name"]), extra)
+    for extra in v.get("extraVolumeMounts", []):
+        problems.same(f"extra mount {extra['name']}", mounts.get(extra["name"]), extra)
     if v["kubernetes"]["enabled"]:
         # Exactly the RBAC imagegc needs, for its account, and its token:
         # pods list/watch and nodes get cluster-wide, events only in

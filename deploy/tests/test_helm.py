@@ -20,6 +20,7 @@ SETS = {
     "default": ("imagegc", "imagegc", None),
     "everything": ("other", "gc-system", os.path.join(CHART, "ci", "everything-values.yaml")),
     "podmonitor": ("imagegc", "monitoring", os.path.join(CHART, "ci", "podmonitor-values.yaml")),
+    "openshift": ("imagegc", "imagegc", os.path.join(CHART, "ci", "openshift-values.yaml")),
 }
 EACH = [(name, version) for name in SETS for version in K8S_VERSIONS]
 
@@ -126,6 +127,87 @@ def test_helm_default_render_is_the_kustomize_build(helm, kustomized):
 def test_helm_render_carries_its_values(helm):
     no_problems(check_helm().values(helm.render("everything", "1.26.0"), SETS["everything"][2], DEPLOY),
                 "helm template with ci/everything-values.yaml")
+
+
+def test_helm_openshift_values_grant_the_scc_and_set_the_contexts(helm):
+    yaml = module("yaml")
+    with open(SETS["openshift"][2], encoding="utf-8") as f:
+        v = yaml.safe_load(f)
+    docs = list(yaml.safe_load_all(helm.render("openshift", "1.26.0").read_text()))
+    kinds = {}
+    for d in docs:
+        if d:
+            kinds.setdefault(d["kind"], []).append(d)
+    (role,) = kinds["ClusterRole"]
+    assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
+                              "resourceNames": ["privileged"], "verbs": ["use"]}], role["rules"]
+    (binding,) = kinds["RoleBinding"]
+    assert binding["metadata"]["namespace"] == "imagegc"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "imagegc", "namespace": "imagegc"}]
+    (ds,) = kinds["DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    imagegc, sidecar = pod["containers"]
+    assert sidecar == v["extraContainers"][0]
+    security = imagegc["securityContext"]
+    assert security["seLinuxOptions"] == {"type": "spc_t"}
+    # The chart's own settings survive the merge.
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False and security["runAsUser"] == 0
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}, "supplementalGroups": [0]}
+    (config,) = [d for d in kinds["ConfigMap"] if "imagegc.toml" in d["data"]]
+    assert 'listen = "127.0.0.1:9106"' in config["data"]["imagegc.toml"]
+
+
+def notes(helm, work, *sets):
+    """NOTES.txt as `helm install` prints it, rendered without a cluster:
+    a copy of the chart with a template that runs it through tpl."""
+    import shutil
+
+    yaml = module("yaml")
+    chart = work / "notes-chart"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "NOTES.txt")
+        (chart / "templates" / "notes-test.yaml").write_text('notes: {{ tpl (.Files.Get "NOTES.txt") . | toJson }}\n')
+    flags = [arg for s in sets for arg in ("--set", s)]
+    rendered = output(helm.binary, "template", "imagegc", chart, "--kube-version", "1.26.0",
+                      "--show-only", "templates/notes-test.yaml", *flags)
+    return yaml.safe_load(rendered)["notes"]
+
+
+@pytest.mark.parametrize("high,below", [(80, True), (84, True), (85, False), (90, False)])
+def test_helm_notes_say_below_the_eviction_line_only_when_it_is(helm, work, high, below):
+    text = notes(helm, work, f"gc.highThresholdPercent={high}", "gc.lowThresholdPercent=70")
+    assert (f"imagegc starts at {high}% usage, below the kubelet's" in text) is below, text
+    assert ("WARNING: imagegc starts at" in text) is not below, text
+
+
+def test_every_configuration_key_is_a_chart_value():
+    """Every key of config/imagegc.toml (the schema, every key listed) has
+    its chart value: section.key in camelCase, but for the two the chart
+    names by what it mounts."""
+    import tomllib
+
+    yaml = module("yaml")
+    by_mount = {"state.dir": "stateHostPath", "kubelet.config": "kubelet.configPath"}
+    with open(os.path.join(REPO, "config", "imagegc.toml"), "rb") as f:
+        config = tomllib.load(f)
+    with open(os.path.join(CHART, "values.yaml"), encoding="utf-8") as f:
+        values = yaml.safe_load(f)
+    missing_values = []
+    for section, keys in config.items():
+        for key in keys:
+            name = f"{section}.{key}"
+            first, *rest = key.split("_")
+            path = by_mount.get(name, f"{section}.{first}{''.join(w.capitalize() for w in rest)}")
+            node = values
+            for part in path.split("."):
+                node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+            if node is KeyError:
+                missing_values.append(f"{name}: no chart value {path}")
+    assert len(config) >= 7, sorted(config)
+    no_problems(missing_values, "configuration keys without a chart value")
 
 
 def test_helm_pod_and_service_monitor_scrape_as_deploy_podmonitor(helm):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from support import DEPLOY, K8S_VERSIONS, REPO, module, no_problems, run, tool
+from support import DEPLOY, K8S_VERSIONS, REPO, module, no_problems, output, run, tool
 
 
 def resources():
@@ -33,6 +33,52 @@ def crate_version():
 def test_kustomize_build_sets_the_image(kustomized):
     image = f"image: ghcr.io/imagegc/imagegc:{crate_version()}"
     assert image in kustomized.read_text(), f"the image is not set ({image})"
+
+
+COMPONENTS = sorted(os.listdir(os.path.join(DEPLOY, "components")))
+
+
+def build_with_component(work, component):
+    """`kubectl kustomize` of an overlay of a copy of deploy/ with one
+    component (kustomize wants relative paths), as parsed documents."""
+    import shutil
+
+    yaml = module("yaml")
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("no kubectl here")
+    root = work / f"overlay-{component}"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(DEPLOY, root / "deploy", ignore=shutil.ignore_patterns("tests", "helm", "__pycache__"))
+    (root / "overlay").mkdir()
+    (root / "overlay" / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../deploy]\n"
+        f"components: [../deploy/components/{component}]\n")
+    path = root / "built.yaml"
+    path.write_text(output(kubectl, "kustomize", root / "overlay"))
+    return path, [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_each_component_builds_and_validates(work, component):
+    path, _ = build_with_component(work, component)
+    run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", K8S_VERSIONS[0], path)
+
+
+def test_openshift_component_grants_the_privileged_scc_and_spc_t(work):
+    _, docs = build_with_component(work, "openshift")
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
+                              "resourceNames": ["privileged"], "verbs": ["use"]}], role["rules"]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == "imagegc" and binding["roleRef"]["name"] == role["metadata"]["name"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ds["spec"]["template"]["spec"][
+        "serviceAccountName"], "namespace": "imagegc"}]
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    security = container["securityContext"]
+    assert security["seLinuxOptions"] == {"type": "spc_t"}
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["privileged"] is False
 
 
 def test_deploy_files_agree_ports_paths_mounts_security():
@@ -125,3 +171,38 @@ def test_scrape_namespace_component_admits_the_namespace_the_overlay_names(work)
     # Forgotten, it fails the build and names what is missing.
     _, error = kustomize_overlay(work, "scrape-forgotten", ["scrape-namespace"])
     assert error is not None and "imagegc-scrape-namespace" in error, error
+
+
+def test_readme_blocks_the_cluster_suite_runs_are_there_and_parse():
+    """deploy/tests/cluster/test_5_readme.py runs README's marked blocks on
+    the cluster; without one, check here that each it runs is still marked,
+    is bash, and says what that test relies on."""
+    import re
+    import subprocess
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    blocks = {}
+    # The cluster suite's own pattern (test_5_readme.readme_blocks).
+    for m in re.finditer(r"<!-- readme-test: ([a-z-]+) -->\n([ \t]*)```sh\n(.*?)\n[ \t]*```", text, re.S):
+        indent = m.group(2)
+        lines = [line[len(indent):] if line.startswith(indent) else line for line in m.group(3).split("\n")]
+        blocks[m.group(1)] = "\n".join(lines) + "\n"
+    for name in ("install-kustomize", "install-helm", "verify", "confirm", "takeover-kustomize", "takeover-helm",
+                 "uninstall-kustomize", "uninstall-helm"):
+        assert name in blocks, f"README has no block marked readme-test: {name}"
+        proc = subprocess.run(["bash", "-n"], input=blocks[name], capture_output=True, text=True)
+        assert proc.returncode == 0, f"README block {name} is not bash: {proc.stderr}"
+    assert "  # - ../deploy/components/k3s\n" in blocks["install-kustomize"]
+    assert re.search(r"helm install [^\n]*\\\n", blocks["install-helm"])
+    for how in ("kustomize", "helm"):
+        assert "/imagegc check-config" in blocks[f"takeover-{how}"]
+    assert "-l app.kubernetes.io/name=imagegc" in blocks["confirm"] and "spec.nodeName=" in blocks["confirm"]
+    # The label and namespace the confirm block selects by are the pods'.
+    yaml = module("yaml")
+    with open(os.path.join(DEPLOY, "daemonset.yaml"), encoding="utf-8") as f:
+        ds = yaml.safe_load(f)
+    assert ds["metadata"]["namespace"] == "imagegc" and "kubectl -n imagegc get pod" in blocks["confirm"]
+    assert ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "imagegc"
+    with open(os.path.join(DEPLOY, "helm", "imagegc", "Chart.yaml"), encoding="utf-8") as f:
+        assert yaml.safe_load(f)["name"] == "imagegc", "the chart's pods carry app.kubernetes.io/name: <chart name>"

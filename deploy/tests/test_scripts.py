@@ -12,3 +12,22 @@ SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh", "script
 def test_shellcheck(script):
     # -x: follow what the entry point sources.
     run(tool("shellcheck"), "-x", script)
+
+
+def test_build_image_builds_this_machines_architecture_by_default():
+    # One architecture unless asked: a cross build needs a cross C compiler.
+    import platform
+    import re
+    import subprocess
+
+    from support import REPO
+
+    host = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
+    proc = subprocess.run(["scripts/build-image.sh", "--dry-run"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.findall(r"^would build linux/(\w+) ", proc.stdout, re.M) == [host], proc.stdout
+    both = subprocess.run(["scripts/build-image.sh", "--dry-run", "--arch", "amd64,arm64"], cwd=REPO,
+                          capture_output=True, text=True)
+    if host == "amd64":
+        assert re.findall(r"^would build linux/(\w+) ", both.stdout, re.M) == ["amd64", "arm64"], both.stdout
+        assert "clang and lld" in both.stdout, both.stdout

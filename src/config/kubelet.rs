@@ -573,7 +573,12 @@ mod tests {
     fn a_kubelet_file_without_image_gc_fields_gives_the_kubelet_defaults() {
         let config = load_ok("config.yaml", &kubelet("maxPods: 110\n"));
         let defaults = Config::default();
-        assert_eq!(config.gc, defaults.gc);
+        let kubelets = crate::config::GcConfig {
+            high_threshold_percent: 85,
+            low_threshold_percent: 80,
+            ..defaults.gc
+        };
+        assert_eq!(config.gc, kubelets);
     }
 
     #[test]

@@ -52,6 +52,18 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 pub const DEFAULT_USAGE_POLL_INTERVAL: Duration = Duration::from_secs(30);
 /// Per CRI call deadline: the kubelet's default runtime request timeout.
 pub const DEFAULT_RUNTIME_TIMEOUT: Duration = Duration::from_secs(120);
+/// Space collection starts at this usage of the image filesystem, in
+/// percent: below the kubelet's default eviction line (`evictionHard`
+/// `imagefs.available` 15%: pods are evicted above 85% usage) and below its
+/// image GC default (85), so that beside a kubelet left at its defaults the
+/// kubelet finds nothing to do.
+pub const DEFAULT_HIGH_THRESHOLD_PERCENT: u8 = 80;
+/// A space pass frees down to this usage, in percent.
+pub const DEFAULT_LOW_THRESHOLD_PERCENT: u8 = 75;
+/// The kubelet's own `imageGCHighThresholdPercent` and
+/// `imageGCLowThresholdPercent` defaults, which a KubeletConfiguration that
+/// sets neither means: the file is read as the kubelet reads it.
+pub const KUBELET_DEFAULT_THRESHOLDS_PERCENT: (u8, u8) = (85, 80);
 /// The kubelet's `imageMinimumGCAge` default.
 pub const DEFAULT_MIN_AGE: Duration = Duration::from_secs(120);
 /// A removed image that comes back within this window counts as a re-pull.
@@ -172,12 +184,14 @@ pub struct GcConfig {
     pub usage_poll_interval: Duration,
     /// Disk usage of the image filesystem, in percent of its capacity, at which
     /// a space pass starts (`gc.high_threshold_percent` or
-    /// `imageGCHighThresholdPercent`, default 85, 0..=100; 100 with a zero
-    /// `max_age` disables collection).
+    /// `imageGCHighThresholdPercent`, default 80, the kubelet's 85 in a
+    /// KubeletConfiguration, 0..=100; 100 with a zero `max_age` disables
+    /// collection).
     pub high_threshold_percent: u8,
     /// Disk usage, in percent of capacity, that a space pass frees down to
-    /// (`gc.low_threshold_percent` or `imageGCLowThresholdPercent`, default 80,
-    /// below `high_threshold_percent`).
+    /// (`gc.low_threshold_percent` or `imageGCLowThresholdPercent`, default 75,
+    /// the kubelet's 80 in a KubeletConfiguration; below
+    /// `high_threshold_percent`).
     pub low_threshold_percent: u8,
     /// Unused images first seen less than this long ago are kept by the space
     /// pass (`gc.min_age` or `imageMinimumGCAge`, default 2m).
@@ -304,8 +318,8 @@ impl Default for Config {
             gc: GcConfig {
                 interval: DEFAULT_INTERVAL,
                 usage_poll_interval: DEFAULT_USAGE_POLL_INTERVAL,
-                high_threshold_percent: 85,
-                low_threshold_percent: 80,
+                high_threshold_percent: DEFAULT_HIGH_THRESHOLD_PERCENT,
+                low_threshold_percent: DEFAULT_LOW_THRESHOLD_PERCENT,
                 min_age: DEFAULT_MIN_AGE,
                 max_age: Duration::ZERO,
                 dry_run: false,
@@ -635,8 +649,10 @@ mod tests {
         assert_eq!(config.runtime.timeout, secs(120));
         assert_eq!(config.gc.interval, secs(300));
         assert_eq!(config.gc.usage_poll_interval, secs(30));
-        assert_eq!(config.gc.high_threshold_percent, 85);
-        assert_eq!(config.gc.low_threshold_percent, 80);
+        // What every shipped configuration sets: below the kubelet's image GC
+        // (85) and its default eviction line (85% usage).
+        assert_eq!(config.gc.high_threshold_percent, 80);
+        assert_eq!(config.gc.low_threshold_percent, 75);
         assert_eq!(config.gc.min_age, secs(120));
         assert_eq!(config.gc.max_age, Duration::ZERO);
         assert!(!config.gc.dry_run);
@@ -838,6 +854,24 @@ mod tests {
             1,
             "only the kubelet still collecting: {:?}",
             config.warnings
+        );
+    }
+
+    /// A KubeletConfiguration read as the kubelet reads it: without its
+    /// thresholds it means the kubelet's defaults, 85/80, not imagegc's.
+    #[test]
+    fn a_kubelet_configuration_without_thresholds_means_the_kubelets_defaults() {
+        let config = load_ok("kubelet.yaml", &kubelet("imageMinimumGCAge: 5m\n"));
+        assert_eq!(
+            (config.gc.high_threshold_percent, config.gc.low_threshold_percent),
+            (85, 80)
+        );
+        let only_high = load_ok("kubelet.yaml", &kubelet("imageGCHighThresholdPercent: 90\n"));
+        assert_eq!(only_high.gc.low_threshold_percent, 80);
+        let ours = load_ok("imagegc.yaml", "gc:\n  min_age: 5m\n");
+        assert_eq!(
+            (ours.gc.high_threshold_percent, ours.gc.low_threshold_percent),
+            (80, 75)
         );
     }
 }

@@ -18,7 +18,9 @@ use super::raw::{
     RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawKubernetes, RawMetrics, RawProtect, RawRuntime, RawState,
 };
 use super::{
-    Config, GcConfig, KubernetesConfig, MetricsConfig, Order, Problems, ProtectConfig, RuntimeConfig, StateConfig,
+    Config, DEFAULT_HIGH_THRESHOLD_PERCENT, DEFAULT_LOW_THRESHOLD_PERCENT, GcConfig,
+    KUBELET_DEFAULT_THRESHOLDS_PERCENT, KubernetesConfig, MetricsConfig, Order, Problems, ProtectConfig, RuntimeConfig,
+    StateConfig,
 };
 use crate::time::format_duration;
 
@@ -48,6 +50,10 @@ pub(super) struct KeyNames {
     pub(super) low_threshold_percent: &'static str,
     pub(super) min_age: &'static str,
     pub(super) max_age: &'static str,
+    /// The high and low thresholds a file that sets neither means: imagegc's
+    /// own defaults, or the kubelet's in a KubeletConfiguration, which is
+    /// read as the kubelet reads it.
+    pub(super) default_thresholds: (u8, u8),
 }
 
 pub(super) const IMAGEGC_KEYS: KeyNames = KeyNames {
@@ -55,6 +61,7 @@ pub(super) const IMAGEGC_KEYS: KeyNames = KeyNames {
     low_threshold_percent: "gc.low_threshold_percent",
     min_age: "gc.min_age",
     max_age: "gc.max_age",
+    default_thresholds: (DEFAULT_HIGH_THRESHOLD_PERCENT, DEFAULT_LOW_THRESHOLD_PERCENT),
 };
 
 pub(super) const KUBELET_KEYS: KeyNames = KeyNames {
@@ -62,6 +69,7 @@ pub(super) const KUBELET_KEYS: KeyNames = KeyNames {
     low_threshold_percent: "imageGCLowThresholdPercent",
     min_age: "imageMinimumGCAge",
     max_age: "imageMaximumGCAge",
+    default_thresholds: KUBELET_DEFAULT_THRESHOLDS_PERCENT,
 };
 
 /// Fills in the defaults and checks every rule, section by section,
@@ -132,13 +140,8 @@ fn sandbox_image(image: Option<&str>, problems: &mut Problems) -> Option<String>
 /// `[gc]`, or a KubeletConfiguration's image GC fields (named by `keys`).
 fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut Problems) -> GcConfig {
     let (interval, usage_poll_interval) = intervals(raw.interval, raw.usage_poll_interval, defaults, problems);
-    let (high_threshold_percent, low_threshold_percent) = thresholds(
-        raw.high_threshold_percent,
-        raw.low_threshold_percent,
-        defaults,
-        keys,
-        problems,
-    );
+    let (high_threshold_percent, low_threshold_percent) =
+        thresholds(raw.high_threshold_percent, raw.low_threshold_percent, keys, problems);
     let (min_age, max_age) = ages(raw.min_age, raw.max_age, defaults, keys, problems);
     let image_fs_path = raw
         .image_fs_path
@@ -208,18 +211,14 @@ fn intervals(
     (interval, poll)
 }
 
-/// The high and low space thresholds: low must be less than high.
-fn thresholds(
-    high: Option<RawInt>,
-    low: Option<RawInt>,
-    defaults: &GcConfig,
-    keys: &KeyNames,
-    problems: &mut Problems,
-) -> (u8, u8) {
+/// The high and low space thresholds: low must be less than high. Unset,
+/// they are `keys`' defaults (imagegc's, or the kubelet's).
+fn thresholds(high: Option<RawInt>, low: Option<RawInt>, keys: &KeyNames, problems: &mut Problems) -> (u8, u8) {
     let high = percent(keys.high_threshold_percent, high, problems);
     let low = percent(keys.low_threshold_percent, low, problems);
-    let high = high.unwrap_or(defaults.high_threshold_percent);
-    let low = low.unwrap_or(defaults.low_threshold_percent);
+    let (default_high, default_low) = keys.default_thresholds;
+    let high = high.unwrap_or(default_high);
+    let low = low.unwrap_or(default_low);
     if !problems.has(keys.low_threshold_percent) && !problems.has(keys.high_threshold_percent) && low >= high {
         problems.push(
             keys.low_threshold_percent,

@@ -25,12 +25,10 @@ use super::{
 use crate::metrics::Metrics;
 use crate::reference::{bare_id, canonical_id};
 
-/// Endpoints tried in order when none is configured: containerd, CRI-O, cri-dockerd.
-pub const DEFAULT_ENDPOINTS: [&str; 3] = [
-    "unix:///run/containerd/containerd.sock",
-    "unix:///run/crio/crio.sock",
-    "unix:///var/run/cri-dockerd.sock",
-];
+/// Endpoints tried in order when none is configured: the supported runtimes
+/// at their default paths, containerd then CRI-O (cri-dockerd is not
+/// supported, so it is never found by chance).
+pub const DEFAULT_ENDPOINTS: [&str; 2] = ["unix:///run/containerd/containerd.sock", "unix:///run/crio/crio.sock"];
 
 /// Largest gRPC message accepted from the runtime: 256 MiB, room for
 /// ~500,000 images in one `ListImages` answer.
@@ -590,6 +588,18 @@ impl Runtime for CriClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Discovery finds only supported runtimes: a node running cri-dockerd
+    /// (not supported) gets "no container runtime answered", not a
+    /// collector working through a runtime nobody tested.
+    #[test]
+    fn discovery_tries_containerd_then_crio_only() {
+        assert_eq!(
+            DEFAULT_ENDPOINTS,
+            ["unix:///run/containerd/containerd.sock", "unix:///run/crio/crio.sock"]
+        );
+        assert!(!DEFAULT_ENDPOINTS.iter().any(|e| e.contains("dockerd")));
+    }
 
     #[test]
     fn endpoints_must_be_unix_and_absolute() {

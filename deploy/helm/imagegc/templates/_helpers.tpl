@@ -136,14 +136,23 @@ keep_recent_per_repository = {{ int .Values.protect.keepRecentPerRepository }}
 
 [state]
 dir = {{ include "imagegc.stateDir" . | toJson }}
+{{- if not .Values.state.usageLog }}
+usage_log = false
+{{- end }}
 
 [metrics]
 # The pod IP only (hostNetwork is off); the NetworkPolicy narrows who may
 # connect.
-listen = "0.0.0.0:{{ int .Values.metrics.port }}"
+listen = {{ .Values.metrics.listen | default (printf "0.0.0.0:%d" (int .Values.metrics.port)) | toJson }}
 
 [kubernetes]
 enabled = {{ .Values.kubernetes.enabled }}
+{{- with .Values.kubernetes.nodeName }}
+node_name = {{ . | toJson }}
+{{- end }}
+{{- with .Values.kubernetes.kubeconfig }}
+kubeconfig = {{ . | toJson }}
+{{- end }}
 protect_pods = {{ .Values.kubernetes.protectPods }}
 node_events = {{ .Values.kubernetes.nodeEvents }}
 pods_stale_after = {{ .Values.kubernetes.podsStaleAfter | toJson }}
