@@ -47,13 +47,19 @@ def build_with_component(work, component):
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("no kubectl here")
-    root = work / f"overlay-{component}"
+    root = work / f"component-{component}"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(DEPLOY, root / "deploy", ignore=shutil.ignore_patterns("tests", "helm", "__pycache__"))
     (root / "overlay").mkdir()
+    resources = ["../deploy"]
+    if component == "scrape-namespace":
+        # The component reads the namespace from the overlay's own local
+        # ConfigMap, as its comment shows.
+        (root / "overlay" / "scrape-namespace.yaml").write_text(SCRAPE_NAMESPACE)
+        resources.append("scrape-namespace.yaml")
     (root / "overlay" / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../deploy]\n"
-        f"components: [../deploy/components/{component}]\n")
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{', '.join(resources)}]\ncomponents: [../deploy/components/{component}]\n")
     path = root / "built.yaml"
     path.write_text(output(kubectl, "kustomize", root / "overlay"))
     return path, [d for d in yaml.safe_load_all(path.read_text()) if d]
