@@ -37,7 +37,8 @@
 //! - [`http`] (metrics and probes), [`daemon`] (the loop and the
 //!   composition root), [`cli`] (each command and what it prints).
 //!
-//! Where a change goes: a keep rule in `policy::plan`; a runtime quirk in
+//! Where a change goes: a keep rule in `policy::keep` (the planner and the
+//! re-check before each removal both ask it); a runtime quirk in
 //! `engine::observe` (or `matching` when it is about names); a metric or a
 //! log line in a sink of `engine::events`, fed by an event the engine
 //! already sends (or a new variant of it).

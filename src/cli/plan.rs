@@ -16,7 +16,8 @@ use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::policy::{
-    self, Candidate, Forecast, ImageBytes, KeepReason, Kept, Plan, Protections, Reason, SpaceOutlook, SpaceTarget,
+    self, Candidate, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, Plan, Protections, Reason, SpaceOutlook,
+    SpaceTarget,
 };
 use crate::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
@@ -74,7 +75,8 @@ pub async fn plan(
     // Planned after the listing, as a cycle plans: an image first seen by
     // this very listing is not "used at this instant".
     let now = clock.now();
-    let plan = policy::plan_listed(&snapshot, &listed, &config, pods, now, clock.started());
+    let gc_policy = GcPolicy::from(&config);
+    let plan = policy::plan_listed(&snapshot, &listed, &gc_policy, pods, now, clock.started());
     let fs = Statvfs.stats(&image_fs.path).ok();
     let target = SpaceTarget::new(&config);
     // A dry-run cycle's walk (a read-only `plan` remembers no removals to

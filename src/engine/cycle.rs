@@ -100,11 +100,12 @@ impl<R: Runtime> Collector<R> {
         // The latest; shared, not borrowed: the plan holds on to it through
         // removals.
         let protections = self.protections();
+        let gc_policy = Arc::clone(&self.policy);
         // The kept images counted, not listed: a big node's list is 10 MiB.
         let plan = policy::plan_counting_kept(
             snapshot,
             listed,
-            config,
+            &gc_policy,
             &protections,
             self.clock.now(),
             self.clock.started(),

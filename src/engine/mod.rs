@@ -35,7 +35,7 @@ use crate::fs::FsProbe;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::pending::Pending;
-use crate::policy::{DiskFootprint, Protections, SpaceTarget};
+use crate::policy::{DiskFootprint, GcPolicy, Protections, SpaceTarget};
 use crate::records::Records;
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
@@ -84,6 +84,8 @@ struct Said {
 pub struct Collector<R> {
     runtime: R,
     config: Arc<Config>,
+    /// The policy of `config`, made when it came (its keep rules compiled once).
+    policy: Arc<GcPolicy>,
     /// Shared with a save in progress only: the save is awaited before the
     /// records change again, so `Arc::make_mut` never copies them (a copy
     /// of 100,000 records would double their memory for the save).
@@ -144,6 +146,7 @@ impl<R: Runtime> Collector<R> {
         let pending = Pending::load(&config.state.dir);
         let mut collector = Collector {
             runtime,
+            policy: Arc::new(GcPolicy::from(&*config)),
             config,
             records: Arc::new(records),
             store,
@@ -227,6 +230,7 @@ impl<R: Runtime> Collector<R> {
             high: config.gc.high_threshold_percent,
             low: config.gc.low_threshold_percent,
         });
+        self.policy = Arc::new(GcPolicy::from(&*config));
         self.config = config;
     }
 

@@ -1247,6 +1247,35 @@ async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
 }
 
 #[tokio::test]
+async fn a_keep_rule_added_to_the_rules_holds_in_the_plan_and_at_the_recheck() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        let mut a = image("a", 100);
+        a.repo_tags = vec!["docker.io/library/keep:1".to_string()].into();
+        s.images = vec![a, image("b", 100), image("c", 100)];
+        (s.capacity, s.available) = (1000, 0);
+        // b gains, between the listing and its removal, the name the rule
+        // keeps.
+        // (Listings of containers: `observe` below, the cycle's, then b's re-check.)
+        s.tag_at_list = Some((3, "b".to_string(), "docker.io/library/keep:2".to_string()));
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    // A rule that exists only in `Rules`: nothing else knows of it.
+    Arc::make_mut(&mut c.policy).keep.test_rule =
+        Some(|image| image.repo_tags.iter().any(|t| t.starts_with("docker.io/library/keep:")));
+    let listing = c.observe().await.unwrap();
+    let plan = c.plan(&listing);
+    assert_eq!(
+        plan.kept.iter().find(|k| k.id == "a").map(|k| &k.why),
+        Some(&crate::policy::KeepReason::Protected { pattern: "test rule" }),
+        "the plan keeps a"
+    );
+    let report = cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["c"], "a kept by the plan, b by the re-check");
+    assert_eq!(report.removed.len(), 1);
+}
+
+#[tokio::test]
 async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
     let sim = SimHandle::default();
     let (sender, pods) = tokio::sync::watch::channel(Arc::new(crate::policy::Protections::default()));

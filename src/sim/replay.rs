@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime};
 use crate::config::Config;
 use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::fs::FsStats;
-use crate::policy::{self, KeepReason, Protections, SpaceTarget, Step, Walk};
+use crate::policy::{self, GcPolicy, KeepReason, Protections, SpaceTarget, Step, Walk};
 use crate::records::Records;
 
 use super::trace::{Action, Seconds, Trace};
@@ -410,6 +410,8 @@ fn instant(t: Seconds) -> SystemTime {
 /// docs for what is simulated around them).
 pub struct Imagegc<'c> {
     config: &'c Config,
+    /// The planner's policy, made once from `config`.
+    policy: GcPolicy,
     label: String,
     records: Records,
     /// The trace's images as the runtime lists them, by index.
@@ -443,6 +445,7 @@ impl<'c> Imagegc<'c> {
             .collect();
         Imagegc {
             config,
+            policy: GcPolicy::from(config),
             label: label.into(),
             records: Records::new(),
             listed,
@@ -496,7 +499,7 @@ impl<'c> Imagegc<'c> {
         node.tally.cycles += 1;
         let snapshot = node.snapshot(&self.listed);
         let (_, listed) = self.records.observe_snapshot(&snapshot, now);
-        let plan = policy::plan_listed(&snapshot, &listed, config, Protections::none(), now, instant(0));
+        let plan = policy::plan_listed(&snapshot, &listed, &self.policy, Protections::none(), now, instant(0));
         for candidate in &plan.age {
             if node.remove(self.by_id[candidate.id]) {
                 self.records.remove(candidate.id, now);
