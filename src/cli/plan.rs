@@ -61,7 +61,7 @@ pub async fn plan(
 ) -> Result<ExitStatus, CliError> {
     let clock = Clock::start();
     let store = StateStore::new(&config.state.dir).read_only();
-    let (mut records, _) = engine::load_records(&store, &clock, &config);
+    let (mut records, _) = engine::load_records(&store, &clock, config.gc.interval);
     // What the daemon learnt of each container and pod: only those it has
     // not seen cost a call.
     let observation = Observer::knowing(Known::read(&config.state.dir))
@@ -78,13 +78,13 @@ pub async fn plan(
     let gc_policy = GcPolicy::from(&config);
     let plan = policy::plan_listed(&snapshot, &listed, &gc_policy, pods, now, clock.started());
     let fs = Statvfs.stats(&image_fs.path).ok();
-    let target = SpaceTarget::new(&config);
+    let target = gc_policy.target;
     // A dry-run cycle's walk (a read-only `plan` remembers no removals to
     // hold back).
     let forecast = fs
         .filter(|fs| target.due(fs))
         .map(|fs| Forecast::new(target, fs, &plan.space, policy::total_size(&plan.age), |_| false));
-    let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), &config);
+    let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), target);
     let full_outlook = fs.as_ref().filter(|_| view.space_pass).map(|fs| {
         SpaceOutlook::new(
             fs,
@@ -321,11 +321,11 @@ struct PlanView {
 }
 
 impl PlanView {
-    fn new(plan: &Plan, forecast: Option<&Forecast>, fs: Option<&FsStats>, config: &Config) -> Self {
+    fn new(plan: &Plan, forecast: Option<&Forecast>, fs: Option<&FsStats>, target: SpaceTarget) -> Self {
         match (forecast, fs) {
             (Some(forecast), Some(fs)) => PlanView {
                 space_pass: true,
-                bytes_to_free: SpaceTarget::new(config).bytes_to_free(fs),
+                bytes_to_free: target.bytes_to_free(fs),
                 expected: plan
                     .space
                     .iter()
@@ -403,15 +403,9 @@ mod tests {
             capacity_bytes: 100,
             ..Default::default()
         };
-        let config = Config::default();
-        let forecast = Forecast::new(
-            SpaceTarget::new(&config),
-            fs,
-            &plan.space,
-            total_size(&plan.age),
-            |_| false,
-        );
-        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), &config);
+        let target = GcPolicy::from(&Config::default()).target;
+        let forecast = Forecast::new(target, fs, &plan.space, total_size(&plan.age), |_| false);
+        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass);
         assert_eq!(view.expected, 0);
     }
@@ -432,9 +426,10 @@ mod tests {
         config.gc.high_inodes_percent = Some(90);
         config.gc.low_inodes_percent = Some(80);
         let plan = Plan::default();
-        let forecast = Forecast::new(SpaceTarget::new(&config), fs, &plan.space, 0, |_| false);
-        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), &config);
+        let target = GcPolicy::from(&config).target;
+        let forecast = Forecast::new(target, fs, &plan.space, 0, |_| false);
+        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass, "a cycle would run a space pass on inodes");
-        assert!(SpaceTarget::new(&config).due(&fs), "and the collector's target agrees");
+        assert!(target.due(&fs), "and the collector's target agrees");
     }
 }

@@ -35,7 +35,7 @@ use crate::fs::FsProbe;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::pending::Pending;
-use crate::policy::{DiskFootprint, GcPolicy, Protections, SpaceTarget};
+use crate::policy::{DiskFootprint, GcPolicy, Protections};
 use crate::records::Records;
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
@@ -135,7 +135,7 @@ impl<R: Runtime> Collector<R> {
     pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
         let store = StateStore::new(&config.state.dir);
         let sinks = Sinks::standard(&metrics);
-        let (records, last_success) = load_records(&store, &clock, &config);
+        let (records, last_success) = load_records(&store, &clock, config.gc.interval);
         sinks.emit(&Event::HistoryLoaded { last_success });
         sinks.emit(&Event::Configured {
             dry_run: config.gc.dry_run,
@@ -291,7 +291,7 @@ impl<R: Runtime> Collector<R> {
     pub fn check_usage(&self) -> Option<bool> {
         let path = self.disk_path.as_ref()?;
         let stats = self.probe.stats(path).ok()?;
-        let due = SpaceTarget::new(&self.config).due(&stats);
+        let due = self.policy.target.due(&stats);
         self.sinks.emit(&Event::Usage { stats: &stats, due });
         Some(due)
     }
@@ -348,9 +348,9 @@ impl<R: Runtime> Collector<R> {
 }
 
 /// The records of the state directory, and the last successful cycle of
-/// the process that saved them.
-pub(crate) fn load_records(store: &StateStore, clock: &Clock, config: &Config) -> (Records, Option<SystemTime>) {
-    match store.load(clock.now(), config.gc.interval) {
+/// the process that saved them (`interval`: `gc.interval`).
+pub(crate) fn load_records(store: &StateStore, clock: &Clock, interval: Duration) -> (Records, Option<SystemTime>) {
+    match store.load(clock.now(), interval) {
         Loaded::Fresh => {
             info!(path = %store.path().display(), "no state file: starting with no history");
             (Records::new(), None)

@@ -24,11 +24,14 @@ pub use space::{
     DiskFootprint, Forecast, ImageBytes, ImageBytesSource, SpaceOutlook, SpaceTarget, Step, Walk, total_size,
 };
 
-/// What the planner needs of the configuration, made once from it (and
-/// again at each reload): the ages, the order and the keep rules, their
-/// globs compiled. Nothing in the policy reads the whole configuration.
-#[derive(Debug, Clone, Default)]
+/// What the planner and the space pass need of the configuration, made
+/// once from it (and again at each reload): the thresholds, the ages, the
+/// order and the keep rules, their globs compiled. Nothing in the policy
+/// reads the whole configuration.
+#[derive(Debug, Clone)]
 pub struct GcPolicy {
+    /// When a space pass is due and when it is done: `gc.*_percent`.
+    pub target: SpaceTarget,
     /// `gc.max_age`: an image unused for longer is removed whatever the
     /// usage; zero: never.
     pub max_age: Duration,
@@ -40,7 +43,13 @@ pub struct GcPolicy {
 
 impl From<&Config> for GcPolicy {
     fn from(config: &Config) -> Self {
+        let gc = &config.gc;
         GcPolicy {
+            target: SpaceTarget::new(
+                gc.high_threshold_percent,
+                gc.low_threshold_percent,
+                gc.high_inodes_percent.zip(gc.low_inodes_percent),
+            ),
             max_age: config.gc.max_age,
             order: config.gc.order,
             keep: Rules::new(

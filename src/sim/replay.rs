@@ -505,7 +505,7 @@ impl<'c> Imagegc<'c> {
                 self.records.remove(candidate.id, now);
             }
         }
-        let target = SpaceTarget::new(config);
+        let target = self.policy.target;
         let stats = node.stats();
         let mut retry = None;
         if target.due(&stats) {
@@ -583,7 +583,7 @@ impl Policy for Imagegc<'_> {
             self.records.mark_still_used(id, instant(t));
         }
         // Usage measured between cycles: a cycle starts when it crosses high.
-        let due = SpaceTarget::new(self.config).due(&node.stats());
+        let due = self.policy.target.due(&node.stats());
         if due && !self.space_due && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }
@@ -698,6 +698,8 @@ impl Policy for Kubelet {
 /// and it.
 pub struct Belady<'c> {
     config: &'c Config,
+    /// When a space pass is due and done, as `config` sets it.
+    target: SpaceTarget,
     /// When each image is needed, in time order.
     starts: Vec<Vec<Seconds>>,
     next_cycle: Seconds,
@@ -714,6 +716,7 @@ impl<'c> Belady<'c> {
         }
         Belady {
             config,
+            target: GcPolicy::from(config).target,
             starts,
             next_cycle: 0,
         }
@@ -741,7 +744,7 @@ impl Policy for Belady<'_> {
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
         node.tally.cycles += 1;
         self.next_cycle = t + self.config.gc.interval.as_secs().max(1);
-        let target = SpaceTarget::new(self.config);
+        let target = self.target;
         if !target.due(&node.stats()) {
             return;
         }
@@ -776,7 +779,7 @@ impl Policy for Belady<'_> {
     }
 
     fn used(&mut self, t: Seconds, _image: u32, _started: bool, node: &Node<'_>) {
-        if SpaceTarget::new(self.config).due(&node.stats()) && self.next_cycle > t + USAGE_CHECK {
+        if self.target.due(&node.stats()) && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }
     }
