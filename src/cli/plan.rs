@@ -273,7 +273,7 @@ fn kept_text(plan: &Plan) -> String {
             short_id(k.id),
             tags_cell(k.tags),
             human_bytes(k.size),
-            keep_text(&k.why),
+            k.why.to_string(),
         ]);
     }
     if table.is_empty() {
@@ -349,30 +349,6 @@ impl PlanView {
             &plan.space[self.expected..]
         } else {
             &[]
-        }
-    }
-}
-
-fn keep_text(why: &KeepReason) -> String {
-    match why {
-        KeepReason::InUse { containers } if containers.is_empty() => "in use".to_string(),
-        KeepReason::InUse { containers } => format!("in use by {} container(s)", containers.len()),
-        KeepReason::Pod { pod } => format!("named by pod {pod}, bound to this node"),
-        KeepReason::Pinned => "pinned by the runtime".to_string(),
-        KeepReason::Sandbox => "the runtime's sandbox image".to_string(),
-        KeepReason::SandboxUnknown => {
-            "never used, and the sandbox image is unknown (set runtime.sandbox_image)".to_string()
-        }
-        KeepReason::MountsUnknown => {
-            "a container's mounted images cannot be read (ContainerStatus fails): it may mount this one".to_string()
-        }
-        KeepReason::Protected { pattern } => format!("protected by {pattern:?}"),
-        KeepReason::KeepRecent { repository, rank } => format!("newest #{rank} of {repository}"),
-        KeepReason::TooYoung { removable_after } => {
-            format!(
-                "younger than min age (removable in {})",
-                crate::time::short(*removable_after)
-            )
         }
     }
 }

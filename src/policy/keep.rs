@@ -3,13 +3,15 @@
 //! of a listing, and the re-check right before a removal asks it again of
 //! the one image as the runtime holds it then (its names, its pin, the
 //! containers and pods that name it now). A new rule is a branch there, a
-//! [`KeepReason`] variant, and its configuration key.
+//! [`KeepReason`] variant (its label and what `plan` says of it, here
+//! too), and its configuration key (read in `Rules::from`).
 //!
 //! Pure: no IO and no clock reads. The `protect.images` globs are compiled
 //! once, when the rules are made from the configuration.
 
 use std::time::{Duration, SystemTime};
 
+use crate::config::Config;
 use crate::cri::Image;
 use crate::model::Reason;
 use crate::records::History;
@@ -97,6 +99,36 @@ impl KeepReason<'_> {
     }
 }
 
+/// What `plan` says of the reason.
+impl std::fmt::Display for KeepReason<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeepReason::InUse { containers } if containers.is_empty() => write!(f, "in use"),
+            KeepReason::InUse { containers } => write!(f, "in use by {} container(s)", containers.len()),
+            KeepReason::Pod { pod } => write!(f, "named by pod {pod}, bound to this node"),
+            KeepReason::Pinned => write!(f, "pinned by the runtime"),
+            KeepReason::Sandbox => write!(f, "the runtime's sandbox image"),
+            KeepReason::SandboxUnknown => {
+                write!(
+                    f,
+                    "never used, and the sandbox image is unknown (set runtime.sandbox_image)"
+                )
+            }
+            KeepReason::MountsUnknown => write!(
+                f,
+                "a container's mounted images cannot be read (ContainerStatus fails): it may mount this one"
+            ),
+            KeepReason::Protected { pattern } => write!(f, "protected by {pattern:?}"),
+            KeepReason::KeepRecent { repository, rank } => write!(f, "newest #{rank} of {repository}"),
+            KeepReason::TooYoung { removable_after } => write!(
+                f,
+                "younger than min age (removable in {})",
+                crate::time::short(*removable_after)
+            ),
+        }
+    }
+}
+
 /// What a listing says of one image beyond its own names: who uses it, and
 /// what the rest of the listing makes of it.
 #[derive(Debug, Clone, Default)]
@@ -130,6 +162,17 @@ pub struct Rules {
     /// that a rule added here holds in the plan and at the re-check alike.
     #[cfg(test)]
     pub(crate) test_rule: Option<fn(&Image) -> bool>,
+}
+
+impl From<&Config> for Rules {
+    /// The rules the configuration sets: `protect.*`, `gc.min_age`.
+    fn from(config: &Config) -> Self {
+        Rules::new(
+            &config.protect.images,
+            config.protect.keep_recent_per_repository,
+            config.gc.min_age,
+        )
+    }
 }
 
 impl Rules {

@@ -52,11 +52,7 @@ impl From<&Config> for GcPolicy {
             ),
             max_age: config.gc.max_age,
             order: config.gc.order,
-            keep: Rules::new(
-                &config.protect.images,
-                config.protect.keep_recent_per_repository,
-                config.gc.min_age,
-            ),
+            keep: Rules::from(config),
         }
     }
 }
