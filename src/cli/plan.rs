@@ -195,7 +195,7 @@ fn summary(
 /// The removals in order, and how many more a short estimate would take.
 fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) -> String {
     let mut text = String::new();
-    let reuse = order == Order::Reuse;
+    let reuse = policy::order::of(order).goes_by_expected_back();
     let mut table = if reuse {
         Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED", "EXPECTED BACK"])
     } else {
@@ -229,7 +229,7 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
             text.push_str(&format!(
                 "(space removals in the order of gc.order = \"{}\": {})\n",
                 order.as_str(),
-                order_text(order)
+                policy::order::of(order).explain()
             ));
         }
     }
@@ -241,21 +241,6 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
         ));
     }
     text
-}
-
-/// What `gc.order` puts first, for a person.
-fn order_text(order: Order) -> &'static str {
-    match order {
-        Order::Lru => "least recently used first",
-        Order::SupersededFirst => {
-            "older tags a newer image of their repository superseded first, then least recently used"
-        }
-        Order::Reuse => {
-            "older tags a newer image of their repository superseded first, then the image expected back \
-             last first (one usual break between its uses after its last use; as long from now as it has \
-             been unused when it has none)"
-        }
-    }
 }
 
 /// "in 3h", "now": how long after `now` a time is.
@@ -283,11 +268,11 @@ fn kept_text(plan: &Plan) -> String {
     }
 }
 
-/// A candidate as JSON, with, under `gc.order = "reuse"`, when a space
-/// candidate is expected back (what orders it).
+/// A candidate as JSON, with, under an order that goes by it
+/// (`gc.order = "reuse"`), when a space candidate is expected back.
 fn candidate_json(candidate: &Candidate<'_>, order: Order, now: SystemTime) -> serde_json::Value {
     let mut value = serde_json::to_value(candidate).unwrap_or_default();
-    if order == Order::Reuse
+    if policy::order::of(order).goes_by_expected_back()
         && candidate.reason == Reason::Space
         && let Some(object) = value.as_object_mut()
     {

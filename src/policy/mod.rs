@@ -2,7 +2,8 @@
 //! policy made once from the configuration; [`keep`], the one home of every
 //! keep rule ([`Rules::why_kept`]), which the planner and the re-check
 //! before each removal both ask; [`mod@plan`], which images a cycle may
-//! remove, in which order, and why every other image is kept; [`space`],
+//! remove, and why every other image is kept; [`order`], one file per
+//! `gc.order`, the order of the space candidates; [`space`],
 //! when a space pass is due and done, and the walk over the space
 //! candidates ([`Walk`]) for the cycle, the dry run and `plan` alike.
 //!
@@ -15,6 +16,7 @@ use std::time::Duration;
 use crate::config::{Config, Order};
 
 pub mod keep;
+pub mod order;
 pub mod plan;
 pub mod space;
 

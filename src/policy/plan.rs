@@ -6,16 +6,12 @@
 //! [`super::keep`]): the planner asks it of each image, with what the
 //! listing says of the image.
 //! Candidates come in the kubelet's order: last used ascending, then first
-//! seen ascending (then id, so plans are deterministic); with
-//! `gc.order = "superseded-first"` (the default), images a newer image of
-//! their repository superseded come first, each group in that order; with
-//! `gc.order = "reuse"`, the same, each group by when each image is
-//! expected back ([`expected_back`]), farthest first.
+//! seen ascending (then id, so plans are deterministic); the space
+//! candidates then in the order `gc.order` names (see [`super::order`]).
 
 use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
-use crate::config::Order;
 use crate::cri::Names;
 use crate::cri::{Image, Snapshot};
 use crate::matching;
@@ -25,6 +21,7 @@ use crate::reference;
 
 use super::GcPolicy;
 use super::keep::{KeepReason, Rules, Uses, elapsed};
+use super::order::{self, expected_back};
 
 /// Keep rules that come from outside the runtime's listing: the image
 /// references of the pods bound to this node, with each pod's
@@ -337,59 +334,9 @@ fn plan_images<'a>(
     // The id makes every key distinct: an unstable sort gives the same order.
     plan.age.sort_unstable_by(order);
     plan.space.sort_unstable_by(order);
-    if policy.order == Order::Reuse {
-        // Stable: images expected back at the same time stay least
-        // recently used first.
-        plan.space.sort_by_key(|c| std::cmp::Reverse(c.expected_back(now)));
-    }
-    if matches!(policy.order, Order::SupersededFirst | Order::Reuse) {
-        superseded_first(snapshot, listed, &mut plan.space, now);
-    }
+    let context = order::Context { snapshot, listed, now };
+    order::of(policy.order).sort(&mut plan.space, &context);
     plan
-}
-
-/// `gc.order = "reuse"`: when an image last used at `last_used` is expected
-/// to be used again. An image used again after breaks before is expected
-/// one usual break after its last use (a periodic job's next run), or now
-/// when that is past; once twice its usual break has passed, its job seems
-/// to have stopped, and it is expected as any other image is: as long from
-/// now as it has been unused, the guess least recently used makes. Over a
-/// month of each simulated workload (`imagegc simulate`, BENCHMARKS.md) this
-/// order pulled far fewer bytes again on the batch node, whose jobs are
-/// periodic, than least recently used or the kubelet.
-pub fn expected_back(last_used: SystemTime, usual_break: Option<Duration>, now: SystemTime) -> SystemTime {
-    let unused = elapsed(last_used, now);
-    match usual_break {
-        Some(usual) if unused <= usual.saturating_mul(2) => last_used.checked_add(usual).map_or(now, |at| at.max(now)),
-        _ => now.checked_add(unused).unwrap_or(now),
-    }
-}
-
-/// `gc.order = "superseded-first"`: the space candidates a newer image of
-/// one of their repositories (first seen later, listed now) superseded go
-/// first, each group in the order it had. After a rollout the old tag is
-/// seldom run again, while an image unused for a while but still the
-/// newest of its repository (a pod that moved away, a periodic job) is
-/// what the node pulls back; least recently used alone cannot tell them
-/// apart. `imagegc simulate` measures the difference (BENCHMARKS.md).
-fn superseded_first(snapshot: &Snapshot, listed: &Listed, space: &mut [Candidate<'_>], now: SystemTime) {
-    let mut newest: HashMap<&str, SystemTime> = HashMap::default();
-    for (image, place) in snapshot.images.iter().zip(&listed.places) {
-        let first_seen = place.history.map_or(now, |h| h.first_seen);
-        for tag in &image.repo_tags {
-            let seen = newest.entry(reference::repository(tag)).or_insert(first_seen);
-            *seen = (*seen).max(first_seen);
-        }
-    }
-    let superseded = |c: &Candidate<'_>| {
-        c.tags.iter().any(|tag| {
-            newest
-                .get(reference::repository(tag))
-                .is_some_and(|&n| n > c.first_seen)
-        })
-    };
-    // Stable: each group keeps the order it had.
-    space.sort_by_key(|c| !superseded(c));
 }
 
 /// The images pods name (by their place in the listing), each with the
@@ -443,7 +390,7 @@ fn keep_recent<'a>(snapshot: &'a Snapshot, listed: &Listed, keep: u32) -> HashMa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{Config, Order};
     use crate::cri::Container;
     use crate::testing::{container_naming as container, library_image as image};
 
