@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::{Image, Removed, Runtime, RuntimeError, Snapshot};
+use crate::cri::{Container, Image, Removed, Runtime, RuntimeError, Snapshot};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::journal::JournalEntry;
 use crate::matching;
@@ -287,32 +287,7 @@ impl<R: Runtime> Collector<R> {
             self.gone_already(candidate);
             return Ok(None);
         };
-        // The listing's other images tell which containers' ids and digests
-        // name an image exactly (a container whose digest names another
-        // image does not use every image its tag names); this image is
-        // matched under the names it has now.
-        let listing: Vec<&Image> = images
-            .iter()
-            .filter(|i| i.id != current.id)
-            .chain(std::iter::once(&current))
-            .collect();
-        let matches = matching::References::new(&containers, &[]).matches(listing.iter().copied());
-        let uses = Uses {
-            containers: matches
-                .users(listing.len() - 1)
-                .iter()
-                .map(|&c| containers[c as usize].id.as_str())
-                .collect(),
-            sandbox: matching::References::new(&[], &sandbox_names(snapshot))
-                .matches(std::iter::once(&current))
-                .sandbox(0),
-            pinned: current.pinned,
-            // The ranks of the cycle's listing, in which the candidate is
-            // among no repository's newest.
-            newest: None,
-            mounts_unknown: containers.iter().any(|c| c.mounts_unknown),
-            sandbox_unknown: snapshot.sandbox_unknown(),
-        };
+        let uses = uses_now(&current, &containers, snapshot);
         // The latest: a pod bound since the listing protects too.
         let protections = self.protections();
         let pod = protections
@@ -836,6 +811,38 @@ impl<R: Runtime> Collector<R> {
         })
         .await
         .unwrap_or(false)
+    }
+}
+
+/// What the runtime says now of the use of `current` (the image as it is
+/// now), for the keep rules: the containers listed now that name it under
+/// the names it has now, and whether a sandbox image's name does. The
+/// listing's other images tell which containers' ids and digests name an
+/// image exactly (a container whose digest names another image does not use
+/// every image its tag names).
+fn uses_now<'c>(current: &Image, containers: &'c [Container], snapshot: &Snapshot) -> Uses<'c> {
+    let listing: Vec<&Image> = snapshot
+        .images
+        .iter()
+        .filter(|i| i.id != current.id)
+        .chain(std::iter::once(current))
+        .collect();
+    let matches = matching::References::new(containers, &[]).matches(listing.iter().copied());
+    Uses {
+        containers: matches
+            .users(listing.len() - 1)
+            .iter()
+            .map(|&c| containers[c as usize].id.as_str())
+            .collect(),
+        sandbox: matching::References::new(&[], &sandbox_names(snapshot))
+            .matches(std::iter::once(current))
+            .sandbox(0),
+        pinned: current.pinned,
+        // The ranks of the cycle's listing, in which the candidate is among
+        // no repository's newest.
+        newest: None,
+        mounts_unknown: containers.iter().any(|c| c.mounts_unknown),
+        sandbox_unknown: snapshot.sandbox_unknown(),
     }
 }
 
