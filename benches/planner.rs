@@ -23,7 +23,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use imagegc::config::Config;
 use imagegc::cri::Snapshot;
 use imagegc::cri::{Container, ContainerState, Image};
-use imagegc::policy::{self, Protections};
+use imagegc::policy::{self, GcPolicy, Protections};
 use imagegc::records::Records;
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
@@ -32,7 +32,7 @@ const PAUSE: &str = "registry.k8s.io/pause:3.9";
 /// A node with `n` images (ten versions per repository, twenty repositories
 /// per team), `n / 2` containers on distinct images, the sandbox image, and a
 /// record with a distinct last use for every image.
-fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
+fn world(n: usize) -> (Snapshot, Records, GcPolicy, SystemTime) {
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000);
     let mut images = Vec::with_capacity(n + 1);
     let mut map = HashMap::with_capacity(n + 1);
@@ -78,7 +78,7 @@ fn world(n: usize) -> (Snapshot, Records, Config, SystemTime) {
         sandbox_images: vec![PAUSE.to_string()],
         sandbox_pods_unread: None,
     };
-    (snapshot, Records::from_map(map), config, now)
+    (snapshot, Records::from_map(map), GcPolicy::from(&config), now)
 }
 
 /// The calling thread's CPU time, as a criterion measurement.
@@ -121,9 +121,9 @@ impl Measurement for ThreadCpuTime {
 fn bench_plan(c: &mut Criterion<ThreadCpuTime>) {
     let mut group = c.benchmark_group("plan");
     for n in SIZES {
-        let (snapshot, records, config, now) = world(n);
+        let (snapshot, records, gc_policy, now) = world(n);
         let started = now - Duration::from_secs(86_400);
-        let plan = policy::plan(&snapshot, &records, &config, now, started);
+        let plan = policy::plan(&snapshot, &records, &gc_policy, now, started);
         assert_eq!(plan.in_use_count(), n / 2);
         assert!(!plan.age.is_empty() && !plan.space.is_empty());
         group.throughput(Throughput::Elements(n as u64));
@@ -131,7 +131,7 @@ fn bench_plan(c: &mut Criterion<ThreadCpuTime>) {
             group.sample_size(10);
         }
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| policy::plan(black_box(&snapshot), &records, &config, now, started));
+            b.iter(|| policy::plan(black_box(&snapshot), &records, &gc_policy, now, started));
         });
     }
     group.finish();
@@ -144,12 +144,12 @@ fn bench_plan(c: &mut Criterion<ThreadCpuTime>) {
 fn bench_cycle_plan(c: &mut Criterion<ThreadCpuTime>) {
     let mut observe_and_plan = c.benchmark_group("observe_plan");
     for n in SIZES {
-        let (snapshot, mut records, config, now) = world(n);
+        let (snapshot, mut records, gc_policy, now) = world(n);
         let started = now - Duration::from_secs(86_400);
         let (_, listed) = records.observe_snapshot(&snapshot, now);
         assert_eq!(
-            policy::plan_listed(&snapshot, &listed, &config, Protections::none(), now, started),
-            policy::plan(&snapshot, &records, &config, now, started),
+            policy::plan_listed(&snapshot, &listed, &gc_policy, Protections::none(), now, started),
+            policy::plan(&snapshot, &records, &gc_policy, now, started),
         );
         if n >= 100_000 {
             observe_and_plan.sample_size(10);
@@ -158,7 +158,7 @@ fn bench_cycle_plan(c: &mut Criterion<ThreadCpuTime>) {
         observe_and_plan.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
                 let (_, listed) = records.observe_snapshot(black_box(&snapshot), now);
-                let plan = policy::plan_listed(&snapshot, &listed, &config, Protections::none(), now, started);
+                let plan = policy::plan_listed(&snapshot, &listed, &gc_policy, Protections::none(), now, started);
                 (plan.age.len(), plan.space.len())
             });
         });
@@ -166,7 +166,7 @@ fn bench_cycle_plan(c: &mut Criterion<ThreadCpuTime>) {
     observe_and_plan.finish();
     let mut from_listing = c.benchmark_group("plan_listed");
     for n in SIZES {
-        let (snapshot, mut records, config, now) = world(n);
+        let (snapshot, mut records, gc_policy, now) = world(n);
         let started = now - Duration::from_secs(86_400);
         let (_, listed) = records.observe_snapshot(&snapshot, now);
         if n >= 100_000 {
@@ -178,7 +178,7 @@ fn bench_cycle_plan(c: &mut Criterion<ThreadCpuTime>) {
                 policy::plan_listed(
                     black_box(&snapshot),
                     &listed,
-                    &config,
+                    &gc_policy,
                     Protections::none(),
                     now,
                     started,

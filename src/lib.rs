@@ -2,21 +2,23 @@
 //!
 //! # Layout
 //!
-//! A module depends only on modules listed before it (no import circle),
-//! from the leaves to the commands:
+//! A module depends only on modules declared before it below (no import
+//! circle); tests/layering.rs reads every `crate::` path in src/ and holds
+//! the code to that order. From the leaves to the commands:
 //!
-//! - Leaves: [`time`] (the clock), [`fs`] (the filesystem probe), `model`
-//!   (a removal and its reason), [`health`], [`log`], `collections`,
-//!   `reference` (image names as people and runtimes write them),
-//!   `safe_file`.
+//! - Leaves: [`time`] (the clock), [`fs`] (the filesystem probe),
+//!   `collections`, `safe_file`, [`health`], [`log`], `model` (a removal
+//!   and its reason), `reference` (image names as people and runtimes
+//!   write them, the glob patterns of `protect.images`), [`metrics`] (the
+//!   registry and every family).
 //! - [`config`]: raw files to a validated configuration (TOML or a
 //!   KubeletConfiguration), every problem named by its field.
 //! - [`cri`]: the runtime boundary: the [`cri::Runtime`] trait and the CRI
 //!   v1 client. `matching` reads how a container names an image, in every
 //!   runtime's dialect.
 //! - [`records`]: first seen and last used per image; the state directory:
-//!   [`state`] (the records' file, crash-safe and locked), [`journal`] (the
-//!   removals), `pending` (removals whose outcome is not known yet).
+//!   [`journal`] (the removals), `pending` (removals whose outcome is not
+//!   known yet), [`state`] (the records' file, crash-safe and locked).
 //! - [`policy`]: pure: the planner (which images go, in which order, why
 //!   every other one stays) and the space walk (when a pass is due and
 //!   done), shared by the cycle, its dry run and `plan`.
@@ -32,10 +34,11 @@
 //! - `kubernetes` (the `kubernetes` feature): the pods bound to this node,
 //!   watched, as keep rules for the policy; events on the Node, as a sink
 //!   of the engine's events.
-//! - [`daemon`] (the loop and the composition root), [`http`] (metrics and
-//!   probes), [`cli`] (each command and what it prints).
+//! - [`http`] (metrics and probes), [`daemon`] (the loop and the
+//!   composition root), [`cli`] (each command and what it prints).
 //!
-//! Where a change goes: a keep rule in `policy::plan`; a runtime quirk in
+//! Where a change goes: a keep rule in `policy::keep` (the planner and the
+//! re-check before each removal both ask it); a runtime quirk in
 //! `engine::observe` (or `matching` when it is about names); a metric or a
 //! log line in a sink of `engine::events`, fed by an event the engine
 //! already sends (or a new variant of it).
@@ -43,29 +46,38 @@
 //! Test support (fixtures, a fake CRI runtime served over gRPC, real
 //! runtimes started for a test) is the workspace's dev crate,
 //! crates/imagegc-testkit. docs/development.md lists the files.
-pub mod cli;
+// In layers, each using only those before it (tests/layering.rs).
+// Leaves.
+pub mod time;
+pub mod fs;
 pub(crate) mod collections;
+pub(crate) mod safe_file;
+pub mod health;
+pub mod log;
+pub(crate) mod model;
+pub(crate) mod reference;
+pub mod metrics;
+// Configuration, the runtime and how containers name images.
 pub mod config;
 pub mod cri;
-pub mod daemon;
-pub mod engine;
-pub mod fs;
-pub mod health;
-pub mod http;
+pub(crate) mod matching;
+// Per-image history and the state directory.
+pub mod records;
 pub mod journal;
+pub(crate) mod pending;
+pub mod state;
+// The policy, then the engine that executes it.
+pub mod policy;
+pub mod engine;
+pub mod sim;
+pub mod usage_log;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
-pub mod log;
-pub(crate) mod matching;
-pub mod metrics;
-pub(crate) mod model;
-pub(crate) mod pending;
-pub mod policy;
-pub mod records;
-pub(crate) mod reference;
-pub(crate) mod safe_file;
-pub mod sim;
-pub mod state;
+// The daemon and the commands.
+pub mod http;
+pub mod daemon;
+pub mod cli;
+
 // The library's unit tests build images, containers and records with the
 // test kit's fixtures, compiled here from the kit's own file: the library
 // cannot depend on the kit, which depends on it. The file names the library
@@ -76,5 +88,3 @@ extern crate self as imagegc;
 #[allow(dead_code)] // each unit test uses a few of the fixtures
 #[path = "../crates/imagegc-testkit/src/fixtures.rs"]
 mod testing;
-pub mod time;
-pub mod usage_log;

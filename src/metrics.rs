@@ -34,7 +34,7 @@ const CRI_REQUEST_BUCKETS_SECONDS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 10.0, 120.0,
 ];
 
-pub use crate::policy::Reason;
+pub use crate::model::Reason;
 
 impl EncodeLabelValue for Reason {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {

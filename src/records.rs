@@ -542,7 +542,7 @@ pub(crate) struct History {
 
 impl History {
     /// A record's times, as the planner reads them.
-    fn of(record: &Record) -> Self {
+    pub(crate) fn of(record: &Record) -> Self {
         History {
             first_seen: record.first_seen,
             last_used: record.last_used,

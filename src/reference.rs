@@ -7,7 +7,6 @@
 //! the side of "same image": a false match keeps an image, a missed one could
 //! remove an image in use.
 
-use crate::cri::Names;
 use std::borrow::Cow;
 
 /// The docker.io defaults applied to familiar names.
@@ -208,11 +207,14 @@ impl Glob {
 
     /// True when the pattern matches the image's id (with or without the
     /// `sha256:` prefix), any tag or digest, or their familiar forms.
-    pub fn matches_image(&self, id: &str, tags: &Names, digests: &Names) -> bool {
+    pub fn matches_image<'n, N>(&self, id: &str, tags: N, digests: N) -> bool
+    where
+        N: IntoIterator<Item = &'n str> + Copy,
+    {
         self.matches(id)
             || self.matches(bare_id(id))
             || tags
-                .iter()
+                .into_iter()
                 .chain(digests)
                 .any(|r| self.matches(r) || self.matches(familiar(r)))
     }
@@ -243,7 +245,10 @@ impl ProtectPattern {
     }
 
     /// True when any form matches the image (see [`Glob::matches_image`]).
-    pub fn matches_image(&self, id: &str, tags: &Names, digests: &Names) -> bool {
+    pub fn matches_image<'n, N>(&self, id: &str, tags: N, digests: N) -> bool
+    where
+        N: IntoIterator<Item = &'n str> + Copy,
+    {
         self.globs.iter().any(|g| g.matches_image(id, tags, digests))
     }
 
@@ -372,6 +377,7 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cri::Names;
 
     /// Whether `pattern` protects an image listed with these names.
     fn protects(pattern: &str, tag: &str) -> bool {
@@ -381,8 +387,8 @@ mod tests {
         );
         ProtectPattern::new(pattern).matches_image(
             "sha256:2222222222222222222222222222222222222222222222222222222222222222",
-            &[tag].into(),
-            &[digest.as_str()].into(),
+            &Names::from([tag]),
+            &Names::from([digest.as_str()]),
         )
     }
 

@@ -40,7 +40,6 @@ use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use crate::cri::{Container, Image, Names};
-use crate::engine::events::KeptAtRecheck;
 use crate::engine::{Event, Sink};
 use crate::fs::FsStats;
 use crate::matching::InUse;
@@ -260,10 +259,7 @@ impl Recorder {
             event,
             Event::Seen { .. }
                 | Event::Removed(_)
-                | Event::Kept {
-                    why: KeptAtRecheck::GoneAlready,
-                    ..
-                }
+                | Event::GoneAlready { .. }
                 | Event::CycleStarted
                 | Event::Usage { .. }
         )
@@ -297,11 +293,7 @@ impl Recorder {
                 self.removed.insert(Id::of(&removal.id));
                 push(&mut lines, at, removed(&removal.id, "imagegc"));
             }
-            Event::Kept {
-                id,
-                why: KeptAtRecheck::GoneAlready,
-                ..
-            } => {
+            Event::GoneAlready { id, .. } => {
                 // Said once: a later listing finds it gone already.
                 let gone = Id::of(id);
                 if self.listed(&gone) && self.removed.insert(gone) {

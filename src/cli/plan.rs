@@ -16,7 +16,8 @@ use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::policy::{
-    self, Candidate, Forecast, ImageBytes, KeepReason, Kept, Plan, Protections, Reason, SpaceOutlook, SpaceTarget,
+    self, Candidate, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, Plan, Protections, Reason, SpaceOutlook,
+    SpaceTarget,
 };
 use crate::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
@@ -60,7 +61,7 @@ pub async fn plan(
 ) -> Result<ExitStatus, CliError> {
     let clock = Clock::start();
     let store = StateStore::new(&config.state.dir).read_only();
-    let (mut records, _) = engine::load_records(&store, &clock, &config);
+    let (mut records, _) = engine::load_records(&store, &clock, config.gc.interval);
     // What the daemon learnt of each container and pod: only those it has
     // not seen cost a call.
     let observation = Observer::knowing(Known::read(&config.state.dir))
@@ -74,15 +75,16 @@ pub async fn plan(
     // Planned after the listing, as a cycle plans: an image first seen by
     // this very listing is not "used at this instant".
     let now = clock.now();
-    let plan = policy::plan_listed(&snapshot, &listed, &config, pods, now, clock.started());
+    let gc_policy = GcPolicy::from(&config);
+    let plan = policy::plan_listed(&snapshot, &listed, &gc_policy, pods, now, clock.started());
     let fs = Statvfs.stats(&image_fs.path).ok();
-    let target = SpaceTarget::new(&config);
+    let target = gc_policy.target;
     // A dry-run cycle's walk (a read-only `plan` remembers no removals to
     // hold back).
     let forecast = fs
         .filter(|fs| target.due(fs))
         .map(|fs| Forecast::new(target, fs, &plan.space, policy::total_size(&plan.age), |_| false));
-    let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), &config);
+    let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), target);
     let full_outlook = fs.as_ref().filter(|_| view.space_pass).map(|fs| {
         SpaceOutlook::new(
             fs,
@@ -193,7 +195,7 @@ fn summary(
 /// The removals in order, and how many more a short estimate would take.
 fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) -> String {
     let mut text = String::new();
-    let reuse = order == Order::Reuse;
+    let reuse = policy::order::of(order).goes_by_expected_back();
     let mut table = if reuse {
         Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED", "EXPECTED BACK"])
     } else {
@@ -227,7 +229,7 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
             text.push_str(&format!(
                 "(space removals in the order of gc.order = \"{}\": {})\n",
                 order.as_str(),
-                order_text(order)
+                policy::order::of(order).explain()
             ));
         }
     }
@@ -239,21 +241,6 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
         ));
     }
     text
-}
-
-/// What `gc.order` puts first, for a person.
-fn order_text(order: Order) -> &'static str {
-    match order {
-        Order::Lru => "least recently used first",
-        Order::SupersededFirst => {
-            "older tags a newer image of their repository superseded first, then least recently used"
-        }
-        Order::Reuse => {
-            "older tags a newer image of their repository superseded first, then the image expected back \
-             last first (one usual break between its uses after its last use; as long from now as it has \
-             been unused when it has none)"
-        }
-    }
 }
 
 /// "in 3h", "now": how long after `now` a time is.
@@ -271,7 +258,7 @@ fn kept_text(plan: &Plan) -> String {
             short_id(k.id),
             tags_cell(k.tags),
             human_bytes(k.size),
-            keep_text(&k.why),
+            k.why.to_string(),
         ]);
     }
     if table.is_empty() {
@@ -281,11 +268,11 @@ fn kept_text(plan: &Plan) -> String {
     }
 }
 
-/// A candidate as JSON, with, under `gc.order = "reuse"`, when a space
-/// candidate is expected back (what orders it).
+/// A candidate as JSON, with, under an order that goes by it
+/// (`gc.order = "reuse"`), when a space candidate is expected back.
 fn candidate_json(candidate: &Candidate<'_>, order: Order, now: SystemTime) -> serde_json::Value {
     let mut value = serde_json::to_value(candidate).unwrap_or_default();
-    if order == Order::Reuse
+    if policy::order::of(order).goes_by_expected_back()
         && candidate.reason == Reason::Space
         && let Some(object) = value.as_object_mut()
     {
@@ -319,11 +306,11 @@ struct PlanView {
 }
 
 impl PlanView {
-    fn new(plan: &Plan, forecast: Option<&Forecast>, fs: Option<&FsStats>, config: &Config) -> Self {
+    fn new(plan: &Plan, forecast: Option<&Forecast>, fs: Option<&FsStats>, target: SpaceTarget) -> Self {
         match (forecast, fs) {
             (Some(forecast), Some(fs)) => PlanView {
                 space_pass: true,
-                bytes_to_free: SpaceTarget::new(config).bytes_to_free(fs),
+                bytes_to_free: target.bytes_to_free(fs),
                 expected: plan
                     .space
                     .iter()
@@ -347,30 +334,6 @@ impl PlanView {
             &plan.space[self.expected..]
         } else {
             &[]
-        }
-    }
-}
-
-fn keep_text(why: &KeepReason) -> String {
-    match why {
-        KeepReason::InUse { containers } if containers.is_empty() => "in use".to_string(),
-        KeepReason::InUse { containers } => format!("in use by {} container(s)", containers.len()),
-        KeepReason::Pod { pod } => format!("named by pod {pod}, bound to this node"),
-        KeepReason::Pinned => "pinned by the runtime".to_string(),
-        KeepReason::Sandbox => "the runtime's sandbox image".to_string(),
-        KeepReason::SandboxUnknown => {
-            "never used, and the sandbox image is unknown (set runtime.sandbox_image)".to_string()
-        }
-        KeepReason::MountsUnknown => {
-            "a container's mounted images cannot be read (ContainerStatus fails): it may mount this one".to_string()
-        }
-        KeepReason::Protected { pattern } => format!("protected by {pattern:?}"),
-        KeepReason::KeepRecent { repository, rank } => format!("newest #{rank} of {repository}"),
-        KeepReason::TooYoung { removable_after } => {
-            format!(
-                "younger than min age (removable in {})",
-                crate::time::short(*removable_after)
-            )
         }
     }
 }
@@ -401,15 +364,9 @@ mod tests {
             capacity_bytes: 100,
             ..Default::default()
         };
-        let config = Config::default();
-        let forecast = Forecast::new(
-            SpaceTarget::new(&config),
-            fs,
-            &plan.space,
-            total_size(&plan.age),
-            |_| false,
-        );
-        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), &config);
+        let target = GcPolicy::from(&Config::default()).target;
+        let forecast = Forecast::new(target, fs, &plan.space, total_size(&plan.age), |_| false);
+        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass);
         assert_eq!(view.expected, 0);
     }
@@ -430,9 +387,10 @@ mod tests {
         config.gc.high_inodes_percent = Some(90);
         config.gc.low_inodes_percent = Some(80);
         let plan = Plan::default();
-        let forecast = Forecast::new(SpaceTarget::new(&config), fs, &plan.space, 0, |_| false);
-        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), &config);
+        let target = GcPolicy::from(&config).target;
+        let forecast = Forecast::new(target, fs, &plan.space, 0, |_| false);
+        let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass, "a cycle would run a space pass on inodes");
-        assert!(SpaceTarget::new(&config).due(&fs), "and the collector's target agrees");
+        assert!(target.due(&fs), "and the collector's target agrees");
     }
 }

@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
 use crate::cri::{Runtime, Snapshot};
 use crate::fs::FsStats;
 use crate::model::Reason;
@@ -43,11 +42,11 @@ impl<R: Runtime> Collector<R> {
         self.young_removable_at = None;
         self.sinks.emit(&Event::CycleStarted);
         let started = std::time::Instant::now();
-        let config = Arc::clone(&self.config);
-        let mut report = CycleReport::new(config.gc.dry_run);
-        let span = tracing::info_span!("cycle", dry_run = config.gc.dry_run);
+        let dry_run = self.config.gc.dry_run;
+        let mut report = CycleReport::new(dry_run);
+        let span = tracing::info_span!("cycle", dry_run);
         let _enter = span.enter();
-        if let Err(err) = self.run_cycle(&config, cancel, &mut report).await {
+        if let Err(err) = self.run_cycle(cancel, &mut report).await {
             report.outcome = Outcome::Failed(Arc::new(err));
         }
         self.save_if_due().await;
@@ -56,12 +55,7 @@ impl<R: Runtime> Collector<R> {
         report
     }
 
-    async fn run_cycle(
-        &mut self,
-        config: &Config,
-        cancel: &CancellationToken,
-        report: &mut CycleReport,
-    ) -> Result<(), CycleError> {
+    async fn run_cycle(&mut self, cancel: &CancellationToken, report: &mut CycleReport) -> Result<(), CycleError> {
         // The last listing goes before the new one is made: two listings of
         // a big node at once would double the daemon's memory. (Container
         // events until the next listing that answers find no image to mark:
@@ -73,7 +67,7 @@ impl<R: Runtime> Collector<R> {
             image_fs,
             ..
         } = self.observe().await.map_err(CycleError::Listing)?;
-        let result = self.execute(config, &snapshot, &listed, image_fs, cancel, report).await;
+        let result = self.execute(&snapshot, &listed, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
         // cycle: moved, not copied.
         self.last_images = snapshot.images;
@@ -83,7 +77,6 @@ impl<R: Runtime> Collector<R> {
     /// The cycle after the listing: plan, then the age and space passes.
     async fn execute(
         &mut self,
-        config: &Config,
         snapshot: &Snapshot,
         listed: &Listed,
         image_fs: Result<ImageFs, crate::cri::RuntimeError>,
@@ -100,11 +93,12 @@ impl<R: Runtime> Collector<R> {
         // The latest; shared, not borrowed: the plan holds on to it through
         // removals.
         let protections = self.protections();
+        let gc_policy = Arc::clone(&self.policy);
         // The kept images counted, not listed: a big node's list is 10 MiB.
         let plan = policy::plan_counting_kept(
             snapshot,
             listed,
-            config,
+            &gc_policy,
             &protections,
             self.clock.now(),
             self.clock.started(),
@@ -115,7 +109,7 @@ impl<R: Runtime> Collector<R> {
             protected: plan.protected_count(),
             candidates: plan.age.len() + plan.space.len(),
             age_guarded: plan.age_guarded,
-            max_age: config.gc.max_age,
+            max_age: gc_policy.max_age,
         });
         let (path, image_bytes) = match image_fs {
             Ok(fs) => (Some(fs.path).filter(|p| !p.as_os_str().is_empty()), fs.image_bytes),
@@ -168,18 +162,16 @@ impl<R: Runtime> Collector<R> {
             report.image_fs_mismatch = Some(why.clone());
             return Ok(());
         }
-        self.space_pass(config, &plan, snapshot, &disk, cancel, report).await
+        self.space_pass(&plan, snapshot, &disk, cancel, report).await
     }
 
     /// The space pass: when [`SpaceTarget::due`], the walk over the space
     /// candidates (see [`Walk`]), each removal re-measured.
-    #[allow(clippy::too_many_arguments)] // the cycle's parts, passed down as they are
     // Long on purpose: measuring, the outlook, and the loop that drives the
     // walk with removals and readings read best in one place; the stopping
     // rule itself is the policy's (`Walk`).
     async fn space_pass(
         &mut self,
-        config: &Config,
         plan: &Plan<'_>,
         snapshot: &Snapshot,
         disk: &Disk,
@@ -195,9 +187,9 @@ impl<R: Runtime> Collector<R> {
         };
         report.before.get_or_insert(stats);
         report.after = Some(stats);
-        let target = SpaceTarget::new(config);
+        let target = self.policy.target;
         self.publish_usage(&target, &stats);
-        self.check_eviction_threshold(config, &stats);
+        self.check_eviction_threshold(&stats);
         if !target.due(&stats) {
             self.sinks.emit(&Event::SpacePassNotDue {
                 usage_percent: stats.usage_percent(),
@@ -326,7 +318,7 @@ impl<R: Runtime> Collector<R> {
     /// (`plan`'s forecast): `None` when no space pass is due at `stats`.
     /// The age candidates count by their reported sizes, as in a dry run.
     pub fn forecast<'w, 'a>(&self, plan: &'w Plan<'a>, stats: &FsStats) -> Option<Forecast<'w, 'a>> {
-        let target = SpaceTarget::new(&self.config);
+        let target = self.policy.target;
         if !target.due(stats) {
             return None;
         }
@@ -367,15 +359,15 @@ impl<R: Runtime> Collector<R> {
     /// Warns once when the kubelet's `imagefs.available` eviction threshold
     /// (a size, which only the measured capacity turns into a percentage)
     /// would evict pods before usage reaches the high threshold.
-    fn check_eviction_threshold(&mut self, config: &Config, stats: &FsStats) {
-        let Some(threshold) = config.eviction_imagefs_available else {
+    fn check_eviction_threshold(&mut self, stats: &FsStats) {
+        let Some(threshold) = self.config.eviction_imagefs_available else {
             return;
         };
         if std::mem::replace(&mut self.said.eviction_checked, true) {
             return;
         }
         let evicts_below = threshold.min_available_bytes(stats.capacity_bytes);
-        let high = config.gc.high_threshold_percent;
+        let high = self.policy.target.high_percent();
         let collects_below = stats.capacity_bytes as u128 * (100 - u128::from(high.min(100))) / 100;
         if collects_below <= u128::from(evicts_below) {
             self.sinks.emit(&Event::EvictionBeforeHigh {

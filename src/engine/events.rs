@@ -20,29 +20,9 @@ use crate::health::Health;
 use crate::metrics::{CycleTimer, Metrics};
 use crate::model::{Reason, Removal};
 use crate::pending::Settled;
-use crate::policy::SpaceOutlook;
+use crate::policy::{KeepReason, SpaceOutlook};
 use crate::records::Observed;
 use crate::time::{rfc3339, short};
-
-/// Why an image the walk chose was kept at the re-check right before its
-/// removal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeptAtRecheck<'a> {
-    /// A container uses it now (under a name it may have gained).
-    CameIntoUse,
-    /// The runtime pinned it since the listing.
-    PinnedSince,
-    /// A name it gained since the listing is a sandbox image's.
-    SandboxSince,
-    /// A name it gained since the listing is protected by this pattern.
-    ProtectedSince(&'a str),
-    /// A pod bound to this node names it (under a name it may have gained).
-    Pod(&'a str),
-    /// A container's mounted images cannot be read: it may mount this one.
-    MountsUnknown,
-    /// Someone else removed it (another collector, `crictl rmi`).
-    GoneAlready,
-}
 
 /// One fact the engine reports.
 #[derive(Debug)]
@@ -196,14 +176,24 @@ pub enum Event<'a> {
         /// stale every time it was made).
         gave_up: bool,
     },
-    /// A candidate kept at the re-check before its removal.
+    /// A candidate kept at the re-check before its removal: a keep rule
+    /// holds for the image as the runtime holds it now.
     Kept {
         /// The image id.
         id: &'a str,
         /// Its tags now.
         tags: &'a Names,
         /// Why.
-        why: KeptAtRecheck<'a>,
+        why: KeepReason<'a>,
+    },
+    /// A candidate found gone at the re-check before its removal, or by its
+    /// `RemoveImage` (`NotFound`): someone else removed it (another
+    /// collector, `crictl rmi`).
+    GoneAlready {
+        /// The image id.
+        id: &'a str,
+        /// Its tags as the cycle's listing had them.
+        tags: &'a Names,
     },
     /// A removal about to be asked (debug).
     Removing {
@@ -510,6 +500,9 @@ impl Sink for LogSink {
                  keeping the image for this cycle"
             ),
             Event::Kept { id, tags, why } => log_kept(id, tags, why),
+            Event::GoneAlready { id, tags } => {
+                info!(image = %id, tags = ?tags, "image is already gone: someone else removed it");
+            }
             Event::Removing { id, reason, dry_run } => debug!(
                 image = %id,
                 reason = reason.as_str(),
@@ -627,35 +620,33 @@ fn log_repull(image: &Image, removed_ago: Duration, unreachable: Option<&SpaceOu
     }
 }
 
-fn log_kept(id: &str, tags: &Names, why: &KeptAtRecheck<'_>) {
+fn log_kept(id: &str, tags: &Names, why: &KeepReason<'_>) {
     match why {
-        KeptAtRecheck::CameIntoUse => info!(image = %id, tags = ?tags, "image came into use; keeping it"),
-        KeptAtRecheck::PinnedSince => {
+        KeepReason::InUse { .. } => info!(image = %id, tags = ?tags, "image came into use; keeping it"),
+        KeepReason::Pinned => {
             info!(image = %id, tags = ?tags, "the runtime pinned the image since the listing; keeping it");
         }
-        KeptAtRecheck::SandboxSince => info!(
+        KeepReason::Sandbox => info!(
             image = %id,
             tags = ?tags,
             "the image is a sandbox image under a name it gained since the listing; keeping it"
         ),
-        KeptAtRecheck::ProtectedSince(pattern) => info!(
+        KeepReason::Protected { pattern } => info!(
             image = %id,
             tags = ?tags,
             %pattern,
             "a name the image gained since the listing is protected; keeping it"
         ),
-        KeptAtRecheck::Pod(pod) => info!(
+        KeepReason::Pod { pod } => info!(
             image = %id,
             tags = ?tags,
             %pod,
             "a pod bound to this node names the image; keeping it"
         ),
-        KeptAtRecheck::MountsUnknown => {
+        KeepReason::MountsUnknown => {
             info!(image = %id, "a container's mounted images cannot be read: keeping the image");
         }
-        KeptAtRecheck::GoneAlready => {
-            info!(image = %id, tags = ?tags, "image is already gone: someone else removed it");
-        }
+        other => info!(image = %id, tags = ?tags, reason = other.label(), "keeping the image"),
     }
 }
 

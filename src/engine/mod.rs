@@ -35,7 +35,7 @@ use crate::fs::FsProbe;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::pending::Pending;
-use crate::policy::{DiskFootprint, Protections, SpaceTarget};
+use crate::policy::{DiskFootprint, GcPolicy, Protections};
 use crate::records::Records;
 use crate::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
@@ -84,6 +84,8 @@ struct Said {
 pub struct Collector<R> {
     runtime: R,
     config: Arc<Config>,
+    /// The policy of `config`, made when it came (its keep rules compiled once).
+    policy: Arc<GcPolicy>,
     /// Shared with a save in progress only: the save is awaited before the
     /// records change again, so `Arc::make_mut` never copies them (a copy
     /// of 100,000 records would double their memory for the save).
@@ -133,7 +135,7 @@ impl<R: Runtime> Collector<R> {
     pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
         let store = StateStore::new(&config.state.dir);
         let sinks = Sinks::standard(&metrics);
-        let (records, last_success) = load_records(&store, &clock, &config);
+        let (records, last_success) = load_records(&store, &clock, config.gc.interval);
         sinks.emit(&Event::HistoryLoaded { last_success });
         sinks.emit(&Event::Configured {
             dry_run: config.gc.dry_run,
@@ -144,6 +146,7 @@ impl<R: Runtime> Collector<R> {
         let pending = Pending::load(&config.state.dir);
         let mut collector = Collector {
             runtime,
+            policy: Arc::new(GcPolicy::from(&*config)),
             config,
             records: Arc::new(records),
             store,
@@ -227,6 +230,7 @@ impl<R: Runtime> Collector<R> {
             high: config.gc.high_threshold_percent,
             low: config.gc.low_threshold_percent,
         });
+        self.policy = Arc::new(GcPolicy::from(&*config));
         self.config = config;
     }
 
@@ -287,7 +291,7 @@ impl<R: Runtime> Collector<R> {
     pub fn check_usage(&self) -> Option<bool> {
         let path = self.disk_path.as_ref()?;
         let stats = self.probe.stats(path).ok()?;
-        let due = SpaceTarget::new(&self.config).due(&stats);
+        let due = self.policy.target.due(&stats);
         self.sinks.emit(&Event::Usage { stats: &stats, due });
         Some(due)
     }
@@ -344,9 +348,9 @@ impl<R: Runtime> Collector<R> {
 }
 
 /// The records of the state directory, and the last successful cycle of
-/// the process that saved them.
-pub(crate) fn load_records(store: &StateStore, clock: &Clock, config: &Config) -> (Records, Option<SystemTime>) {
-    match store.load(clock.now(), config.gc.interval) {
+/// the process that saved them (`interval`: `gc.interval`).
+pub(crate) fn load_records(store: &StateStore, clock: &Clock, interval: Duration) -> (Records, Option<SystemTime>) {
+    match store.load(clock.now(), interval) {
         Loaded::Fresh => {
             info!(path = %store.path().display(), "no state file: starting with no history");
             (Records::new(), None)

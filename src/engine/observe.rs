@@ -7,7 +7,7 @@
 //! dialect, image volumes only `ContainerStatus` reports, `ImageFsInfo`
 //! that names no mount point.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt as _;
 use tracing::debug;
@@ -184,13 +184,13 @@ pub struct SandboxImages {
 /// that it does not switch off the rule for a runtime that names none.
 pub async fn sandbox_images<R: Runtime>(
     runtime: &R,
-    config: &Config,
+    configured: Option<&str>,
     from_status: Option<&str>,
     pods: &mut PodImages,
     images: &[Image],
 ) -> SandboxImages {
     let mut found = SandboxImages::default();
-    if let Some(configured) = &config.runtime.sandbox_image {
+    if let Some(configured) = configured {
         let pattern = ProtectPattern::new(configured);
         let matched: Vec<&Image> = images
             .iter()
@@ -198,7 +198,7 @@ pub async fn sandbox_images<R: Runtime>(
             .collect();
         found.configured_unmatched = matched.is_empty();
         if !matched.is_empty() {
-            found.names.push(configured.clone());
+            found.names.push(configured.to_string());
             found.names.extend(matched.iter().map(|i| i.id.clone()));
         }
     }
@@ -266,12 +266,12 @@ impl ImageFs {
 /// `ImageFsInfo` is asked either way, so that a configured path can be
 /// checked against the runtime's ([`ImageFs::mismatch`]); with a configured
 /// path, its failure costs nothing but that check.
-pub async fn image_fs<R: Runtime>(runtime: &R, config: &Config) -> Result<ImageFs, RuntimeError> {
+pub async fn image_fs<R: Runtime>(runtime: &R, configured: Option<&Path>) -> Result<ImageFs, RuntimeError> {
     let reported = runtime
         .image_fs_info()
         .await
         .map(|filesystems| filesystems.into_iter().find(|fs| !fs.mount_point.is_empty()));
-    let reported = match (&config.gc.image_fs_path, reported) {
+    let reported = match (configured, reported) {
         (_, Ok(reported)) => reported,
         (Some(_), Err(err)) => {
             debug!(error = %err, "ImageFsInfo failed: gc.image_fs_path cannot be checked against the runtime's");
@@ -281,10 +281,8 @@ pub async fn image_fs<R: Runtime>(runtime: &R, config: &Config) -> Result<ImageF
     };
     let runtime_mount_point = reported.as_ref().map(|fs| PathBuf::from(&fs.mount_point));
     Ok(ImageFs {
-        path: config
-            .gc
-            .image_fs_path
-            .clone()
+        path: configured
+            .map(Path::to_path_buf)
             .or_else(|| runtime_mount_point.clone())
             .unwrap_or_default(),
         image_bytes: reported.and_then(|fs| fs.used_bytes),
@@ -360,7 +358,8 @@ impl Observer {
     /// between is listed too.
     pub async fn observe<R: Runtime>(&mut self, runtime: &R, config: &Config) -> Result<Observation, RuntimeError> {
         let listings = list_images_and_containers(runtime, &mut self.mounts);
-        let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs(runtime, config));
+        let image_fs = image_fs(runtime, config.gc.image_fs_path.as_deref());
+        let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
         let (images, containers) = listings?;
         if self.footprint.is_none()
             && let Ok(version) = runtime.version().await
@@ -381,7 +380,7 @@ impl Observer {
         }
         let sandbox = sandbox_images(
             runtime,
-            config,
+            config.runtime.sandbox_image.as_deref(),
             self.sandbox_image.as_deref(),
             &mut self.pod_images,
             &images,

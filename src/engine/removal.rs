@@ -28,16 +28,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::Names;
-use crate::cri::{Image, Removed, Runtime, RuntimeError, Snapshot};
+use crate::cri::{Container, Image, Removed, Runtime, RuntimeError, Snapshot};
 use crate::fs::{FsError, FsProbe, FsStats};
 use crate::journal::JournalEntry;
 use crate::matching;
 use crate::model::{Reason, Removal};
 use crate::pending::{Seen, Settled};
-use crate::policy::{self, Candidate};
+use crate::policy::{Candidate, KeepReason, Uses};
+use crate::records::History;
 
-use super::events::KeptAtRecheck;
 use super::report::{CycleError, CycleReport};
 use super::{Collector, Event};
 
@@ -255,11 +254,13 @@ impl Drop for InFlight {
 
 impl<R: Runtime> Collector<R> {
     /// The re-check right before a removal: the image as the runtime holds
-    /// it now, when no container uses it under any of its current names,
-    /// the runtime did not pin it meanwhile, and no keep rule that reads
-    /// names (a protect pattern, the sandbox image) holds for a name it
-    /// gained; `None` when it is to be kept (or is gone already). An error
-    /// means the check could not be made.
+    /// it now, when no keep rule holds for it ([`Rules::why_kept`], the
+    /// planner's rules, asked of the image as it is now: under every name it
+    /// has now, with the containers and pods that name it now, and its pin);
+    /// `None` when it is to be kept (or is gone already). An error means the
+    /// check could not be made.
+    ///
+    /// [`Rules::why_kept`]: crate::policy::Rules::why_kept
     async fn recheck(
         &mut self,
         candidate: &Candidate<'_>,
@@ -286,56 +287,45 @@ impl<R: Runtime> Collector<R> {
             self.gone_already(candidate);
             return Ok(None);
         };
-        if containers.iter().any(|c| c.mounts_unknown) {
-            self.kept(candidate.id, &current.repo_tags, KeptAtRecheck::MountsUnknown);
-            return Ok(None);
-        }
-        // The listing's other images tell which containers' ids and digests
-        // name an image exactly (a container whose digest names another
-        // image does not use every image its tag names); this image is
-        // matched under the names it has now.
-        let listing: Vec<&Image> = images
-            .iter()
-            .filter(|i| i.id != current.id)
-            .chain(std::iter::once(&current))
-            .collect();
-        let matches = matching::References::new(&containers, &[]).matches(listing.iter().copied());
+        let uses = uses_now(&current, &containers, snapshot);
         // The latest: a pod bound since the listing protects too.
         let protections = self.protections();
-        let why = if !matches.users(listing.len() - 1).is_empty() {
-            Arc::make_mut(&mut self.records).mark_used([candidate.id], self.clock.now());
-            report.became_in_use.push(candidate.id.to_string());
-            Some(KeptAtRecheck::CameIntoUse)
-        } else if let Some(&(_, pod)) = protections.pods_naming(std::slice::from_ref(&current)).first() {
-            Some(KeptAtRecheck::Pod(pod))
-        } else if current.pinned {
-            Some(KeptAtRecheck::PinnedSince)
-        } else if matching::References::new(&[], &sandbox_names(snapshot))
-            .matches(std::iter::once(&current))
-            .sandbox(0)
-        {
-            Some(KeptAtRecheck::SandboxSince)
-        } else {
-            policy::protecting_pattern(&self.config, &current).map(KeptAtRecheck::ProtectedSince)
+        let pod = protections
+            .pods_naming(std::slice::from_ref(&current))
+            .first()
+            .map(|&(_, pod)| pod);
+        let history = self.records.get(candidate.id).map(History::of);
+        let now = self.clock.now();
+        let policy = Arc::clone(&self.policy);
+        let why = policy
+            .keep
+            .why_kept(&current, uses, history, pod, now)
+            .filter(|why| why.holds_against(candidate.reason));
+        let Some(why) = why else {
+            return Ok(Some(current));
         };
-        match why {
-            Some(why) => {
-                self.kept(candidate.id, &current.repo_tags, why);
-                Ok(None)
-            }
-            None => Ok(Some(current)),
+        if let KeepReason::InUse { containers } = &why
+            && !containers.is_empty()
+        {
+            Arc::make_mut(&mut self.records).mark_used([candidate.id], now);
+            report.became_in_use.push(candidate.id.to_string());
         }
-    }
-
-    fn kept(&self, id: &str, tags: &Names, why: KeptAtRecheck<'_>) {
-        self.sinks.emit(&Event::Kept { id, tags, why });
+        self.sinks.emit(&Event::Kept {
+            id: candidate.id,
+            tags: &current.repo_tags,
+            why,
+        });
+        Ok(None)
     }
 
     /// Someone else removed the candidate (another collector, `crictl
     /// rmi`): not this collector's removal, so neither counted nor
     /// journaled; its record goes.
     fn gone_already(&mut self, candidate: &Candidate<'_>) {
-        self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
+        self.sinks.emit(&Event::GoneAlready {
+            id: candidate.id,
+            tags: candidate.tags,
+        });
         Arc::make_mut(&mut self.records).remove(candidate.id, self.clock.now());
     }
 
@@ -821,6 +811,38 @@ impl<R: Runtime> Collector<R> {
         })
         .await
         .unwrap_or(false)
+    }
+}
+
+/// What the runtime says now of the use of `current` (the image as it is
+/// now), for the keep rules: the containers listed now that name it under
+/// the names it has now, and whether a sandbox image's name does. The
+/// listing's other images tell which containers' ids and digests name an
+/// image exactly (a container whose digest names another image does not use
+/// every image its tag names).
+fn uses_now<'c>(current: &Image, containers: &'c [Container], snapshot: &Snapshot) -> Uses<'c> {
+    let listing: Vec<&Image> = snapshot
+        .images
+        .iter()
+        .filter(|i| i.id != current.id)
+        .chain(std::iter::once(current))
+        .collect();
+    let matches = matching::References::new(containers, &[]).matches(listing.iter().copied());
+    Uses {
+        containers: matches
+            .users(listing.len() - 1)
+            .iter()
+            .map(|&c| containers[c as usize].id.as_str())
+            .collect(),
+        sandbox: matching::References::new(&[], &sandbox_names(snapshot))
+            .matches(std::iter::once(current))
+            .sandbox(0),
+        pinned: current.pinned,
+        // The ranks of the cycle's listing, in which the candidate is among
+        // no repository's newest.
+        newest: None,
+        mounts_unknown: containers.iter().any(|c| c.mounts_unknown),
+        sandbox_unknown: snapshot.sandbox_unknown(),
     }
 }
 

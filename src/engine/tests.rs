@@ -58,6 +58,9 @@ struct Sim {
     writer: u64,
     /// A tag an image gains right before the n-th ListContainers call.
     tag_at_list: Option<(usize, String, String)>,
+    /// An image someone else removes right before the n-th ListContainers
+    /// call.
+    gone_at_list: Option<(usize, String)>,
     /// Keep rules published right before the n-th ListContainers call (a
     /// pod bound to the node meanwhile).
     pods_at_list: Option<(usize, PodsSender, crate::policy::Protections)>,
@@ -172,6 +175,11 @@ impl Runtime for SimHandle {
             && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
         {
             image.repo_tags = image.repo_tags.iter().map(str::to_owned).chain([tag]).collect();
+        }
+        if let Some((n, id)) = sim.gone_at_list.clone()
+            && sim.lists == n
+        {
+            sim.images.retain(|i| i.id != id);
         }
         if let Some((n, sender, pods)) = &sim.pods_at_list
             && sim.lists == *n
@@ -1244,6 +1252,71 @@ async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
     sim.with(|s| s.available = 0);
     cycle(&mut c).await;
     assert_eq!(sim.removed()[..2], ["c", "a"]);
+}
+
+#[tokio::test]
+async fn a_keep_rule_added_to_the_rules_holds_in_the_plan_and_at_the_recheck() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        let mut a = image("a", 100);
+        a.repo_tags = vec!["docker.io/library/keep:1".to_string()].into();
+        s.images = vec![a, image("b", 100), image("c", 100)];
+        (s.capacity, s.available) = (1000, 0);
+        // b gains, between the listing and its removal, the name the rule
+        // keeps.
+        // (Listings of containers: `observe` below, the cycle's, then b's re-check.)
+        s.tag_at_list = Some((3, "b".to_string(), "docker.io/library/keep:2".to_string()));
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    // A rule that exists only in `Rules`: nothing else knows of it.
+    Arc::make_mut(&mut c.policy).keep.test_rule =
+        Some(|image| image.repo_tags.iter().any(|t| t.starts_with("docker.io/library/keep:")));
+    let listing = c.observe().await.unwrap();
+    let plan = c.plan(&listing);
+    assert_eq!(
+        plan.kept.iter().find(|k| k.id == "a").map(|k| &k.why),
+        Some(&crate::policy::KeepReason::Protected { pattern: "test rule" }),
+        "the plan keeps a"
+    );
+    let report = cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["c"], "a kept by the plan, b by the re-check");
+    assert_eq!(report.removed.len(), 1);
+}
+
+/// The ids of the images each event names: `GoneAlready` and `Kept`.
+#[derive(Default)]
+struct GoneOrKept(Mutex<(Vec<String>, Vec<String>)>);
+
+impl crate::engine::Sink for GoneOrKept {
+    fn emit(&self, event: &Event<'_>) {
+        let mut seen = self.0.lock().unwrap();
+        match event {
+            Event::GoneAlready { id, .. } => seen.0.push(id.to_string()),
+            Event::Kept { id, .. } => seen.1.push(id.to_string()),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_image_someone_else_removed_before_its_recheck_is_gone_already_not_kept_nor_counted() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        (s.capacity, s.available) = (1000, 0);
+        // Removed by another collector between the listing and a's re-check.
+        s.gone_at_list = Some((2, "a".to_string()));
+    });
+    let (c, _dir) = collector(&sim, |_| {});
+    let seen = Arc::new(GoneOrKept::default());
+    let mut c = c.with_sink(Arc::clone(&seen) as Arc<dyn crate::engine::Sink>);
+    let report = cycle(&mut c).await;
+    let (gone, kept) = std::mem::take(&mut *seen.0.lock().unwrap());
+    assert_eq!(gone, ["a"]);
+    assert!(kept.is_empty(), "{kept:?}");
+    assert_eq!(sim.removed(), ["b"], "a was not this collector's to remove");
+    assert_eq!(report.removed.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["b"]);
+    assert!(c.records().get("a").is_none(), "its record goes");
 }
 
 #[tokio::test]

@@ -82,7 +82,7 @@ impl<R: Runtime> Collector<R> {
         policy::plan_listed(
             &listing.snapshot,
             &listing.listed,
-            &self.config,
+            &self.policy,
             &listing.protections,
             self.clock.now(),
             self.clock.started(),

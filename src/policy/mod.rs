@@ -1,19 +1,60 @@
-//! The policy, pure (no IO, no clock reads): [`mod@plan`] says which images a
-//! cycle may remove, in which order, and why every other image is kept;
-//! [`space`] says when a space pass is due and done, and walks the space
+//! The policy, pure (no IO, no clock reads): [`GcPolicy`], the narrow
+//! policy made once from the configuration; [`keep`], the one home of every
+//! keep rule ([`Rules::why_kept`]), which the planner and the re-check
+//! before each removal both ask; [`mod@plan`], which images a cycle may
+//! remove, and why every other image is kept; [`order`], one file per
+//! `gc.order`, the order of the space candidates; [`space`],
+//! when a space pass is due and done, and the walk over the space
 //! candidates ([`Walk`]) for the cycle, the dry run and `plan` alike.
 //!
-//! A new keep rule goes in [`plan::plan_listed`] (with its
-//! [`KeepReason`]); one that comes from outside the runtime's listing (the
-//! pods bound to the node) comes in through [`Protections`].
+//! A new keep rule goes in [`Rules::why_kept`] (with its [`KeepReason`]);
+//! one that comes from outside the runtime's listing (the pods bound to the
+//! node) comes in through [`Protections`].
 
+use std::time::Duration;
+
+use crate::config::{Config, Order};
+
+pub mod keep;
+pub mod order;
 pub mod plan;
 pub mod space;
 
-pub use plan::{
-    Candidate, KeepReason, Kept, KeptTally, Plan, Protections, Reason, plan, plan_counting_kept, plan_listed,
-    protecting_pattern,
-};
+pub use keep::{KeepReason, Rules, Uses};
+pub use plan::{Candidate, Kept, KeptTally, Plan, Protections, Reason, plan, plan_counting_kept, plan_listed};
 pub use space::{
     DiskFootprint, Forecast, ImageBytes, ImageBytesSource, SpaceOutlook, SpaceTarget, Step, Walk, total_size,
 };
+
+/// What the planner and the space pass need of the configuration, made
+/// once from it (and again at each reload): the thresholds, the ages, the
+/// order and the keep rules, their globs compiled. Nothing in the policy
+/// reads the whole configuration.
+#[derive(Debug, Clone)]
+pub struct GcPolicy {
+    /// When a space pass is due and when it is done: `gc.*_percent`.
+    pub target: SpaceTarget,
+    /// `gc.max_age`: an image unused for longer is removed whatever the
+    /// usage; zero: never.
+    pub max_age: Duration,
+    /// `gc.order`: the order of the space candidates.
+    pub order: Order,
+    /// Why an image is kept: `protect`, `gc.min_age`.
+    pub keep: Rules,
+}
+
+impl From<&Config> for GcPolicy {
+    fn from(config: &Config) -> Self {
+        let gc = &config.gc;
+        GcPolicy {
+            target: SpaceTarget::new(
+                gc.high_threshold_percent,
+                gc.low_threshold_percent,
+                gc.high_inodes_percent.zip(gc.low_inodes_percent),
+            ),
+            max_age: config.gc.max_age,
+            order: config.gc.order,
+            keep: Rules::from(config),
+        }
+    }
+}

@@ -2,27 +2,26 @@
 //! every other image is kept. Pure: no IO and no clock reads, so every rule
 //! is tested table-driven with a fake clock.
 //!
-//! Never candidates: images in use (any container, any state), pinned
-//! images, the runtime's sandbox image, images matched by `protect.images`,
-//! the newest `protect.keep_recent_per_repository` images of each repository.
-//! Space candidates must also be at least `gc.min_age` old (first seen).
+//! Why an image is kept is [`Rules::why_kept`]'s to say (see
+//! [`super::keep`]): the planner asks it of each image, with what the
+//! listing says of the image.
 //! Candidates come in the kubelet's order: last used ascending, then first
-//! seen ascending (then id, so plans are deterministic); with
-//! `gc.order = "superseded-first"` (the default), images a newer image of
-//! their repository superseded come first, each group in that order; with
-//! `gc.order = "reuse"`, the same, each group by when each image is
-//! expected back ([`expected_back`]), farthest first.
+//! seen ascending (then id, so plans are deterministic); the space
+//! candidates then in the order `gc.order` names (see [`super::order`]).
 
 use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
-use crate::config::{Config, Order};
 use crate::cri::Names;
 use crate::cri::{Image, Snapshot};
 use crate::matching;
 pub use crate::model::Reason;
 use crate::records::{Break, Listed, Records};
-use crate::reference::{self, ProtectPattern};
+use crate::reference;
+
+use super::GcPolicy;
+use super::keep::{KeepReason, Rules, Uses, elapsed};
+use super::order::{self, expected_back};
 
 /// Keep rules that come from outside the runtime's listing: the image
 /// references of the pods bound to this node, with each pod's
@@ -55,75 +54,6 @@ impl Protections {
     pub fn none() -> &'static Protections {
         static NONE: Protections = Protections { references: Vec::new() };
         &NONE
-    }
-}
-
-/// Why an image is kept.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "reason", rename_all = "snake_case")]
-pub enum KeepReason<'a> {
-    /// Referenced by these containers (any state).
-    InUse {
-        /// The ids of the containers that name the image.
-        containers: Vec<&'a str>,
-    },
-    /// Named by a pod bound to this node (see [`Protections`]), which
-    /// will run it.
-    Pod {
-        /// The first such pod, `namespace/name`.
-        pod: &'a str,
-    },
-    /// The runtime marks it pinned.
-    Pinned,
-    /// The runtime's sandbox (pause) image.
-    Sandbox,
-    /// Never used by any container while the runtime does not say which
-    /// image is its sandbox image: it may be that image.
-    SandboxUnknown,
-    /// A container's mounted images could not be read (its
-    /// `ContainerStatus` failed): it may mount this image.
-    MountsUnknown,
-    /// Matched by a `protect.images` pattern.
-    Protected {
-        /// The first `protect.images` pattern that matched, as configured.
-        pattern: &'a str,
-    },
-    /// Among the newest `keep_recent_per_repository` of its repository.
-    KeepRecent {
-        /// The repository, as its tag names it (`docker.io/library/nginx`).
-        repository: &'a str,
-        /// Its place among that repository's images, newest first seen = 1.
-        rank: u32,
-    },
-    /// First seen less than `gc.min_age` ago: not yet removable for space.
-    TooYoung {
-        /// How much longer until it is `gc.min_age` old.
-        removable_after: Duration,
-    },
-}
-
-impl KeepReason<'_> {
-    /// A short label, for tables and metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            KeepReason::InUse { .. } => "in-use",
-            KeepReason::Pod { .. } => "pod",
-            KeepReason::Pinned => "pinned",
-            KeepReason::Sandbox => "sandbox",
-            KeepReason::SandboxUnknown => "sandbox-unknown",
-            KeepReason::MountsUnknown => "mounts-unknown",
-            KeepReason::Protected { .. } => "protected",
-            KeepReason::KeepRecent { .. } => "keep-recent",
-            KeepReason::TooYoung { .. } => "too-young",
-        }
-    }
-
-    /// True for the reasons that hold whatever the usage (everything but age).
-    pub fn is_protection(&self) -> bool {
-        !matches!(
-            self,
-            KeepReason::InUse { .. } | KeepReason::Pod { .. } | KeepReason::TooYoung { .. }
-        )
     }
 }
 
@@ -249,14 +179,14 @@ impl<'a> Plan<'a> {
 pub fn plan<'a>(
     snapshot: &'a Snapshot,
     records: &Records,
-    config: &'a Config,
+    policy: &'a GcPolicy,
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan<'a> {
     plan_listed(
         snapshot,
         &records.listed(snapshot),
-        config,
+        policy,
         Protections::none(),
         now,
         running_since,
@@ -270,18 +200,15 @@ pub fn plan<'a>(
 /// # Panics
 ///
 /// When `listed` is not of this snapshot's listing (another length).
-// Long on purpose: the rules are tried in their order of precedence (in
-// use, sandbox, pinned, protected, keep-recent, unknown sandbox, age, min
-// age), one image at a time in one pass, and read top to bottom.
 pub fn plan_listed<'a>(
     snapshot: &'a Snapshot,
     listed: &Listed,
-    config: &'a Config,
+    policy: &'a GcPolicy,
     protections: &'a Protections,
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan<'a> {
-    plan_images(snapshot, listed, config, protections, (now, running_since), true)
+    plan_images(snapshot, listed, policy, protections, (now, running_since), true)
 }
 
 /// [`plan_listed`] for a cycle: the same candidates, in the same order, and
@@ -289,19 +216,18 @@ pub fn plan_listed<'a>(
 pub fn plan_counting_kept<'a>(
     snapshot: &'a Snapshot,
     listed: &Listed,
-    config: &'a Config,
+    policy: &'a GcPolicy,
     protections: &'a Protections,
     now: SystemTime,
     running_since: SystemTime,
 ) -> Plan<'a> {
-    plan_images(snapshot, listed, config, protections, (now, running_since), false)
+    plan_images(snapshot, listed, policy, protections, (now, running_since), false)
 }
 
-// Long on purpose (see `plan_listed`).
 fn plan_images<'a>(
     snapshot: &'a Snapshot,
     listed: &Listed,
-    config: &'a Config,
+    policy: &'a GcPolicy,
     protections: &'a Protections,
     (now, running_since): (SystemTime, SystemTime),
     list_kept: bool,
@@ -311,10 +237,9 @@ fn plan_images<'a>(
     let sandbox_unknown = snapshot.sandbox_unknown();
     let mounts_unknown = snapshot.containers.iter().any(|c| c.mounts_unknown);
     let matches = &listed.matches;
-    let keep_recent = keep_recent(snapshot, listed, config.protect.keep_recent_per_repository);
-    let globs: Vec<ProtectPattern> = config.protect.images.iter().map(|p| ProtectPattern::new(p)).collect();
-    let max_age = config.gc.max_age;
-    let min_age = config.gc.min_age;
+    let rules: &Rules = &policy.keep;
+    let newest = keep_recent(snapshot, listed, rules.keep_recent());
+    let max_age = policy.max_age;
     let guard_open = max_age.is_zero() || elapsed(running_since, now) > max_age;
 
     let mut plan = Plan::default();
@@ -350,70 +275,22 @@ fn plan_images<'a>(
                 (&union, sandbox)
             }
         };
-        let keep = |why| Kept {
-            id: &image.id,
-            tags: &image.repo_tags,
-            size: image.size,
-            why,
+        let uses = Uses {
+            containers: users
+                .iter()
+                .map(|&c| snapshot.containers[c as usize].id.as_str())
+                .collect(),
+            sandbox,
+            pinned,
+            newest: if newest.is_empty() {
+                None
+            } else {
+                newest.get(image.id.as_str()).copied()
+            },
+            mounts_unknown,
+            sandbox_unknown,
         };
-        if !users.is_empty() {
-            plan.keep(
-                keep(KeepReason::InUse {
-                    containers: users
-                        .iter()
-                        .map(|&c| snapshot.containers[c as usize].id.as_str())
-                        .collect(),
-                }),
-                list_kept,
-            );
-            continue;
-        }
-        if let Some(pod) = held.get(&i) {
-            plan.keep(keep(KeepReason::Pod { pod }), list_kept);
-            continue;
-        }
-        // Sandbox before pinned: runtimes pin their sandbox image, and
-        // "sandbox" says more.
-        if sandbox {
-            plan.keep(keep(KeepReason::Sandbox), list_kept);
-            continue;
-        }
-        if pinned {
-            plan.keep(keep(KeepReason::Pinned), list_kept);
-            continue;
-        }
-        if let Some((pattern, _)) = config
-            .protect
-            .images
-            .iter()
-            .zip(&globs)
-            .find(|(_, g)| g.matches_image(&image.id, &image.repo_tags, &image.repo_digests))
-        {
-            plan.keep(keep(KeepReason::Protected { pattern }), list_kept);
-            continue;
-        }
-        if !keep_recent.is_empty()
-            && let Some((repository, rank)) = keep_recent.get(image.id.as_str())
-        {
-            plan.keep(
-                keep(KeepReason::KeepRecent {
-                    repository,
-                    rank: *rank,
-                }),
-                list_kept,
-            );
-            continue;
-        }
-        if sandbox_unknown && !place.history.is_some_and(|h| h.ever_used) {
-            plan.keep(keep(KeepReason::SandboxUnknown), list_kept);
-            continue;
-        }
-        // Any image may be what a container whose mounts are unknown
-        // mounts: when in doubt, keep.
-        if mounts_unknown {
-            plan.keep(keep(KeepReason::MountsUnknown), list_kept);
-            continue;
-        }
+        let why = rules.why_kept(image, uses, place.history, held.get(&i).copied(), now);
         // An image without a record (listed after the records were updated)
         // is treated as first seen now: the safe reading.
         let (first_seen, last_used, from_history) = place
@@ -429,100 +306,37 @@ fn plan_images<'a>(
             reason,
             usual_break: place.history.and_then(|h| h.usual_break),
         };
-        let unused_for = elapsed(last_used, now);
-        if !max_age.is_zero() && unused_for > max_age {
+        if !max_age.is_zero()
+            && elapsed(last_used, now) > max_age
+            && !why.as_ref().is_some_and(|w| w.holds_against(Reason::Age))
+        {
             if from_history || guard_open {
                 plan.age.push(candidate(Reason::Age));
                 continue;
             }
             plan.age_guarded += 1;
         }
-        let age = elapsed(first_seen, now);
-        if age < min_age {
-            plan.keep(
-                keep(KeepReason::TooYoung {
-                    removable_after: min_age - age,
-                }),
+        match why {
+            Some(why) => plan.keep(
+                Kept {
+                    id: &image.id,
+                    tags: &image.repo_tags,
+                    size: image.size,
+                    why,
+                },
                 list_kept,
-            );
-            continue;
+            ),
+            None => plan.space.push(candidate(Reason::Space)),
         }
-        if last_used >= now {
-            // Used at this very instant (the kubelet skips these too).
-            plan.keep(keep(KeepReason::InUse { containers: Vec::new() }), list_kept);
-            continue;
-        }
-        plan.space.push(candidate(Reason::Space));
     }
     let order =
         |a: &Candidate, b: &Candidate| (a.last_used, a.first_seen, &a.id).cmp(&(b.last_used, b.first_seen, &b.id));
     // The id makes every key distinct: an unstable sort gives the same order.
     plan.age.sort_unstable_by(order);
     plan.space.sort_unstable_by(order);
-    if config.gc.order == Order::Reuse {
-        // Stable: images expected back at the same time stay least
-        // recently used first.
-        plan.space.sort_by_key(|c| std::cmp::Reverse(c.expected_back(now)));
-    }
-    if matches!(config.gc.order, Order::SupersededFirst | Order::Reuse) {
-        superseded_first(snapshot, listed, &mut plan.space, now);
-    }
+    let context = order::Context { snapshot, listed, now };
+    order::of(policy.order).sort(&mut plan.space, &context);
     plan
-}
-
-/// `gc.order = "reuse"`: when an image last used at `last_used` is expected
-/// to be used again. An image used again after breaks before is expected
-/// one usual break after its last use (a periodic job's next run), or now
-/// when that is past; once twice its usual break has passed, its job seems
-/// to have stopped, and it is expected as any other image is: as long from
-/// now as it has been unused, the guess least recently used makes. Over a
-/// month of each simulated workload (`imagegc simulate`, BENCHMARKS.md) this
-/// order pulled far fewer bytes again on the batch node, whose jobs are
-/// periodic, than least recently used or the kubelet.
-pub fn expected_back(last_used: SystemTime, usual_break: Option<Duration>, now: SystemTime) -> SystemTime {
-    let unused = elapsed(last_used, now);
-    match usual_break {
-        Some(usual) if unused <= usual.saturating_mul(2) => last_used.checked_add(usual).map_or(now, |at| at.max(now)),
-        _ => now.checked_add(unused).unwrap_or(now),
-    }
-}
-
-/// `gc.order = "superseded-first"`: the space candidates a newer image of
-/// one of their repositories (first seen later, listed now) superseded go
-/// first, each group in the order it had. After a rollout the old tag is
-/// seldom run again, while an image unused for a while but still the
-/// newest of its repository (a pod that moved away, a periodic job) is
-/// what the node pulls back; least recently used alone cannot tell them
-/// apart. `imagegc simulate` measures the difference (BENCHMARKS.md).
-fn superseded_first(snapshot: &Snapshot, listed: &Listed, space: &mut [Candidate<'_>], now: SystemTime) {
-    let mut newest: HashMap<&str, SystemTime> = HashMap::default();
-    for (image, place) in snapshot.images.iter().zip(&listed.places) {
-        let first_seen = place.history.map_or(now, |h| h.first_seen);
-        for tag in &image.repo_tags {
-            let seen = newest.entry(reference::repository(tag)).or_insert(first_seen);
-            *seen = (*seen).max(first_seen);
-        }
-    }
-    let superseded = |c: &Candidate<'_>| {
-        c.tags.iter().any(|tag| {
-            newest
-                .get(reference::repository(tag))
-                .is_some_and(|&n| n > c.first_seen)
-        })
-    };
-    // Stable: each group keeps the order it had.
-    space.sort_by_key(|c| !superseded(c));
-}
-
-/// The `protect.images` pattern that protects `image`, if one does: what
-/// the re-check before a removal asks of the image as it is named now.
-pub fn protecting_pattern<'c>(config: &'c Config, image: &Image) -> Option<&'c str> {
-    config
-        .protect
-        .images
-        .iter()
-        .find(|p| ProtectPattern::new(p).matches_image(&image.id, &image.repo_tags, &image.repo_digests))
-        .map(String::as_str)
 }
 
 /// The images pods name (by their place in the listing), each with the
@@ -544,12 +358,6 @@ fn held_by_pods<'a>(snapshot: &Snapshot, protections: &'a Protections) -> HashMa
         }
     }
     held
-}
-
-/// Time from `earlier` to `later`; zero when the clock says `earlier` is in
-/// the future.
-fn elapsed(earlier: SystemTime, later: SystemTime) -> Duration {
-    later.duration_since(earlier).unwrap_or(Duration::ZERO)
 }
 
 /// For each repository, the newest `keep` images (by first seen, then id)
@@ -582,6 +390,7 @@ fn keep_recent<'a>(snapshot: &'a Snapshot, listed: &Listed, keep: u32) -> HashMa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Config, Order};
     use crate::cri::Container;
     use crate::testing::{container_naming as container, library_image as image};
 
@@ -636,32 +445,21 @@ mod tests {
         /// last observation, also checks that the plan a cycle makes from
         /// its own observation of the listing is the same.
         fn plan(&self, at: SystemTime) -> Plan<'_> {
-            let plan = plan(&self.snapshot, &self.records, &self.config, at, self.start);
+            // Made anew at each plan, as tests change the configuration
+            // between plans; leaked, as the plan borrows it.
+            let policy: &'static GcPolicy = Box::leak(Box::new(GcPolicy::from(&self.config)));
+            let plan = plan(&self.snapshot, &self.records, policy, at, self.start);
             if let Some((seen, listed)) = &self.observed
                 && seen.images == self.snapshot.images
                 && seen.containers == self.snapshot.containers
                 && seen.sandbox_images == self.snapshot.sandbox_images
             {
-                let cycle = plan_listed(
-                    &self.snapshot,
-                    listed,
-                    &self.config,
-                    Protections::none(),
-                    at,
-                    self.start,
-                );
+                let cycle = plan_listed(&self.snapshot, listed, policy, Protections::none(), at, self.start);
                 assert_eq!(cycle, plan, "the cycle's plan differs from the plan from the records");
                 // The daemon's cycle counts the kept images without listing
                 // them: the same candidates, and counts that agree with the
                 // list.
-                let counted = plan_counting_kept(
-                    &self.snapshot,
-                    listed,
-                    &self.config,
-                    Protections::none(),
-                    at,
-                    self.start,
-                );
+                let counted = plan_counting_kept(&self.snapshot, listed, policy, Protections::none(), at, self.start);
                 assert!(counted.kept.is_empty());
                 assert_eq!(
                     (&counted.age, &counted.space, counted.age_guarded, counted.tally),
@@ -940,7 +738,8 @@ mod tests {
             references: vec![("nginx".to_string(), "default/web".to_string())],
         };
         let listed = w.records.listed(&w.snapshot);
-        let p = plan_listed(&w.snapshot, &listed, &w.config, &pods, t(100_000), w.start);
+        let policy = GcPolicy::from(&w.config);
+        let p = plan_listed(&w.snapshot, &listed, &policy, &pods, t(100_000), w.start);
         assert_eq!(*kept(&p, "nginx"), KeepReason::Pod { pod: "default/web" });
         assert_eq!(ids(&p.age), ["redis"]);
         assert_eq!(p.in_use_count(), 1);

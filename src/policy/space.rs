@@ -5,7 +5,6 @@
 //! that the cycle drives with measurements and `plan` and the dry run drive
 //! with the estimate: one stopping rule for all three.
 
-use crate::config::Config;
 use crate::cri::Image;
 use crate::fs::FsStats;
 
@@ -26,14 +25,12 @@ pub struct SpaceTarget {
 }
 
 impl SpaceTarget {
-    /// The thresholds from `config.gc`: high and low percent of bytes, and the
-    /// inode pair when both are set.
-    pub fn new(config: &Config) -> Self {
-        SpaceTarget {
-            high: config.gc.high_threshold_percent,
-            low: config.gc.low_threshold_percent,
-            inodes: config.gc.high_inodes_percent.zip(config.gc.low_inodes_percent),
-        }
+    /// The thresholds: high and low percent of bytes
+    /// (`gc.high_threshold_percent`, `gc.low_threshold_percent`), and of
+    /// inodes when both are set (`gc.high_inodes_percent`,
+    /// `gc.low_inodes_percent`).
+    pub fn new(high: u8, low: u8, inodes: Option<(u8, u8)>) -> Self {
+        SpaceTarget { high, low, inodes }
     }
 
     /// The disk usage, in percent of capacity, at which a space pass starts

@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime};
 use crate::config::Config;
 use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::fs::FsStats;
-use crate::policy::{self, KeepReason, Protections, SpaceTarget, Step, Walk};
+use crate::policy::{self, GcPolicy, KeepReason, Protections, SpaceTarget, Step, Walk};
 use crate::records::Records;
 
 use super::trace::{Action, Seconds, Trace};
@@ -410,6 +410,8 @@ fn instant(t: Seconds) -> SystemTime {
 /// docs for what is simulated around them).
 pub struct Imagegc<'c> {
     config: &'c Config,
+    /// The planner's policy, made once from `config`.
+    policy: GcPolicy,
     label: String,
     records: Records,
     /// The trace's images as the runtime lists them, by index.
@@ -443,6 +445,7 @@ impl<'c> Imagegc<'c> {
             .collect();
         Imagegc {
             config,
+            policy: GcPolicy::from(config),
             label: label.into(),
             records: Records::new(),
             listed,
@@ -496,13 +499,13 @@ impl<'c> Imagegc<'c> {
         node.tally.cycles += 1;
         let snapshot = node.snapshot(&self.listed);
         let (_, listed) = self.records.observe_snapshot(&snapshot, now);
-        let plan = policy::plan_listed(&snapshot, &listed, config, Protections::none(), now, instant(0));
+        let plan = policy::plan_listed(&snapshot, &listed, &self.policy, Protections::none(), now, instant(0));
         for candidate in &plan.age {
             if node.remove(self.by_id[candidate.id]) {
                 self.records.remove(candidate.id, now);
             }
         }
-        let target = SpaceTarget::new(config);
+        let target = self.policy.target;
         let stats = node.stats();
         let mut retry = None;
         if target.due(&stats) {
@@ -580,7 +583,7 @@ impl Policy for Imagegc<'_> {
             self.records.mark_still_used(id, instant(t));
         }
         // Usage measured between cycles: a cycle starts when it crosses high.
-        let due = SpaceTarget::new(self.config).due(&node.stats());
+        let due = self.policy.target.due(&node.stats());
         if due && !self.space_due && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }
@@ -695,6 +698,8 @@ impl Policy for Kubelet {
 /// and it.
 pub struct Belady<'c> {
     config: &'c Config,
+    /// When a space pass is due and done, as `config` sets it.
+    target: SpaceTarget,
     /// When each image is needed, in time order.
     starts: Vec<Vec<Seconds>>,
     next_cycle: Seconds,
@@ -711,6 +716,7 @@ impl<'c> Belady<'c> {
         }
         Belady {
             config,
+            target: GcPolicy::from(config).target,
             starts,
             next_cycle: 0,
         }
@@ -738,7 +744,7 @@ impl Policy for Belady<'_> {
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
         node.tally.cycles += 1;
         self.next_cycle = t + self.config.gc.interval.as_secs().max(1);
-        let target = SpaceTarget::new(self.config);
+        let target = self.target;
         if !target.due(&node.stats()) {
             return;
         }
@@ -773,7 +779,7 @@ impl Policy for Belady<'_> {
     }
 
     fn used(&mut self, t: Seconds, _image: u32, _started: bool, node: &Node<'_>) {
-        if SpaceTarget::new(self.config).due(&node.stats()) && self.next_cycle > t + USAGE_CHECK {
+        if self.target.due(&node.stats()) && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use imagegc::cri::Snapshot;
 use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use imagegc::engine::Outcome;
-use imagegc::policy::{self, KeepReason, Reason};
+use imagegc::policy::{self, GcPolicy, KeepReason, Reason};
 use imagegc::records::Records;
 use imagegc::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
@@ -188,7 +188,8 @@ fn the_planner_on_odd_listings() {
         let mut records = Records::new();
         records.observe(&snapshot.images, &snapshot.containers, t0);
         let config = support::config(std::path::Path::new("/nonexistent"));
-        let plan = policy::plan(&snapshot, &records, &config, t0 + Duration::from_secs(60), t0);
+        let gc_policy = GcPolicy::from(&config);
+        let plan = policy::plan(&snapshot, &records, &gc_policy, t0 + Duration::from_secs(60), t0);
         let mut space: Vec<String> = plan.space.iter().map(|c| c.id.to_string()).collect();
         space.sort();
         let mut expected = ids(case.space);
