@@ -1,4 +1,4 @@
-"""Scenario 4: the kubelet restarts, containerd restarts, the pod is
+"""Scenario 4: the kubelet restarts, the runtime (containerd or CRI-O) restarts, the pod is
 deleted (it must exit within seconds of SIGTERM, not at the 30 s grace
 period's end), the DaemonSet is rolled: imagegc's history (the journal on
 the hostPath state directory) survives each, and nothing is wrongly
@@ -52,10 +52,10 @@ def test_history_survives_restarts_and_nothing_wrong_goes(cluster):
         wait_for("node Ready after the kubelet restart", cluster._node_ready, 60, 0.5)
         check("a kubelet restart")
 
-        cluster.stop_containerd()
+        cluster.stop_runtime()
         time.sleep(2)
-        cluster.start_containerd()
-        check("a containerd restart")
+        cluster.start_runtime()
+        check(f"a {cluster.runtime} restart")
 
         old = d.pod()["metadata"]["name"]
         started = time.monotonic()
