@@ -54,9 +54,13 @@ HOST_PATHS = ["/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/usr/
               "/var/lib/containers"]
 CGROUP_ROOT = "/sys/fs/cgroup"
 
-# CRI-O's `runtime_path`: runc, with a negative `oomScoreAdj` in the bundle's
-# config.json set to 0 first, since this VM refuses lowering it even for
-# root (TESTBED.md; the same wrapper as the end-to-end test bed's).
+# CRI-O's `runtime_path`: runc, with the bundle's config.json (CRI-O writes
+# it compact) fixed first for this VM (TESTBED.md): a negative `oomScoreAdj`
+# set to 0, since it refuses lowering it even for root (the end-to-end test
+# bed's wrapper does the same), and the kubelet's `hugepageLimits` left out,
+# since /proc/cgroups lists the hugetlb controller (so CRI-O asks for them)
+# while no cgroup v1 hierarchy has it (so runc cannot set them: "cannot set
+# hugetlb limit: container could not join or create cgroup").
 RUNC_WRAPPER = r"""#!/bin/sh
 bundle=
 previous=
@@ -66,7 +70,8 @@ for arg in "$@"; do
     previous=$arg
 done
 if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-    sed -i -E 's/"oomScoreAdj":[[:space:]]*-[0-9]+/"oomScoreAdj":0/' "$bundle/config.json"
+    sed -i -E -e 's/"oomScoreAdj":[[:space:]]*-[0-9]+/"oomScoreAdj":0/' \
+        -e 's/,"hugepageLimits":\[[^]]*\]//' -e 's/"hugepageLimits":\[[^]]*\],?//' "$bundle/config.json"
 fi
 exec runc "$@"
 """
