@@ -54,13 +54,14 @@ HOST_PATHS = ["/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/usr/
               "/var/lib/containers"]
 CGROUP_ROOT = "/sys/fs/cgroup"
 
-# CRI-O's `runtime_path`: runc, with the bundle's config.json (CRI-O writes
-# it compact) fixed first for this VM (TESTBED.md): a negative `oomScoreAdj`
-# set to 0, since it refuses lowering it even for root (the end-to-end test
-# bed's wrapper does the same), and the kubelet's `hugepageLimits` left out,
-# since /proc/cgroups lists the hugetlb controller (so CRI-O asks for them)
-# while no cgroup v1 hierarchy has it (so runc cannot set them: "cannot set
-# hugetlb limit: container could not join or create cgroup").
+# CRI-O's `runtime_path`: runc, with the bundle's config.json fixed first
+# for this VM (TESTBED.md): a negative `oomScoreAdj` set to 0, since it
+# refuses lowering it even for root (the end-to-end test bed's wrapper does
+# the same), and the kubelet's `hugepageLimits` left out, since /proc/cgroups
+# lists the hugetlb controller (so CRI-O passes them on) while no cgroup v1
+# hierarchy has it (so runc cannot set them: "cannot set hugetlb limit:
+# container could not join or create cgroup"). Under the kubelet CRI-O
+# writes the file indented: read as JSON, not with sed.
 RUNC_WRAPPER = r"""#!/bin/sh
 bundle=
 previous=
@@ -70,8 +71,18 @@ for arg in "$@"; do
     previous=$arg
 done
 if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-    sed -i -E -e 's/"oomScoreAdj":[[:space:]]*-[0-9]+/"oomScoreAdj":0/' \
-        -e 's/,"hugepageLimits":\[[^]]*\]//' -e 's/"hugepageLimits":\[[^]]*\],?//' "$bundle/config.json"
+    /usr/bin/python3 - "$bundle/config.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    spec = json.load(f)
+process = spec.get("process") or {}
+if (process.get("oomScoreAdj") or 0) < 0:
+    process["oomScoreAdj"] = 0
+(spec.get("linux") or {}).get("resources", {}).pop("hugepageLimits", None)
+with open(path, "w") as f:
+    json.dump(spec, f)
+PY
 fi
 exec runc "$@"
 """
