@@ -4,6 +4,11 @@
 # and the scenarios of deploy/tests/cluster/ run against it (pytest).
 #
 #   scripts/test-cluster.sh [PYTEST ARGS...]    e.g. -k eviction
+#   IMAGEGC_CLUSTER_RUNTIME=crio scripts/test-cluster.sh ...   the node on CRI-O
+#
+# The node's runtime is containerd 2.x, or with IMAGEGC_CLUSTER_RUNTIME=crio
+# CRI-O with a split image store (its images and the containers' writable
+# layers on two loop-mounted filesystems; deploy/tests/cluster/cluster.py).
 #
 # Run as root on Debian 12. Installs what is missing (apt: runc, the CNI
 # plugins, busybox-static, iptables, openssl, e2fsprogs; pip: pytest and

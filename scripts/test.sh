@@ -4,7 +4,8 @@
 # (Debian's containerd 1.6, containerd 2.x and CRI-O, each started privately
 # by the tests on loop-mounted filesystems, so this must run as root), the
 # cluster suite (a single-node Kubernetes running the manifests,
-# scripts/test-cluster.sh), the deployment checks and a time-boxed fuzz
+# scripts/test-cluster.sh, on containerd and again on CRI-O), the deployment
+# checks and a time-boxed fuzz
 # pass (IMAGEGC_SKIP_FUZZ=1 skips it). Installs what a fresh Debian 12 machine lacks, and builds containerd
 # 2.x and CRI-O from their Go modules (kept under target/runtimes).
 set -euo pipefail
@@ -67,6 +68,12 @@ echo "==> cluster suite (scripts/test-cluster.sh)"
 started=$SECONDS
 scripts/test-cluster.sh
 echo "==> cluster suite time: $((SECONDS - started))s"
+# The same scenarios on a node running CRI-O with a split image store (the
+# renderings of test_0_render.py need no node and ran above).
+echo "==> cluster suite on CRI-O (IMAGEGC_CLUSTER_RUNTIME=crio scripts/test-cluster.sh)"
+started=$SECONDS
+IMAGEGC_CLUSTER_RUNTIME=crio scripts/test-cluster.sh --ignore=deploy/tests/cluster/test_0_render.py
+echo "==> cluster suite on CRI-O time: $((SECONDS - started))s"
 if [ -x scripts/check-deploy.sh ]; then
     echo "==> deployment checks"
     # An unoptimised static build is enough to check the image and the

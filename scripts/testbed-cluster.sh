@@ -5,6 +5,8 @@
 #
 #   IMAGEGC_KUBERNETES_BIN  Kubernetes, etcd, helm, crictl (scripts/testbed-kubernetes.sh)
 #   IMAGEGC_CONTAINERD_BIN  containerd 2.x (scripts/testbed-runtimes.sh)
+#   IMAGEGC_CRIO_BIN        CRI-O and pinns (scripts/testbed-runtimes.sh), for
+#                           IMAGEGC_CLUSTER_RUNTIME=crio
 #   IMAGEGC_STATIC_BIN      the static imagegc (musl, or static glibc where
 #                           the musl target cannot be installed)
 #   IMAGEGC_PROMETHEUS      Prometheus (its Go module; Debian's lacks the
@@ -13,8 +15,9 @@
 #                           (target/cluster-venv)
 #
 # apt installs what is missing: runc, the CNI plugins, busybox-static,
-# iptables, openssl, e2fsprogs, python3-venv, musl-tools. Run as root from the
-# repository's top directory.
+# iptables, openssl, e2fsprogs, python3-venv, musl-tools, and for a CRI-O
+# node (IMAGEGC_CLUSTER_RUNTIME=crio) conmon, skopeo and docker-registry. Run
+# as root from the repository's top directory.
 
 PROMETHEUS_VERSION=v0.316.0
 
@@ -23,7 +26,7 @@ prepare_cluster_suite() {
     local started=$SECONDS
 
     # --- packages
-    local missing=() containerd_bin target binary prometheus VENV REQUIREMENTS dir
+    local missing=() containerd_bin crio_bin target binary prometheus VENV REQUIREMENTS dir
     command -v runc >/dev/null || missing+=(runc)
     [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
     dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
@@ -34,6 +37,11 @@ prepare_cluster_suite() {
     dpkg -s python3-venv >/dev/null 2>&1 || missing+=(python3-venv)
     # The Kubernetes client's TLS (rustls with ring) compiles C: musl's gcc.
     command -v musl-gcc >/dev/null || missing+=(musl-tools)
+    if [ "${IMAGEGC_CLUSTER_RUNTIME:-containerd}" = crio ]; then
+        command -v conmon >/dev/null || missing+=(conmon)
+        command -v skopeo >/dev/null || missing+=(skopeo)
+        command -v docker-registry >/dev/null || missing+=(docker-registry)
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         echo "==> installing ${missing[*]}"
         apt-get update -q >/dev/null
@@ -46,7 +54,9 @@ prepare_cluster_suite() {
     build_testbed_kubernetes
     dir=$IMAGEGC_KUBERNETES_DIR
     containerd_bin=${IMAGEGC_RUNTIMES_DIR:-$ROOT/target/runtimes}/containerd-$CONTAINERD2_VERSION/bin
-    if [ ! -x "$containerd_bin/containerd" ] || [ ! -x "$containerd_bin/ctr" ]; then
+    crio_bin=${IMAGEGC_RUNTIMES_DIR:-$ROOT/target/runtimes}/crio-$CRIO_VERSION/bin
+    if [ ! -x "$containerd_bin/containerd" ] || [ ! -x "$containerd_bin/ctr" ] || [ ! -x "$crio_bin/crio" ] \
+        || [ ! -x "$crio_bin/pinns" ]; then
         build_testbed_runtimes
     fi
 
@@ -93,6 +103,7 @@ prepare_cluster_suite() {
     fi
     export IMAGEGC_KUBERNETES_BIN=$IMAGEGC_KUBERNETES_DIR/$KUBERNETES_VERSION/bin
     export IMAGEGC_CONTAINERD_BIN=$containerd_bin
+    export IMAGEGC_CRIO_BIN=$crio_bin
     export IMAGEGC_STATIC_BIN=$binary
     export IMAGEGC_PROMETHEUS=$prometheus
     export CLUSTER_PYTHON=$VENV/bin/python

@@ -10,6 +10,7 @@
 //! This module does no IO and serves nothing; `http` encodes it on scrape.
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -92,6 +93,13 @@ struct StateLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
+}
+
+/// The container filesystem of a split store, by the mount point the
+/// runtime names (one series at a time).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct MountLabels {
+    mount_point: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -298,6 +306,11 @@ struct FilesystemFamilies {
     low_threshold_ratio: GaugeF64,
     space_unreachable: Gauge,
     image_fs_mismatch: Gauge,
+    /// Empty unless the runtime names a separate container filesystem: a
+    /// family, so that no sample is exported while there is none.
+    container_fs_capacity_bytes: Family<MountLabels, Gauge>,
+    container_fs_available_bytes: Family<MountLabels, Gauge>,
+    container_fs_usage_ratio: Family<MountLabels, GaugeF64>,
     container_mounts_unknown: Gauge,
     space_pass_due: Gauge,
 }
@@ -505,7 +518,32 @@ impl FilesystemFamilies {
              the runtime names, so no space pass runs on its figures; 0 otherwise",
             image_fs_mismatch.clone(),
         );
+        let container_fs_capacity_bytes = Family::<MountLabels, Gauge>::default();
+        registry.register_with_unit(
+            "imagegc_container_filesystem_capacity",
+            "Size of the filesystem the runtime keeps containers' writable layers on, when it is another \
+             than the image filesystem (a split store); removing images frees nothing there",
+            Unit::Bytes,
+            container_fs_capacity_bytes.clone(),
+        );
+        let container_fs_available_bytes = Family::<MountLabels, Gauge>::default();
+        registry.register_with_unit(
+            "imagegc_container_filesystem_available",
+            "Space available to unprivileged users on the container filesystem of a split store",
+            Unit::Bytes,
+            container_fs_available_bytes.clone(),
+        );
+        let container_fs_usage_ratio = Family::<MountLabels, GaugeF64>::default();
+        registry.register_with_unit(
+            "imagegc_container_filesystem_usage",
+            "Used fraction of the container filesystem of a split store (0 to 1)",
+            Unit::Other("ratio".to_owned()),
+            container_fs_usage_ratio.clone(),
+        );
         FilesystemFamilies {
+            container_fs_capacity_bytes,
+            container_fs_available_bytes,
+            container_fs_usage_ratio,
             container_mounts_unknown,
             image_fs_mismatch,
             usage_ratio,
@@ -751,6 +789,39 @@ impl Metrics {
     /// Whether the measured filesystem is not the runtime's image filesystem.
     pub fn set_image_fs_mismatch(&self, mismatch: bool) {
         self.filesystem.image_fs_mismatch.set(i64::from(mismatch));
+    }
+
+    /// Mount point, capacity and available bytes of the container
+    /// filesystem of a split store; `None` (no separate one) exports no sample.
+    pub fn set_container_filesystem(&self, measured: Option<(&Path, u64, u64)>) {
+        let fs = &self.filesystem;
+        let labels = measured.map(|(path, _, _)| MountLabels {
+            mount_point: path.display().to_string(),
+        });
+        let current = labels
+            .as_ref()
+            .is_some_and(|labels| fs.container_fs_capacity_bytes.get(labels).is_some());
+        if !current {
+            // Only one series: the one the runtime names now.
+            fs.container_fs_capacity_bytes.clear();
+            fs.container_fs_available_bytes.clear();
+            fs.container_fs_usage_ratio.clear();
+        }
+        if let (Some((_, capacity, available)), Some(labels)) = (measured, labels) {
+            let available = available.min(capacity);
+            fs.container_fs_capacity_bytes
+                .get_or_create(&labels)
+                .set(saturating_i64(capacity));
+            fs.container_fs_available_bytes
+                .get_or_create(&labels)
+                .set(saturating_i64(available));
+            let ratio = if capacity == 0 {
+                0.0
+            } else {
+                (capacity - available) as f64 / capacity as f64
+            };
+            fs.container_fs_usage_ratio.get_or_create(&labels).set(ratio);
+        }
     }
 
     /// Whether usage, as the kubelet rounds it, is at or above the high
@@ -1057,6 +1128,42 @@ mod tests {
         assert_has(&metrics, "imagegc_image_filesystem_available_bytes 12345");
         assert_has(&metrics, "imagegc_high_threshold_ratio 0.85");
         assert_has(&metrics, "imagegc_low_threshold_ratio 0.8");
+    }
+
+    #[test]
+    fn the_container_filesystem_is_exported_only_while_the_runtime_names_a_separate_one() {
+        let metrics = Metrics::new();
+        let exported = |metrics: &Metrics| {
+            sample_lines(metrics)
+                .into_iter()
+                .filter(|l| l.starts_with("imagegc_container_filesystem_"))
+                .count()
+        };
+        assert_eq!(exported(&metrics), 0);
+
+        metrics.set_container_filesystem(Some((Path::new("/c/overlay-containers"), 1000, 250)));
+        assert_has(
+            &metrics,
+            r#"imagegc_container_filesystem_capacity_bytes{mount_point="/c/overlay-containers"} 1000"#,
+        );
+        assert_has(
+            &metrics,
+            r#"imagegc_container_filesystem_available_bytes{mount_point="/c/overlay-containers"} 250"#,
+        );
+        assert_has(
+            &metrics,
+            r#"imagegc_container_filesystem_usage_ratio{mount_point="/c/overlay-containers"} 0.75"#,
+        );
+        // The runtime names another one: only that one is exported.
+        metrics.set_container_filesystem(Some((Path::new("/d"), 1000, 500)));
+        assert_eq!(exported(&metrics), 3);
+        assert_has(
+            &metrics,
+            r#"imagegc_container_filesystem_available_bytes{mount_point="/d"} 500"#,
+        );
+
+        metrics.set_container_filesystem(None);
+        assert_eq!(exported(&metrics), 0);
     }
 
     #[test]

@@ -146,10 +146,34 @@ async fn reads_version_sandbox_image_and_image_filesystem() {
     let filesystems = served.client.image_fs_info().await.unwrap();
     assert_eq!(filesystems[0].mount_point, served.dir.path().to_str().unwrap());
     assert_eq!(filesystems[0].used_bytes, Some(1_000_000));
+    // A split store: the container filesystem comes apart from the image one.
+    assert_eq!(served.client.filesystems().await.unwrap().containers, []);
+    served
+        .fake
+        .set_container_fs_mount("/var/lib/containers/storage/overlay-containers");
+    let split = served.client.filesystems().await.unwrap();
+    assert_eq!(split.images, filesystems);
+    assert_eq!(
+        split
+            .containers
+            .iter()
+            .map(|fs| fs.mount_point.as_str())
+            .collect::<Vec<_>>(),
+        ["/var/lib/containers/storage/overlay-containers"]
+    );
 
     assert_eq!(
         served.fake.calls(),
-        ["Version", "Status", "Status", "Status", "ImageFsInfo", "ImageFsInfo"]
+        [
+            "Version",
+            "Status",
+            "Status",
+            "Status",
+            "ImageFsInfo",
+            "ImageFsInfo",
+            "ImageFsInfo",
+            "ImageFsInfo"
+        ]
     );
 }
 

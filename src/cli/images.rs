@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::table::{Table, cell, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell, yes_no};
+use super::table::{
+    ContainerFsView, Table, cell, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell, yes_no,
+};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
 use crate::cri::Names;
@@ -23,6 +25,10 @@ struct ImagesView<'a> {
     sandbox_image: Option<&'a String>,
     sandbox_images: &'a [String],
     image_filesystem: FilesystemView,
+    /// The filesystem of containers' writable layers, when the runtime keeps
+    /// them apart from its images (a split store); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container_filesystem: Option<ContainerFsView>,
     /// Why the measured filesystem is not the runtime's image filesystem.
     image_fs_mismatch: Option<&'a str>,
     images: Vec<ImageView<'a>>,
@@ -86,6 +92,7 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     } = observation.snapshot;
     let image_fs = observation.image_fs?;
     let image_fs_mismatch = image_fs.mismatch(&Statvfs);
+    let container_fs = ContainerFsView::of(&image_fs, &Statvfs);
     let ImageFs {
         path: mount_point,
         image_bytes: reported,
@@ -123,6 +130,7 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
             sandbox_image: sandbox_images.first(),
             sandbox_images: &sandbox_images,
             image_filesystem,
+            container_filesystem: container_fs,
             image_fs_mismatch: image_fs_mismatch.as_deref(),
             images: images
                 .iter()
@@ -157,8 +165,9 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     let measured: Option<&FsStats> = fs.as_ref().ok();
     let mismatch = image_fs_mismatch.map_or_else(String::new, |why| format!("warning: {}\n", printable(&why)));
     let images_take = image_bytes.map_or_else(String::new, |b| image_bytes_line(&b, footprint));
+    let container_line = container_fs.as_ref().map_or_else(String::new, ContainerFsView::line);
     let text = format!(
-        "runtime: {} {} at {}\n{}{images_take}\n{mismatch}{}",
+        "runtime: {} {} at {}\n{}{images_take}{container_line}\n{mismatch}{}",
         cell(&version.runtime_name),
         cell(&version.runtime_version),
         runtime.endpoint(),

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::once::unreachable_text;
-use super::table::{Table, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell};
+use super::table::{ContainerFsView, Table, fs_line, human_bytes, image_bytes_line, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::{Config, Order};
 use crate::cri::CriClient;
@@ -27,6 +27,10 @@ struct PlanJson<'a> {
     time: String,
     dry_run: bool,
     image_filesystem: Option<FilesystemView<'a>>,
+    /// The filesystem of containers' writable layers, when the runtime keeps
+    /// them apart from its images (a split store); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    container_filesystem: Option<ContainerFsView>,
     high_threshold_percent: u8,
     low_threshold_percent: u8,
     space_pass: bool,
@@ -71,6 +75,7 @@ pub async fn plan(
     let image_fs = observation.image_fs?;
     let footprint = observation.footprint.unwrap_or_default();
     let mismatch = image_fs.mismatch(&Statvfs);
+    let container_fs = ContainerFsView::of(&image_fs, &Statvfs);
     let (_, listed) = records.observe_snapshot(&snapshot, clock.now());
     // Planned after the listing, as a cycle plans: an image first seen by
     // this very listing is not "used at this instant".
@@ -109,6 +114,7 @@ pub async fn plan(
                 available_bytes: s.available(),
                 usage_percent: s.usage_percent(),
             }),
+            container_filesystem: container_fs,
             high_threshold_percent: config.gc.high_threshold_percent,
             low_threshold_percent: config.gc.low_threshold_percent,
             space_pass: view.space_pass,
@@ -135,6 +141,9 @@ pub async fn plan(
     if let Some(fs) = &fs {
         let bytes = ImageBytes::new(image_fs.image_bytes, &snapshot.images, footprint, fs.used_bytes());
         text.push_str(&image_bytes_line(&bytes, footprint));
+    }
+    if let Some(container_fs) = &container_fs {
+        text.push_str(&container_fs.line());
     }
     if let Some(why) = &mismatch {
         text.push_str(&format!("no space pass: {}\n", printable(why)));

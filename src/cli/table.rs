@@ -165,6 +165,49 @@ pub fn fs_line(mount_point: &str, fs: Option<&FsStats>, config: &Config) -> Stri
     }
 }
 
+/// The container filesystem of a split store (KEP-4191), as `images` and
+/// `plan` report it beside the image filesystem: measured, never freed.
+#[derive(Debug, serde::Serialize)]
+pub struct ContainerFsView {
+    /// The mount point the runtime names in `container_filesystems`.
+    pub mount_point: std::path::PathBuf,
+    /// Its size.
+    pub capacity_bytes: u64,
+    /// Used bytes, as `df` reports them.
+    pub used_bytes: u64,
+    /// Bytes available to unprivileged users.
+    pub available_bytes: u64,
+    /// Usage in percent, rounded up as the kubelet does.
+    pub usage_percent: u64,
+}
+
+impl ContainerFsView {
+    /// The container filesystem, when the runtime keeps containers on
+    /// another filesystem than its images.
+    pub fn of(image_fs: &crate::engine::ImageFs, probe: &dyn crate::fs::FsProbe) -> Option<ContainerFsView> {
+        image_fs.container_fs(probe).map(|(mount_point, s)| ContainerFsView {
+            mount_point,
+            capacity_bytes: s.capacity_bytes,
+            used_bytes: s.used_bytes(),
+            available_bytes: s.available(),
+            usage_percent: s.usage_percent(),
+        })
+    }
+
+    /// The header line below the image filesystem's.
+    pub fn line(&self) -> String {
+        format!(
+            "container filesystem: {}: {} used of {} ({}%), {} available; containers' writable layers, not freed by \
+             removing images\n",
+            cell(&self.mount_point.display().to_string()),
+            human_bytes(self.used_bytes),
+            human_bytes(self.capacity_bytes),
+            self.usage_percent,
+            human_bytes(self.available_bytes)
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

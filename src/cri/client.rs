@@ -19,8 +19,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::proto::{self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient};
 use super::{
-    Container, ContainerEvent, ContainerState, EventStream, Image, ImageFsUsage, Removed, Runtime, RuntimeError,
-    RuntimeStatus, RuntimeVersion,
+    Container, ContainerEvent, ContainerState, EventStream, Filesystems, Image, ImageFsUsage, Removed, Runtime,
+    RuntimeError, RuntimeStatus, RuntimeVersion,
 };
 use crate::metrics::Metrics;
 use crate::reference::{bare_id, canonical_id};
@@ -451,19 +451,23 @@ impl Runtime for CriClient {
     }
 
     async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
+        Ok(self.filesystems().await?.images)
+    }
+
+    async fn filesystems(&self) -> Result<Filesystems, RuntimeError> {
         let mut client = self.image.clone();
         let response = self
             .call("ImageFsInfo", client.image_fs_info(proto::ImageFsInfoRequest {}))
             .await?;
-        Ok(response
-            .image_filesystems
-            .into_iter()
-            .map(|fs| ImageFsUsage {
-                mount_point: fs.fs_id.map(|id| id.mountpoint).unwrap_or_default(),
-                used_bytes: fs.used_bytes.map(|v| v.value),
-                inodes_used: fs.inodes_used.map(|v| v.value),
-            })
-            .collect())
+        let usage = |fs: proto::FilesystemUsage| ImageFsUsage {
+            mount_point: fs.fs_id.map(|id| id.mountpoint).unwrap_or_default(),
+            used_bytes: fs.used_bytes.map(|v| v.value),
+            inodes_used: fs.inodes_used.map(|v| v.value),
+        };
+        Ok(Filesystems {
+            images: response.image_filesystems.into_iter().map(usage).collect(),
+            containers: response.container_filesystems.into_iter().map(usage).collect(),
+        })
     }
 
     async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {

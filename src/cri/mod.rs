@@ -165,6 +165,19 @@ pub struct ImageFsUsage {
     pub inodes_used: Option<u64>,
 }
 
+/// What CRI `ImageFsInfo` answers: the filesystems images are on, and those
+/// the containers' writable layers are on. A runtime that splits its store
+/// (KEP-4191: CRI-O's `imagestore`) names two different ones; otherwise the
+/// container filesystems are the image filesystems again, or not given.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Filesystems {
+    /// `image_filesystems`: where the images are; what removing images frees.
+    pub images: Vec<ImageFsUsage>,
+    /// `container_filesystems`: where the writable layers are; removing
+    /// images frees nothing there.
+    pub containers: Vec<ImageFsUsage>,
+}
+
 /// What a container event tells: something about this container changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerEvent {
@@ -345,6 +358,17 @@ pub trait Runtime: Send + Sync {
     fn list_containers(&self) -> impl Future<Output = Result<Vec<Container>, RuntimeError>> + Send;
     /// The image filesystems the runtime uses (CRI `ImageFsInfo`); usually one.
     fn image_fs_info(&self) -> impl Future<Output = Result<Vec<ImageFsUsage>, RuntimeError>> + Send;
+    /// The image and the container filesystems (the whole CRI `ImageFsInfo`
+    /// answer). A runtime that names no container filesystem of its own
+    /// need not implement it: the default asks [`Runtime::image_fs_info`].
+    fn filesystems(&self) -> impl Future<Output = Result<Filesystems, RuntimeError>> + Send {
+        async move {
+            Ok(Filesystems {
+                images: self.image_fs_info().await?,
+                containers: Vec::new(),
+            })
+        }
+    }
     /// Removes an image by id. An image the runtime no longer has is
     /// [`Removed::AlreadyGone`]: someone else removed it, and it is not this
     /// call's doing.

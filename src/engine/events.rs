@@ -7,6 +7,7 @@
 //! edit. Episodes (an unreadable container, a filesystem that is not the
 //! runtime's) are sent once when they start and once when they end.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -63,6 +64,17 @@ pub enum Event<'a> {
     /// The measured filesystem is not the runtime's image filesystem
     /// (`Some`, why) or is again (`None`).
     ImageFsMismatch(Option<&'a str>),
+    /// The container filesystem of a split store (KEP-4191), measured at a
+    /// listing (`Some`), or none separate from the image filesystem (`None`).
+    ContainerFsUsage(Option<(&'a Path, &'a FsStats)>),
+    /// The runtime keeps containers' writable layers on another filesystem
+    /// than its images (said when first seen, and when it moves).
+    SplitStore {
+        /// The image filesystem, measured and freed.
+        image_fs: &'a Path,
+        /// The container filesystem, reported only.
+        container_fs: &'a Path,
+    },
     /// A container's mounted images cannot be read (`Some`, why) or can
     /// again (`None`).
     MountsUnread(Option<&'a str>),
@@ -327,6 +339,9 @@ impl Sink for MetricsSink {
             Event::HistoryLoaded { last_success: Some(at) } => m.restore_last_success(*at),
             Event::RuntimeUp(up) => m.set_runtime_up(*up),
             Event::ImageFsMismatch(why) => m.set_image_fs_mismatch(why.is_some()),
+            Event::ContainerFsUsage(measured) => {
+                m.set_container_filesystem(measured.map(|(path, s)| (path, s.capacity_bytes, s.available())));
+            }
             Event::MountsUnread(why) => m.set_container_mounts_unknown(why.is_some()),
             Event::Repulled { .. } => m.repulled(),
             Event::Planned {
@@ -390,6 +405,12 @@ impl Sink for LogSink {
                  root into the pod, so that imagegc measures the mount point the runtime names"
             ),
             Event::ImageFsMismatch(None) => info!("the measured filesystem is the runtime's image filesystem again"),
+            Event::SplitStore { image_fs, container_fs } => info!(
+                image_fs = %image_fs.display(),
+                container_fs = %container_fs.display(),
+                "the runtime keeps containers' writable layers on another filesystem than its images: imagegc \
+                 measures and frees the image filesystem only (removing images frees nothing on the other)"
+            ),
             Event::MountsUnread(Some(err)) => warn!(
                 error = %err,
                 "cannot read the images a container mounts (ContainerStatus): no image is removed until they can \

@@ -78,6 +78,8 @@ struct Said {
     lying_runtime: bool,
     /// The kubelet-eviction check against the measured capacity (once).
     eviction_checked: bool,
+    /// The separate container filesystem last said (a split store).
+    container_fs: Option<std::path::PathBuf>,
 }
 
 /// The collector: the runtime, the records and everything a cycle touches.

@@ -14,8 +14,8 @@ use tracing::debug;
 
 use crate::collections::HashMap;
 use crate::config::Config;
-use crate::cri::{Container, Image, Runtime, RuntimeError, Snapshot};
-use crate::fs::FsProbe;
+use crate::cri::{Container, Image, ImageFsUsage, Runtime, RuntimeError, Snapshot};
+use crate::fs::{FsProbe, FsStats};
 use crate::matching;
 use crate::policy::DiskFootprint;
 use crate::reference::ProtectPattern;
@@ -224,9 +224,28 @@ pub struct ImageFs {
     /// The mount point the runtime's `ImageFsInfo` names, when it names one
     /// (asked also when `gc.image_fs_path` is set, to check it).
     pub runtime_mount_point: Option<PathBuf>,
+    /// The container filesystem's mount point (`container_filesystems`),
+    /// when the runtime names one other than its image filesystem's: a split
+    /// store (KEP-4191), whose writable layers removing images never frees.
+    /// Reported, never measured for a decision (see [`ImageFs::container_fs`]).
+    pub container_mount_point: Option<PathBuf>,
 }
 
 impl ImageFs {
+    /// The container filesystem, measured, when the runtime names one that
+    /// is another filesystem than the image filesystem measured at
+    /// [`ImageFs::path`]. `None` when it names none, the same one, or either
+    /// cannot be measured or told apart.
+    pub fn container_fs(&self, probe: &dyn FsProbe) -> Option<(PathBuf, FsStats)> {
+        let path = self.container_mount_point.as_ref()?;
+        let theirs = probe.stats(path).ok()?;
+        let ours = probe.stats(&self.path).ok()?;
+        theirs
+            .other_filesystem_than(&ours)
+            .filter(|&other| other)
+            .map(|_| (path.clone(), theirs))
+    }
+
     /// Why the filesystem measured at [`ImageFs::path`] (a configured
     /// `gc.image_fs_path`) is not the image filesystem the runtime names:
     /// it is another filesystem (when the runtime's mount point can be
@@ -267,19 +286,23 @@ impl ImageFs {
 /// checked against the runtime's ([`ImageFs::mismatch`]); with a configured
 /// path, its failure costs nothing but that check.
 pub async fn image_fs<R: Runtime>(runtime: &R, configured: Option<&Path>) -> Result<ImageFs, RuntimeError> {
+    let named = |filesystems: Vec<ImageFsUsage>| filesystems.into_iter().find(|fs| !fs.mount_point.is_empty());
     let reported = runtime
-        .image_fs_info()
+        .filesystems()
         .await
-        .map(|filesystems| filesystems.into_iter().find(|fs| !fs.mount_point.is_empty()));
-    let reported = match (configured, reported) {
+        .map(|filesystems| (named(filesystems.images), named(filesystems.containers)));
+    let (reported, container) = match (configured, reported) {
         (_, Ok(reported)) => reported,
         (Some(_), Err(err)) => {
             debug!(error = %err, "ImageFsInfo failed: gc.image_fs_path cannot be checked against the runtime's");
-            None
+            (None, None)
         }
         (None, Err(err)) => return Err(err),
     };
     let runtime_mount_point = reported.as_ref().map(|fs| PathBuf::from(&fs.mount_point));
+    let container_mount_point = container
+        .map(|fs| PathBuf::from(fs.mount_point))
+        .filter(|path| Some(path) != runtime_mount_point.as_ref());
     Ok(ImageFs {
         path: configured
             .map(Path::to_path_buf)
@@ -287,6 +310,7 @@ pub async fn image_fs<R: Runtime>(runtime: &R, configured: Option<&Path>) -> Res
             .unwrap_or_default(),
         image_bytes: reported.and_then(|fs| fs.used_bytes),
         runtime_mount_point,
+        container_mount_point,
     })
 }
 

@@ -65,7 +65,14 @@ struct Sim {
     /// pod bound to the node meanwhile).
     pods_at_list: Option<(usize, PodsSender, crate::policy::Protections)>,
     lists: usize,
+    /// A split store (KEP-4191): `ImageFsInfo` names a container
+    /// filesystem at [`CONTAINER_FS`], another filesystem of this capacity
+    /// and available bytes, which removing images never changes.
+    container_fs: Option<(u64, u64)>,
 }
+
+/// Where the split store's container filesystem is mounted in [`Sim`].
+const CONTAINER_FS: &str = "/sim-containers";
 
 type PodsSender = tokio::sync::watch::Sender<Arc<crate::policy::Protections>>;
 
@@ -200,6 +207,19 @@ impl Runtime for SimHandle {
             ..Default::default()
         }])
     }
+    async fn filesystems(&self) -> Result<crate::cri::Filesystems, RuntimeError> {
+        let images = self.image_fs_info().await?;
+        // Without a split store the container filesystem is the image one,
+        // as CRI-O names it.
+        let containers = match self.0.lock().unwrap().container_fs {
+            Some(_) => vec![ImageFsUsage {
+                mount_point: CONTAINER_FS.to_string(),
+                ..Default::default()
+            }],
+            None => images.clone(),
+        };
+        Ok(crate::cri::Filesystems { images, containers })
+    }
     async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
         let mut sim = self.0.lock().unwrap();
         if sim.fail_remove.iter().any(|f| f == id) {
@@ -247,6 +267,20 @@ impl FsProbe for SimHandle {
             return Err(FsError::Io {
                 path: path.display().to_string(),
                 source: std::io::Error::other("injected"),
+            });
+        }
+        if let Some((capacity, available)) = sim.container_fs {
+            // Two filesystems told apart by their ids.
+            let (capacity_bytes, available_bytes, filesystem_id) = if path == Path::new(CONTAINER_FS) {
+                (capacity, available, 2)
+            } else {
+                (sim.capacity, sim.available, 1)
+            };
+            return Ok(FsStats {
+                capacity_bytes,
+                available_bytes,
+                filesystem_id,
+                ..Default::default()
             });
         }
         Ok(FsStats {
@@ -551,6 +585,85 @@ async fn unmeasurable_filesystem_fails_the_cycle_and_removes_nothing() {
         report.outcome
     );
     assert!(sim.removed().is_empty());
+}
+
+/// A split store (KEP-4191): the images on one filesystem, the containers'
+/// writable layers on another. The image filesystem alone decides and is
+/// freed; a full container filesystem removes nothing (images free nothing
+/// there) and is reported beside it.
+#[tokio::test]
+async fn on_a_split_store_only_the_image_filesystem_decides_and_the_container_one_is_reported() {
+    // (image fs available, container fs available) of 1000 each, high 90,
+    // low 80: what goes.
+    let cases: [(u64, u64, &[&str]); 3] = [
+        // The container filesystem full, the image one below high.
+        (500, 5, &[]),
+        // The image filesystem past high, the container one nearly empty:
+        // freed down to low on the image filesystem.
+        (50, 990, &["a", "b"]),
+        // Both past high: the image filesystem is freed, no further.
+        (50, 5, &["a", "b"]),
+    ];
+    for (image_available, container_available, gone) in cases {
+        let sim = SimHandle::default();
+        sim.with(|s| {
+            for id in ["a", "b", "c", "d"] {
+                s.unused(id, 100, 100);
+            }
+            (s.capacity, s.available) = (1000, image_available);
+            s.container_fs = Some((1000, container_available));
+        });
+        let (mut c, _dir) = collector(&sim, |_| {});
+        let report = cycle(&mut c).await;
+        assert_eq!(
+            report.outcome,
+            Outcome::Success,
+            "{image_available}/{container_available}"
+        );
+        assert_eq!(sim.removed(), gone, "{image_available}/{container_available}");
+        assert_eq!(
+            sample(
+                &c,
+                r#"imagegc_container_filesystem_available_bytes{mount_point="/sim-containers"}"#
+            )
+            .as_deref(),
+            Some(container_available.to_string().as_str())
+        );
+        assert_eq!(
+            sample(
+                &c,
+                r#"imagegc_container_filesystem_capacity_bytes{mount_point="/sim-containers"}"#
+            )
+            .as_deref(),
+            Some("1000")
+        );
+        assert_eq!(
+            sample(&c, "imagegc_image_filesystem_capacity_bytes").as_deref(),
+            Some("1000")
+        );
+    }
+}
+
+/// Without a split store the container filesystem the runtime names is the
+/// image filesystem: nothing is reported for it.
+#[tokio::test]
+async fn without_a_split_store_no_container_filesystem_is_reported() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.unused("a", 100, 100);
+        (s.capacity, s.available) = (1000, 500);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    assert_eq!(cycle(&mut c).await.outcome, Outcome::Success);
+    let text = c.metrics().encode();
+    assert!(
+        !text.lines().any(|l| l.starts_with("imagegc_container_filesystem_")),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&c, "imagegc_image_filesystem_capacity_bytes").as_deref(),
+        Some("1000")
+    );
 }
 
 /// The heart of it: images whose layers are shared free less than their

@@ -164,6 +164,22 @@ impl<R: Runtime> Collector<R> {
             }
             self.image_fs_mismatch = mismatch;
         }
+        let container_fs = image_fs.and_then(|fs| fs.container_fs(self.probe.as_ref()));
+        self.sinks.emit(&Event::ContainerFsUsage(
+            container_fs.as_ref().map(|(path, stats)| (path.as_path(), stats)),
+        ));
+        let container_path = container_fs.map(|(path, _)| path);
+        if let (Some(fs), Some(path)) = (image_fs, &container_path)
+            && self.said.container_fs.as_ref() != Some(path)
+        {
+            self.sinks.emit(&Event::SplitStore {
+                image_fs: &fs.path,
+                container_fs: path,
+            });
+        }
+        if image_fs.is_some() {
+            self.said.container_fs = container_path;
+        }
         self.disk_path = image_fs
             .filter(|_| self.image_fs_mismatch.is_none())
             .map(|fs| fs.path.clone())

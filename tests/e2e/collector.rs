@@ -17,7 +17,7 @@ use imagegc_testkit::imagegc_command;
 use serde_json::Value;
 
 use crate::oci::{BuiltImage, ImageSpec, Layer};
-use crate::testbed::{FsUsage, Kind, PAUSE_IMAGE, TestBed};
+use crate::testbed::{FsUsage, Kind, PAUSE_IMAGE, TestBed, statvfs};
 
 const MIB: u64 = 1024 * 1024;
 /// Slack for filesystem comparisons taken moments apart: containerd's
@@ -909,6 +909,121 @@ async fn an_image_pulled_again_after_its_removal_is_reported_and_journaled(kind:
         run.stderr
     );
     assert!(run.stderr.contains(image.name()), "{}", run.stderr);
+}
+
+/// CRI-O with a split store (KEP-4191): images on one filesystem
+/// (`imagestore`), the containers' writable layers on another (`root`).
+/// imagegc measures and frees the image filesystem; the container
+/// filesystem filling past every threshold removes nothing (images free
+/// nothing there); `images` and `plan` report both.
+async fn a_split_store_is_measured_and_freed_on_its_image_filesystem_only(kind: Kind) {
+    const UNUSED_MIB: u64 = 24;
+    let bed = TestBed::start_split(kind, 256, 128).await;
+    let container_root = bed.container_fs_mount().expect("a split store").to_path_buf();
+    let busy = bed.import(&app("busy", 4, 300, 8)).await;
+    let mut unused = Vec::new();
+    for n in 0..5 {
+        unused.push(bed.import(&app(&format!("old-{n}"), 4, 301 + n, UNUSED_MIB)).await);
+    }
+    let web = bed.run_pod("web").await;
+    bed.run_container(&web, busy.name()).await;
+    let gc = Imagegc::new(&bed, &Settings::record_only());
+    gc.use_in_order(&unused.iter().collect::<Vec<_>>()).await;
+    let images_before = bed.list_image_ids().await;
+
+    // The container filesystem fills past 90 % (what a container writing its
+    // writable layer does to it), the image filesystem stays where it is.
+    let container_fs = statvfs(&container_root);
+    let fill = container_fs.available_bytes - container_fs.capacity_bytes / 20;
+    let filler = container_root.join("filler");
+    fs::write(&filler, vec![0xa5u8; usize::try_from(fill).expect("a size that fits")])
+        .expect("filling the container filesystem");
+    let container_fs = statvfs(&container_root);
+    let container_usage = usage_percent(container_fs.capacity_bytes, container_fs.available_bytes);
+    assert!(
+        container_usage >= 90,
+        "the container filesystem is at {container_usage}%"
+    );
+    let image_fs = bed.usage();
+    let image_usage = usage_percent(image_fs.capacity_bytes, image_fs.available_bytes);
+    assert!(
+        (40..=85).contains(&image_usage),
+        "the image filesystem is at {image_usage}%: the scenario needs room on both sides"
+    );
+
+    // High above the image filesystem's usage, far below the container one's.
+    gc.configure(&Settings::thresholds(image_usage + 5, image_usage.saturating_sub(20)));
+    let report = gc.once_ok();
+    assert_eq!(report["space_pass"], false, "{report:#}");
+    assert!(array(&report, "removed").is_empty(), "{report:#}");
+    assert_eq!(u64_field(&report, "usage_percent_before"), image_usage, "{report:#}");
+    assert_eq!(bed.list_image_ids().await, images_before);
+    let images = gc.run(&["images", "--output", "json"]).json(&[0]);
+    let measured = &images["image_filesystem"];
+    assert_eq!(
+        str_field(measured, "mount_point"),
+        bed.image_fs_mount().join("overlay-images").to_str().unwrap(),
+        "{images:#}"
+    );
+    assert_eq!(u64_field(measured, "capacity_bytes"), image_fs.capacity_bytes);
+    let reported = &images["container_filesystem"];
+    assert_eq!(
+        str_field(reported, "mount_point"),
+        container_root.join("overlay-containers").to_str().unwrap(),
+        "{images:#}"
+    );
+    assert_eq!(u64_field(reported, "capacity_bytes"), container_fs.capacity_bytes);
+    assert!(u64_field(reported, "usage_percent") >= 90, "{images:#}");
+    let plan = gc.run(&["plan"]);
+    assert_eq!(plan.code, Some(0), "{}", plan.stderr);
+    for line in [
+        format!("image filesystem: {}/overlay-images: ", bed.image_fs_mount().display()),
+        format!(
+            "container filesystem: {}/overlay-containers: ",
+            container_root.display()
+        ),
+    ] {
+        assert!(plan.stdout.contains(&line), "no {line:?} in:\n{}", plan.stdout);
+    }
+
+    // The image filesystem past high: freed there, down to low, and nothing
+    // changes on the container filesystem.
+    let low = image_usage - 12;
+    gc.configure(&Settings::thresholds(image_usage - 2, low));
+    let report = gc.once_ok();
+    assert_eq!(report["space_pass"], true, "{report:#}");
+    let removed = id_list(array(&report, "removed"));
+    assert!(!removed.is_empty(), "{report:#}");
+    let after = bed.usage();
+    assert!(
+        usage_percent(after.capacity_bytes, after.available_bytes) <= low,
+        "statvfs of the image filesystem after the cycle: {after:?}, low {low}%"
+    );
+    assert!(u64_field(&report, "usage_percent_after") <= low, "{report:#}");
+    assert!(
+        removed.iter().all(|id| unused.iter().any(|u| &u.id == id)),
+        "removed {removed:?}, not only unused images"
+    );
+    assert!(
+        bed.list_image_ids().await.contains(&busy.id),
+        "the image in use was removed"
+    );
+    let container_after = statvfs(&container_root);
+    assert!(
+        container_after.available_bytes.abs_diff(container_fs.available_bytes) <= FS_TOLERANCE_BYTES,
+        "the container filesystem changed: {container_fs:?} -> {container_after:?}"
+    );
+    fs::remove_file(&filler).expect("removing the filler");
+}
+
+mod a_split_store_is_measured_and_freed_on_its_image_filesystem_only {
+    use crate::testbed::Kind;
+
+    #[tokio::test]
+    #[ignore = "needs root and the test bed's runtimes: scripts/test.sh runs it"]
+    async fn crio() {
+        super::a_split_store_is_measured_and_freed_on_its_image_filesystem_only(Kind::Crio).await;
+    }
 }
 
 on_every_runtime!(

@@ -1,15 +1,21 @@
 """A private single-node Kubernetes cluster on 127.0.0.1 for the tests.
 
 Everything lives under one directory (/tmp/igck-XXXXXX): etcd, the PKI, the
-API server, controller-manager, scheduler, a containerd 2.x whose root is its
-own loop-mounted 1 GiB ext4 filesystem, and a kubelet (node `localhost`,
-cgroupfs) on the bridge CNI. `down()` stops it all and removes what the
-kubelet and containerd leave outside that directory (see TESTBED.md, "A real
-Kubernetes node"): kubepods cgroups, the bridge, iptables chains, the
-kubelet's fixed paths. Paths that existed before are left alone.
+API server, controller-manager, scheduler, the container runtime and a
+kubelet (node `localhost`, cgroupfs) on the bridge CNI. The runtime is
+containerd 2.x (`runtime="containerd"`, the default), whose root is its own
+loop-mounted 1 GiB ext4 filesystem, or CRI-O (`runtime="crio"`) with a split
+image store (KEP-4191): its images on one loop-mounted 1 GiB ext4
+(`imagestore`), its root, where the containers' writable layers go, on
+another of 512 MiB. CRI-O pulls the test images from a private registry on
+127.0.0.1 that `build_and_import` pushes them to, as the end-to-end test bed
+does. `down()` stops it all and removes what the kubelet and the runtime
+leave outside that directory (see TESTBED.md, "A real Kubernetes node"):
+kubepods cgroups, the bridge, iptables chains, the kubelet's fixed paths.
+Paths that existed before are left alone.
 
 Binaries come from scripts/testbed-kubernetes.sh and testbed-runtimes.sh
-($IMAGEGC_KUBERNETES_BIN, $IMAGEGC_CONTAINERD_BIN).
+($IMAGEGC_KUBERNETES_BIN, $IMAGEGC_CONTAINERD_BIN, $IMAGEGC_CRIO_BIN).
 """
 
 import json
@@ -31,6 +37,10 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
 IMAGEGC_IMAGE = "ghcr.io/imagegc/imagegc:0.1.0"
 MIB = 1024 * 1024
 FS_SIZE = 1024 * MIB
+# CRI-O's root (the containers' writable layers) on a filesystem of another
+# size than the image store's, so that a capacity tells which one was measured.
+CONTAINER_FS_SIZE = 512 * MIB
+RUNTIMES = ("containerd", "crio")
 POD_SUBNET = "10.253.0.0/24"
 # The bridge's address on the host (host-local's first address): pods reach
 # the API server there, as there is no kube-proxy to route the kubernetes
@@ -39,8 +49,46 @@ GATEWAY = "10.253.0.1"
 BRIDGE = "igck0"
 # Paths the kubelet or the CNI plugins use whatever their flags say.
 HOST_PATHS = ["/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/usr/libexec/kubernetes",
-              "/var/lib/cni", "/run/containerd", "/var/run/nri", "/etc/cni", "/opt/cni", "/run/netns"]
+              "/var/lib/cni", "/run/containerd", "/var/run/nri", "/etc/cni", "/opt/cni", "/run/netns",
+              # containers/image's blob cache, written by CRI-O's pulls and skopeo.
+              "/var/lib/containers"]
 CGROUP_ROOT = "/sys/fs/cgroup"
+
+# CRI-O's `runtime_path`: runc, with the bundle's config.json fixed first
+# for this VM (TESTBED.md): a negative `oomScoreAdj` set to 0, since it
+# refuses lowering it even for root (the end-to-end test bed's wrapper does
+# the same), and the kubelet's `hugepageLimits` left out, since /proc/cgroups
+# lists the hugetlb controller (so CRI-O passes them on) while no cgroup v1
+# hierarchy has it (so runc cannot set them: "cannot set hugetlb limit:
+# container could not join or create cgroup"). Under the kubelet CRI-O
+# writes the file indented: read as JSON, not with sed.
+RUNC_WRAPPER = r"""#!/bin/sh
+bundle=
+previous=
+for arg in "$@"; do
+    case "$previous" in --bundle|-b) bundle=$arg ;; esac
+    case "$arg" in --bundle=*) bundle=${arg#--bundle=} ;; esac
+    previous=$arg
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+    /usr/bin/python3 - "$bundle/config.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    spec = json.load(f)
+process = spec.get("process") or {}
+if (process.get("oomScoreAdj") or 0) < 0:
+    process["oomScoreAdj"] = 0
+(spec.get("linux") or {}).get("resources", {}).pop("hugepageLimits", None)
+with open(path, "w") as f:
+    json.dump(spec, f)
+PY
+fi
+exec runc "$@"
+"""
+# The names the suite gives images come from these registries; on CRI-O each
+# is pulled from the private registry, under the same path.
+REGISTRIES = ("registry.k8s.io", "ghcr.io", "registry.example")
 
 
 def free_port():
@@ -80,9 +128,13 @@ def statvfs_usage(path):
 
 
 class Cluster:
-    def __init__(self, kube_bin, containerd_bin, kubelet_overrides=None):
+    def __init__(self, kube_bin, containerd_bin, kubelet_overrides=None, runtime="containerd", crio_bin=None):
+        assert runtime in RUNTIMES, f"runtime {runtime!r} is not one of {RUNTIMES}"
         self.kube_bin = kube_bin
         self.containerd_bin = containerd_bin
+        # "containerd" or "crio": what the node runs, for scenarios to ask.
+        self.runtime = runtime
+        self.crio_bin = crio_bin
         self.kubelet_overrides = kubelet_overrides or {}
         self.procs = {}
         self.dir = None
@@ -96,26 +148,61 @@ class Cluster:
 
     @property
     def socket(self):
-        return self.path("run", "containerd.sock")
+        # CRI-O's socket keeps the name its deploy component expects in the
+        # socket directory (crio.sock); the kubelet reads its stats over CRI
+        # for either runtime (a path ending run/crio/crio.sock would make it
+        # ask cAdvisor, which looks for CRI-O at /var/run/crio/crio.sock).
+        return self.path("run", "crio.sock" if self.runtime == "crio" else "containerd.sock")
 
     @property
     def socket_dir(self):
         return self.path("run")
 
     @property
+    def runtime_root(self):
+        """What imagegc's DaemonSet mounts as the runtime's root: containerd's
+        root, or the directory holding CRI-O's root and its image store."""
+        return self.path("containers") if self.runtime == "crio" else self.path("ctd", "root")
+
+    @property
     def containerd_root(self):
-        return self.path("ctd", "root")
+        """The runtime's root as the DaemonSet mounts it (the name predates
+        CRI-O on the cluster; see runtime_root)."""
+        return self.runtime_root
+
+    @property
+    def crio_root(self):
+        """CRI-O's `root`: the containers' writable layers (its own filesystem)."""
+        return self.path("containers", "storage")
+
+    @property
+    def crio_image_store(self):
+        """CRI-O's `imagestore`: the images (their own filesystem)."""
+        return self.path("containers", "images")
 
     @property
     def image_fs(self):
+        """The mount point the runtime's ImageFsInfo names for its images."""
+        if self.runtime == "crio":
+            return os.path.join(self.crio_image_store, "overlay-images")
         return os.path.join(self.containerd_root, "io.containerd.snapshotter.v1.overlayfs")
+
+    @property
+    def container_fs(self):
+        """The mount point ImageFsInfo names for the containers' writable
+        layers: another filesystem on CRI-O's split store, else the image one."""
+        if self.runtime == "crio":
+            return os.path.join(self.crio_root, "overlay-containers")
+        return self.image_fs
 
     @property
     def kubeconfig(self):
         return self.path("pki", "admin.kubeconfig")
 
     def bin(self, name):
-        for d in (self.kube_bin, self.containerd_bin):
+        for d in (self.kube_bin, self.containerd_bin, self.crio_bin):
+            if d is None:
+                continue
             p = os.path.join(d, name)
             if os.access(p, os.X_OK):
                 return p
@@ -128,7 +215,10 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix="igck-", dir="/tmp")
         os.chmod(self.dir, 0o755)
         self._record_host()
-        for sub in ("pki", "etcd", "logs", "run", "ctd/root", "ctd/state", "ctd/opt", "ctd/runc", "ctd/s",
+        runtime_dirs = (("containers/storage", "containers/images", "crio/run", "crio/ns", "crio/runc", "crio/exits",
+                         "crio/attach", "crio/logs", "crio/conf.d", "crio/registries.d", "registry")
+                        if self.runtime == "crio" else ("ctd/root", "ctd/state", "ctd/opt", "ctd/runc", "ctd/s"))
+        for sub in ("pki", "etcd", "logs", "run", *runtime_dirs,
                     "cni/net.d", "cni/ipam", "kubelet", "kubelet-certs", "kubelet-plugins", "pod-logs",
                     "manifests", "images", "work"):
             os.makedirs(self.path(sub), exist_ok=True)
@@ -148,6 +238,8 @@ class Cluster:
         self._start("kube-scheduler", [
             self.bin("kube-scheduler"), f"--kubeconfig={self.path('pki', 'scheduler.kubeconfig')}",
             "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0"])
+        if self.runtime == "crio":
+            self._start_registry()
         self._start_containerd()
         self._import_base_images()
         self._start_kubelet()
@@ -165,15 +257,25 @@ class Cluster:
         self.host_before["chains"] = self._chains()
 
     def _filesystem(self):
-        img = self.path("ctd.img")
+        if self.runtime == "crio":
+            # The parent the DaemonSet mounts, then the two stores in it.
+            run(["mount", "--bind", self.runtime_root, self.runtime_root])
+            run(["mount", "--make-shared", self.runtime_root])
+            self._loop_fs("images.img", FS_SIZE, self.crio_image_store)
+            self._loop_fs("storage.img", CONTAINER_FS_SIZE, self.crio_root)
+        else:
+            self._loop_fs("ctd.img", FS_SIZE, self.containerd_root)
+
+    def _loop_fs(self, name, size, mount_point):
+        img = self.path(name)
         with open(img, "wb") as f:
-            f.truncate(FS_SIZE)
+            f.truncate(size)
         run(["mkfs.ext4", "-q", "-F", "-m", "0", img])
-        run(["mount", "-o", "loop", img, self.containerd_root])
+        run(["mount", "-o", "loop", img, mount_point])
         # A mount a pod mounts with mountPropagation HostToContainer must be
         # shared or slave on the node (containerd refuses a private one), as
         # every mount is on a systemd node, where / is shared.
-        run(["mount", "--make-shared", self.containerd_root])
+        run(["mount", "--make-shared", mount_point])
 
     def _pki(self):
         pki = self.path("pki")
@@ -351,9 +453,12 @@ class Cluster:
             """)
 
     def _start_containerd(self):
-        assert len(self.path("ctd", "s")) <= 42, "the shim socket directory path is too long"
-        with open(self.path("containerd.toml"), "w") as f:
-            f.write(self.containerd_config())
+        if self.runtime == "containerd":
+            assert len(self.path("ctd", "s")) <= 42, "the shim socket directory path is too long"
+            with open(self.path("containerd.toml"), "w") as f:
+                f.write(self.containerd_config())
+        else:
+            self._write_crio_config()
         with open(self.path("cni", "net.d", "10-igck.conflist"), "w") as f:
             json.dump({"cniVersion": "1.0.0", "name": "igck", "plugins": [{
                 "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
@@ -362,22 +467,149 @@ class Cluster:
         self.start_containerd()
 
     def start_containerd(self):
-        env = dict(os.environ, PATH=f"{self.containerd_bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}")
-        self._start("containerd", [os.path.join(self.containerd_bin, "containerd"), "--config",
-                                   self.path("containerd.toml")], env=env)
+        """Starts the node's runtime (containerd or CRI-O: the name predates
+        CRI-O on the cluster) and waits until its CRI answers."""
+        if self.runtime == "crio":
+            self._start("containerd", self._crio_command())
+        else:
+            env = dict(os.environ, PATH=f"{self.containerd_bin}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}")
+            self._start("containerd", [os.path.join(self.containerd_bin, "containerd"), "--config",
+                                       self.path("containerd.toml")], env=env)
 
         def answers():
             self._alive("containerd")
             return self.crictl("version", check=False, timeout=5).returncode == 0
-        wait_for("containerd's CRI", answers, 30)
+        wait_for(f"{self.runtime}'s CRI", answers, 30)
 
     def stop_containerd(self):
+        """Stops the node's runtime (containerd or CRI-O); its containers run on."""
         self._stop("containerd")
+
+    # The same, by a name that says either runtime.
+    start_runtime = start_containerd
+    stop_runtime = stop_containerd
+
+    # --- CRI-O ----------------------------------------------------------------
+
+    def crio_config(self):
+        """CRI-O's configuration, as the end-to-end test bed writes it
+        (crates/imagegc-testkit/runtimes/crio.conf.example), with the
+        cluster's paths, the bridge CNI and the split image store."""
+        d = self.dir
+        return textwrap.dedent(f"""\
+            [crio]
+            root = "{self.crio_root}"
+            imagestore = "{self.crio_image_store}"
+            runroot = "{d}/crio/run/storage"
+            storage_driver = "overlay"
+            log_dir = "{d}/crio/logs"
+            version_file = "{d}/crio/run/version"
+            version_file_persist = "{d}/crio/version"
+            clean_shutdown_file = "{d}/crio/clean.shutdown"
+            internal_wipe = true
+
+            [crio.api]
+            listen = "{self.socket}"
+            stream_address = "127.0.0.1"
+            stream_port = "0"
+
+            [crio.runtime]
+            default_runtime = "runc"
+            conmon_cgroup = "pod"
+            cgroup_manager = "cgroupfs"
+            selinux = false
+            apparmor_profile = "unconfined"
+            namespaces_dir = "{d}/crio/ns"
+            pinns_path = "{self.bin('pinns')}"
+            container_exits_dir = "{d}/crio/exits"
+            container_attach_socket_dir = "{d}/crio/attach"
+            hooks_dir = []
+            cdi_spec_dirs = []
+            decryption_keys_path = "{d}/crio/keys"
+
+            [crio.runtime.runtimes.runc]
+            runtime_path = "{d}/crio/runc-wrapper"
+            runtime_root = "{d}/crio/runc"
+            runtime_type = "oci"
+            monitor_path = "/usr/bin/conmon"
+            monitor_cgroup = "pod"
+
+            [crio.image]
+            pause_image = "{PAUSE_IMAGE}"
+            pause_command = "/pause"
+            signature_policy = "{d}/crio/policy.json"
+
+            [crio.network]
+            network_dir = "{d}/cni/net.d"
+            plugin_dirs = ["/usr/lib/cni"]
+
+            [crio.metrics]
+            enable_metrics = false
+
+            [crio.tracing]
+            enable_tracing = false
+
+            [crio.nri]
+            enable_nri = false
+            """)
+
+    def _write_crio_config(self):
+        with open(self.path("crio", "crio.conf"), "w") as f:
+            f.write(self.crio_config())
+        wrapper = self.path("crio", "runc-wrapper")
+        with open(wrapper, "w") as f:
+            f.write(RUNC_WRAPPER)
+        os.chmod(wrapper, 0o755)
+        with open(self.path("crio", "policy.json"), "w") as f:
+            json.dump({"default": [{"type": "insecureAcceptAnything"}]}, f)
+        # CRI-O 1.36 ignores insecure_registries: a registries.conf naming
+        # the private registry for each registry the suite's names come from.
+        lines = ['unqualified-search-registries = []', 'short-name-mode = "disabled"', ""]
+        for prefix in REGISTRIES:
+            lines += ["[[registry]]", f'prefix = "{prefix}"',
+                      f'location = "127.0.0.1:{self.ports["registry"]}/{prefix}"', "insecure = true", ""]
+        with open(self.path("crio", "registries.conf"), "w") as f:
+            f.write("\n".join(lines))
+
+    def _crio_command(self):
+        c = self.path("crio")
+        return [self.bin("crio"), "--config", f"{c}/crio.conf", "--config-dir", f"{c}/conf.d",
+                "--registries-conf", f"{c}/registries.conf", "--registries-conf-dir", f"{c}/registries.d",
+                "--signature-policy", f"{c}/policy.json"]
+
+    def _start_registry(self):
+        """Debian's docker-registry on 127.0.0.1, storing on the machine's disk
+        (the test bed's directory): where CRI-O pulls the suite's images from."""
+        self.ports["registry"] = free_port()
+        with open(self.path("registry.yml"), "w") as f:
+            f.write(textwrap.dedent(f"""\
+                version: 0.1
+                log:
+                  level: warn
+                storage:
+                  filesystem:
+                    rootdirectory: {self.path("registry")}
+                  delete:
+                    enabled: true
+                http:
+                  addr: 127.0.0.1:{self.ports["registry"]}
+                """))
+        self._start("registry", ["docker-registry", "serve", self.path("registry.yml")])
+
+        def listening():
+            self._alive("registry")
+            with socket.create_connection(("127.0.0.1", self.ports["registry"]), timeout=1):
+                return True
+        wait_for("the registry", listening, 30)
 
     def _import_base_images(self):
         busybox = oci.busybox_layer()
         self.busybox_layer = busybox
-        self.build_and_import(PAUSE_IMAGE, [busybox], entrypoint=["/bin/sleep", "2147483647"])
+        layers = [busybox]
+        if self.runtime == "crio":
+            # CRI-O runs its `pause_command` (no arguments) in the pause image.
+            layers.append(oci.layer([("/pause", b"#!/bin/sh\nexec /bin/sleep 2147483647\n", 0o755)]))
+        self.build_and_import(PAUSE_IMAGE, layers, entrypoint=["/bin/sleep", "2147483647"])
 
     def kubelet_config(self):
         config = {
@@ -465,9 +697,20 @@ class Cluster:
     def build_and_import(self, name, layers, **config):
         tar = self.path("images", name.replace("/", "_").replace(":", "_") + ".tar")
         digest = oci.write_image(tar, name, layers, **config)
-        self.ctr("images", "import", tar)
+        self.import_oci(tar, name)
         os.unlink(tar)
         return digest
+
+    def import_oci(self, tar, name, all_platforms=False):
+        """Puts the OCI archive `tar` (one image, named `name`) on the node:
+        `ctr images import` on containerd; on CRI-O, `skopeo copy` to the
+        private registry, then a CRI pull, as a node gets its images."""
+        if self.runtime == "containerd":
+            self.ctr("images", "import", *(["--all-platforms"] if all_platforms else []), tar)
+            return
+        run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false", f"oci-archive:{tar}",
+             f"docker://127.0.0.1:{self.ports['registry']}/{name}"], timeout=300)
+        self.crictl("pull", name, timeout=300)
 
     def images(self):
         """{repo tag: image id} of every image CRI lists."""
@@ -566,7 +809,10 @@ class Cluster:
         return pids
 
     def _kill_shims(self):
-        for pid in self._own_pids(f"-address {self.socket}"):
+        # containerd's shims name its socket; CRI-O's conmon processes name
+        # paths under the test bed's directory.
+        marker = f"{self.dir}/crio/" if self.runtime == "crio" else f"-address {self.socket}"
+        for pid in self._own_pids(marker):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -644,7 +890,7 @@ class Cluster:
 
     def _remove_chains(self):
         new = self._chains() - self.host_before.get("chains", set())
-        new = {c for c in new if c[2].startswith(("KUBE-", "CNI-"))}
+        new = {c for c in new if c[2].startswith(("KUBE-", "CNI-", "CRIO-"))}
         for tool, table, chain in sorted(new):
             rules = run([tool, "-t", table, "-S"], check=False, timeout=30).stdout.splitlines()
             for rule in rules:

@@ -5,6 +5,9 @@ Environment (scripts/test-cluster.sh sets it):
   IMAGEGC_CONTAINERD_BIN  containerd 2.x, its shim and ctr
   IMAGEGC_STATIC_BIN      the static imagegc binary the image is built from
   IMAGEGC_PROMETHEUS      the prometheus server binary
+  IMAGEGC_CLUSTER_RUNTIME the node's runtime: containerd (the default) or
+                          crio (CRI-O with a split image store)
+  IMAGEGC_CRIO_BIN        CRI-O and pinns (with IMAGEGC_CLUSTER_RUNTIME=crio)
 A missing prerequisite fails the scenarios with the reason; nothing is
 skipped silently.
 """
@@ -18,7 +21,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from cluster import IMAGEGC_IMAGE, Cluster  # noqa: E402
+from cluster import IMAGEGC_IMAGE, RUNTIMES, Cluster  # noqa: E402
 from deploy import DEPLOY, REPO, Prometheus  # noqa: E402
 
 TIMINGS = {}
@@ -47,9 +50,17 @@ def build_imagegc_image(cluster, binary):
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "oci-image.py"), "--name", IMAGEGC_IMAGE,
                     "--binary", f"{arch}={binary}", "--config", os.path.join(DEPLOY, "imagegc.toml"),
                     "--output", tar], check=True, capture_output=True)
-    cluster.ctr("images", "import", "--all-platforms", tar)
+    cluster.import_oci(tar, IMAGEGC_IMAGE, all_platforms=True)
     os.unlink(tar)
     return IMAGEGC_IMAGE
+
+
+def cluster_runtime():
+    """The runtime the session's node runs (IMAGEGC_CLUSTER_RUNTIME)."""
+    runtime = os.environ.get("IMAGEGC_CLUSTER_RUNTIME") or "containerd"
+    if runtime not in RUNTIMES:
+        pytest.fail(f"IMAGEGC_CLUSTER_RUNTIME={runtime!r} is not one of {RUNTIMES}", pytrace=False)
+    return runtime
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +70,9 @@ def cluster():
     kube_bin = _env("IMAGEGC_KUBERNETES_BIN")
     containerd_bin = _env("IMAGEGC_CONTAINERD_BIN")
     binary = _env("IMAGEGC_STATIC_BIN")
-    c = Cluster(kube_bin, containerd_bin)
+    runtime = cluster_runtime()
+    crio_bin = _env("IMAGEGC_CRIO_BIN") if runtime == "crio" else None
+    c = Cluster(kube_bin, containerd_bin, runtime=runtime, crio_bin=crio_bin)
     try:
         c.up()
         record("bring-up (etcd to a Ready node)", c.timings["bring-up"])
@@ -70,7 +83,7 @@ def cluster():
         c.ensure_imagegc_image = lambda: (IMAGEGC_IMAGE in c.images()) or build_imagegc_image(c, binary)
         record("imagegc image: OCI tarball and import", time.monotonic() - started)
     except BaseException:
-        logs = {name: c.log_tail(name) for name in ("kubelet", "containerd", "kube-apiserver")} if c.dir else {}
+        logs = {name: c.log_tail(name) for name in ("kubelet", "containerd", "kube-apiserver", "registry")} if c.dir else {}
         problems = c.down()
         raise RuntimeError(f"bring-up failed; logs: {logs}; teardown: {problems}")
     yield c

@@ -78,8 +78,9 @@ class Deployment:
         self.name = name
         self.how = how
         self.config = dict(config or {})
-        # deploy/components/NAME added to the overlay (kustomize only).
-        self.components = list(components)
+        # deploy/components/NAME added to the overlay (kustomize only). On a
+        # CRI-O node, its component first, as README says to choose a runtime.
+        self.components = (["crio"] if cluster.runtime == "crio" else []) + list(components)
         self.namespace = namespace or ("imagegc" if how == "kustomize" else f"imagegc-{name}")
         self.state_dir = cluster.path("imagegc-state", name)
         self.overlay = cluster.path("work", f"overlay-{name}")
@@ -106,7 +107,8 @@ class Deployment:
         ops.append({"op": "replace",
                     "path": f"/spec/template/spec/containers/0/volumeMounts/{mounts.index('runtime-root')}/mountPath",
                     "value": c.containerd_root})
-        # The socket is mounted at /run/containerd in the pod, as shipped.
+        # The socket is mounted at /run/containerd in the pod, as shipped (at
+        # /run/crio, as the crio component has it, on CRI-O).
         if "kubernetes" in self.components:
             # No kube-proxy here: the API server on the bridge's address
             # instead of the kubernetes Service's (what in-cluster clients
@@ -147,7 +149,7 @@ class Deployment:
         c = self.cluster
         values = {"image": {"pullPolicy": "Never"},
                   "runtime": {"socketDir": c.socket_dir, "endpoint": f"unix://{c.socket}",
-                              "rootDir": c.containerd_root},
+                              "rootDir": c.runtime_root},
                   "stateHostPath": self.state_dir}
         for key, value in self.config.items():
             section, leaf = self.HELM_KEYS[key].split(".")
@@ -166,8 +168,12 @@ class Deployment:
             self._write_overlay()
             self.cluster.kubectl("apply", "-k", self.overlay)
         else:
+            # On CRI-O, the chart's values for it first, as README says; the
+            # test bed's paths over them.
+            runtime_values = (["--values", os.path.join(CHART, "runtimes", "crio.yaml")]
+                              if self.cluster.runtime == "crio" else [])
             self.cluster.helm("upgrade", "--install", "imagegc", self.chart, "--namespace", self.namespace,
-                              "--create-namespace", "--values", self._helm_values(), "--wait",
+                              "--create-namespace", *runtime_values, "--values", self._helm_values(), "--wait",
                               f"--timeout={timeout}s")
         try:
             self.cluster.kubectl("-n", self.namespace, "rollout", "status", "daemonset/imagegc",

@@ -2,12 +2,21 @@
 loop-mounted ext4). The shipped manifests (no gc.image_fs_path, the
 runtime's root mounted at its node path) measure that filesystem, not the
 machine's disk. A wrong gc.image_fs_path (the state directory, on the
-machine's disk) is reported as a mismatch, and no space pass runs on it."""
+machine's disk) is reported as a mismatch, and no space pass runs on it.
 
+On CRI-O the node's store is split (KEP-4191): images on the 1 GiB
+filesystem, the containers' writable layers on a 512 MiB one. imagegc
+measures the image filesystem (its gauges are the image store's statvfs),
+reports the container filesystem beside it, and a container filling the
+container filesystem past the high threshold removes no image."""
+
+import json
 import os
 
+import pytest
+
 import workloads as w
-from cluster import FS_SIZE, IMAGEGC_IMAGE, MIB, PAUSE_IMAGE, wait_for
+from cluster import CONTAINER_FS_SIZE, FS_SIZE, IMAGEGC_IMAGE, MIB, PAUSE_IMAGE, wait_for
 from deploy import Deployment, metric
 
 
@@ -51,5 +60,75 @@ def test_a_wrong_image_fs_path_is_reported_and_frees_nothing(cluster):
         for ref in unused + [PAUSE_IMAGE, IMAGEGC_IMAGE]:
             assert ref in images, f"{ref} was removed while measuring the wrong filesystem"
     finally:
+        d.delete()
+        w.clear_images(cluster, {PAUSE_IMAGE, IMAGEGC_IMAGE})
+
+
+def _statvfs(path):
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def test_a_split_store_is_measured_on_its_image_filesystem(cluster):
+    if cluster.runtime != "crio":
+        pytest.skip("only CRI-O splits its store here (imagestore); containerd keeps images and "
+                    "writable layers on one filesystem")
+    unused = [w.unused_image(cluster, f"split-{i}", 8 * MIB) for i in range(2)]
+    # High 50: a container filesystem filled past it must remove nothing.
+    d = Deployment(cluster, "split", "kustomize", {
+        "gc.high_threshold_percent": 50, "gc.low_threshold_percent": 40, "gc.min_age": "1s",
+        "gc.interval": "5s", "gc.usage_poll_interval": "5s"})
+    d.apply()
+    try:
+        # A pod whose container writes 300 MiB into its writable layer: on
+        # the container filesystem (512 MiB), not the image one.
+        writer = w.workload_image(cluster, "split-writer")
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "split-writer", "namespace": "default", "labels": {"imagegc-test": "workload"}},
+               "spec": {"terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
+                        "enableServiceLinks": False,
+                        "containers": [{"name": "main", "image": writer, "imagePullPolicy": "Never",
+                                        "command": ["/bin/sh", "-c", "/bin/busybox dd if=/dev/zero of=/data bs=1M "
+                                                    "count=300 && exec /bin/sleep 2147483647"]}]}}
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        w.wait_running(cluster, ["split-writer"])
+
+        def container_fs_filled():
+            capacity, available = _statvfs(cluster.container_fs)
+            return (capacity - available) * 100 >= 55 * capacity
+        wait_for("the container filesystem past 55%", container_fs_filled, 60, 1)
+        ran = metric(d.scrape(), "imagegc_cycles_total", result="success") or 0
+        wait_for("two more cycles", lambda: (metric(d.scrape(), "imagegc_cycles_total", result="success") or 0)
+                 >= ran + 2, 40, 1)
+
+        samples = d.scrape()
+        # The image filesystem, measured: the image store's statvfs.
+        capacity, available = _statvfs(cluster.crio_image_store)
+        assert metric(samples, "imagegc_image_filesystem_capacity_bytes") == capacity
+        assert abs(metric(samples, "imagegc_image_filesystem_available_bytes") - available) < 16 * MIB, (
+            metric(samples, "imagegc_image_filesystem_available_bytes"), available)
+        assert abs(capacity - FS_SIZE) < 0.1 * FS_SIZE
+        # The container filesystem, reported beside it.
+        mount = {"mount_point": cluster.container_fs}
+        c_capacity, c_available = _statvfs(cluster.crio_root)
+        assert metric(samples, "imagegc_container_filesystem_capacity_bytes", **mount) == c_capacity, samples
+        assert abs(c_capacity - CONTAINER_FS_SIZE) < 0.1 * CONTAINER_FS_SIZE
+        assert abs(metric(samples, "imagegc_container_filesystem_available_bytes", **mount) - c_available) \
+            < 16 * MIB
+        assert metric(samples, "imagegc_container_filesystem_usage_ratio", **mount) >= 0.5
+        # Nothing removed: images free nothing on the container filesystem,
+        # and the image filesystem is below high.
+        assert (metric(samples, "image_garbage_collected_total", reason="space") or 0) == 0
+        images = cluster.images()
+        for ref in unused + [PAUSE_IMAGE, IMAGEGC_IMAGE, writer]:
+            assert ref in images, f"{ref} was removed while only the container filesystem filled"
+        # `imagegc images` names both filesystems.
+        out = d.exec("/imagegc", "images").stdout
+        assert f"image filesystem: {cluster.image_fs}: " in out, out
+        assert f"container filesystem: {cluster.container_fs}: " in out, out
+        logs = d.logs()
+        assert "another filesystem than its images" in logs, logs[-3000:]
+    finally:
+        w.delete_pods(cluster)
         d.delete()
         w.clear_images(cluster, {PAUSE_IMAGE, IMAGEGC_IMAGE})

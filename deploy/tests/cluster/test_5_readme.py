@@ -1,6 +1,7 @@
 """README's own commands, run as written on the test cluster: install,
 verify, take over and uninstall, with kustomize and with Helm, on
-containerd at its paths and on the k3s socket path. The fenced blocks
+containerd at its paths and on the k3s socket path, and on a CRI-O node
+(IMAGEGC_CLUSTER_RUNTIME=crio) with CRI-O's component and values file. The fenced blocks
 marked `<!-- readme-test: NAME -->` are extracted and run with bash from a
 scratch directory holding a copy of deploy/ (README's commands are run from
 the repository's top directory).
@@ -13,9 +14,11 @@ What is substituted, and nothing else:
   the base's /run/containerd and /var/lib/containerd, and the k3s
   component's root, name the test bed's. For k3s the socket path is the
   component's own, /run/k3s/containerd/containerd.sock: the test bed's
-  socket directory is bind-mounted there for the test;
-- choosing the runtime as README says: uncommenting the k3s component, or
-  adding the k3s values file to `helm install`;
+  socket directory is bind-mounted there for the test; for CRI-O likewise
+  /run/crio/crio.sock, and its root /var/lib/containers/storage names the
+  directory holding the test bed's CRI-O root and image store;
+- choosing the runtime as README says: uncommenting the k3s (crio)
+  component, or adding the k3s (crio) values file to `helm install`;
 - the kubelet's file the takeover mounts (/var/lib/kubelet/config.yaml) is
   written for the test, with the kubelet's image GC turned off as README's
   step 3 says: the test bed's kubelet reads its own elsewhere.
@@ -39,6 +42,8 @@ README = os.path.join(REPO, "README.md")
 STATE_DIR = "/var/lib/imagegc"
 K3S_SOCKET_DIR = "/run/k3s/containerd"
 K3S_ROOT = "/var/lib/rancher/k3s/agent/containerd"
+CRIO_SOCKET_DIR = "/run/crio"
+CRIO_ROOT = "/var/lib/containers/storage"
 KUBELET_FILE = "/var/lib/kubelet/config.yaml"
 WATCHED = ["/etc", "/run", "/var/lib", "/usr/local/bin"]
 
@@ -79,6 +84,9 @@ class Readme:
         if self.runtime == "containerd":
             changes = {"/run/containerd": c.socket_dir, "/var/lib/containerd": c.containerd_root}
             files = ["daemonset.yaml", "helm/imagegc/values.yaml"]
+        elif self.runtime == "crio":
+            changes = {CRIO_ROOT: c.runtime_root}
+            files = ["components/crio/kustomization.yaml", "helm/imagegc/runtimes/crio.yaml"]
         else:
             changes = {K3S_ROOT: c.containerd_root}
             files = ["components/k3s/kustomization.yaml", "helm/imagegc/runtimes/k3s.yaml"]
@@ -94,14 +102,15 @@ class Readme:
 
     def script(self, name):
         text = self.blocks[name].replace("registry.example.com/imagegc", IMAGEGC_IMAGE.rsplit(":", 1)[0])
-        if self.runtime == "k3s":
+        if self.runtime in ("k3s", "crio"):
+            r = self.runtime
             if name == "install-kustomize":
-                assert "  # - ../deploy/components/k3s\n" in text
-                text = text.replace("  # - ../deploy/components/k3s\n", "  - ../deploy/components/k3s\n")
+                assert f"  # - ../deploy/components/{r}\n" in text
+                text = text.replace(f"  # - ../deploy/components/{r}\n", f"  - ../deploy/components/{r}\n")
             if name == "install-helm":
-                text = re.sub(r"(helm install [^\n]*\\\n[^\n]*)", r"\1 --values deploy/helm/imagegc/runtimes/k3s.yaml",
+                text = re.sub(r"(helm install [^\n]*\\\n[^\n]*)", rf"\1 --values deploy/helm/imagegc/runtimes/{r}.yaml",
                               text)
-                assert "runtimes/k3s.yaml" in text
+                assert f"runtimes/{r}.yaml" in text
         return text
 
     def run(self, name, timeout=400):
@@ -112,18 +121,35 @@ class Readme:
         return p.stdout + p.stderr
 
 
-@pytest.fixture
-def k3s_socket_path(cluster):
-    """The test bed's socket directory at k3s's path, for the test."""
-    created = [d for d in ("/run/k3s", K3S_SOCKET_DIR) if not os.path.exists(d)]
-    os.makedirs(K3S_SOCKET_DIR, exist_ok=True)
-    run(["mount", "--bind", cluster.socket_dir, K3S_SOCKET_DIR])
+def _socket_dir_at(cluster, path):
+    """The test bed's socket directory bind-mounted at `path` while the
+    context lasts; the directories made for it removed after."""
+    created = []
+    d = path
+    while not os.path.exists(d):
+        created.append(d)
+        d = os.path.dirname(d)
+    os.makedirs(path, exist_ok=True)
+    run(["mount", "--bind", cluster.socket_dir, path])
     try:
         yield
     finally:
-        run(["umount", "-l", K3S_SOCKET_DIR], check=False)
-        for d in reversed(created):
+        run(["umount", "-l", path], check=False)
+        for d in created:
             os.rmdir(d)
+
+
+@pytest.fixture
+def k3s_socket_path(cluster):
+    """The test bed's socket directory at k3s's path, for the test."""
+    yield from _socket_dir_at(cluster, K3S_SOCKET_DIR)
+
+
+@pytest.fixture
+def crio_socket_path(cluster):
+    """The test bed's socket directory at CRI-O's path (/run/crio/crio.sock
+    is the test bed's socket there), for the test."""
+    yield from _socket_dir_at(cluster, CRIO_SOCKET_DIR)
 
 
 def leftovers(cluster):
@@ -135,11 +161,14 @@ def leftovers(cluster):
     return listed.stdout.split()
 
 
-@pytest.mark.parametrize("runtime", ["containerd", "k3s"])
+@pytest.mark.parametrize("runtime", ["containerd", "k3s", "crio"])
 @pytest.mark.parametrize("how", ["kustomize", "helm"])
 def test_readme_install_verify_takeover_uninstall(cluster, how, runtime, request):
-    if runtime == "k3s":
-        request.getfixturevalue("k3s_socket_path")
+    if (runtime == "crio") != (cluster.runtime == "crio"):
+        pytest.skip(f"README's {runtime} install needs a {'CRI-O' if runtime == 'crio' else 'containerd'} node; "
+                    f"this one runs {cluster.runtime} (IMAGEGC_CLUSTER_RUNTIME)")
+    if runtime in ("k3s", "crio"):
+        request.getfixturevalue(f"{runtime}_socket_path")
     assert not os.path.exists(STATE_DIR), f"{STATE_DIR} exists before the test: it would be used and removed"
     cluster.ensure_imagegc_image()
     before = host_entries()

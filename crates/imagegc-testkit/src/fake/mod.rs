@@ -176,6 +176,8 @@ struct State {
     containers: Vec<Container>,
     sandbox_image: Option<String>,
     image_fs_mount: String,
+    /// The container filesystem `ImageFsInfo` names (a split store), if any.
+    container_fs_mount: Option<String>,
     dialect: Dialect,
     /// Each pod sandbox, with the sandbox image it was started on.
     pods: Vec<(String, Option<String>)>,
@@ -330,6 +332,7 @@ impl FakeRuntime {
             // What containerd reports when its config names none.
             sandbox_image: Some(DEFAULT_SANDBOX_IMAGE.to_string()),
             image_fs_mount: DEFAULT_IMAGE_FS_MOUNT.to_string(),
+            container_fs_mount: None,
             dialect: Dialect::default(),
             pods: Vec::new(),
             events: Events::default(),
@@ -442,6 +445,12 @@ impl FakeRuntime {
     /// Sets the mount point `ImageFsInfo` reports.
     pub fn set_image_fs_mount(&self, path: impl AsRef<Path>) {
         self.lock().image_fs_mount = path.as_ref().to_string_lossy().into_owned();
+    }
+
+    /// Makes `ImageFsInfo` name `path` as the container filesystem, as a
+    /// runtime with a split store does (CRI-O's `imagestore`).
+    pub fn set_container_fs_mount(&self, path: impl AsRef<Path>) {
+        self.lock().container_fs_mount = Some(path.as_ref().to_string_lossy().into_owned());
     }
 
     /// The images the runtime has now.

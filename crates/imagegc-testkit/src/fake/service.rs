@@ -534,7 +534,18 @@ impl ImageService for Service {
                 used_bytes: Some(proto::UInt64Value { value: used }),
                 inodes_used: None,
             }],
-            container_filesystems: Vec::new(),
+            container_filesystems: state
+                .container_fs_mount
+                .iter()
+                .map(|mount| proto::FilesystemUsage {
+                    timestamp: unix_nanos(),
+                    fs_id: Some(proto::FilesystemIdentifier {
+                        mountpoint: mount.clone(),
+                    }),
+                    used_bytes: Some(proto::UInt64Value { value: 0 }),
+                    inodes_used: None,
+                })
+                .collect(),
         }))
     }
 }

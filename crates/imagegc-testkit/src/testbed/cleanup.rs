@@ -47,7 +47,10 @@ impl Drop for TestBed {
         kill_shims(&self.socket, &self.dir, &mut notes, &mut problems);
         remove_cgroups(&self.cgroup_parent, &mut notes, &mut problems);
         let unmounted = unmount_under(&self.dir, &mut problems);
-        if let Some(device) = self.loop_device.take() {
+        for device in [self.loop_device.take(), self.container_loop_device.take()]
+            .into_iter()
+            .flatten()
+        {
             detach_loop(&device, &mut problems);
         }
         // Never delete through a mount that is still there.

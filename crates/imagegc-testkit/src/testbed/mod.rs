@@ -190,6 +190,11 @@ pub struct TestBed {
     /// The cgroup every pod of this test bed is placed under (in each hierarchy).
     cgroup_parent: String,
     loop_device: Option<String>,
+    /// A split store's second filesystem (CRI-O's `root`, where the
+    /// containers' writable layers go; `root` above is then its
+    /// `imagestore`), and its loop device.
+    container_root: Option<PathBuf>,
+    container_loop_device: Option<String>,
     /// The runtime's process.
     containerd: Option<Child>,
     /// CRI-O's registry, and its port.
@@ -204,6 +209,20 @@ impl TestBed {
     /// Starts a runtime of `kind` on a fresh ext4 filesystem of `fs_size_mb`
     /// MiB and imports the pause image. Panics with the reason when it cannot.
     pub async fn start(kind: Kind, fs_size_mb: u64) -> TestBed {
+        TestBed::start_with(kind, fs_size_mb, None).await
+    }
+
+    /// Starts CRI-O with a split store (KEP-4191): its images (`imagestore`)
+    /// on an ext4 filesystem of `image_fs_mb` MiB, which
+    /// [`TestBed::image_fs_mount`] and [`TestBed::usage`] name, and its
+    /// `root`, where the containers' writable layers go, on another of
+    /// `container_fs_mb` MiB ([`TestBed::container_fs_mount`]).
+    pub async fn start_split(kind: Kind, image_fs_mb: u64, container_fs_mb: u64) -> TestBed {
+        assert_eq!(kind, Kind::Crio, "only CRI-O splits its store (imagestore)");
+        TestBed::start_with(kind, image_fs_mb, Some(container_fs_mb)).await
+    }
+
+    async fn start_with(kind: Kind, fs_size_mb: u64, container_fs_mb: Option<u64>) -> TestBed {
         let started = Instant::now();
         setup::check_prerequisites(kind);
         let dir = tempfile::Builder::new()
@@ -227,6 +246,8 @@ impl TestBed {
             socket,
             dir,
             loop_device: None,
+            container_root: None,
+            container_loop_device: None,
             containerd: None,
             client: None,
             pause: None,
@@ -234,6 +255,9 @@ impl TestBed {
             counter: AtomicU64::new(0),
         };
         bed.make_filesystem(fs_size_mb);
+        if let Some(size) = container_fs_mb {
+            bed.make_container_filesystem(size);
+        }
         let fs_ready = started.elapsed();
         if kind == Kind::Crio {
             bed.start_registry().await;
@@ -279,6 +303,12 @@ impl TestBed {
     /// `statvfs` of the test bed's filesystem.
     pub fn usage(&self) -> FsUsage {
         statvfs(&self.root)
+    }
+
+    /// Where a split store's container filesystem is mounted (CRI-O's
+    /// `root`); `None` unless started with [`TestBed::start_split`].
+    pub fn container_fs_mount(&self) -> Option<&Path> {
+        self.container_root.as_deref()
     }
 
     /// The pause image imported at start.

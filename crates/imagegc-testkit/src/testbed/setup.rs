@@ -63,21 +63,33 @@ static LOOP_SETUP: Mutex<()> = Mutex::new(());
 
 impl TestBed {
     pub(super) fn make_filesystem(&mut self, fs_size_mb: u64) {
-        let image = self.dir.join("fs.img");
+        self.loop_device = Some(self.loop_filesystem("fs.img", fs_size_mb, &self.root));
+    }
+
+    /// A split store's second filesystem, at `containers` in the directory.
+    pub(super) fn make_container_filesystem(&mut self, fs_size_mb: u64) {
+        let root = self.dir.join("containers");
+        self.container_loop_device = Some(self.loop_filesystem("containers.img", fs_size_mb, &root));
+        self.container_root = Some(root);
+    }
+
+    /// An ext4 filesystem of `fs_size_mb` MiB in the file `name`, mounted at
+    /// `mount_point` through a loop device, which it returns.
+    fn loop_filesystem(&self, name: &str, fs_size_mb: u64, mount_point: &Path) -> String {
+        let image = self.dir.join(name);
         let file = fs::File::create(&image).expect("creating the filesystem image");
         file.set_len(fs_size_mb * 1024 * 1024)
             .expect("sizing the filesystem image");
         drop(file);
         run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image));
-        fs::create_dir(&self.root).expect("creating the mount point");
+        fs::create_dir(mount_point).expect("creating the mount point");
         let device = {
             let _guard = LOOP_SETUP.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             run(Command::new("losetup").args(["--find", "--show"]).arg(&image))
         };
-        self.loop_device = Some(device.trim().to_string());
-        run(Command::new("mount")
-            .args(["-t", "ext4", device.trim()])
-            .arg(&self.root));
+        let device = device.trim().to_string();
+        run(Command::new("mount").args(["-t", "ext4", &device]).arg(mount_point));
+        device
     }
 
     pub(super) fn write_config(&self) {
@@ -269,7 +281,17 @@ disabled_plugins = [
         fs::write(&wrapper, RUNC_WRAPPER).expect("writing the runc wrapper");
         fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .expect("making the runc wrapper executable");
-        let config = include_str!("../../runtimes/crio.conf.example")
+        let mut config = include_str!("../../runtimes/crio.conf.example").to_string();
+        if self.container_root.is_some() {
+            // A split store: the images on the test bed's filesystem, the
+            // containers' writable layers on the second one.
+            config = config.replace(
+                "root = \"@DIR@/root\"\n",
+                "root = \"@DIR@/containers\"\nimagestore = \"@DIR@/root\"\n",
+            );
+            assert!(config.contains("imagestore"), "crio.conf.example no longer sets root");
+        }
+        let config = config
             .replace("@DIR@", &dir)
             .replace("@PINNS@", &bin.join("pinns").display().to_string())
             .replace("@PAUSE_IMAGE@", PAUSE_IMAGE)
