@@ -157,8 +157,12 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     let measured: Option<&FsStats> = fs.as_ref().ok();
     let mismatch = image_fs_mismatch.map_or_else(String::new, |why| format!("warning: {}\n", printable(&why)));
     let images_take = image_bytes.map_or_else(String::new, |b| image_bytes_line(&b, footprint));
+    let others = super::table::removed_by_others_line(&config.state.dir, std::time::SystemTime::now())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     let text = format!(
-        "runtime: {} {} at {}\n{}{images_take}\n{mismatch}{}",
+        "runtime: {} {} at {}\n{}{images_take}{others}\n{mismatch}{}",
         cell(&version.runtime_name),
         cell(&version.runtime_version),
         runtime.endpoint(),

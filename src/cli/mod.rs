@@ -362,6 +362,14 @@ async fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
             );
         }
     }
+    // What the daemon's usage log saw others remove, when it can be read.
+    if config.state.dir.join(crate::usage_log::FILE_NAME).exists() {
+        match table::removed_by_others_line(&config.state.dir, std::time::SystemTime::now()) {
+            Ok(Some(line)) => eprint!("warning: {line}"),
+            Ok(None) => eprintln!("no image was removed by another collector in the last 24 h (the usage log)"),
+            Err(_) => {}
+        }
+    }
     out::text(&config.to_toml_string())?;
     Ok(0)
 }

@@ -21,7 +21,7 @@ use crate::metrics::{CycleTimer, Metrics};
 use crate::model::{Reason, Removal};
 use crate::pending::Settled;
 use crate::policy::SpaceOutlook;
-use crate::records::Observed;
+use crate::records::{Observed, Unlisted};
 use crate::time::{rfc3339, short};
 
 /// Why an image the walk chose was kept at the re-check right before its
@@ -216,6 +216,15 @@ pub enum Event<'a> {
     },
     /// An image removed (or, in dry run, that would have been).
     Removed(&'a Removal),
+    /// Images someone else removed (the kubelet's image GC, another
+    /// collector, `crictl rmi`), found at one listing or re-check: see
+    /// `engine::others`.
+    RemovedByOthers {
+        /// The images, as their records knew them.
+        images: &'a [Unlisted],
+        /// When it was found.
+        at: std::time::SystemTime,
+    },
     /// A removal the runtime refused.
     RemovalFailed {
         /// The image id.
@@ -358,6 +367,9 @@ impl Sink for MetricsSink {
             Event::SpacePassSkipped(_) => m.set_space_pass_due(false),
             Event::SpaceUnreachable { outlook, .. } => m.set_space_unreachable(outlook.is_some()),
             Event::Removed(removal) if !removal.dry_run => m.removed(removal.reason, removal.freed_bytes.unwrap_or(0)),
+            Event::RemovedByOthers { images, at } => {
+                m.removed_by_others(images.len(), images.iter().map(|i| i.size).sum(), *at);
+            }
             Event::RemovalFailed { .. } | Event::RemovalNotDone { .. } => m.removal_failed(),
             Event::CycleStarted => {
                 *self.timer.lock().unwrap_or_else(PoisonError::into_inner) = Some(m.cycle_timer());
@@ -527,6 +539,17 @@ impl Sink for LogSink {
                 "{}",
                 if removal.dry_run { "would remove image (dry run)" } else { "removed image" }
             ),
+            Event::RemovedByOthers { images, .. } => {
+                for image in *images {
+                    info!(image = %image.id, tags = ?image.tags, size = image.size, "image removed by someone else");
+                }
+                warn!(
+                    images = images.len(),
+                    bytes = images.iter().map(|i| i.size).sum::<u64>(),
+                    "images removed by someone else (the kubelet's image GC, another collector, crictl rmi): imagegc \
+                     did not ask for these removals; two collectors on one node work against each other"
+                );
+            }
             Event::RemovalFailed {
                 id,
                 tags,

@@ -43,6 +43,7 @@ use crate::time::{Clock, rfc3339};
 mod cycle;
 pub mod events;
 mod observe;
+mod others;
 mod removal;
 pub mod report;
 mod thrash;
@@ -126,6 +127,8 @@ pub struct Collector<R> {
     /// When the last cycle ended above low with images kept only for being
     /// younger than `gc.min_age`: when the first of them becomes removable.
     young_removable_at: Option<tokio::time::Instant>,
+    /// Images a listing omitted, not yet known removed by someone else.
+    others: others::Unconfirmed,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -165,6 +168,7 @@ impl<R: Runtime> Collector<R> {
             image_fs_mismatch: None,
             disk_path: None,
             young_removable_at: None,
+            others: others::Unconfirmed::default(),
             sandbox_unknown: None,
             protections: watch::channel(Arc::default()).1,
         };

@@ -336,6 +336,7 @@ impl<R: Runtime> Collector<R> {
     /// journaled; its record goes.
     fn gone_already(&mut self, candidate: &Candidate<'_>) {
         self.kept(candidate.id, candidate.tags, KeptAtRecheck::GoneAlready);
+        self.candidate_gone(candidate.id, candidate.tags, candidate.size, candidate.first_seen);
         Arc::make_mut(&mut self.records).remove(candidate.id, self.clock.now());
     }
 
@@ -794,7 +795,7 @@ const PENDING_ASKED_PER_LISTING: usize = 4;
 /// What `ImageStatus` says of the image of a pending removal the listing
 /// omitted: not found is gone; found is still there (the listing was
 /// partial); an error tells nothing.
-fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
+pub(super) fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
     match answer {
         Ok(None) => Seen::Gone,
         Ok(Some(_)) => Seen::There,
