@@ -157,7 +157,7 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     let measured: Option<&FsStats> = fs.as_ref().ok();
     let mismatch = image_fs_mismatch.map_or_else(String::new, |why| format!("warning: {}\n", printable(&why)));
     let images_take = image_bytes.map_or_else(String::new, |b| image_bytes_line(&b, footprint));
-    let others = super::table::removed_by_others_line(&config.state.dir, std::time::SystemTime::now())
+    let others = super::table::removed_by_others_line(&config.state.dir, crate::time::Clock::start().now())
         .ok()
         .flatten()
         .unwrap_or_default();

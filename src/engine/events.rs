@@ -55,6 +55,8 @@ pub enum Event<'a> {
         high: u8,
         /// `gc.low_threshold_percent`.
         low: u8,
+        /// What the kubelet's configuration says (or what is assumed).
+        kubelet: crate::config::KubeletView,
     },
     /// The state directory's history was loaded, with the last successful
     /// cycle of the process before.
@@ -339,9 +341,15 @@ impl Sink for MetricsSink {
     fn emit(&self, event: &Event<'_>) {
         let m = &self.metrics;
         match event {
-            Event::Configured { dry_run, high, low } => {
+            Event::Configured {
+                dry_run,
+                high,
+                low,
+                kubelet,
+            } => {
                 m.set_dry_run(*dry_run);
                 m.set_thresholds(*high, *low);
+                m.set_kubelet(kubelet.read, kubelet.image_gc_enabled, kubelet.high_above_eviction);
             }
             Event::HistoryLoaded { last_success: Some(at) } => m.restore_last_success(*at),
             Event::RuntimeUp(up) => m.set_runtime_up(*up),

@@ -142,6 +142,7 @@ impl<R: Runtime> Collector<R> {
             dry_run: config.gc.dry_run,
             high: config.gc.high_threshold_percent,
             low: config.gc.low_threshold_percent,
+            kubelet: config.kubelet,
         });
         let journal = Journal::new(&config.state.dir);
         let pending = Pending::load(&config.state.dir);
@@ -230,6 +231,7 @@ impl<R: Runtime> Collector<R> {
             dry_run: config.gc.dry_run,
             high: config.gc.high_threshold_percent,
             low: config.gc.low_threshold_percent,
+            kubelet: config.kubelet,
         });
         self.config = config;
     }

@@ -213,6 +213,11 @@ async fn an_image_removed_by_someone_else_is_counted_and_said_by_plan_and_check_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(daemon.metric("imagegc_images_removed_by_others_total").await, Some(0.0));
+    // No kubelet configuration read: its defaults are assumed, and high 100
+    // is above their eviction line.
+    assert_eq!(daemon.metric("imagegc_kubelet_config_read").await, Some(0.0));
+    assert_eq!(daemon.metric("imagegc_kubelet_image_gc_enabled").await, Some(1.0));
+    assert_eq!(daemon.metric("imagegc_high_threshold_above_eviction").await, Some(1.0));
     let before = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
