@@ -55,6 +55,10 @@ pub struct Cli {
     /// kubelet.config_dir).
     #[arg(long, global = true, value_name = "DIR", env = "IMAGEGC_KUBELET_CONFIG_DIR")]
     pub kubelet_config_dir: Option<PathBuf>,
+    /// A file of the kubelet's flags (MicroK8s: /var/snap/microk8s/current/args/kubelet),
+    /// whose image GC and eviction flags apply over its files (replaces kubelet.args_file).
+    #[arg(long, global = true, value_name = "FILE", env = "IMAGEGC_KUBELET_ARGS_FILE")]
+    pub kubelet_args_file: Option<PathBuf>,
     /// Read this node's pods and post events on its Node (turns
     /// kubernetes.enabled on; IMAGEGC_KUBERNETES=false leaves the file's).
     #[arg(long, global = true, env = "IMAGEGC_KUBERNETES")]
@@ -210,6 +214,7 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         dry_run,
         kubelet_config: cli.kubelet_config.clone(),
         kubelet_config_dir: cli.kubelet_config_dir.clone(),
+        kubelet_args_file: cli.kubelet_args_file.clone(),
         kubernetes: cli.kubernetes,
     };
     config::load(cli.config.as_deref(), &overrides)

@@ -63,6 +63,7 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
         dry_run: matches!(cli.command, Command::Run { dry_run: true }),
         kubelet_config: cli.kubelet_config.clone(),
         kubelet_config_dir: cli.kubelet_config_dir.clone(),
+        kubelet_args_file: cli.kubelet_args_file.clone(),
         kubernetes: cli.kubernetes,
     };
     let signals = handle_signals(shutdown.clone(), cli.config.clone(), overrides, reload_tx)?;

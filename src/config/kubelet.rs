@@ -89,6 +89,26 @@ fn binding(hard: Option<EvictionThreshold>, soft: Option<EvictionThreshold>) -> 
 /// it (imagegc's, or the command line) and the key it was named by.
 pub(super) type Named = (PathBuf, String, &'static str);
 
+/// Where the kubelet's configuration is read from, each optional.
+pub(super) struct Sources<'a> {
+    /// `kubelet.config`: its file (`--config`).
+    pub main: Option<&'a Named>,
+    /// `kubelet.config_dir`: its drop-in directory (`--config-dir`).
+    pub dir: Option<&'a Named>,
+    /// `kubelet.args_file`: a file of its flags, applied last.
+    pub args: Option<&'a Named>,
+}
+
+/// The kubelet flags imagegc reads from `kubelet.args_file`, and the
+/// KubeletConfiguration field each sets (flags win over the files, as in
+/// the kubelet).
+const FLAGS: [(&str, &str); 4] = [
+    ("image-gc-high-threshold", "imageGCHighThresholdPercent"),
+    ("image-gc-low-threshold", "imageGCLowThresholdPercent"),
+    ("eviction-hard", "evictionHard"),
+    ("eviction-soft", "evictionSoft"),
+];
+
 /// Reads the node's kubelet configuration as the kubelet assembles it (see
 /// [`read_node_kubelet`]) from `kubelet.config` and `kubelet.config_dir`
 /// (or their flags), and warns when the kubelet would collect images too,
@@ -98,13 +118,8 @@ pub(super) type Named = (PathBuf, String, &'static str);
 /// and a collector that refuses to start for want of it leaves the node
 /// with none. Problems of the kubelet's files are reported against the
 /// file that has them.
-pub(super) fn cross_check_kubelet(
-    config: &mut Config,
-    main: Option<&Named>,
-    dir: Option<&Named>,
-    problems: &mut Vec<super::Problem>,
-) {
-    let Some((document, sources)) = read_node_kubelet(config, main, dir, problems) else {
+pub(super) fn cross_check_kubelet(config: &mut Config, sources: &Sources<'_>, problems: &mut Vec<super::Problem>) {
+    let Some((document, sources)) = read_node_kubelet(config, sources, problems) else {
         return;
     };
     let mut found = Problems::new(sources.clone());
@@ -150,10 +165,10 @@ pub(super) fn cross_check_kubelet(
 /// not a kubelet configuration.
 fn read_node_kubelet(
     config: &mut Config,
-    main: Option<&Named>,
-    dir: Option<&Named>,
+    from: &Sources<'_>,
     problems: &mut Vec<super::Problem>,
 ) -> Option<(Map<String, Value>, String)> {
+    let (main, dir) = (from.main, from.dir);
     let unreadable = |what: &Path, key: &str, err: &dyn std::fmt::Display, mount: &str| {
         format!(
             "{key}: cannot read {}: {err}; the hand-over from the kubelet is not checked, and its defaults are \
@@ -223,12 +238,134 @@ fn read_node_kubelet(
             return None;
         }
     }
+    if let Some((path, _, key)) = from.args {
+        let text = match read_text(path) {
+            Ok(text) => text,
+            Err(err) => {
+                config.warnings.push(unreadable(path, key, &err, "flags file"));
+                return None;
+            }
+        };
+        let mut found = Problems::new(path.display().to_string());
+        let flags = read_flags(&text, &mut found);
+        if !found.list.is_empty() {
+            problems.extend(found.list);
+            return None;
+        }
+        // A flag replaces the field whole (a map flag its whole map, as
+        // the kubelet's first use of it does).
+        document.extend(flags);
+        sources.push(path.display().to_string());
+    }
     document.entry("kind").or_insert_with(|| Value::from(KUBELET_KIND));
     let sources = match sources.len() {
         0 => dir.map(|(path, _, _)| path.display().to_string()).unwrap_or_default(),
         _ => sources.join(" + "),
     };
     Some((document, sources))
+}
+
+/// The fields the kubelet flags of [`FLAGS`] in `text` set (a file of
+/// flags: `--name=value` or `--name value`, separated by white space or
+/// lines, values quoted or not; `#` starts a comment line; other flags are
+/// the kubelet's business). The last of a threshold flag wins; map flags
+/// (`signal<value,...`) add up, as in the kubelet.
+fn read_flags(text: &str, problems: &mut Problems) -> Map<String, Value> {
+    let words = shell_words(text);
+    let mut fields = Map::new();
+    let mut i = 0;
+    while i < words.len() {
+        let word = &words[i];
+        i += 1;
+        let Some(flag) = word.strip_prefix("--") else {
+            continue;
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((name, value)) => (name.replace('_', "-"), Some(value.to_owned())),
+            None => (flag.replace('_', "-"), None),
+        };
+        let Some(&(_, field)) = FLAGS.iter().find(|(f, _)| *f == name) else {
+            continue;
+        };
+        let value = match inline {
+            Some(value) => value,
+            None if i < words.len() && !words[i].starts_with("--") => {
+                i += 1;
+                words[i - 1].clone()
+            }
+            None => {
+                problems.push(format!("--{name}"), "the flag has no value");
+                continue;
+            }
+        };
+        if field.starts_with("eviction") {
+            let map = fields
+                .entry(field)
+                .or_insert_with(|| Value::Object(Map::new()))
+                .as_object_mut()
+                .expect("an eviction field is a map");
+            for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                match pair.split_once('<') {
+                    Some((signal, threshold)) => {
+                        map.insert(signal.trim().to_owned(), Value::from(threshold.trim()));
+                    }
+                    None => problems.push(
+                        format!("--{name}"),
+                        format!("{pair:?} is not signal<threshold (for example imagefs.available<15%)"),
+                    ),
+                }
+            }
+        } else {
+            match value.trim().parse::<i64>() {
+                Ok(percent) => {
+                    fields.insert(field.to_owned(), Value::from(percent));
+                }
+                Err(_) => problems.push(
+                    format!("--{name}"),
+                    format!("expected a whole percentage, got {value:?}"),
+                ),
+            }
+        }
+    }
+    fields
+}
+
+/// Words as a shell splits them: white space apart, quotes (`'`, `"`)
+/// grouping and removed, a backslash escaping the next character (a
+/// backslash-newline joins lines); lines starting with `#` skipped.
+fn shell_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    let mut chars = text.chars().peekable();
+    let mut line_start = true;
+    while let Some(c) = chars.next() {
+        if line_start && quote.is_none() && word.is_none() && c == '#' {
+            for skipped in chars.by_ref() {
+                if skipped == '\n' {
+                    break;
+                }
+            }
+            continue;
+        }
+        line_start = c == '\n' && quote.is_none();
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some('"') | None, '\\') => match chars.next() {
+                Some('\n') | None => {}
+                Some(escaped) => word.get_or_insert_with(String::new).push(escaped),
+            },
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
 }
 
 /// The `.conf` files under `dir`, in the order the kubelet merges them:
@@ -926,6 +1063,75 @@ mod tests {
         };
         let err = load(Some(&imagegc), &relative).unwrap_err();
         assert_eq!(err.problems[0].key, "--kubelet-config-dir");
+    }
+
+    /// MicroK8s passes the kubelet its settings as flags in
+    /// /var/snap/microk8s/current/args/kubelet: the image GC and eviction
+    /// flags apply over the kubelet's file, as in the kubelet.
+    #[test]
+    fn kubelet_flags_from_an_args_file_apply_over_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = dir.path().join("kubelet");
+        let kubelet = dir.path().join("config.yaml");
+        std::fs::write(&kubelet, format!("kind: KubeletConfiguration\n{GC_OFF}")).unwrap();
+        let imagegc = dir.path().join("imagegc.toml");
+        let load_with = |flags: &str, with_file: bool| {
+            std::fs::write(&args, flags).unwrap();
+            let file = if with_file {
+                format!("config = {:?}\n", kubelet.display().to_string())
+            } else {
+                String::new()
+            };
+            std::fs::write(
+                &imagegc,
+                format!(
+                    "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\n{file}args_file = {:?}\n",
+                    args.display().to_string()
+                ),
+            )
+            .unwrap();
+            load(Some(&imagegc), &Overrides::default())
+        };
+        let microk8s = "--kubeconfig=${SNAP_DATA}/credentials/kubelet.config\n--cert-dir=${SNAP_DATA}/certs\n\
+                        # image GC\n--image-gc-high-threshold 90\n--eviction-hard=\"memory.available<100Mi,imagefs.available<30%\"\n";
+        let config = load_with(microk8s, false).unwrap();
+        assert!(config.kubelet.read && config.kubelet.image_gc_enabled);
+        assert!(config.kubelet.high_above_eviction, "{:?}", config.warnings);
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(30.0))
+        );
+        assert!(
+            config
+                .warnings
+                .iter()
+                .any(|w| w.contains("evictionHard imagefs.available 30%")),
+            "{:?}",
+            config.warnings
+        );
+        // A flag wins over the file: the file turned GC off, the flag on.
+        let config = load_with(
+            "--image-gc-high-threshold=90 --eviction-soft='imagefs.available<10%'",
+            true,
+        )
+        .unwrap();
+        assert!(config.kubelet.image_gc_enabled);
+        let config = load_with("--image_gc_high_threshold=100\n", true).unwrap();
+        assert!(!config.kubelet.image_gc_enabled);
+        // A flag the kubelet would refuse names the file and the flag.
+        let err = load_with("--eviction-hard=imagefs.available=15%\n", false).unwrap_err();
+        assert_eq!(err.problems[0].file, args.display().to_string());
+        assert_eq!(err.problems[0].key, "--eviction-hard");
+        let err = load_with("--image-gc-low-threshold=lots\n", false).unwrap_err();
+        assert_eq!(err.problems[0].key, "--image-gc-low-threshold");
+    }
+
+    #[test]
+    fn args_files_split_as_a_shell_does() {
+        assert_eq!(
+            shell_words("# a comment\n--a=\"x y\" --b 'z'\\\n  --c=d\\ e\n"),
+            ["--a=x y", "--b", "z", "--c=d e"]
+        );
     }
 
     #[test]

@@ -92,6 +92,10 @@ pub struct Config {
     /// The kubelet's drop-in directory (`kubelet.config_dir`, the kubelet's
     /// `--config-dir`): its `.conf` files merged over `kubelet.config`.
     pub kubelet_config_dir: Option<PathBuf>,
+    /// A file of the kubelet's command-line flags (`kubelet.args_file`, e.g.
+    /// MicroK8s's /var/snap/microk8s/current/args/kubelet): its image GC
+    /// and eviction flags, over the files, as the kubelet applies them.
+    pub kubelet_args_file: Option<PathBuf>,
     /// What the kubelet's configuration says of living beside it, as read,
     /// or as assumed (the kubelet's defaults) when none was read.
     pub kubelet: KubeletView,
@@ -361,6 +365,7 @@ impl Default for Config {
             eviction_imagefs_available: None,
             kubelet_config: None,
             kubelet_config_dir: None,
+            kubelet_args_file: None,
             kubelet: KubeletView::assumed(85),
             kubernetes: KubernetesConfig::default(),
             source: None,
@@ -421,6 +426,7 @@ listen = {listen}
 [kubelet]
 config = {kubelet_config}
 config_dir = {kubelet_config_dir}
+args_file = {kubelet_args_file}
 
 [kubernetes]
 enabled = {kube_enabled}
@@ -453,6 +459,7 @@ pods_stale_after = "{pods_stale_after}"
             listen = toml_string(&self.metrics.listen.map(|addr| addr.to_string()).unwrap_or_default()),
             kubelet_config = path(self.kubelet_config.as_deref()),
             kubelet_config_dir = path(self.kubelet_config_dir.as_deref()),
+            kubelet_args_file = path(self.kubelet_args_file.as_deref()),
             kube_enabled = self.kubernetes.enabled,
             kube_node = toml_string(self.kubernetes.node_name.as_deref().unwrap_or("")),
             kubeconfig = path(self.kubernetes.kubeconfig.as_deref()),
@@ -490,6 +497,9 @@ pub struct Overrides {
     /// `kubelet.config_dir`, the kubelet's drop-in directory (an absolute
     /// path).
     pub kubelet_config_dir: Option<PathBuf>,
+    /// `--kubelet-args-file` (`IMAGEGC_KUBELET_ARGS_FILE`): replaces
+    /// `kubelet.args_file`, a file of the kubelet's flags (an absolute path).
+    pub kubelet_args_file: Option<PathBuf>,
     /// `--kubernetes` (`IMAGEGC_KUBERNETES`): turns `kubernetes.enabled` on
     /// (false leaves the file's value). The kustomize component and the
     /// chart set it with the RBAC they add.
@@ -570,10 +580,23 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
         );
         (p, file, key)
     });
+    let args = config.kubelet_args_file.clone().map(|p| {
+        let (file, key) = named_by(
+            overrides.kubelet_args_file.is_some(),
+            "--kubelet-args-file",
+            "kubelet.args_file",
+        );
+        (p, file, key)
+    });
     config.kubelet = KubeletView::assumed(config.gc.high_threshold_percent);
-    if main.is_some() || dir.is_some() {
+    if main.is_some() || dir.is_some() || args.is_some() {
         let mut found = Vec::new();
-        kubelet::cross_check_kubelet(&mut config, main.as_ref(), dir.as_ref(), &mut found);
+        let sources = kubelet::Sources {
+            main: main.as_ref(),
+            dir: dir.as_ref(),
+            args: args.as_ref(),
+        };
+        kubelet::cross_check_kubelet(&mut config, &sources, &mut found);
         problems.extend(found);
     }
     if problems.is_empty() {
@@ -671,6 +694,11 @@ fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Pr
         && validate::check_absolute("--kubelet-config-dir", path, problems)
     {
         config.kubelet_config_dir = Some(path.clone());
+    }
+    if let Some(path) = &overrides.kubelet_args_file
+        && validate::check_absolute("--kubelet-args-file", path, problems)
+    {
+        config.kubelet_args_file = Some(path.clone());
     }
     if overrides.kubernetes {
         if !cfg!(feature = "kubernetes") {
@@ -856,7 +884,7 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 29, "{keys:?}");
+        assert_eq!(keys.len(), 30, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));

@@ -90,6 +90,7 @@ pub(super) struct RawMetrics {
 pub(super) struct RawKubeletRef {
     pub(super) config: Option<String>,
     pub(super) config_dir: Option<String>,
+    pub(super) args_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -74,7 +74,7 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
     let protect = protect_section(raw.protect, &mut warnings, problems);
     let state = state_section(raw.state, &defaults.state, problems);
     let metrics = metrics_section(&raw.metrics, &defaults.metrics, problems);
-    let (kubelet_config, kubelet_config_dir) = kubelet_section(raw.kubelet, problems);
+    let (kubelet_config, kubelet_config_dir, kubelet_args_file) = kubelet_section(raw.kubelet, problems);
     let kubernetes = kubernetes_section(raw.kubernetes, problems);
     Config {
         runtime,
@@ -84,6 +84,7 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
         metrics,
         kubelet_config,
         kubelet_config_dir,
+        kubelet_args_file,
         kubernetes,
         warnings,
         ..defaults
@@ -314,9 +315,11 @@ fn metrics_section(raw: &RawMetrics, defaults: &MetricsConfig, problems: &mut Pr
     MetricsConfig { listen }
 }
 
-/// `[kubelet]`: the node's KubeletConfiguration and the kubelet's drop-in
-/// directory, absolute paths.
-fn kubelet_section(raw: RawKubeletRef, problems: &mut Problems) -> (Option<PathBuf>, Option<PathBuf>) {
+/// `[kubelet]`: the node's KubeletConfiguration, the kubelet's drop-in
+/// directory and a file of its flags, absolute paths.
+type KubeletPaths = (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>);
+
+fn kubelet_section(raw: RawKubeletRef, problems: &mut Problems) -> KubeletPaths {
     let mut absolute = |key: &str, path: Option<String>| {
         let path = PathBuf::from(path.filter(|p| !p.is_empty())?);
         check_absolute(key, &path, problems).then_some(path)
@@ -324,6 +327,7 @@ fn kubelet_section(raw: RawKubeletRef, problems: &mut Problems) -> (Option<PathB
     (
         absolute("kubelet.config", raw.config),
         absolute("kubelet.config_dir", raw.config_dir),
+        absolute("kubelet.args_file", raw.args_file),
     )
 }
 

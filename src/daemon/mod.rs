@@ -459,6 +459,7 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
         eviction_imagefs_available: _,
         kubelet_config: _,
         kubelet_config_dir: _,
+        kubelet_args_file: _,
         kubelet: _,
         // Start-only (see `StartOnly`).
         kubernetes: _,
