@@ -9,7 +9,9 @@
 //! late or not at all), and one the journal holds for the image since it
 //! was first seen (a process that ended between its journal line and its
 //! state save). When in doubt (`ImageStatus` fails until the records'
-//! grace passes), nothing is counted.
+//! grace passes), nothing is counted. An image that went while no imagegc
+//! ran is found at the first listing after the start, as its record
+//! (from the state file) is then omitted.
 //!
 //! What is found goes out as [`Event::RemovedByOthers`]: metrics, the
 //! usage log (`"by":"other"`, read back by `plan`, `images` and
