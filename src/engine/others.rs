@@ -82,7 +82,13 @@ impl<R: Runtime> Collector<R> {
         let mut gone = Vec::new();
         for (id, answer) in ids.iter().zip(answers) {
             match seen_by_status(&answer) {
-                Seen::Unsure => {}
+                // Asked again after the others waiting.
+                Seen::Unsure => {
+                    if let Some(place) = self.others.images.iter().position(|(u, _)| &u.id == id) {
+                        let unsure = self.others.images.remove(place);
+                        self.others.images.push(unsure);
+                    }
+                }
                 Seen::There => self.others.images.retain(|(u, _)| &u.id != id),
                 Seen::Gone => {
                     if let Some(place) = self.others.images.iter().position(|(u, _)| &u.id == id) {

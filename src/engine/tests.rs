@@ -35,6 +35,8 @@ struct Sim {
     omit: Vec<String>,
     /// `ImageStatus` fails while set.
     fail_image_status: bool,
+    /// `ImageStatus` of these fails.
+    fail_image_status_of: Vec<String>,
     fail_stats: bool,
     /// ListContainers fails while set: the runtime is down.
     fail_lists: bool,
@@ -142,7 +144,7 @@ impl Runtime for SimHandle {
     }
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
         let sim = self.0.lock().unwrap();
-        if sim.fail_image_status {
+        if sim.fail_image_status || sim.fail_image_status_of.iter().any(|f| f == id) {
             return Err(RuntimeError::Rpc {
                 rpc: "ImageStatus",
                 endpoint: "unix:///sim.sock".to_string(),
@@ -1501,4 +1503,32 @@ async fn a_removal_journaled_before_a_kill_that_left_its_record_is_not_removed_b
     sim.with(|s| s.images.retain(|i| i.id != "a"));
     assert!(c.poll_usage().await.is_ok());
     none_removed_by_others(&c);
+}
+
+#[tokio::test]
+async fn images_whose_status_cannot_be_read_do_not_keep_the_others_from_being_asked_about() {
+    let sim = SimHandle::default();
+    let many: Vec<String> = (0..40).map(|i| format!("u{i:02}")).collect();
+    sim.with(|s| {
+        s.images = many
+            .iter()
+            .map(|id| image(id, 10))
+            .chain([image("x", 7), image("kept", 1)])
+            .collect();
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    // All go at once; the runtime cannot answer about 40 of them.
+    sim.with(|s| {
+        s.images.retain(|i| i.id == "kept");
+        s.fail_image_status_of = many.clone();
+    });
+    // 41 to ask about, 16 at a time: `x` is asked by the third listing
+    // whatever its place.
+    for _ in 0..3 {
+        assert!(c.poll_usage().await.is_ok());
+    }
+    assert_eq!(removed_by_others(&c).0, "1");
+    assert_eq!(removed_by_others(&c).1, "7");
 }
