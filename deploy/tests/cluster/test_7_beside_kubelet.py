@@ -114,7 +114,13 @@ def test_imagegc_counts_what_the_kubelets_own_gc_removes(cluster):
         assert f"another collector removed {len(by_others)} image(s)" in plan, plan
         assert PAUSE_IMAGE in cluster.images()
         assert w.evicted_pods(cluster) == []
-        assert not [e for e in w.eviction_events(cluster) if e["metadata"]["uid"] not in evictions_before]
+        # The disk this scenario fills never reached the kubelet's eviction
+        # line (other signals, memory on a busy test machine, are not this
+        # scenario's: they are printed).
+        new = [(e["reason"], e.get("message", "")) for e in w.eviction_events(cluster)
+               if e["metadata"]["uid"] not in evictions_before]
+        print(f"beside: eviction events during the scenario: {new}")
+        assert not [(r, m) for r, m in new if r == "Evicted" or "imagefs" in m or "nodefs" in m], new
     finally:
         restart_kubelet(cluster, original)
         d.delete()
