@@ -134,15 +134,19 @@ pub enum NodeEventReason {
     /// No source names the runtime's sandbox image, or the configured one
     /// matches no image.
     SandboxImageUnknown,
+    /// Someone else (the kubelet's image GC, another collector) removes
+    /// images imagegc did not ask to remove.
+    ImagesRemovedByOthers,
 }
 
 impl NodeEventReason {
     /// Every reason, in a fixed order.
-    pub const ALL: [NodeEventReason; 4] = [
+    pub const ALL: [NodeEventReason; 5] = [
         NodeEventReason::FreeDiskSpaceFailed,
         NodeEventReason::ImageGCFailed,
         NodeEventReason::ImageRepullThrash,
         NodeEventReason::SandboxImageUnknown,
+        NodeEventReason::ImagesRemovedByOthers,
     ];
 
     /// The event's `reason`, as `kubectl get events` shows it.
@@ -152,6 +156,7 @@ impl NodeEventReason {
             NodeEventReason::ImageGCFailed => "ImageGCFailed",
             NodeEventReason::ImageRepullThrash => "ImageRepullThrash",
             NodeEventReason::SandboxImageUnknown => "SandboxImageUnknown",
+            NodeEventReason::ImagesRemovedByOthers => "ImagesRemovedByOthers",
         }
     }
 }
@@ -203,6 +208,81 @@ pub struct Metrics {
     node: NodeFamilies,
     cri: CriFamilies,
     kubernetes: KubernetesFamilies,
+    beside: BesideFamilies,
+}
+
+/// Living beside the kubelet's own image GC: what someone else removed, and
+/// what the kubelet's configuration says (see [`crate::config`]'s kubelet
+/// reader).
+#[derive(Debug)]
+struct BesideFamilies {
+    removed_by_others: Counter,
+    removed_by_others_bytes: Counter,
+    last_removal_by_others: GaugeF64,
+    kubelet_config_read: Gauge,
+    kubelet_image_gc_enabled: Gauge,
+    high_above_eviction: Gauge,
+}
+
+impl BesideFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let removed_by_others = Counter::default();
+        registry.register(
+            "imagegc_images_removed_by_others",
+            "Images that went without imagegc asking (the kubelet's image GC, another collector, crictl rmi): \
+             omitted by a listing and not found by ImageStatus, never a removal imagegc asked for",
+            removed_by_others.clone(),
+        );
+        let removed_by_others_bytes = Counter::default();
+        registry.register_with_unit(
+            "imagegc_removed_by_others",
+            "The last known sizes, as the runtime reported them, of the images counted in \
+             imagegc_images_removed_by_others_total",
+            Unit::Bytes,
+            removed_by_others_bytes.clone(),
+        );
+        let last_removal_by_others = GaugeF64::default();
+        registry.register_with_unit(
+            "imagegc_last_removal_by_others_timestamp",
+            "When imagegc last found an image removed by someone else (Unix time; 0 when never, in this process)",
+            Unit::Seconds,
+            last_removal_by_others.clone(),
+        );
+        let kubelet_config_read = Gauge::default();
+        registry.register(
+            "imagegc_kubelet_config_read",
+            "1 when the kubelet's configuration (kubelet.config, kubelet.config_dir) was read; 0 when none is \
+             configured or it could not be read, and the kubelet's defaults are assumed",
+            kubelet_config_read.clone(),
+        );
+        let kubelet_image_gc_enabled = Gauge::default();
+        registry.register(
+            "imagegc_kubelet_image_gc_enabled",
+            "1 when the kubelet's own image GC is on, as its configuration says, or as assumed when none was \
+             read (the kubelet's default: on, 85/80); 0 when it is off (imageGCHighThresholdPercent 100, \
+             imageMaximumGCAge 0)",
+            kubelet_image_gc_enabled.clone(),
+        );
+        let high_above_eviction = Gauge::default();
+        registry.register(
+            "imagegc_high_threshold_above_eviction",
+            "1 when gc.high_threshold_percent is at or above a kubelet eviction line on the image filesystem \
+             (evictionHard or evictionSoft as read, or the kubelet's default imagefs.available 15% when none \
+             is read): the kubelet evicts pods before imagegc collects",
+            high_above_eviction.clone(),
+        );
+        // Assumed until a configuration says otherwise: the kubelet's
+        // default is on.
+        kubelet_image_gc_enabled.set(1);
+        BesideFamilies {
+            removed_by_others,
+            removed_by_others_bytes,
+            last_removal_by_others,
+            kubelet_config_read,
+            kubelet_image_gc_enabled,
+            high_above_eviction,
+        }
+    }
 }
 
 /// What imagegc knows of the cluster (`[kubernetes]`); zero when off.
@@ -650,6 +730,7 @@ impl Metrics {
         let node = NodeFamilies::register(&mut registry);
         let cri = CriFamilies::register(&mut registry);
         let kubernetes = KubernetesFamilies::register(&mut registry);
+        let beside = BesideFamilies::register(&mut registry);
         Metrics {
             registry,
             removals,
@@ -658,7 +739,28 @@ impl Metrics {
             node,
             cri,
             kubernetes,
+            beside,
         }
+    }
+
+    /// Someone else removed `images` images whose last known sizes add up
+    /// to `bytes`, found at `at`.
+    pub fn removed_by_others(&self, images: usize, bytes: u64, at: SystemTime) {
+        let b = &self.beside;
+        b.removed_by_others.inc_by(images as u64);
+        b.removed_by_others_bytes.inc_by(bytes);
+        b.last_removal_by_others
+            .set(at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
+    }
+
+    /// What the kubelet's configuration says, as read (or assumed when
+    /// `read` is false): whether its image GC is on, and whether imagegc's
+    /// high threshold is at or above one of its eviction lines.
+    pub fn set_kubelet(&self, read: bool, image_gc_enabled: bool, high_above_eviction: bool) {
+        let b = &self.beside;
+        b.kubelet_config_read.set(i64::from(read));
+        b.kubelet_image_gc_enabled.set(i64::from(image_gc_enabled));
+        b.high_above_eviction.set(i64::from(high_above_eviction));
     }
 
     /// A CRI call to the runtime ended with the gRPC status `code` ("OK",

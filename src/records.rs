@@ -161,10 +161,26 @@ pub struct Observed {
     pub new: Vec<usize>,
     /// Images no longer listed whose records are kept for the grace.
     pub vanished: usize,
+    /// Those images as their records knew them (the listing omits them:
+    /// removed, or a partial listing; only `ImageStatus` can tell).
+    pub unlisted: Vec<Unlisted>,
     /// Images listed again within the grace: their history is back.
     pub returned: usize,
     /// Records dropped because their image stayed unlisted past the grace.
     pub dropped: usize,
+}
+
+/// An image a listing omitted for the first time, as its record knew it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unlisted {
+    /// Its id.
+    pub id: String,
+    /// Its tags as last listed.
+    pub tags: Names,
+    /// The size the runtime last reported, in bytes.
+    pub size: u64,
+    /// When imagegc first saw it listed.
+    pub first_seen: SystemTime,
 }
 
 /// Equal records hold the same images with the same facts; what changed
@@ -366,6 +382,12 @@ impl Records {
                 .collect();
             for id in gone {
                 let record = self.map.remove(&id).expect("listed above");
+                observed.unlisted.push(Unlisted {
+                    id: id.clone(),
+                    tags: record.tags.clone(),
+                    size: record.size,
+                    first_seen: record.first_seen,
+                });
                 self.vanished.insert(id, (record, now));
                 observed.vanished += 1;
             }

@@ -259,7 +259,7 @@ impl Recorder {
             event,
             Event::Seen { .. }
                 | Event::Removed(_)
-                | Event::GoneAlready { .. }
+                | Event::RemovedByOthers { .. }
                 | Event::CycleStarted
                 | Event::Usage { .. }
         )
@@ -291,13 +291,14 @@ impl Recorder {
             }
             Event::Removed(removal) if !removal.dry_run => {
                 self.removed.insert(Id::of(&removal.id));
-                push(&mut lines, at, removed(&removal.id, "imagegc"));
+                push(&mut lines, at, removed(&removal.id, "imagegc", None));
             }
-            Event::GoneAlready { id, .. } => {
-                // Said once: a later listing finds it gone already.
-                let gone = Id::of(id);
-                if self.listed(&gone) && self.removed.insert(gone) {
-                    push(&mut lines, at, removed(id, "other"));
+            Event::RemovedByOthers { images, .. } => {
+                // Found gone (see `engine::others`): also by the listing
+                // that omitted it, which wrote nothing for it.
+                for image in *images {
+                    self.removed.insert(Id::of(&image.id));
+                    push(&mut lines, at, removed(&image.id, "other", Some(image.size)));
                 }
             }
             Event::CycleStarted => self.cycle_disk_due = true,
@@ -327,14 +328,10 @@ impl Recorder {
         order.dedup_by(|later, first| later.0 == first.0);
         let (listed, places): (Vec<Id>, Vec<u32>) = order.into_iter().unzip();
         let listed = Arc::new(listed);
-        // Gone without imagegc removing them (imagegc's removals were
-        // said as they happened).
+        // An image gone without imagegc removing it is said when it is
+        // known gone (`Event::RemovedByOthers`, right after this listing):
+        // a listing alone may be partial.
         let removed_since = std::mem::take(&mut self.removed);
-        for id in self.images.iter() {
-            if listed.binary_search(id).is_err() && !removed_since.contains(id) {
-                push(lines, at, removed(&id.to_string(), "other"));
-            }
-        }
         let whole = !self.started;
         if !whole {
             for image in images {
@@ -477,10 +474,11 @@ fn image_line(id: &str, tags: &Names, digests: &Names, size: u64) -> Line {
     }
 }
 
-fn removed(id: &str, by: &str) -> Line {
+fn removed(id: &str, by: &str, bytes: Option<u64>) -> Line {
     Line::Removed {
         image: id.to_string(),
         by: by.to_string(),
+        bytes,
     }
 }
 
@@ -489,6 +487,62 @@ fn push(lines: &mut Vec<u8>, at: Seconds, line: Line) {
     if serde_json::to_writer(&mut *lines, &Record { at, line }).is_ok() {
         lines.push(b'\n');
     }
+}
+
+/// What the usage log says someone else removed (lines `"by":"other"`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RemovedByOthers {
+    /// How many images.
+    pub images: u64,
+    /// Their last known sizes, added up.
+    pub bytes: u64,
+    /// When the last of them was found gone.
+    pub last: Option<SystemTime>,
+}
+
+impl RemovedByOthers {
+    /// The removals by others the usage log of `state_dir` recorded at or
+    /// after `since` (its rotated file, then its current one). No log: none.
+    pub fn read(state_dir: &Path, since: SystemTime) -> io::Result<Self> {
+        use std::io::BufRead as _;
+        let since = since.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let files = Files::new(state_dir);
+        let mut found = RemovedByOthers::default();
+        for path in [&files.rotated, &files.path] {
+            let file = match safe_file::open_read(path, safe_file::Links::Refuse) {
+                Ok(file) => file,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            for line in io::BufReader::new(file).split(b'\n') {
+                let line = line?;
+                // Only removal lines by others are parsed; a line cut
+                // short is skipped, as every reader of the log does.
+                if !contains(&line, br#""by":"other""#) {
+                    continue;
+                }
+                let Ok(Record {
+                    at,
+                    line: Line::Removed { bytes, .. },
+                }) = serde_json::from_slice::<Record>(&line)
+                else {
+                    continue;
+                };
+                if at < since {
+                    continue;
+                }
+                found.images += 1;
+                found.bytes = found.bytes.saturating_add(bytes.unwrap_or(0));
+                let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(at);
+                found.last = found.last.max(Some(at));
+            }
+        }
+        Ok(found)
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The log files of one state directory.
@@ -788,9 +842,25 @@ mod tests {
         let images = [a.clone(), b.clone(), c.clone()];
         r.record(&seen(&images, &[container_using("y", &b)]), 1060, &mut out);
         r.record(&Event::Removed(&removal("a")), 1100, &mut out);
-        // c goes without imagegc.
+        // c goes without imagegc: the listing alone says nothing (it may
+        // be partial); the engine's finding that it is gone does.
         let images = [b.clone()];
         r.record(&seen(&images, &[container_using("y", &b)]), 1160, &mut out);
+        assert!(!text(&out).contains(r#""image":"c","by""#), "{}", text(&out));
+        let gone = [crate::records::Unlisted {
+            id: "c".into(),
+            tags: c.repo_tags.clone(),
+            size: 300,
+            first_seen: SystemTime::UNIX_EPOCH,
+        }];
+        r.record(
+            &Event::RemovedByOthers {
+                images: &gone,
+                at: SystemTime::UNIX_EPOCH,
+            },
+            1160,
+            &mut out,
+        );
         let log = text(&out);
         assert_eq!(log.matches("\"ev\":\"disk\"").count(), 1, "{log}");
         assert!(
@@ -798,7 +868,7 @@ mod tests {
             "{log}"
         );
         assert!(
-            log.contains(r#"{"at":1160,"ev":"removed","image":"c","by":"other"}"#),
+            log.contains(r#"{"at":1160,"ev":"removed","image":"c","by":"other","bytes":300}"#),
             "{log}"
         );
         assert!(
@@ -978,8 +1048,55 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.len() > QUEUE_MAX_BYTES, "the listing is {} bytes", text.len());
         assert_eq!(text.matches(r#""ev":"image""#).count(), 12_000, "each image once");
-        assert_eq!(text.matches(r#""ev":"removed""#).count(), 1);
+        assert_eq!(
+            text.matches(r#""ev":"removed""#).count(),
+            0,
+            "an image a listing omits is said once known gone"
+        );
         let trace = Trace::read_log(&path).unwrap();
         assert_eq!(trace.images.len(), 12_000);
+    }
+
+    /// `plan`, `images` and `check-config` read what others removed from
+    /// both files, since a time, skipping a line cut short.
+    #[test]
+    fn removals_by_others_are_read_back_since_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |s: u64| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s);
+        assert_eq!(
+            RemovedByOthers::read(dir.path(), at(0)).unwrap(),
+            RemovedByOthers::default(),
+            "no log: nothing"
+        );
+        std::fs::write(
+            dir.path().join(format!("{FILE_NAME}.1")),
+            concat!(
+                r#"{"at":100,"ev":"removed","image":"old","by":"other","bytes":7}"#,
+                "\n",
+                r#"{"at":2000,"ev":"removed","image":"a","by":"other","bytes":1000}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join(FILE_NAME),
+            concat!(
+                r#"{"at":2100,"ev":"removed","image":"mine","by":"imagegc"}"#,
+                "\n",
+                r#"{"at":2500,"ev":"removed","image":"b","by":"other","bytes":24}"#,
+                "\n",
+                r#"{"at":2600,"ev":"removed","image":"c","by":"oth"#,
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            RemovedByOthers::read(dir.path(), at(1000)).unwrap(),
+            RemovedByOthers {
+                images: 2,
+                bytes: 1024,
+                last: Some(at(2500)),
+            }
+        );
+        assert_eq!(RemovedByOthers::read(dir.path(), at(0)).unwrap().images, 3);
     }
 }

@@ -234,6 +234,40 @@ def default(kustomized, render, deploy):
     return problems
 
 
+def kubelet(render, values_file):
+    """The kubelet's file and drop-in directory: nothing of them in the pod
+    unless kubelet.configPath / kubelet.configDir are set (a hostPath a node
+    lacks keeps the pod in ContainerCreating); when set, each mounted
+    read-only at its own path from a hostPath of the right type, and named
+    to imagegc by its environment variable."""
+    problems = Problems()
+    v = {}
+    if values_file:
+        with open(values_file, encoding="utf-8") as f:
+            v = (yaml.safe_load(f) or {}).get("kubelet", {})
+    (ds,) = by_kind(load(render))["DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    volumes = {x["name"]: x for x in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    for key, name, var, kind in (("configPath", "kubelet-config", "IMAGEGC_KUBELET_CONFIG", "File"),
+                                 ("configDir", "kubelet-config-dir", "IMAGEGC_KUBELET_CONFIG_DIR", "Directory")):
+        path = v.get(key, "")
+        if not path:
+            problems.check(name not in volumes, f"kubelet.{key} unset, but volume {name} is in the pod")
+            problems.check(name not in mounts, f"kubelet.{key} unset, but {name} is mounted")
+            problems.check(var not in env, f"kubelet.{key} unset, but {var} is set")
+            continue
+        problems.same(f"{name} hostPath", volumes.get(name, {}).get("hostPath"), {"path": path, "type": kind})
+        problems.same(f"{name} mount", mounts.get(name), {"name": name, "mountPath": path, "readOnly": True})
+        problems.same(var, env.get(var), path)
+    problems.check(not any(x.get("hostPath", {}).get("path", "").startswith(("/var/lib/kubelet", "/etc/kubernetes"))
+                           for n, x in volumes.items() if n not in ("kubelet-config", "kubelet-config-dir")),
+                   "a kubelet path is mounted under another name")
+    return problems
+
+
 def values(render, values_file, deploy):
     problems = Problems()
     with open(values_file, encoding="utf-8") as f:

@@ -47,7 +47,7 @@ CONFIG_KEYS = {
     "protect": {"images", "keep_recent_per_repository"},
     "state": {"dir"},
     "metrics": {"listen"},
-    "kubelet": {"config"},
+    "kubelet": {"config", "config_dir", "args_file"},
     "kubernetes": {"enabled", "protect_pods", "node_events", "pods_stale_after"},
 }
 OPERATOR_EXTRAS = {"prometheusrule.yaml", "podmonitor.yaml"}

@@ -55,9 +55,21 @@ EXPORTED = {
     "imagegc_kubernetes_pods_stale": {},
     "imagegc_kubernetes_node_found": {},
     "imagegc_kubernetes_node_events_total": {
-        "reason": {"FreeDiskSpaceFailed", "ImageGCFailed", "ImageRepullThrash", "SandboxImageUnknown"},
+        "reason": {
+            "FreeDiskSpaceFailed",
+            "ImageGCFailed",
+            "ImageRepullThrash",
+            "SandboxImageUnknown",
+            "ImagesRemovedByOthers",
+        },
         "result": {"posted", "failed", "dropped"},
     },
+    "imagegc_images_removed_by_others_total": {},
+    "imagegc_removed_by_others_bytes_total": {},
+    "imagegc_last_removal_by_others_timestamp_seconds": {},
+    "imagegc_kubelet_config_read": {},
+    "imagegc_kubelet_image_gc_enabled": {},
+    "imagegc_high_threshold_above_eviction": {},
     "imagegc_node_info": {"node": None},  # any value
     "imagegc_build_info": {"version": None},  # any value
 }

@@ -210,6 +210,12 @@ def test_every_configuration_key_is_a_chart_value():
     no_problems(missing_values, "configuration keys without a chart value")
 
 
+@pytest.mark.parametrize("name", ["default", "everything"])
+def test_helm_mounts_the_kubelets_files_only_when_set(helm, name):
+    # default: nothing mounted; everything: EKS's file and drop-in directory.
+    no_problems(check_helm().kubelet(helm.render(name, "1.26.0"), SETS[name][2]), f"{name}: the kubelet's files")
+
+
 def test_helm_pod_and_service_monitor_scrape_as_deploy_podmonitor(helm):
     no_problems(check_helm().monitors(helm.render("podmonitor", "1.26.0"), helm.render("everything", "1.26.0"),
                                       DEPLOY), "the chart's monitors")

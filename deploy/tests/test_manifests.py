@@ -212,3 +212,40 @@ def test_readme_blocks_the_cluster_suite_runs_are_there_and_parse():
     assert ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "imagegc"
     with open(os.path.join(DEPLOY, "helm", "imagegc", "Chart.yaml"), encoding="utf-8") as f:
         assert yaml.safe_load(f)["name"] == "imagegc", "the chart's pods carry app.kubernetes.io/name: <chart name>"
+
+
+def kubelet_parts(built):
+    """The DaemonSet's kubelet volumes, mounts and variables in a build."""
+    yaml = module("yaml")
+    (ds,) = [d for d in yaml.safe_load_all(built) if d and d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    volumes = [v for v in pod["volumes"] if "kubelet" in v["name"]]
+    mounts = [m for m in c["volumeMounts"] if "kubelet" in m["name"]]
+    env = {e["name"]: e.get("value") for e in c.get("env", []) if e["name"].startswith("IMAGEGC_KUBELET")}
+    return volumes, mounts, env
+
+
+def test_the_kubelets_file_is_mounted_only_with_its_component(kustomized, work):
+    # kubectl apply -k deploy/ mounts nothing of the kubelet's: a node that
+    # keeps its file elsewhere, or has none, still starts the pod.
+    assert kubelet_parts(kustomized.read_text()) == ([], [], {})
+    # deploy/components/kubelet-config: kubeadm's file, read-only.
+    import shutil
+
+    from support import output
+
+    overlay = work / "kubelet-config-overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {os.path.relpath(DEPLOY, overlay)}\n"
+        f"components:\n  - {os.path.relpath(os.path.join(DEPLOY, 'components', 'kubelet-config'), overlay)}\n")
+    # As the kustomized fixture builds deploy/: kubectl's kustomize, or kustomize.
+    kubectl, kustomize = shutil.which("kubectl"), shutil.which("kustomize")
+    build = [kubectl, "kustomize"] if kubectl else [kustomize, "build"]
+    volumes, mounts, env = kubelet_parts(output(*build, str(overlay)))
+    path = "/var/lib/kubelet/config.yaml"
+    assert volumes == [{"name": "kubelet-config", "hostPath": {"path": path, "type": "File"}}]
+    assert mounts == [{"name": "kubelet-config", "mountPath": path, "readOnly": True}]
+    assert env == {"IMAGEGC_KUBELET_CONFIG": path}

@@ -165,9 +165,13 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     let measured: Option<&FsStats> = fs.as_ref().ok();
     let mismatch = image_fs_mismatch.map_or_else(String::new, |why| format!("warning: {}\n", printable(&why)));
     let images_take = image_bytes.map_or_else(String::new, |b| image_bytes_line(&b, footprint));
+    let others = super::table::removed_by_others_line(&config.state.dir, crate::time::Clock::start().now())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     let container_line = container_fs.as_ref().map_or_else(String::new, ContainerFsView::line);
     let text = format!(
-        "runtime: {} {} at {}\n{}{images_take}{container_line}\n{mismatch}{}",
+        "runtime: {} {} at {}\n{}{images_take}{container_line}{others}\n{mismatch}{}",
         cell(&version.runtime_name),
         cell(&version.runtime_version),
         runtime.endpoint(),

@@ -50,6 +50,15 @@ pub struct Cli {
     /// (replaces kubelet.config).
     #[arg(long, global = true, value_name = "FILE", env = "IMAGEGC_KUBELET_CONFIG")]
     pub kubelet_config: Option<PathBuf>,
+    /// The kubelet's drop-in directory (its --config-dir), whose .conf
+    /// files are merged over the kubelet's file (replaces
+    /// kubelet.config_dir).
+    #[arg(long, global = true, value_name = "DIR", env = "IMAGEGC_KUBELET_CONFIG_DIR")]
+    pub kubelet_config_dir: Option<PathBuf>,
+    /// A file of the kubelet's flags (MicroK8s: /var/snap/microk8s/current/args/kubelet),
+    /// whose image GC and eviction flags apply over its files (replaces kubelet.args_file).
+    #[arg(long, global = true, value_name = "FILE", env = "IMAGEGC_KUBELET_ARGS_FILE")]
+    pub kubelet_args_file: Option<PathBuf>,
     /// Read this node's pods and post events on its Node (turns
     /// kubernetes.enabled on; IMAGEGC_KUBERNETES=false leaves the file's).
     #[arg(long, global = true, env = "IMAGEGC_KUBERNETES")]
@@ -204,6 +213,8 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         state_dir: cli.state_dir.clone(),
         dry_run,
         kubelet_config: cli.kubelet_config.clone(),
+        kubelet_config_dir: cli.kubelet_config_dir.clone(),
+        kubelet_args_file: cli.kubelet_args_file.clone(),
         kubernetes: cli.kubernetes,
     };
     config::load(cli.config.as_deref(), &overrides)
@@ -360,6 +371,14 @@ async fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
                 running.pid,
                 keys.join(", ")
             );
+        }
+    }
+    // What the daemon's usage log saw others remove, when it can be read.
+    if config.state.dir.join(crate::usage_log::FILE_NAME).exists() {
+        match table::removed_by_others_line(&config.state.dir, crate::time::Clock::start().now()) {
+            Ok(Some(line)) => eprint!("warning: {line}"),
+            Ok(None) => eprintln!("no image was removed by another collector in the last 24 h (the usage log)"),
+            Err(_) => {}
         }
     }
     out::text(&config.to_toml_string())?;

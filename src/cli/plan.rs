@@ -148,6 +148,9 @@ pub async fn plan(
     if let Some(why) = &mismatch {
         text.push_str(&format!("no space pass: {}\n", printable(why)));
     }
+    if let Ok(Some(line)) = super::table::removed_by_others_line(&config.state.dir, now) {
+        text.push_str(&line);
+    }
     text.push_str(&summary(&plan, &view, outlook.as_ref(), once_aged, &config));
     text.push_str(&removals_text(&plan, &view, config.gc.order, now));
     text.push_str(&kept_text(&plan));

@@ -22,6 +22,12 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    if !config.kubelet.read {
+        tracing::info!(
+            "no kubelet configuration read (kubelet.config, kubelet.config_dir): assuming the kubelet's defaults, \
+             its own image GC on at 85/80 and pods evicted below imagefs.available 15%"
+        );
+    }
     let _lock = lock_state(&config)?;
     // For `check-config`: what only a restart changes, as read now.
     Running::write(&config);
@@ -56,6 +62,8 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
         state_dir: cli.state_dir.clone(),
         dry_run: matches!(cli.command, Command::Run { dry_run: true }),
         kubelet_config: cli.kubelet_config.clone(),
+        kubelet_config_dir: cli.kubelet_config_dir.clone(),
+        kubelet_args_file: cli.kubelet_args_file.clone(),
         kubernetes: cli.kubernetes,
     };
     let signals = handle_signals(shutdown.clone(), cli.config.clone(), overrides, reload_tx)?;

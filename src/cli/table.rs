@@ -21,6 +21,37 @@ pub fn image_bytes_line(bytes: &ImageBytes, footprint: DiskFootprint) -> String 
     }
 }
 
+/// How far back `plan`, `images` and `check-config` look for removals by
+/// others.
+pub const REMOVED_BY_OTHERS_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// What the usage log of `state_dir` says others removed in the last
+/// [`REMOVED_BY_OTHERS_WINDOW`] before `now`: `Ok(None)` when nothing,
+/// an error when the log cannot be read.
+pub fn removed_by_others_line(
+    state_dir: &std::path::Path,
+    now: std::time::SystemTime,
+) -> std::io::Result<Option<String>> {
+    let since = now
+        .checked_sub(REMOVED_BY_OTHERS_WINDOW)
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let found = crate::usage_log::RemovedByOthers::read(state_dir, since)?;
+    Ok(removed_by_others_text(&found))
+}
+
+/// "another collector removed 3 images (1.2 GiB) in the last 24 h, the
+/// last at …", or `None` when none.
+pub fn removed_by_others_text(found: &crate::usage_log::RemovedByOthers) -> Option<String> {
+    let last = found.last.filter(|_| found.images > 0)?;
+    Some(format!(
+        "another collector removed {} image(s) ({}) in the last 24 h, the last at {} (imagegc did not ask for \
+         these removals: the kubelet's own image GC, or another collector, runs beside imagegc)\n",
+        found.images,
+        human_bytes(found.bytes),
+        crate::time::rfc3339(last)
+    ))
+}
+
 /// `sha256:0123456789ab…` → `0123456789ab`.
 pub fn short_id(id: &str) -> String {
     crate::reference::bare_id(id).chars().take(12).collect()
@@ -211,6 +242,26 @@ impl ContainerFsView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removals_by_others_are_said_with_count_bytes_and_the_last_time() {
+        use crate::usage_log::RemovedByOthers;
+        assert_eq!(removed_by_others_text(&RemovedByOthers::default()), None);
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        let text = removed_by_others_text(&RemovedByOthers {
+            images: 3,
+            bytes: 1288490189,
+            last: Some(at),
+        })
+        .unwrap();
+        assert!(
+            text.starts_with(&format!(
+                "another collector removed 3 image(s) (1.2 GiB) in the last 24 h, the last at {}",
+                crate::time::rfc3339(at)
+            )),
+            "{text}"
+        );
+    }
 
     #[test]
     fn human_sizes() {

@@ -10,7 +10,7 @@
 //! the rest are the kubelet's business.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use super::parse::{self, Format};
 use super::raw::{RawConfig, RawGc, RawKubelet, read_keys};
 use super::validate::{self, KUBELET_KEYS};
-use super::{Config, EvictionThreshold, Problems, read_text};
+use super::{Config, EvictionThreshold, KubeletView, Problems, read_text};
 use crate::time::format_duration;
 
 /// The `kind` that marks a kubelet configuration file.
@@ -33,7 +33,10 @@ const IMAGE_MAXIMUM_GC_AGE_GATE: &str = "ImageMaximumGCAge";
 /// sets no `evictionHard` (Kubernetes `DefaultEvictionHard`, Linux): pods
 /// are evicted above 85 % usage of the image filesystem and above 90 % of
 /// the kubelet's root filesystem.
-const DEFAULT_IMAGEFS_AVAILABLE: EvictionThreshold = EvictionThreshold::Percent(15.0);
+const DEFAULT_IMAGEFS_AVAILABLE: EvictionThreshold = EvictionThreshold::Percent(DEFAULT_IMAGEFS_AVAILABLE_PERCENT);
+/// See [`DEFAULT_IMAGEFS_AVAILABLE`]: what imagegc assumes when it reads no
+/// kubelet configuration.
+pub(super) const DEFAULT_IMAGEFS_AVAILABLE_PERCENT: f64 = 15.0;
 /// See [`DEFAULT_IMAGEFS_AVAILABLE`].
 const DEFAULT_NODEFS_AVAILABLE: EvictionThreshold = EvictionThreshold::Percent(10.0);
 
@@ -56,58 +59,366 @@ struct Eviction {
     nodefs_available: Option<EvictionThreshold>,
     /// The thresholds above are the kubelet's defaults, not the file's.
     defaulted: bool,
+    /// `evictionSoft`'s thresholds on the same signals (no defaults).
+    soft_imagefs_available: Option<EvictionThreshold>,
+    soft_nodefs_available: Option<EvictionThreshold>,
 }
 
-/// Reads the node's KubeletConfiguration named by `kubelet.config` (or
-/// `--kubelet-config`, the `key` problems are filed under) and warns when
-/// the kubelet would collect images too, or would evict pods before
-/// imagegc's high threshold is reached. A file that cannot be read is a
-/// warning, not an error: it only serves this check, and a collector that
-/// refuses to start for want of it leaves the node with none. The kubelet
-/// file's own problems are reported against that file.
-pub(super) fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, key: &str, problems: &mut Problems) {
-    let mut found = Problems::new(kubelet_path.display().to_string());
-    let text = match read_text(kubelet_path) {
-        Ok(text) => text,
-        Err(err) => {
-            config.warnings.push(format!(
-                "{key}: cannot read {}: {err}; the hand-over from the kubelet is not checked (in a pod, mount the \
-                 kubelet's file read-only at that path: deploy/components/kubelet-config, or the chart's \
-                 kubelet.configPath)",
-                kubelet_path.display()
-            ));
-            return;
-        }
-    };
-    let Some(document) = parse::parse(Format::Yaml, &text, &mut found) else {
-        problems.list.extend(found.list);
-        return;
-    };
-    if document.get("kind").and_then(Value::as_str) != Some(KUBELET_KIND) {
-        problems.push(key, format!("{} is not a {KUBELET_KIND}", kubelet_path.display()));
-        return;
+impl Eviction {
+    /// The line on the image filesystem that binds: of `evictionHard` and
+    /// `evictionSoft`, the one that evicts with more space available (a
+    /// percentage and a size cannot be compared without the capacity: the
+    /// hard line then).
+    fn binding_imagefs(&self) -> Option<EvictionThreshold> {
+        binding(self.imagefs_available, self.soft_imagefs_available)
     }
+}
+
+/// Of a hard and a soft threshold, the one that evicts first.
+fn binding(hard: Option<EvictionThreshold>, soft: Option<EvictionThreshold>) -> Option<EvictionThreshold> {
+    use EvictionThreshold::{Bytes, Percent};
+    match (hard, soft) {
+        (Some(Percent(h)), Some(Percent(s))) => Some(Percent(h.max(s))),
+        (Some(Bytes(h)), Some(Bytes(s))) => Some(Bytes(h.max(s))),
+        (Some(hard), _) => Some(hard),
+        (None, soft) => soft,
+    }
+}
+
+/// A source of the kubelet's configuration: its path, the file that named
+/// it (imagegc's, or the command line) and the key it was named by.
+pub(super) type Named = (PathBuf, String, &'static str);
+
+/// Where the kubelet's configuration is read from, each optional.
+pub(super) struct Sources<'a> {
+    /// `kubelet.config`: its file (`--config`).
+    pub main: Option<&'a Named>,
+    /// `kubelet.config_dir`: its drop-in directory (`--config-dir`).
+    pub dir: Option<&'a Named>,
+    /// `kubelet.args_file`: a file of its flags, applied last.
+    pub args: Option<&'a Named>,
+}
+
+/// The kubelet flags imagegc reads from `kubelet.args_file`, and the
+/// KubeletConfiguration field each sets (flags win over the files, as in
+/// the kubelet).
+const FLAGS: [(&str, &str); 4] = [
+    ("image-gc-high-threshold", "imageGCHighThresholdPercent"),
+    ("image-gc-low-threshold", "imageGCLowThresholdPercent"),
+    ("eviction-hard", "evictionHard"),
+    ("eviction-soft", "evictionSoft"),
+];
+
+/// Reads the node's kubelet configuration as the kubelet assembles it (see
+/// [`read_node_kubelet`]) from `kubelet.config` and `kubelet.config_dir`
+/// (or their flags), and warns when the kubelet would collect images too,
+/// or would evict pods before imagegc's high threshold is reached; sets
+/// what the metrics say of it ([`KubeletView`]). A file or directory that
+/// cannot be read is a warning, not an error: it only serves this check,
+/// and a collector that refuses to start for want of it leaves the node
+/// with none. Problems of the kubelet's files are reported against the
+/// file that has them.
+pub(super) fn cross_check_kubelet(config: &mut Config, sources: &Sources<'_>, problems: &mut Vec<super::Problem>) {
+    let Some((document, sources)) = read_node_kubelet(config, sources, problems) else {
+        return;
+    };
+    let mut found = Problems::new(sources.clone());
     let kubelet = read_kubelet_file(document, &mut found);
-    problems.list.extend(found.list);
-    let file = kubelet_path.display();
-    if !kubelet.config.collection_disabled() {
+    problems.extend(found.list);
+    let file = sources;
+    let gc_enabled = !kubelet.config.collection_disabled();
+    if gc_enabled {
         config.warnings.push(format!(
             "{file}: the kubelet's own image GC is enabled (imageGCHighThresholdPercent {}, imageMaximumGCAge {}): \
-             both the kubelet and imagegc would remove images; set imageGCHighThresholdPercent: 100 and \
-             imageMaximumGCAge: 0s there",
+             both the kubelet and imagegc would remove images; keep gc.high_threshold_percent below it (the \
+             kubelet then never finds work), or set imageGCHighThresholdPercent: 100 and imageMaximumGCAge: 0s there",
             kubelet.config.gc.high_threshold_percent,
             format_duration(kubelet.config.gc.max_age),
         ));
     }
-    config.eviction_imagefs_available = kubelet.eviction.imagefs_available;
+    config.eviction_imagefs_available = kubelet.eviction.binding_imagefs();
     let default_note = format!(" (the kubelet's default: {file} sets no evictionHard)");
-    config.warnings.extend(eviction_warnings(
+    let eviction = eviction_warnings(
         "gc.high_threshold_percent",
         config.gc.high_threshold_percent,
         kubelet.eviction,
         &format!(" in {file}"),
         &default_note,
-    ));
+    );
+    config.kubelet = KubeletView {
+        read: true,
+        image_gc_enabled: gc_enabled,
+        high_above_eviction: !eviction.is_empty(),
+    };
+    config.warnings.extend(eviction);
+}
+
+/// The kubelet's configuration document as the kubelet assembles it, and
+/// the files it came from (for problems and warnings): the main file, then
+/// each file of the drop-in directory whose name ends in `.conf`, walking
+/// it in lexical order (subdirectories included, as the kubelet's
+/// `filepath.WalkDir`), each merged over the result so far as a JSON merge
+/// patch (RFC 7386), as the kubelet's `--config-dir` does. As in the
+/// kubelet, a main file without `evictionHard` has the default thresholds
+/// before a drop-in's are merged in. `None` (with a warning) when the main
+/// file or the directory cannot be read, or (with problems) when a file is
+/// not a kubelet configuration.
+fn read_node_kubelet(
+    config: &mut Config,
+    from: &Sources<'_>,
+    problems: &mut Vec<super::Problem>,
+) -> Option<(Map<String, Value>, String)> {
+    let (main, dir) = (from.main, from.dir);
+    let unreadable = |what: &Path, key: &str, err: &dyn std::fmt::Display, mount: &str| {
+        format!(
+            "{key}: cannot read {}: {err}; the hand-over from the kubelet is not checked, and its defaults are \
+             assumed (in a pod, mount the kubelet's {mount} read-only at that path: \
+             deploy/components/kubelet-config, or the chart's kubelet.configPath and kubelet.configDir)",
+            what.display()
+        )
+    };
+    let mut document = Map::new();
+    let mut sources = Vec::new();
+    if let Some((path, file, key)) = main {
+        let text = match read_text(path) {
+            Ok(text) => text,
+            Err(err) => {
+                config.warnings.push(unreadable(path, key, &err, "file"));
+                return None;
+            }
+        };
+        let mut found = Problems::new(path.display().to_string());
+        let parsed = parse::parse(Format::Yaml, &text, &mut found);
+        problems.extend(found.list);
+        let parsed = parsed?;
+        if parsed.get("kind").and_then(Value::as_str) != Some(KUBELET_KIND) {
+            let mut found = Problems::new(file.clone());
+            found.push(*key, format!("{} is not a {KUBELET_KIND}", path.display()));
+            problems.extend(found.list);
+            return None;
+        }
+        document = parsed;
+        sources.push(path.display().to_string());
+    }
+    if let Some((path, _, key)) = dir {
+        let files = match drop_ins(path) {
+            Ok(files) => files,
+            Err(err) => {
+                config.warnings.push(unreadable(path, key, &err, "drop-in directory"));
+                return None;
+            }
+        };
+        let mut bad = false;
+        for drop_in in files {
+            let mut found = Problems::new(drop_in.display().to_string());
+            let parsed = match read_text(&drop_in) {
+                Ok(text) => parse::parse(Format::Yaml, &text, &mut found),
+                Err(err) => {
+                    found.push("", format!("cannot read the kubelet's drop-in: {err}"));
+                    None
+                }
+            };
+            if let Some(patch) = &parsed {
+                if let Some(kind) = patch.get("kind").and_then(Value::as_str).filter(|k| *k != KUBELET_KIND) {
+                    found.push("kind", format!("{kind:?} is not a {KUBELET_KIND}"));
+                }
+                // Each drop-in's own fields are checked against it.
+                let _: RawKubelet = read_keys("", patch.clone(), &mut found);
+            }
+            bad |= !found.list.is_empty();
+            problems.extend(found.list);
+            let Some(patch) = parsed else { continue };
+            if patch.contains_key("evictionHard") && !document.contains_key("evictionHard") {
+                document.insert("evictionHard".into(), default_eviction_hard());
+            }
+            merge_patch(&mut document, patch);
+            sources.push(drop_in.display().to_string());
+        }
+        if bad {
+            return None;
+        }
+    }
+    if let Some((path, _, key)) = from.args {
+        let text = match read_text(path) {
+            Ok(text) => text,
+            Err(err) => {
+                config.warnings.push(unreadable(path, key, &err, "flags file"));
+                return None;
+            }
+        };
+        let mut found = Problems::new(path.display().to_string());
+        let flags = read_flags(&text, &mut found);
+        if !found.list.is_empty() {
+            problems.extend(found.list);
+            return None;
+        }
+        // A flag replaces the field whole (a map flag its whole map, as
+        // the kubelet's first use of it does).
+        document.extend(flags);
+        sources.push(path.display().to_string());
+    }
+    document.entry("kind").or_insert_with(|| Value::from(KUBELET_KIND));
+    let sources = match sources.len() {
+        0 => dir.map(|(path, _, _)| path.display().to_string()).unwrap_or_default(),
+        _ => sources.join(" + "),
+    };
+    Some((document, sources))
+}
+
+/// The fields the kubelet flags of [`FLAGS`] in `text` set (a file of
+/// flags: `--name=value` or `--name value`, separated by white space or
+/// lines, values quoted or not; `#` starts a comment line; other flags are
+/// the kubelet's business). The last of a threshold flag wins; map flags
+/// (`signal<value,...`) add up, as in the kubelet.
+fn read_flags(text: &str, problems: &mut Problems) -> Map<String, Value> {
+    let words = shell_words(text);
+    let mut fields = Map::new();
+    let mut i = 0;
+    while i < words.len() {
+        let word = &words[i];
+        i += 1;
+        let Some(flag) = word.strip_prefix("--") else {
+            continue;
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((name, value)) => (name.replace('_', "-"), Some(value.to_owned())),
+            None => (flag.replace('_', "-"), None),
+        };
+        let Some(&(_, field)) = FLAGS.iter().find(|(f, _)| *f == name) else {
+            continue;
+        };
+        let value = match inline {
+            Some(value) => value,
+            None if i < words.len() && !words[i].starts_with("--") => {
+                i += 1;
+                words[i - 1].clone()
+            }
+            None => {
+                problems.push(format!("--{name}"), "the flag has no value");
+                continue;
+            }
+        };
+        if field.starts_with("eviction") {
+            let map = fields
+                .entry(field)
+                .or_insert_with(|| Value::Object(Map::new()))
+                .as_object_mut()
+                .expect("an eviction field is a map");
+            for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                match pair.split_once('<') {
+                    Some((signal, threshold)) => {
+                        map.insert(signal.trim().to_owned(), Value::from(threshold.trim()));
+                    }
+                    None => problems.push(
+                        format!("--{name}"),
+                        format!("{pair:?} is not signal<threshold (for example imagefs.available<15%)"),
+                    ),
+                }
+            }
+        } else {
+            match value.trim().parse::<i64>() {
+                Ok(percent) => {
+                    fields.insert(field.to_owned(), Value::from(percent));
+                }
+                Err(_) => problems.push(
+                    format!("--{name}"),
+                    format!("expected a whole percentage, got {value:?}"),
+                ),
+            }
+        }
+    }
+    fields
+}
+
+/// Words as a shell splits them: white space apart, quotes (`'`, `"`)
+/// grouping and removed, a backslash escaping the next character (a
+/// backslash-newline joins lines); lines starting with `#` skipped.
+fn shell_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    let mut chars = text.chars().peekable();
+    let mut line_start = true;
+    while let Some(c) = chars.next() {
+        if line_start && quote.is_none() && word.is_none() && c == '#' {
+            for skipped in chars.by_ref() {
+                if skipped == '\n' {
+                    break;
+                }
+            }
+            continue;
+        }
+        line_start = c == '\n' && quote.is_none();
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some('"') | None, '\\') => match chars.next() {
+                Some('\n') | None => {}
+                Some(escaped) => word.get_or_insert_with(String::new).push(escaped),
+            },
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+/// The `.conf` files under `dir`, in the order the kubelet merges them:
+/// each directory's entries by name (bytes), a subdirectory walked where
+/// its name falls.
+fn drop_ins(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.path();
+        if entry.file_type()?.is_dir() || (entry.file_type()?.is_symlink() && path.is_dir()) {
+            files.extend(drop_ins(&path)?);
+        } else if path.extension().is_some_and(|e| e == "conf") {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+/// RFC 7386: an object merges key by key, `null` removes a key, anything
+/// else replaces the value.
+fn merge_patch(target: &mut Map<String, Value>, patch: Map<String, Value>) {
+    for (key, value) in patch {
+        match value {
+            Value::Null => {
+                target.remove(&key);
+            }
+            Value::Object(inner) => {
+                let slot = target.entry(key).or_insert_with(|| Value::Object(Map::new()));
+                if !slot.is_object() {
+                    *slot = Value::Object(Map::new());
+                }
+                if let Value::Object(slot) = slot {
+                    merge_patch(slot, inner);
+                }
+            }
+            other => {
+                target.insert(key, other);
+            }
+        }
+    }
+}
+
+/// The kubelet's `DefaultEvictionHard` (Linux), as the document holds it.
+fn default_eviction_hard() -> Value {
+    serde_json::json!({
+        "memory.available": "100Mi",
+        "nodefs.available": "10%",
+        "nodefs.inodesFree": "5%",
+        "imagefs.available": "15%",
+        "imagefs.inodesFree": "5%",
+    })
 }
 
 /// Reads the image GC fields of a KubeletConfiguration as imagegc's own
@@ -116,7 +427,7 @@ pub(super) fn cross_check_kubelet(config: &mut Config, kubelet_path: &Path, key:
 pub(super) fn read_kubelet(document: Map<String, Value>, problems: &mut Problems) -> Config {
     let kubelet = read_kubelet_file(document, problems);
     let mut config = kubelet.config;
-    config.eviction_imagefs_available = kubelet.eviction.imagefs_available;
+    config.eviction_imagefs_available = kubelet.eviction.binding_imagefs();
     config.warnings = kubelet_warnings(&config, kubelet.api_version.as_deref(), kubelet.eviction);
     config
 }
@@ -164,11 +475,21 @@ fn read_kubelet_file(document: Map<String, Value>, problems: &mut Problems) -> K
         );
         config.gc.max_age = Duration::ZERO;
     }
-    let eviction = read_eviction(
+    let mut eviction = read_eviction(
         kubelet.eviction_hard.as_ref(),
         kubelet.merge_default_eviction_settings.unwrap_or(false),
         problems,
     );
+    if let Some(soft) = &kubelet.eviction_soft {
+        let mut read = |signal: &str| {
+            let text = soft.get(signal)?;
+            parse_eviction_threshold(text)
+                .map_err(|message| problems.push(format!("evictionSoft.{signal}"), message))
+                .ok()
+        };
+        eviction.soft_imagefs_available = read("imagefs.available");
+        eviction.soft_nodefs_available = read("nodefs.available");
+    }
     KubeletFile {
         config,
         api_version: kubelet.api_version,
@@ -186,6 +507,7 @@ fn read_eviction(hard: Option<&BTreeMap<String, String>>, merge_defaults: bool, 
             imagefs_available: Some(DEFAULT_IMAGEFS_AVAILABLE),
             nodefs_available: Some(DEFAULT_NODEFS_AVAILABLE),
             defaulted: true,
+            ..Eviction::default()
         };
     };
     let mut read = |signal: &str, default: EvictionThreshold| match hard.get(signal) {
@@ -202,6 +524,7 @@ fn read_eviction(hard: Option<&BTreeMap<String, String>>, merge_defaults: bool, 
         imagefs_available: read("imagefs.available", DEFAULT_IMAGEFS_AVAILABLE),
         nodefs_available: read("nodefs.available", DEFAULT_NODEFS_AVAILABLE),
         defaulted: false,
+        ..Eviction::default()
     }
 }
 
@@ -242,30 +565,38 @@ fn kubelet_warnings(config: &Config, api_version: Option<&str>, eviction: Evicti
 /// disk, the usual node; the kubelet then applies both to that disk). Sizes
 /// need the measured capacity; the collector checks those.
 fn eviction_warnings(key: &str, high: u8, eviction: Eviction, source: &str, default_note: &str) -> Vec<String> {
-    let note = if eviction.defaulted { default_note } else { "" };
-    let evicts_at = |threshold| match threshold {
-        Some(EvictionThreshold::Percent(available)) if available > 0.0 => Some((available, 100.0 - available)),
+    let evicts_at = |field: &'static str, threshold| match threshold {
+        Some(EvictionThreshold::Percent(available)) if available > 0.0 => Some((field, available, 100.0 - available)),
         _ => None,
     };
-    let warning = |signal: &str, available: f64, line: f64, condition: &str| {
+    // Of `evictionHard` and `evictionSoft`, the lower line binds.
+    let lower = |hard, soft| match (evicts_at("evictionHard", hard), evicts_at("evictionSoft", soft)) {
+        (Some(hard), Some(soft)) => Some(if soft.2 < hard.2 { soft } else { hard }),
+        (hard, soft) => hard.or(soft),
+    };
+    let warning = |(field, available, line): (&str, f64, f64), signal: &str, condition: &str| {
+        let note = if eviction.defaulted && field == "evictionHard" {
+            default_note
+        } else {
+            ""
+        };
         format!(
-            "{key} {high}: space collection starts at {high}% usage, but evictionHard {signal} {available}%{source} \
+            "{key} {high}: space collection starts at {high}% usage, but {field} {signal} {available}%{source} \
              makes the kubelet evict pods above {line}% usage{condition}{note}; set it below {line}"
         )
     };
     let mut warnings = Vec::new();
-    let imagefs = evicts_at(eviction.imagefs_available);
-    if let Some((available, line)) = imagefs.filter(|(_, line)| f64::from(high) >= *line) {
-        warnings.push(warning("imagefs.available", available, line, ""));
+    let imagefs = lower(eviction.imagefs_available, eviction.soft_imagefs_available);
+    if let Some(found) = imagefs.filter(|(_, _, line)| f64::from(high) >= *line) {
+        warnings.push(warning(found, "imagefs.available", ""));
     }
-    let nodefs = evicts_at(eviction.nodefs_available);
-    if let Some((available, line)) = nodefs.filter(|(_, line)| f64::from(high) >= *line)
-        && imagefs.is_none_or(|(_, image_line)| line < image_line)
+    let nodefs = lower(eviction.nodefs_available, eviction.soft_nodefs_available);
+    if let Some(found) = nodefs.filter(|(_, _, line)| f64::from(high) >= *line)
+        && imagefs.is_none_or(|(_, _, image_line)| found.2 < image_line)
     {
         warnings.push(warning(
+            found,
             "nodefs.available",
-            available,
-            line,
             " where the image filesystem is also the kubelet's root filesystem (one disk for both)",
         ));
     }
@@ -328,7 +659,7 @@ pub(crate) fn parse_quantity(text: &str) -> Result<u64, String> {
 mod tests {
     use super::*;
     use crate::config::tests_support::*;
-    use crate::config::{Overrides, load};
+    use crate::config::{ConfigError, Overrides, load};
 
     /// `kubelet.config` points at the node's KubeletConfiguration: imagegc
     /// warns while the kubelet still collects, and when it would evict first.
@@ -514,6 +845,293 @@ mod tests {
         let (_, warnings) = handover_warnings("evictionHard:\n  imagefs.available: 15%\n  nodefs.available: 10%\n", 92);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("imagefs.available 15%"), "{}", warnings[0]);
+    }
+
+    /// A node's kubelet configuration: a main file (`None`: none) and
+    /// drop-ins by name, read with imagegc's high threshold `high`.
+    fn node_kubelet(main: Option<(&str, &str)>, drop_ins: &[(&str, &str)], high: u8) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let mut toml = format!("[gc]\nhigh_threshold_percent = {high}\nlow_threshold_percent = 50\n[kubelet]\n");
+        if let Some((name, text)) = main {
+            std::fs::write(root.join(name), text).unwrap();
+            toml.push_str(&format!("config = {:?}\n", root.join(name).display().to_string()));
+        }
+        if !drop_ins.is_empty() {
+            let d = root.join("config.d");
+            for (name, text) in drop_ins {
+                let path = d.join(name);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, text).unwrap();
+            }
+            toml.push_str(&format!("config_dir = {:?}\n", d.display().to_string()));
+        }
+        let imagegc = root.join("imagegc.toml");
+        std::fs::write(&imagegc, toml).unwrap();
+        let result = load(Some(&imagegc), &Overrides::default());
+        // The paths in messages outlive the directory in these tests.
+        std::mem::forget(dir);
+        result
+    }
+
+    const GC_OFF: &str = "imageGCHighThresholdPercent: 100\nimageMaximumGCAge: 0s\n";
+
+    /// EKS (AL2023) keeps /etc/kubernetes/kubelet/config.json, JSON indented
+    /// with tabs, and nodeadm's drop-ins in config.json.d: a drop-in that
+    /// turns the kubelet's image GC off is honoured.
+    #[test]
+    fn a_json_kubelet_file_with_a_drop_in_that_turns_image_gc_off() {
+        let json = "{\n\t\"apiVersion\": \"kubelet.config.k8s.io/v1beta1\",\n\t\"kind\": \"KubeletConfiguration\",\n\
+                    \t\"imageGCHighThresholdPercent\": 85,\n\t\"evictionHard\": {\"imagefs.available\": \"10%\"}\n}\n";
+        let on = node_kubelet(Some(("config.json", json)), &[], 80).unwrap();
+        assert!(on.kubelet.read && on.kubelet.image_gc_enabled, "{:?}", on.kubelet);
+        assert!(
+            on.warnings[0].contains("the kubelet's own image GC is enabled"),
+            "{:?}",
+            on.warnings
+        );
+        let off_json = "{\"apiVersion\":\"kubelet.config.k8s.io/v1beta1\",\"kind\":\"KubeletConfiguration\",\
+                        \"imageGCHighThresholdPercent\":100,\"imageMaximumGCAge\":\"0s\"}";
+        let config = node_kubelet(Some(("config.json", json)), &[("40-nodeadm.conf", off_json)], 80).unwrap();
+        assert_eq!(
+            config.kubelet,
+            KubeletView {
+                read: true,
+                image_gc_enabled: false,
+                high_above_eviction: false,
+            }
+        );
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(10.0))
+        );
+    }
+
+    /// The kubelet's `--config-dir`: `.conf` files only, in lexical order
+    /// (a subdirectory walked where its name falls), each over the last.
+    #[test]
+    fn drop_ins_merge_in_lexical_order_and_only_conf_files_count() {
+        let main = Some((
+            "config.yaml",
+            "kind: KubeletConfiguration\nimageGCHighThresholdPercent: 90\n",
+        ));
+        let enabled = |drop_ins: &[(&str, &str)]| node_kubelet(main, drop_ins, 80).unwrap().kubelet.image_gc_enabled;
+        assert!(!enabled(&[("10-off.conf", GC_OFF)]));
+        assert!(enabled(&[
+            ("10-off.conf", GC_OFF),
+            ("20-on.conf", "imageGCHighThresholdPercent: 95\n")
+        ]));
+        assert!(!enabled(&[
+            ("10-on.conf", "imageGCHighThresholdPercent: 95\n"),
+            ("20-off.conf", GC_OFF)
+        ]));
+        assert!(
+            enabled(&[("10-off.yaml", GC_OFF), ("20-off.conf.bak", GC_OFF)]),
+            "not .conf"
+        );
+        assert!(!enabled(&[
+            ("10-on.conf", "imageGCHighThresholdPercent: 95\n"),
+            ("15-more/01-off.conf", GC_OFF)
+        ]));
+        // Only a drop-in directory: the kubelet's defaults under it.
+        let config = node_kubelet(None, &[("10-off.conf", GC_OFF)], 80).unwrap();
+        assert!(config.kubelet.read && !config.kubelet.image_gc_enabled);
+    }
+
+    /// `evictionSoft` is counted beside `evictionHard`: the lower line binds.
+    #[test]
+    fn a_drop_in_that_sets_eviction_soft_lower_binds() {
+        let main = Some(("config.yaml", &*format!("kind: KubeletConfiguration\n{GC_OFF}")));
+        let config = node_kubelet(main, &[], 80).unwrap();
+        assert!(!config.kubelet.high_above_eviction, "{:?}", config.warnings);
+        let soft = "evictionSoft:\n  imagefs.available: 30%\nevictionSoftGracePeriod:\n  imagefs.available: 1m\n";
+        let config = node_kubelet(main, &[("50-soft.conf", soft)], 75).unwrap();
+        assert!(config.kubelet.high_above_eviction);
+        assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+        assert!(
+            config.warnings[0]
+                .starts_with("gc.high_threshold_percent 75: space collection starts at 75% usage, but evictionSoft imagefs.available 30% in "),
+            "{}",
+            config.warnings[0]
+        );
+        assert!(
+            config.warnings[0].ends_with("evict pods above 70% usage; set it below 70"),
+            "{}",
+            config.warnings[0]
+        );
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(30.0))
+        );
+        // A soft line above the hard one does not bind.
+        let config = node_kubelet(
+            main,
+            &[("50-soft.conf", "evictionSoft:\n  imagefs.available: 5%\n")],
+            80,
+        )
+        .unwrap();
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(15.0))
+        );
+    }
+
+    /// As the kubelet: a main file without `evictionHard` has the defaults
+    /// before a drop-in's `evictionHard` merges into them key by key.
+    #[test]
+    fn a_drop_ins_eviction_hard_merges_over_the_defaults() {
+        let main = Some(("config.yaml", &*format!("kind: KubeletConfiguration\n{GC_OFF}")));
+        let drop_in = "evictionHard:\n  imagefs.available: 5%\n";
+        let config = node_kubelet(main, &[("10-e.conf", drop_in)], 92).unwrap();
+        assert_eq!(config.eviction_imagefs_available, Some(EvictionThreshold::Percent(5.0)));
+        // nodefs.available keeps its default 10%: evicts above 90% usage.
+        assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+        assert!(
+            config.warnings[0].contains("evictionHard nodefs.available 10%"),
+            "{}",
+            config.warnings[0]
+        );
+    }
+
+    /// A drop-in the kubelet would refuse is an error naming that file and
+    /// its field; one that does not parse names the file too.
+    #[test]
+    fn a_bad_drop_in_names_its_file() {
+        let main = Some(("config.yaml", "kind: KubeletConfiguration\n"));
+        let err = node_kubelet(
+            main,
+            &[
+                ("10-ok.conf", GC_OFF),
+                ("20-bad.conf", "imageGCHighThresholdPercent: high\n"),
+            ],
+            80,
+        )
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{:?}", err.problems);
+        assert!(
+            err.problems[0].file.ends_with("/config.d/20-bad.conf"),
+            "{}",
+            err.problems[0]
+        );
+        assert_eq!(err.problems[0].key, "imageGCHighThresholdPercent");
+        let err = node_kubelet(main, &[("30-broken.conf", "evictionSoft: [\n")], 80).unwrap_err();
+        assert!(
+            err.problems[0].file.ends_with("/config.d/30-broken.conf"),
+            "{}",
+            err.problems[0]
+        );
+        let err = node_kubelet(main, &[("40-pod.conf", "kind: Pod\n")], 80).unwrap_err();
+        assert_eq!(err.problems[0].key, "kind");
+    }
+
+    /// No kubelet configuration: the kubelet's defaults are assumed (image
+    /// GC on, eviction above 85 % usage), and a directory that cannot be
+    /// read costs a warning naming the chart's values.
+    #[test]
+    fn without_a_kubelet_file_its_defaults_are_assumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let imagegc = dir.path().join("imagegc.toml");
+        for (high, above) in [(85, true), (84, false)] {
+            std::fs::write(
+                &imagegc,
+                format!("[gc]\nhigh_threshold_percent = {high}\nlow_threshold_percent = 50\n"),
+            )
+            .unwrap();
+            let config = load(Some(&imagegc), &Overrides::default()).unwrap();
+            assert_eq!(
+                config.kubelet,
+                KubeletView {
+                    read: false,
+                    image_gc_enabled: true,
+                    high_above_eviction: above,
+                }
+            );
+        }
+        std::fs::write(&imagegc, "[kubelet]\nconfig_dir = \"/nonexistent/config.json.d\"\n").unwrap();
+        let config = load(Some(&imagegc), &Overrides::default()).unwrap();
+        assert!(!config.kubelet.read);
+        assert!(config.warnings[0].starts_with("kubelet.config_dir: cannot read /nonexistent/config.json.d"));
+        assert!(
+            config.warnings[0].contains("kubelet.configDir"),
+            "{}",
+            config.warnings[0]
+        );
+        let relative = Overrides {
+            kubelet_config_dir: Some("config.json.d".into()),
+            ..Overrides::default()
+        };
+        let err = load(Some(&imagegc), &relative).unwrap_err();
+        assert_eq!(err.problems[0].key, "--kubelet-config-dir");
+    }
+
+    /// MicroK8s passes the kubelet its settings as flags in
+    /// /var/snap/microk8s/current/args/kubelet: the image GC and eviction
+    /// flags apply over the kubelet's file, as in the kubelet.
+    #[test]
+    fn kubelet_flags_from_an_args_file_apply_over_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = dir.path().join("kubelet");
+        let kubelet = dir.path().join("config.yaml");
+        std::fs::write(&kubelet, format!("kind: KubeletConfiguration\n{GC_OFF}")).unwrap();
+        let imagegc = dir.path().join("imagegc.toml");
+        let load_with = |flags: &str, with_file: bool| {
+            std::fs::write(&args, flags).unwrap();
+            let file = if with_file {
+                format!("config = {:?}\n", kubelet.display().to_string())
+            } else {
+                String::new()
+            };
+            std::fs::write(
+                &imagegc,
+                format!(
+                    "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\n{file}args_file = {:?}\n",
+                    args.display().to_string()
+                ),
+            )
+            .unwrap();
+            load(Some(&imagegc), &Overrides::default())
+        };
+        let microk8s = "--kubeconfig=${SNAP_DATA}/credentials/kubelet.config\n--cert-dir=${SNAP_DATA}/certs\n\
+                        # image GC\n--image-gc-high-threshold 90\n--eviction-hard=\"memory.available<100Mi,imagefs.available<30%\"\n";
+        let config = load_with(microk8s, false).unwrap();
+        assert!(config.kubelet.read && config.kubelet.image_gc_enabled);
+        assert!(config.kubelet.high_above_eviction, "{:?}", config.warnings);
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(30.0))
+        );
+        assert!(
+            config
+                .warnings
+                .iter()
+                .any(|w| w.contains("evictionHard imagefs.available 30%")),
+            "{:?}",
+            config.warnings
+        );
+        // A flag wins over the file: the file turned GC off, the flag on.
+        let config = load_with(
+            "--image-gc-high-threshold=90 --eviction-soft='imagefs.available<10%'",
+            true,
+        )
+        .unwrap();
+        assert!(config.kubelet.image_gc_enabled);
+        let config = load_with("--image_gc_high_threshold=100\n", true).unwrap();
+        assert!(!config.kubelet.image_gc_enabled);
+        // A flag the kubelet would refuse names the file and the flag.
+        let err = load_with("--eviction-hard=imagefs.available=15%\n", false).unwrap_err();
+        assert_eq!(err.problems[0].file, args.display().to_string());
+        assert_eq!(err.problems[0].key, "--eviction-hard");
+        let err = load_with("--image-gc-low-threshold=lots\n", false).unwrap_err();
+        assert_eq!(err.problems[0].key, "--image-gc-low-threshold");
+    }
+
+    #[test]
+    fn args_files_split_as_a_shell_does() {
+        assert_eq!(
+            shell_words("# a comment\n--a=\"x y\" --b 'z'\\\n  --c=d\\ e\n"),
+            ["--a=x y", "--b", "z", "--c=d e"]
+        );
     }
 
     #[test]

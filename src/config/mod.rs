@@ -101,6 +101,16 @@ pub struct Config {
     /// that the kubelet's own image GC is off and that its eviction threshold
     /// leaves room for imagegc's high threshold.
     pub kubelet_config: Option<PathBuf>,
+    /// The kubelet's drop-in directory (`kubelet.config_dir`, the kubelet's
+    /// `--config-dir`): its `.conf` files merged over `kubelet.config`.
+    pub kubelet_config_dir: Option<PathBuf>,
+    /// A file of the kubelet's command-line flags (`kubelet.args_file`, e.g.
+    /// MicroK8s's /var/snap/microk8s/current/args/kubelet): its image GC
+    /// and eviction flags, over the files, as the kubelet applies them.
+    pub kubelet_args_file: Option<PathBuf>,
+    /// What the kubelet's configuration says of living beside it, as read,
+    /// or as assumed (the kubelet's defaults) when none was read.
+    pub kubelet: KubeletView,
     /// The `[kubernetes]` section.
     pub kubernetes: KubernetesConfig,
     /// The file this configuration was read from, if any.
@@ -284,6 +294,35 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// What imagegc knows of the kubelet's image GC and eviction lines, for
+/// `imagegc_kubelet_config_read`, `imagegc_kubelet_image_gc_enabled` and
+/// `imagegc_high_threshold_above_eviction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KubeletView {
+    /// The kubelet's configuration was read (`kubelet.config`,
+    /// `kubelet.config_dir`); otherwise the rest is assumed from its
+    /// defaults.
+    pub read: bool,
+    /// The kubelet's own image GC is on (its default).
+    pub image_gc_enabled: bool,
+    /// `gc.high_threshold_percent` is at or above one of the kubelet's
+    /// percentage eviction lines on the image filesystem.
+    pub high_above_eviction: bool,
+}
+
+impl KubeletView {
+    /// Nothing read: the kubelet's defaults (image GC on at 85/80, pods
+    /// evicted below 15 % available on the image filesystem) against
+    /// imagegc's high threshold.
+    pub fn assumed(high: u8) -> Self {
+        KubeletView {
+            read: false,
+            image_gc_enabled: true,
+            high_above_eviction: f64::from(high) >= 100.0 - kubelet::DEFAULT_IMAGEFS_AVAILABLE_PERCENT,
+        }
+    }
+}
+
 /// A kubelet hard eviction threshold on available space: the kubelet evicts
 /// pods when less than this is available.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -339,6 +378,9 @@ impl Default for Config {
             },
             eviction_imagefs_available: None,
             kubelet_config: None,
+            kubelet_config_dir: None,
+            kubelet_args_file: None,
+            kubelet: KubeletView::assumed(85),
             kubernetes: KubernetesConfig::default(),
             source: None,
             warnings: Vec::new(),
@@ -397,6 +439,8 @@ listen = {listen}
 
 [kubelet]
 config = {kubelet_config}
+config_dir = {kubelet_config_dir}
+args_file = {kubelet_args_file}
 
 [kubernetes]
 enabled = {kube_enabled}
@@ -428,6 +472,8 @@ pods_stale_after = "{pods_stale_after}"
             usage_log = self.state.usage_log,
             listen = toml_string(&self.metrics.listen.map(|addr| addr.to_string()).unwrap_or_default()),
             kubelet_config = path(self.kubelet_config.as_deref()),
+            kubelet_config_dir = path(self.kubelet_config_dir.as_deref()),
+            kubelet_args_file = path(self.kubelet_args_file.as_deref()),
             kube_enabled = self.kubernetes.enabled,
             kube_node = toml_string(self.kubernetes.node_name.as_deref().unwrap_or("")),
             kubeconfig = path(self.kubernetes.kubeconfig.as_deref()),
@@ -461,6 +507,13 @@ pub struct Overrides {
     /// absolute path). The DaemonSet sets it where it mounts the kubelet's
     /// file, so the ConfigMap need not change.
     pub kubelet_config: Option<PathBuf>,
+    /// `--kubelet-config-dir` (`IMAGEGC_KUBELET_CONFIG_DIR`): replaces
+    /// `kubelet.config_dir`, the kubelet's drop-in directory (an absolute
+    /// path).
+    pub kubelet_config_dir: Option<PathBuf>,
+    /// `--kubelet-args-file` (`IMAGEGC_KUBELET_ARGS_FILE`): replaces
+    /// `kubelet.args_file`, a file of the kubelet's flags (an absolute path).
+    pub kubelet_args_file: Option<PathBuf>,
     /// `--kubernetes` (`IMAGEGC_KUBERNETES`): turns `kubernetes.enabled` on
     /// (false leaves the file's value). The kustomize component and the
     /// chart set it with the RBAC they add.
@@ -524,15 +577,41 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
     // The node's KubeletConfiguration, from the file's `kubelet.config` or
     // `--kubelet-config`; its problems are the kubelet file's, or filed
     // under the key that named it.
-    if let Some(kubelet_path) = config.kubelet_config.clone() {
-        let (file, key) = match (&overrides.kubelet_config, &path) {
-            (Some(_), _) => (COMMAND_LINE.to_owned(), "--kubelet-config"),
-            (None, Some(path)) => (path.display().to_string(), "kubelet.config"),
-            (None, None) => (COMMAND_LINE.to_owned(), "kubelet.config"),
+    let named_by = |flag: bool, flag_key: &'static str, file_key: &'static str| match (flag, &path) {
+        (true, _) => (COMMAND_LINE.to_owned(), flag_key),
+        (false, Some(path)) => (path.display().to_string(), file_key),
+        (false, None) => (COMMAND_LINE.to_owned(), file_key),
+    };
+    let main = config.kubelet_config.clone().map(|p| {
+        let (file, key) = named_by(overrides.kubelet_config.is_some(), "--kubelet-config", "kubelet.config");
+        (p, file, key)
+    });
+    let dir = config.kubelet_config_dir.clone().map(|p| {
+        let (file, key) = named_by(
+            overrides.kubelet_config_dir.is_some(),
+            "--kubelet-config-dir",
+            "kubelet.config_dir",
+        );
+        (p, file, key)
+    });
+    let args = config.kubelet_args_file.clone().map(|p| {
+        let (file, key) = named_by(
+            overrides.kubelet_args_file.is_some(),
+            "--kubelet-args-file",
+            "kubelet.args_file",
+        );
+        (p, file, key)
+    });
+    config.kubelet = KubeletView::assumed(config.gc.high_threshold_percent);
+    if main.is_some() || dir.is_some() || args.is_some() {
+        let mut found = Vec::new();
+        let sources = kubelet::Sources {
+            main: main.as_ref(),
+            dir: dir.as_ref(),
+            args: args.as_ref(),
         };
-        let mut found = Problems::new(file);
-        kubelet::cross_check_kubelet(&mut config, &kubelet_path, key, &mut found);
-        problems.extend(found.list);
+        kubelet::cross_check_kubelet(&mut config, &sources, &mut found);
+        problems.extend(found);
     }
     if problems.is_empty() {
         Ok(config)
@@ -624,6 +703,16 @@ fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Pr
         && validate::check_absolute("--kubelet-config", path, problems)
     {
         config.kubelet_config = Some(path.clone());
+    }
+    if let Some(path) = &overrides.kubelet_config_dir
+        && validate::check_absolute("--kubelet-config-dir", path, problems)
+    {
+        config.kubelet_config_dir = Some(path.clone());
+    }
+    if let Some(path) = &overrides.kubelet_args_file
+        && validate::check_absolute("--kubelet-args-file", path, problems)
+    {
+        config.kubelet_args_file = Some(path.clone());
     }
     if overrides.kubernetes {
         if !cfg!(feature = "kubernetes") {
@@ -811,7 +900,7 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 28, "{keys:?}");
+        assert_eq!(keys.len(), 30, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));

@@ -89,6 +89,8 @@ pub(super) struct RawMetrics {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawKubeletRef {
     pub(super) config: Option<String>,
+    pub(super) config_dir: Option<String>,
+    pub(super) args_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -117,6 +119,9 @@ pub(super) struct RawKubelet {
     #[serde(rename = "imageMaximumGCAge")]
     pub(super) image_maximum_gc_age: Option<RawDuration>,
     pub(super) eviction_hard: Option<BTreeMap<String, String>>,
+    /// Soft eviction thresholds: pods are evicted after a grace period;
+    /// the lower of the two lines binds.
+    pub(super) eviction_soft: Option<BTreeMap<String, String>>,
     /// Whether the kubelet's default eviction thresholds fill in the signals
     /// `evictionHard` leaves out (Kubernetes 1.33+); without it a partial
     /// `evictionHard` turns every other signal off.

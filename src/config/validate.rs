@@ -82,7 +82,7 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
     let protect = protect_section(raw.protect, &mut warnings, problems);
     let state = state_section(raw.state, &defaults.state, problems);
     let metrics = metrics_section(&raw.metrics, &defaults.metrics, problems);
-    let kubelet_config = kubelet_section(raw.kubelet, problems);
+    let (kubelet_config, kubelet_config_dir, kubelet_args_file) = kubelet_section(raw.kubelet, problems);
     let kubernetes = kubernetes_section(raw.kubernetes, problems);
     Config {
         runtime,
@@ -91,6 +91,8 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
         state,
         metrics,
         kubelet_config,
+        kubelet_config_dir,
+        kubelet_args_file,
         kubernetes,
         warnings,
         ..defaults
@@ -312,10 +314,20 @@ fn metrics_section(raw: &RawMetrics, defaults: &MetricsConfig, problems: &mut Pr
     MetricsConfig { listen }
 }
 
-/// `[kubelet]`: the node's KubeletConfiguration, an absolute path.
-fn kubelet_section(raw: RawKubeletRef, problems: &mut Problems) -> Option<PathBuf> {
-    let path = PathBuf::from(raw.config.filter(|p| !p.is_empty())?);
-    check_absolute("kubelet.config", &path, problems).then_some(path)
+/// `[kubelet]`: the node's KubeletConfiguration, the kubelet's drop-in
+/// directory and a file of its flags, absolute paths.
+type KubeletPaths = (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>);
+
+fn kubelet_section(raw: RawKubeletRef, problems: &mut Problems) -> KubeletPaths {
+    let mut absolute = |key: &str, path: Option<String>| {
+        let path = PathBuf::from(path.filter(|p| !p.is_empty())?);
+        check_absolute(key, &path, problems).then_some(path)
+    };
+    (
+        absolute("kubelet.config", raw.config),
+        absolute("kubelet.config_dir", raw.config_dir),
+        absolute("kubelet.args_file", raw.args_file),
+    )
 }
 
 /// `[kubernetes]`: off unless `enabled`; a node name as Kubernetes spells

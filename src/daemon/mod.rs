@@ -458,6 +458,9 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
         // Read again by the reload, with the file that names it.
         eviction_imagefs_available: _,
         kubelet_config: _,
+        kubelet_config_dir: _,
+        kubelet_args_file: _,
+        kubelet: _,
         // Start-only (see `StartOnly`).
         kubernetes: _,
         source: _,

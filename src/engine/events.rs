@@ -22,7 +22,7 @@ use crate::metrics::{CycleTimer, Metrics};
 use crate::model::{Reason, Removal};
 use crate::pending::Settled;
 use crate::policy::{KeepReason, SpaceOutlook};
-use crate::records::Observed;
+use crate::records::{Observed, Unlisted};
 use crate::time::{rfc3339, short};
 
 /// One fact the engine reports.
@@ -36,6 +36,8 @@ pub enum Event<'a> {
         high: u8,
         /// `gc.low_threshold_percent`.
         low: u8,
+        /// What the kubelet's configuration says (or what is assumed).
+        kubelet: crate::config::KubeletView,
     },
     /// The state directory's history was loaded, with the last successful
     /// cycle of the process before.
@@ -218,6 +220,15 @@ pub enum Event<'a> {
     },
     /// An image removed (or, in dry run, that would have been).
     Removed(&'a Removal),
+    /// Images someone else removed (the kubelet's image GC, another
+    /// collector, `crictl rmi`), found at one listing or re-check: see
+    /// `engine::others`.
+    RemovedByOthers {
+        /// The images, as their records knew them.
+        images: &'a [Unlisted],
+        /// When it was found.
+        at: std::time::SystemTime,
+    },
     /// A removal the runtime refused.
     RemovalFailed {
         /// The image id.
@@ -332,9 +343,15 @@ impl Sink for MetricsSink {
     fn emit(&self, event: &Event<'_>) {
         let m = &self.metrics;
         match event {
-            Event::Configured { dry_run, high, low } => {
+            Event::Configured {
+                dry_run,
+                high,
+                low,
+                kubelet,
+            } => {
                 m.set_dry_run(*dry_run);
                 m.set_thresholds(*high, *low);
+                m.set_kubelet(kubelet.read, kubelet.image_gc_enabled, kubelet.high_above_eviction);
             }
             Event::HistoryLoaded { last_success: Some(at) } => m.restore_last_success(*at),
             Event::RuntimeUp(up) => m.set_runtime_up(*up),
@@ -363,6 +380,9 @@ impl Sink for MetricsSink {
             Event::SpacePassSkipped(_) => m.set_space_pass_due(false),
             Event::SpaceUnreachable { outlook, .. } => m.set_space_unreachable(outlook.is_some()),
             Event::Removed(removal) if !removal.dry_run => m.removed(removal.reason, removal.freed_bytes.unwrap_or(0)),
+            Event::RemovedByOthers { images, at } => {
+                m.removed_by_others(images.len(), images.iter().map(|i| i.size).sum(), *at);
+            }
             Event::RemovalFailed { .. } | Event::RemovalNotDone { .. } => m.removal_failed(),
             Event::CycleStarted => {
                 *self.timer.lock().unwrap_or_else(PoisonError::into_inner) = Some(m.cycle_timer());
@@ -541,6 +561,17 @@ impl Sink for LogSink {
                 "{}",
                 if removal.dry_run { "would remove image (dry run)" } else { "removed image" }
             ),
+            Event::RemovedByOthers { images, .. } => {
+                for image in *images {
+                    info!(image = %image.id, tags = ?image.tags, size = image.size, "image removed by someone else");
+                }
+                warn!(
+                    images = images.len(),
+                    bytes = images.iter().map(|i| i.size).sum::<u64>(),
+                    "images removed by someone else (the kubelet's image GC, another collector, crictl rmi): imagegc \
+                     did not ask for these removals; two collectors on one node work against each other"
+                );
+            }
             Event::RemovalFailed {
                 id,
                 tags,

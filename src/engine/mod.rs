@@ -43,6 +43,7 @@ use crate::time::{Clock, rfc3339};
 mod cycle;
 pub mod events;
 mod observe;
+mod others;
 mod removal;
 pub mod report;
 mod thrash;
@@ -130,6 +131,8 @@ pub struct Collector<R> {
     /// When the last cycle ended above low with images kept only for being
     /// younger than `gc.min_age`: when the first of them becomes removable.
     young_removable_at: Option<tokio::time::Instant>,
+    /// Images a listing omitted, not yet known removed by someone else.
+    others: others::Unconfirmed,
 }
 
 impl<R: Runtime> Collector<R> {
@@ -143,6 +146,7 @@ impl<R: Runtime> Collector<R> {
             dry_run: config.gc.dry_run,
             high: config.gc.high_threshold_percent,
             low: config.gc.low_threshold_percent,
+            kubelet: config.kubelet,
         });
         let journal = Journal::new(&config.state.dir);
         let pending = Pending::load(&config.state.dir);
@@ -170,6 +174,7 @@ impl<R: Runtime> Collector<R> {
             image_fs_mismatch: None,
             disk_path: None,
             young_removable_at: None,
+            others: others::Unconfirmed::default(),
             sandbox_unknown: None,
             protections: watch::channel(Arc::default()).1,
         };
@@ -231,6 +236,7 @@ impl<R: Runtime> Collector<R> {
             dry_run: config.gc.dry_run,
             high: config.gc.high_threshold_percent,
             low: config.gc.low_threshold_percent,
+            kubelet: config.kubelet,
         });
         self.policy = Arc::new(GcPolicy::from(&*config));
         self.config = config;

@@ -326,6 +326,7 @@ impl<R: Runtime> Collector<R> {
             id: candidate.id,
             tags: candidate.tags,
         });
+        self.candidate_gone(candidate.id, candidate.tags, candidate.size, candidate.first_seen);
         Arc::make_mut(&mut self.records).remove(candidate.id, self.clock.now());
     }
 
@@ -784,7 +785,7 @@ const PENDING_ASKED_PER_LISTING: usize = 4;
 /// What `ImageStatus` says of the image of a pending removal the listing
 /// omitted: not found is gone; found is still there (the listing was
 /// partial); an error tells nothing.
-fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
+pub(super) fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
     match answer {
         Ok(None) => Seen::Gone,
         Ok(Some(_)) => Seen::There,

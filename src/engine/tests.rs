@@ -35,6 +35,8 @@ struct Sim {
     omit: Vec<String>,
     /// `ImageStatus` fails while set.
     fail_image_status: bool,
+    /// `ImageStatus` of these fails.
+    fail_image_status_of: Vec<String>,
     fail_stats: bool,
     /// ListContainers fails while set: the runtime is down.
     fail_lists: bool,
@@ -56,6 +58,9 @@ struct Sim {
     /// readings (a container's log, an emptyDir, a pull): free space never
     /// holds still.
     writer: u64,
+    /// An image someone else removes right before the n-th
+    /// ListContainers call (after the listing of images that had it).
+    vanish_at_list: Option<(usize, String)>,
     /// A tag an image gains right before the n-th ListContainers call.
     tag_at_list: Option<(usize, String, String)>,
     /// An image someone else removes right before the n-th ListContainers
@@ -149,7 +154,7 @@ impl Runtime for SimHandle {
     }
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
         let sim = self.0.lock().unwrap();
-        if sim.fail_image_status {
+        if sim.fail_image_status || sim.fail_image_status_of.iter().any(|f| f == id) {
             return Err(RuntimeError::Rpc {
                 rpc: "ImageStatus",
                 endpoint: "unix:///sim.sock".to_string(),
@@ -176,6 +181,11 @@ impl Runtime for SimHandle {
             && sim.lists == n
         {
             sim.containers.push(c);
+        }
+        if let Some((n, id)) = sim.vanish_at_list.clone()
+            && sim.lists == n
+        {
+            sim.images.retain(|i| i.id != id);
         }
         if let Some((n, id, tag)) = sim.tag_at_list.clone()
             && sim.lists == n
@@ -1507,4 +1517,204 @@ async fn a_removal_killed_before_its_journal_line_is_journaled_though_one_of_the
     let journal = journaled(&dir);
     assert_eq!(journal.iter().filter(|e| e.image == "a").count(), 2, "{journal:?}");
     assert_eq!(journal[1].note.as_deref(), Some("completed after shutdown"));
+}
+
+/// `imagegc_images_removed_by_others_total`, `..._bytes_total` and the
+/// last one's time.
+fn removed_by_others(c: &Collector<SimHandle>) -> (String, String, String) {
+    let get = |name| sample(c, name).unwrap_or_default();
+    (
+        get("imagegc_images_removed_by_others_total"),
+        get("imagegc_removed_by_others_bytes_total"),
+        get("imagegc_last_removal_by_others_timestamp_seconds"),
+    )
+}
+
+fn none_removed_by_others(c: &Collector<SimHandle>) {
+    assert_eq!(
+        removed_by_others(c),
+        ("0".to_string(), "0".to_string(), "0.0".to_string()),
+        "nothing removed by others"
+    );
+}
+
+#[tokio::test]
+async fn an_image_someone_else_removes_is_counted_once_with_its_last_known_size() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 250), image("c", 40)];
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    none_removed_by_others(&c);
+    // The kubelet's image GC removes `b` and `c` between two listings.
+    sim.with(|s| s.images.retain(|i| i.id == "a"));
+    assert!(c.poll_usage().await.is_ok());
+    let at = c
+        .clock
+        .now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let (images, bytes, last) = removed_by_others(&c);
+    assert_eq!((images.as_str(), bytes.as_str()), ("2", "290"));
+    assert!((last.parse::<f64>().unwrap() - at).abs() < 5.0, "{last} vs {at}");
+    assert!(c.records().get("b").is_none(), "its record goes with it");
+    cycle(&mut c).await;
+    assert!(c.poll_usage().await.is_ok());
+    assert_eq!(removed_by_others(&c).0, "2", "counted once");
+    assert!(journaled(&dir).is_empty(), "not imagegc's removals");
+    assert_eq!(
+        sample(&c, "image_garbage_collected_total{reason=\"space\"}").as_deref(),
+        Some("0")
+    );
+}
+
+#[tokio::test]
+async fn an_image_a_partial_listing_omits_is_not_removed_by_others() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    // Omitted, and ImageStatus cannot answer: unsure, not counted...
+    sim.with(|s| {
+        s.omit = vec!["a".to_string()];
+        s.fail_image_status = true;
+    });
+    assert!(c.poll_usage().await.is_ok());
+    none_removed_by_others(&c);
+    // ...then ImageStatus finds it: it is there.
+    sim.with(|s| s.fail_image_status = false);
+    assert!(c.poll_usage().await.is_ok());
+    sim.with(|s| s.omit.clear());
+    cycle(&mut c).await;
+    none_removed_by_others(&c);
+    // A listing of nothing (a runtime restarting) tells nothing either.
+    let images = sim.0.lock().unwrap().images.clone();
+    sim.with(|s| s.images.clear());
+    // ImageStatus would say not found for every image now: the empty
+    // listing must not ask.
+    assert!(c.poll_usage().await.is_ok());
+    sim.with(|s| s.images = images);
+    assert!(c.poll_usage().await.is_ok());
+    cycle(&mut c).await;
+    none_removed_by_others(&c);
+}
+
+#[tokio::test]
+async fn a_candidate_someone_else_removed_before_its_recheck_is_counted() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        s.on_disk.insert("a".into(), 100);
+        s.on_disk.insert("b".into(), 100);
+        (s.capacity, s.available) = (1000, 50);
+        // Listed by the cycle, gone by its re-check.
+        s.vanish_at_list = Some((1, "a".to_string()));
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    assert_eq!(removed_by_others(&c).0, "1");
+    assert!(journaled(&dir).iter().all(|e| e.image != "a"));
+    // The next listing omits it: not counted again.
+    assert!(c.poll_usage().await.is_ok());
+    cycle(&mut c).await;
+    assert_eq!(removed_by_others(&c).0, "1");
+}
+
+#[tokio::test]
+async fn removals_imagegc_asked_for_are_never_removed_by_others() {
+    // Finished by the runtime after a listing still listed it.
+    let (_sim, mut c, _dir) = a_removal_of_a_that_times_out(Some(2)).await;
+    assert!(c.poll_usage().await.is_ok());
+    assert!(c.poll_usage().await.is_ok());
+    cycle(&mut c).await;
+    none_removed_by_others(&c);
+    // Finished as it was asked again (RemoveImage answers not found).
+    let (sim, mut c, _dir) = a_removal_of_a_that_times_out(Some(1000)).await;
+    sim.with(|s| s.hang_remove.clear());
+    cycle(&mut c).await;
+    assert!(c.poll_usage().await.is_ok());
+    none_removed_by_others(&c);
+    // Asked by a process killed during the call, gone by the next start.
+    let (sim, mut c, dir) = a_removal_of_a_that_times_out(None).await;
+    let config = Arc::clone(c.config());
+    c.save().await;
+    drop(c);
+    sim.with(|s| {
+        s.images.retain(|i| i.id != "a");
+        s.hang_remove.clear();
+    });
+    let mut next = Collector::new(
+        sim.clone(),
+        config,
+        Arc::new(sim.clone()),
+        Arc::new(Metrics::new()),
+        Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)),
+    );
+    cycle(&mut next).await;
+    cycle(&mut next).await;
+    none_removed_by_others(&next);
+    assert_eq!(journaled(&dir).iter().filter(|e| e.image == "a").count(), 1);
+}
+
+#[tokio::test]
+async fn a_removal_journaled_before_a_kill_that_left_its_record_is_not_removed_by_others() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.images = vec![image("a", 100), image("b", 100)];
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    // The process removed `a` and journaled it, and was killed before its
+    // records were saved and before its note was: only the line is left.
+    let record = c.records().get("a").unwrap().clone();
+    let line = Removal {
+        id: "a".into(),
+        tags: vec![],
+        digests: vec![],
+        reason: Reason::Space,
+        size: 100,
+        freed_bytes: None,
+        first_seen: record.first_seen,
+        last_used: record.last_used,
+        dry_run: false,
+    };
+    Journal::new(dir.path()).append(&crate::journal::JournalEntry::from_removal(&line, c.clock.now()));
+    sim.with(|s| s.images.retain(|i| i.id != "a"));
+    assert!(c.poll_usage().await.is_ok());
+    none_removed_by_others(&c);
+}
+
+#[tokio::test]
+async fn images_whose_status_cannot_be_read_do_not_keep_the_others_from_being_asked_about() {
+    let sim = SimHandle::default();
+    let many: Vec<String> = (0..40).map(|i| format!("u{i:02}")).collect();
+    sim.with(|s| {
+        s.images = many
+            .iter()
+            .map(|id| image(id, 10))
+            .chain([image("x", 7), image("kept", 1)])
+            .collect();
+        (s.capacity, s.available) = (1000, 900);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    // All go at once; the runtime cannot answer about 40 of them.
+    sim.with(|s| {
+        s.images.retain(|i| i.id == "kept");
+        s.fail_image_status_of = many.clone();
+    });
+    // 41 to ask about, 16 at a time: `x` is asked by the third listing
+    // whatever its place.
+    for _ in 0..3 {
+        assert!(c.poll_usage().await.is_ok());
+    }
+    assert_eq!(removed_by_others(&c).0, "1");
+    assert_eq!(removed_by_others(&c).1, "7");
 }

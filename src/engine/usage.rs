@@ -144,7 +144,11 @@ impl<R: Runtime> Collector<R> {
                 thrash_window: window,
             });
         }
+        // The removals imagegc asked for, before settling moves them on.
+        let asked: std::collections::HashSet<String> =
+            self.pending.entries().iter().map(|p| p.entry.image.clone()).collect();
         self.settle_pending(images).await;
+        self.find_removed_by_others(&observed.unlisted, images, &asked).await;
     }
 
     /// Checks the image filesystem a listing found: starts or ends an

@@ -13,6 +13,12 @@
 //!   again within `gc.thrash_window`.
 //! - `SandboxImageUnknown` (Warning): no source names the sandbox image, or
 //!   the configured one matches no image.
+//! - `ImagesRemovedByOthers` (Warning): images went that imagegc did not
+//!   ask to remove (the kubelet's own image GC still on, another
+//!   collector). An episode starts with the first such removal after
+//!   [`OTHERS_QUIET`] without one, and lasts until that long passes
+//!   without one; its event names the images and bytes found at its start
+//!   (`imagegc_images_removed_by_others_total` counts them all).
 //!
 //! One event per episode, and at most one per reason every
 //! [`MIN_INTERVAL`]. A reason seen again updates the event posted before
@@ -41,6 +47,11 @@ use crate::metrics::{Metrics, NodeEventReason, NodeEventResult};
 /// and starts again at every cycle is said once per ten minutes (the
 /// kubelet's event correlator uses the same window).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
+
+/// How long without a removal by others ends their episode: the kubelet
+/// collects every 5 minutes, so a kubelet collecting beside imagegc is one
+/// episode, not one event per round.
+pub const OTHERS_QUIET: Duration = Duration::from_secs(3600);
 
 /// Events waiting for the poster: more are dropped (and counted).
 const QUEUE: usize = 16;
@@ -81,6 +92,8 @@ pub struct Episodes {
     unreachable: bool,
     failing: bool,
     sandbox_said: bool,
+    /// When the last removal by others was found.
+    others_last: Option<Instant>,
     said_at: HashMap<NodeEventReason, Instant>,
 }
 
@@ -136,6 +149,22 @@ impl Episodes {
                     humantime::format_duration(Duration::from_secs(removed_ago.as_secs()))
                 ),
             ),
+            Event::RemovedByOthers { images, .. } => {
+                let last = self.others_last.replace(now);
+                if last.is_some_and(|last| now.saturating_duration_since(last) < OTHERS_QUIET) {
+                    return None;
+                }
+                let bytes: u64 = images.iter().map(|i| i.size).sum();
+                (
+                    NodeEventReason::ImagesRemovedByOthers,
+                    format!(
+                        "{} image(s) ({bytes} bytes) were removed without imagegc asking: the kubelet's own image \
+                         GC (or another collector) runs beside imagegc. Keep imagegc's thresholds below the \
+                         kubelet's imageGCHighThresholdPercent, or turn the kubelet's image GC off",
+                        images.len()
+                    ),
+                )
+            }
             Event::SandboxUnnamed | Event::SandboxConfiguredUnmatched(_) => {
                 if std::mem::replace(&mut self.sandbox_said, true) {
                     return None;
@@ -383,6 +412,53 @@ mod tests {
         // Later, a new episode is said.
         episodes.on(&unreachable(false), t0 + Duration::from_secs(700));
         assert!(episodes.on(&unreachable(true), t0 + Duration::from_secs(720)).is_some());
+    }
+
+    fn removed_by_others(images: &[crate::records::Unlisted]) -> Event<'_> {
+        Event::RemovedByOthers {
+            images,
+            at: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    /// The kubelet collecting beside imagegc removes a batch every 5
+    /// minutes: one event for the episode, naming the first batch; another
+    /// only after an hour without any.
+    #[test]
+    fn removals_by_others_are_said_once_per_episode() {
+        let gone = |id: &str, size| crate::records::Unlisted {
+            id: id.into(),
+            tags: Default::default(),
+            size,
+            first_seen: SystemTime::UNIX_EPOCH,
+        };
+        let batch = [gone("a", 1_000), gone("b", 500)];
+        let mut episodes = Episodes::default();
+        let t0 = Instant::now();
+        let first = episodes.on(&removed_by_others(&batch), t0).expect("the episode starts");
+        assert_eq!(first.reason, NodeEventReason::ImagesRemovedByOthers);
+        assert!(
+            first
+                .message
+                .starts_with("2 image(s) (1500 bytes) were removed without imagegc asking"),
+            "{}",
+            first.message
+        );
+        // The kubelet's next rounds, 5 minutes apart, for two hours.
+        for round in 1..=24 {
+            let at = t0 + Duration::from_secs(300 * round);
+            assert_eq!(episodes.on(&removed_by_others(&batch[..1]), at), None, "round {round}");
+        }
+        // An hour without one ends it; the next starts a new episode.
+        let later = t0 + Duration::from_secs(300 * 24 + 3600);
+        let second = episodes
+            .on(&removed_by_others(&batch[1..]), later)
+            .expect("a new episode");
+        assert!(
+            second.message.starts_with("1 image(s) (500 bytes)"),
+            "{}",
+            second.message
+        );
     }
 
     #[test]

@@ -507,6 +507,9 @@ pub(crate) enum Line {
         image: String,
         /// Who removed it (`imagegc`, or `other` when it went unasked).
         by: String,
+        /// Its last known size, for an image someone else removed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes: Option<u64>,
     },
 }
 

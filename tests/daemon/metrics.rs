@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use imagegc_testkit::fake::{Dialect, Events, FakeRuntime};
 
 use crate::support::{
-    Daemon, InProcess, Settings, container_using, eventually, free_local_addr, ids, image, metric, roomy_disk, secs,
+    Daemon, InProcess, Settings, container_using, eventually, free_local_addr, ids, image, imagegc_command, metric,
+    roomy_disk, secs,
 };
 
 #[tokio::test]
@@ -181,5 +182,81 @@ async fn a_restarted_daemon_reports_the_last_success_of_the_one_before_and_its_n
     assert!(
         (after - before).abs() < 0.002,
         "last success {after} after the restart, {before} before it"
+    );
+}
+
+/// Another collector on the node (the kubelet's image GC, `crictl rmi`)
+/// removes an image imagegc did not ask to remove: the scrape counts it
+/// with its size and time, and `plan` and `check-config` say it from the
+/// usage log.
+#[tokio::test]
+async fn an_image_removed_by_someone_else_is_counted_and_said_by_plan_and_check_config() {
+    let fake = FakeRuntime::new();
+    let (kept, gone) = (image("kept", 1000), image("gone", 4096));
+    for i in [&kept, &gone] {
+        fake.add_image(i.clone());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let config = dir.path().join("imagegc.toml");
+    let state = dir.path().join("state");
+    let addr = free_local_addr();
+    Settings {
+        listen: Some(addr),
+        ..Settings::new(dir.path())
+    }
+    .write(&config);
+    let mut daemon = Daemon::spawn(&config, &server.endpoint(), &state, Some(addr));
+    let deadline = Instant::now() + secs(10);
+    while daemon.metric("imagegc_cycles_total{result=\"success\"}").await < Some(1.0) {
+        assert!(Instant::now() < deadline, "no cycle finished:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(daemon.metric("imagegc_images_removed_by_others_total").await, Some(0.0));
+    // No kubelet configuration read: its defaults are assumed, and high 100
+    // is above their eviction line.
+    assert_eq!(daemon.metric("imagegc_kubelet_config_read").await, Some(0.0));
+    assert_eq!(daemon.metric("imagegc_kubelet_image_gc_enabled").await, Some(1.0));
+    assert_eq!(daemon.metric("imagegc_high_threshold_above_eviction").await, Some(1.0));
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    fake.remove_image_by_id(&gone.id);
+    let deadline = Instant::now() + secs(10);
+    while daemon.metric("imagegc_images_removed_by_others_total").await < Some(1.0) {
+        assert!(Instant::now() < deadline, "not counted:\n{}", daemon.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(daemon.metric("imagegc_images_removed_by_others_total").await, Some(1.0));
+    assert_eq!(
+        daemon.metric("imagegc_removed_by_others_bytes_total").await,
+        Some(4096.0)
+    );
+    let last = daemon
+        .metric("imagegc_last_removal_by_others_timestamp_seconds")
+        .await
+        .unwrap();
+    assert!(last >= before.floor(), "{last} before {before}");
+    assert!(fake.removed().is_empty(), "imagegc removed nothing itself");
+    // The usage log has it once the writer wrote it.
+    eventually(secs(5), "the usage log's line", || {
+        std::fs::read_to_string(state.join("usage.jsonl"))
+            .ok()
+            .filter(|log| log.contains(&format!(r#""image":"{}","by":"other","bytes":4096"#, gone.id)))
+    })
+    .await;
+    let plan = imagegc_command(&config, &server.endpoint(), &state, &["plan"]).await;
+    let stdout = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        stdout.contains("another collector removed 1 image(s) (4.0 KiB) in the last 24 h, the last at "),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    let check = imagegc_command(&config, &server.endpoint(), &state, &["check-config"]).await;
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        stderr.contains("warning: another collector removed 1 image(s) (4.0 KiB)"),
+        "{stderr}"
     );
 }

@@ -51,7 +51,10 @@ async fn the_daemon_records_a_log_that_simulate_replays() {
         "{log}"
     );
     assert!(
-        log.contains(&format!(r#""ev":"removed","image":"{}","by":"other"}}"#, tmp.id)),
+        log.contains(&format!(
+            r#""ev":"removed","image":"{}","by":"other","bytes":2000}}"#,
+            tmp.id
+        )),
         "{log}"
     );
     assert!(log.contains(r#""ev":"disk","capacity":1000000,"#), "{log}");

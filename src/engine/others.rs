@@ -1,0 +1,162 @@
+//! Removals by others: images that went without imagegc asking (the
+//! kubelet's own image GC, another collector, `crictl rmi`).
+//!
+//! An image counts as removed by someone else only when it is gone by the
+//! rule pending removals settle by: a listing omits it **and** `ImageStatus`
+//! says the runtime does not have it (a listing alone may be partial). A
+//! removal imagegc asked for never counts: one pending at the listing that
+//! first omitted the image (this process's or an earlier one's, settled
+//! late or not at all), and one the journal holds for the image since it
+//! was first seen (a process that ended between its journal line and its
+//! state save). When in doubt (`ImageStatus` fails until the records'
+//! grace passes), nothing is counted. An image that went while no imagegc
+//! ran is found at the first listing after the start, as its record
+//! (from the state file) is then omitted.
+//!
+//! What is found goes out as [`Event::RemovedByOthers`]: metrics, the
+//! usage log (`"by":"other"`, read back by `plan`, `images` and
+//! `check-config`), logs and a node event once per episode.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::cri::{Image, Runtime};
+use crate::pending::Seen;
+use crate::records::{Unlisted, VANISHED_GRACE};
+
+use super::removal::seen_by_status;
+use super::{Collector, Event};
+
+/// How many unlisted images are asked about (`ImageStatus`, all at once)
+/// at one listing: the kubelet removes a batch at a time, and a partial
+/// listing that omits thousands must not cost thousands of calls; the
+/// others are asked about at the next listings.
+const ASKED_PER_LISTING: usize = 16;
+
+/// Images a listing omitted, not yet known removed or still there.
+#[derive(Debug, Default)]
+pub(super) struct Unconfirmed {
+    images: Vec<(Unlisted, SystemTime)>,
+}
+
+impl<R: Runtime> Collector<R> {
+    /// Finds the images of `unlisted` (and of earlier listings, still
+    /// unconfirmed) that someone else removed, after the pending removals
+    /// were settled against `images`. `asked` holds the images of the
+    /// removals pending before that listing: never counted.
+    pub(super) async fn find_removed_by_others(
+        &mut self,
+        unlisted: &[Unlisted],
+        images: &[Image],
+        asked: &HashSet<String>,
+    ) {
+        let now = self.clock.now();
+        let pending_now: HashSet<&str> = self.pending.entries().iter().map(|p| p.entry.image.as_str()).collect();
+        let fresh: Vec<(Unlisted, SystemTime)> = unlisted
+            .iter()
+            .filter(|u| !asked.contains(&u.id) && !pending_now.contains(u.id.as_str()))
+            .map(|u| (u.clone(), now))
+            .collect();
+        let watch = &mut self.others.images;
+        watch.extend(fresh);
+        if watch.is_empty() {
+            return;
+        }
+        let listed: HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
+        // Listed again (the listing that omitted it was partial), or unsure
+        // for longer than the records keep it: not counted.
+        watch.retain(|(u, since)| {
+            !listed.contains(u.id.as_str()) && now.duration_since(*since).unwrap_or_default() < VANISHED_GRACE
+        });
+        if images.is_empty() || watch.is_empty() {
+            // A listing of nothing tells nothing: a runtime restarting.
+            return;
+        }
+        let ids: Vec<String> = watch
+            .iter()
+            .take(ASKED_PER_LISTING)
+            .map(|(u, _)| u.id.clone())
+            .collect();
+        let answers = futures_util::future::join_all(ids.iter().map(|id| self.runtime.image_status(id))).await;
+        let mut gone = Vec::new();
+        for (id, answer) in ids.iter().zip(answers) {
+            match seen_by_status(&answer) {
+                // Asked again after the others waiting.
+                Seen::Unsure => {
+                    if let Some(place) = self.others.images.iter().position(|(u, _)| &u.id == id) {
+                        let unsure = self.others.images.remove(place);
+                        self.others.images.push(unsure);
+                    }
+                }
+                Seen::There => self.others.images.retain(|(u, _)| &u.id != id),
+                Seen::Gone => {
+                    if let Some(place) = self.others.images.iter().position(|(u, _)| &u.id == id) {
+                        gone.push(self.others.images.remove(place).0);
+                    }
+                }
+            }
+        }
+        let gone = self.not_journaled(gone).await;
+        if gone.is_empty() {
+            return;
+        }
+        for image in &gone {
+            Arc::make_mut(&mut self.records).remove(&image.id, now);
+        }
+        self.sinks.emit(&Event::RemovedByOthers { images: &gone, at: now });
+    }
+
+    /// The images of `gone` that the journal does not say imagegc removed
+    /// since each was first seen.
+    async fn not_journaled(&self, gone: Vec<Unlisted>) -> Vec<Unlisted> {
+        let Some(since) = gone.iter().map(|u| u.first_seen).min() else {
+            return gone;
+        };
+        let journal = self.journal.clone();
+        let since = since.checked_sub(std::time::Duration::from_secs(1));
+        // A journal that cannot be read leaves the doubt: nothing counted.
+        let Some(entries) = tokio::task::spawn_blocking(move || journal.read(since))
+            .await
+            .ok()
+            .and_then(Result::ok)
+        else {
+            return Vec::new();
+        };
+        gone.into_iter()
+            .filter(|u| {
+                // Journal lines are stamped to the second.
+                !entries.iter().any(|e| {
+                    !e.dry_run
+                        && e.image == u.id
+                        && e.timestamp()
+                            .is_some_and(|at| at + std::time::Duration::from_secs(1) > u.first_seen)
+                })
+            })
+            .collect()
+    }
+
+    /// A candidate the re-check (or `RemoveImage`) found gone already:
+    /// someone else removed it, unless a removal imagegc asked for earlier,
+    /// whose outcome was unknown, is pending for it.
+    pub(super) fn candidate_gone(&self, id: &str, tags: &crate::cri::Names, size: u64, first_seen: SystemTime) {
+        let asked_earlier = self
+            .pending
+            .entries()
+            .iter()
+            .any(|p| p.entry.image == id && p.earlier.is_some());
+        if asked_earlier {
+            return;
+        }
+        let image = Unlisted {
+            id: id.to_string(),
+            tags: tags.clone(),
+            size,
+            first_seen,
+        };
+        self.sinks.emit(&Event::RemovedByOthers {
+            images: std::slice::from_ref(&image),
+            at: self.clock.now(),
+        });
+    }
+}
