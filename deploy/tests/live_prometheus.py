@@ -68,11 +68,8 @@ ALERTS = [
     "ImagegcPodsStale",
     "ImagegcImageFsMismatch",
     "ImagegcContainerMountsUnknown",
+    "ImagegcImagesRemovedByOthers",
 ]
-# ImagegcImagesRemovedByOthers joins the list once imagegc exports
-# imagegc_images_removed_by_others_total: its step removes an image behind
-# imagegc's back (the fake runtime's `remove-image NAME`), expects it to
-# fire, and to resolve 3 intervals later.
 PODS_STALE_AFTER = 10  # kubernetes.pods_stale_after of node-a, seconds
 API_TOKEN = "imagegc-live-test"
 
@@ -690,6 +687,21 @@ class Live:
         self.fake("heal-rpc ContainerStatus")
         self.expect_resolves(["ImagegcContainerMountsUnknown"], t, "ContainerStatus answers", 30)
         wait_for("every alert to resolve", lambda: not self.watch.active(), 60)
+
+        # 7. Someone else (the kubelet's image GC, crictl rmi) removes an
+        # image imagegc has listed: counted as removed by others, and the
+        # alert fires; it resolves once its window has passed.
+        self.fake("image other:1 4096")
+        t = time.time()
+        wait_for("two cycles listing other:1", lambda: time.time() - t > 2 * INTERVAL, 30)
+        t = time.time()
+        self.fake("remove-image other:1")
+        self.expect_fires(["ImagegcImagesRemovedByOthers"], t, "an image removed behind imagegc's back", 45)
+        counted = self.sample("a", "imagegc_images_removed_by_others_total")
+        if counted != 1:
+            raise Failure(f"node-a counts {counted} images removed by others, not 1")
+        t = time.time()
+        self.expect_resolves(["ImagegcImagesRemovedByOthers"], t, "no removal by others since", 60)
 
         # Healthy again: nothing fires.
         self.expect_quiet(3 * INTERVAL, "healthy, at the end")

@@ -380,7 +380,7 @@ impl Default for Config {
             kubelet_config: None,
             kubelet_config_dir: None,
             kubelet_args_file: None,
-            kubelet: KubeletView::assumed(85),
+            kubelet: KubeletView::assumed(DEFAULT_HIGH_THRESHOLD_PERCENT),
             kubernetes: KubernetesConfig::default(),
             source: None,
             warnings: Vec::new(),
