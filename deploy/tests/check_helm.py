@@ -252,7 +252,8 @@ def kubelet(render, values_file):
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in c.get("env", [])}
     for key, name, var, kind in (("configPath", "kubelet-config", "IMAGEGC_KUBELET_CONFIG", "File"),
-                                 ("configDir", "kubelet-config-dir", "IMAGEGC_KUBELET_CONFIG_DIR", "Directory")):
+                                 ("configDir", "kubelet-config-dir", "IMAGEGC_KUBELET_CONFIG_DIR", "Directory"),
+                                 ("argsFile", "kubelet-args-file", "IMAGEGC_KUBELET_ARGS_FILE", "File")):
         path = v.get(key, "")
         if not path:
             problems.check(name not in volumes, f"kubelet.{key} unset, but volume {name} is in the pod")
@@ -263,7 +264,7 @@ def kubelet(render, values_file):
         problems.same(f"{name} mount", mounts.get(name), {"name": name, "mountPath": path, "readOnly": True})
         problems.same(var, env.get(var), path)
     problems.check(not any(x.get("hostPath", {}).get("path", "").startswith(("/var/lib/kubelet", "/etc/kubernetes"))
-                           for n, x in volumes.items() if n not in ("kubelet-config", "kubelet-config-dir")),
+                           for n, x in volumes.items() if n not in ("kubelet-config", "kubelet-config-dir", "kubelet-args-file")),
                    "a kubelet path is mounted under another name")
     return problems
 
