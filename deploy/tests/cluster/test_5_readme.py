@@ -180,6 +180,9 @@ def test_readme_install_verify_takeover_uninstall(cluster, how, runtime, request
         assert re.search(r"image filesystem: \S+: .* used of .*; high 80%, low 75%", verify), verify
         assert "cannot be measured" not in verify, verify
         assert cluster.containerd_root in verify, verify
+        # Step 2, confirm: `imagegc plan` through the pod on a chosen node.
+        confirm = readme.run("confirm")
+        assert re.search(r"high 80%, low 75%", confirm), confirm
         # Step 3 of the takeover done on the node: the kubelet's file with
         # its image GC off, where the kubelet-config component (or the
         # chart's kubelet.configPath) mounts it.
