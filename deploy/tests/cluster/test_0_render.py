@@ -164,10 +164,16 @@ def test_shipped_configurations_stay_below_the_kubelets_default_eviction_line():
                        chart_config.name):
             out = check_config(config, handed_over)
             assert "warning" not in out.lower(), f"{config}:\n{out}"
-    # The built-in defaults (85, the kubelet's own) are where the kubelet's
-    # default evictionHard evicts: imagegc says so, naming the default.
+    # The built-in defaults (80/75) are below it too.
     with tempfile.NamedTemporaryFile("w", suffix=".toml") as empty:
         out = check_config(empty.name, handed_over)
+    assert "warning" not in out.lower(), out
+    # At 85 (the kubelet's own image GC threshold), imagegc would start where
+    # the kubelet's default evictionHard evicts: it says so, naming the default.
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as at_85:
+        at_85.write("[gc]\nhigh_threshold_percent = 85\nlow_threshold_percent = 80\n")
+        at_85.flush()
+        out = check_config(at_85.name, handed_over)
     assert "imagefs.available 15%" in out and "the kubelet's default" in out, out
 
 
