@@ -582,26 +582,31 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
         (false, Some(path)) => (path.display().to_string(), file_key),
         (false, None) => (COMMAND_LINE.to_owned(), file_key),
     };
-    let main = config.kubelet_config.clone().map(|p| {
-        let (file, key) = named_by(overrides.kubelet_config.is_some(), "--kubelet-config", "kubelet.config");
-        (p, file, key)
-    });
-    let dir = config.kubelet_config_dir.clone().map(|p| {
-        let (file, key) = named_by(
-            overrides.kubelet_config_dir.is_some(),
-            "--kubelet-config-dir",
-            "kubelet.config_dir",
-        );
-        (p, file, key)
-    });
-    let args = config.kubelet_args_file.clone().map(|p| {
-        let (file, key) = named_by(
-            overrides.kubelet_args_file.is_some(),
-            "--kubelet-args-file",
-            "kubelet.args_file",
-        );
-        (p, file, key)
-    });
+    // Each kubelet path with the file and key its problems are filed under.
+    let source = |path: &Option<PathBuf>, flag: bool, flag_key: &'static str, file_key: &'static str| {
+        path.clone().map(|p| {
+            let (file, key) = named_by(flag, flag_key, file_key);
+            (p, file, key)
+        })
+    };
+    let main = source(
+        &config.kubelet_config,
+        overrides.kubelet_config.is_some(),
+        "--kubelet-config",
+        "kubelet.config",
+    );
+    let dir = source(
+        &config.kubelet_config_dir,
+        overrides.kubelet_config_dir.is_some(),
+        "--kubelet-config-dir",
+        "kubelet.config_dir",
+    );
+    let args = source(
+        &config.kubelet_args_file,
+        overrides.kubelet_args_file.is_some(),
+        "--kubelet-args-file",
+        "kubelet.args_file",
+    );
     config.kubelet = KubeletView::assumed(config.gc.high_threshold_percent);
     if main.is_some() || dir.is_some() || args.is_some() {
         let mut found = Vec::new();
