@@ -16,8 +16,8 @@ use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::policy::{
-    self, Candidate, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, Plan, Protections, Reason, SpaceOutlook,
-    SpaceTarget,
+    self, Candidate, CyclePlan, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, KeptImages, Plan, Protections,
+    Reason, SpaceOutlook, SpaceTarget,
 };
 use crate::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
@@ -81,26 +81,23 @@ pub async fn plan(
     // this very listing is not "used at this instant".
     let now = clock.now();
     let gc_policy = GcPolicy::from(&config);
-    let plan = policy::plan_listed(&snapshot, &listed, &gc_policy, pods, now, clock.started());
+    let cycle = CyclePlan::new(
+        &snapshot,
+        &listed,
+        &gc_policy,
+        pods,
+        (now, clock.started()),
+        KeptImages::Listed,
+    );
+    let plan = &cycle.plan;
     let fs = Statvfs.stats(&image_fs.path).ok();
     let target = gc_policy.target;
-    // A dry-run cycle's walk (a read-only `plan` remembers no removals to
-    // hold back).
-    let forecast = fs
-        .filter(|fs| target.due(fs))
-        .map(|fs| Forecast::new(target, fs, &plan.space, policy::total_size(&plan.age), |_| false));
-    let view = PlanView::new(&plan, forecast.as_ref(), fs.as_ref(), target);
-    let full_outlook = fs.as_ref().filter(|_| view.space_pass).map(|fs| {
-        SpaceOutlook::new(
-            fs,
-            config.gc.low_threshold_percent,
-            plan.age.iter().chain(&plan.space),
-            &plan.tally,
-            &snapshot.images,
-            footprint,
-            image_fs.image_bytes,
-        )
-    });
+    // A dry-run cycle's space pass: the age removals counted, not made (a
+    // read-only `plan` remembers no removals to hold back).
+    let pass = fs.and_then(|fs| cycle.space(fs, cycle.age_would_free(), footprint, image_fs.image_bytes));
+    let full_outlook = pass.as_ref().map(|pass| pass.outlook);
+    let forecast = pass.map(|pass| pass.forecast(|_| false));
+    let view = PlanView::new(plan, forecast.as_ref(), fs.as_ref(), target);
     let once_aged = full_outlook.and_then(|o| o.reached_once_aged());
     let outlook = full_outlook.filter(SpaceOutlook::unreachable);
     if output == Output::Json {
@@ -125,11 +122,11 @@ pub async fn plan(
             removals: plan
                 .age
                 .iter()
-                .chain(view.space_expected(&plan))
+                .chain(view.space_expected(plan))
                 .map(|c| candidate_json(c, config.gc.order, now))
                 .collect(),
             further_space_candidates: view
-                .space_further(&plan)
+                .space_further(plan)
                 .iter()
                 .map(|c| candidate_json(c, config.gc.order, now))
                 .collect(),
@@ -151,9 +148,9 @@ pub async fn plan(
     if let Ok(Some(line)) = super::table::removed_by_others_line(&config.state.dir, now) {
         text.push_str(&line);
     }
-    text.push_str(&summary(&plan, &view, outlook.as_ref(), once_aged, &config));
-    text.push_str(&removals_text(&plan, &view, config.gc.order, now));
-    text.push_str(&kept_text(&plan));
+    text.push_str(&summary(plan, &view, outlook.as_ref(), once_aged, &config));
+    text.push_str(&removals_text(plan, &view, config.gc.order, now));
+    text.push_str(&kept_text(plan));
     let unused_later = if view.space_pass { 0 } else { plan.space.len() };
     if unused_later > 0 {
         text.push_str(&format!(

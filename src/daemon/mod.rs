@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
 use crate::engine::{Collector, UsageTracker};
+use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::state::StartOnly;
 use crate::time::sleep_until_some;
 
@@ -40,12 +41,6 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_CAP: Duration = Duration::from_secs(60);
 
-/// How often the image filesystem is measured between cycles (statvfs, no
-/// call to the runtime), at most: a space pass starts as soon as usage
-/// crosses the high threshold, well before the kubelet's eviction manager,
-/// which looks every 10 s, sees usage reach its eviction line.
-const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
-
 /// The least time between two cycles that usage crossing the high threshold
 /// starts, while the last of them left usage at or above high: usage
 /// oscillating around high that images cannot bring down (another writer
@@ -56,11 +51,6 @@ const USAGE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// steps must not wait while eviction nears). Three times the kubelet's
 /// eviction period.
 pub const CROSSING_SPACING: Duration = Duration::from_secs(30);
-
-/// After the first image kept for being too young becomes removable, how
-/// long the next cycle waits: its first sighting and the clock it is
-/// measured against may differ by a few milliseconds.
-const YOUNG_MARGIN: Duration = Duration::from_millis(500);
 
 /// The node's name for `imagegc_node_info`: `NODE_NAME` (the DaemonSet sets
 /// it from `spec.nodeName`), else the host name from `gethostname(2)` (a
@@ -164,8 +154,8 @@ pub async fn run<R: Runtime>(
                     interval_from = Some(ended);
                     // Low not reached while images too young to remove were
                     // kept: try again as soon as the first of them may go.
-                    if let Some(at) = collector.young_removable_at() {
-                        next_cycle = next_cycle.min(at + YOUNG_MARGIN);
+                    if let Some(at) = collector.look_again_at() {
+                        next_cycle = next_cycle.min(at);
                     }
                 } else {
                     next_cycle = Instant::now() + retry.min(config.gc.interval);

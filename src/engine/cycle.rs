@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cri::{Runtime, Snapshot};
 use crate::fs::FsStats;
 use crate::model::Reason;
-use crate::policy::{self, Candidate, Forecast, Plan, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
+use crate::policy::{AgePass, Candidate, CyclePlan, KeptImages, SpaceOutlook, SpaceTarget, Step as WalkStep};
 use crate::records::Listed;
 
 use super::observe::ImageFs;
@@ -39,7 +39,7 @@ impl<R: Runtime> Collector<R> {
     /// Runs one cycle. Never panics on runtime or filesystem errors: they end
     /// the cycle with [`Outcome::Failed`].
     pub async fn cycle(&mut self, cancel: &CancellationToken) -> CycleReport {
-        self.young_removable_at = None;
+        self.look_again_at = None;
         self.sinks.emit(&Event::CycleStarted);
         let started = std::time::Instant::now();
         let dry_run = self.config.gc.dry_run;
@@ -95,14 +95,15 @@ impl<R: Runtime> Collector<R> {
         let protections = self.protections();
         let gc_policy = Arc::clone(&self.policy);
         // The kept images counted, not listed: a big node's list is 10 MiB.
-        let plan = policy::plan_counting_kept(
+        let cycle = CyclePlan::new(
             snapshot,
             listed,
             &gc_policy,
             &protections,
-            self.clock.now(),
-            self.clock.started(),
+            (self.clock.now(), self.clock.started()),
+            KeptImages::Counted,
         );
+        let plan = &cycle.plan;
         self.sinks.emit(&Event::Planned {
             in_use: plan.in_use_count(),
             unused: snapshot.images.len() - plan.in_use_count() - plan.protected_count(),
@@ -162,17 +163,17 @@ impl<R: Runtime> Collector<R> {
             report.image_fs_mismatch = Some(why.clone());
             return Ok(());
         }
-        self.space_pass(&plan, snapshot, &disk, cancel, report).await
+        self.space_pass(&cycle, snapshot, &disk, cancel, report).await
     }
 
     /// The space pass: when [`SpaceTarget::due`], the walk over the space
-    /// candidates (see [`Walk`]), each removal re-measured.
+    /// candidates (see [`crate::policy::Walk`]), each removal re-measured.
     // Long on purpose: measuring, the outlook, and the loop that drives the
     // walk with removals and readings read best in one place; the stopping
     // rule itself is the policy's (`Walk`).
     async fn space_pass(
         &mut self,
-        plan: &Plan<'_>,
+        cycle: &CyclePlan<'_>,
         snapshot: &Snapshot,
         disk: &Disk,
         cancel: &CancellationToken,
@@ -190,42 +191,37 @@ impl<R: Runtime> Collector<R> {
         let target = self.policy.target;
         self.publish_usage(&target, &stats);
         self.check_eviction_threshold(&stats);
-        if !target.due(&stats) {
+        // In dry run the age removals were only counted: what they would
+        // have freed (by the images that passed their re-check) counts
+        // first, and the walk goes by the estimate.
+        let age = if report.dry_run {
+            let would_free = report
+                .removed
+                .iter()
+                .filter(|r| r.reason == Reason::Age)
+                .fold(0u64, |sum, r| sum.saturating_add(r.size));
+            AgePass::Counted { would_free }
+        } else {
+            AgePass::Removed
+        };
+        let Some(pass) = cycle.space(stats, age, self.footprint, disk.image_bytes) else {
             self.sinks.emit(&Event::SpacePassNotDue {
                 usage_percent: stats.usage_percent(),
                 high: target.high_percent(),
             });
             self.note_outlook(None);
             return Ok(());
-        }
+        };
         report.space_pass = true;
-        let outlook = SpaceOutlook::new(
-            &stats,
-            target.low_percent(),
-            &plan.space,
-            &plan.tally,
-            &snapshot.images,
-            self.footprint,
-            disk.image_bytes,
-        );
-        self.note_outlook(Some(outlook));
+        self.note_outlook(Some(pass.outlook));
         report.space_unreachable = self.thrash.unreachable();
         self.sinks.emit(&Event::SpacePassStarted {
             stats: &stats,
             high: target.high_percent(),
             low: target.low_percent(),
-            to_free: target.bytes_to_free(&stats),
+            to_free: pass.to_free,
         });
-        let mut walk = if report.dry_run {
-            let age_would_free = report
-                .removed
-                .iter()
-                .filter(|r| r.reason == Reason::Age)
-                .fold(0u64, |sum, r| sum.saturating_add(r.size));
-            Walk::estimated(target, stats, &plan.space, age_would_free)
-        } else {
-            Walk::measured(target, stats, &plan.space)
-        };
+        let mut walk = pass.walk;
         let now = self.clock.now();
         // The re-check of the candidate it names, made ahead of time.
         let mut rechecked: Option<(&str, Ahead)> = None;
@@ -302,7 +298,7 @@ impl<R: Runtime> Collector<R> {
             self.note_outlook(None);
             report.space_unreachable = None;
         } else {
-            self.young_removable_at = first_young_removable(plan);
+            self.look_again_at = Some(tokio::time::Instant::now() + cycle.look_again(self.config.gc.interval, false));
             let freed = report
                 .before
                 .map_or(0, |b| stats.available().saturating_sub(b.available()));
@@ -312,24 +308,6 @@ impl<R: Runtime> Collector<R> {
             };
         }
         Ok(())
-    }
-
-    /// What a dry-run cycle's space pass would remove now, by the same walk
-    /// (`plan`'s forecast): `None` when no space pass is due at `stats`.
-    /// The age candidates count by their reported sizes, as in a dry run.
-    pub fn forecast<'w, 'a>(&self, plan: &'w Plan<'a>, stats: &FsStats) -> Option<Forecast<'w, 'a>> {
-        let target = self.policy.target;
-        if !target.due(stats) {
-            return None;
-        }
-        let now = self.clock.now();
-        Some(Forecast::new(
-            target,
-            *stats,
-            &plan.space,
-            policy::total_size(&plan.age),
-            |c| self.holds_back(now, c),
-        ))
     }
 
     /// Whether the space walk leaves `candidate` alone at `now`: imagegc
@@ -384,12 +362,4 @@ impl<R: Runtime> Collector<R> {
             due: target.due(stats),
         });
     }
-}
-
-/// When the first image kept only for being younger than `gc.min_age`
-/// becomes removable, as an instant.
-fn first_young_removable(plan: &Plan<'_>) -> Option<tokio::time::Instant> {
-    plan.tally
-        .first_young_removable_after
-        .map(|after| tokio::time::Instant::now() + after)
 }

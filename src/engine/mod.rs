@@ -128,9 +128,9 @@ pub struct Collector<R> {
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
     sandbox_unknown: Option<String>,
-    /// When the last cycle ended above low with images kept only for being
-    /// younger than `gc.min_age`: when the first of them becomes removable.
-    young_removable_at: Option<tokio::time::Instant>,
+    /// When the last cycle ended above low: when the next one comes
+    /// ([`crate::policy::CyclePlan::look_again`]).
+    look_again_at: Option<tokio::time::Instant>,
     /// Images a listing omitted, not yet known removed by someone else.
     others: others::Unconfirmed,
 }
@@ -173,7 +173,7 @@ impl<R: Runtime> Collector<R> {
             runtime_named: false,
             image_fs_mismatch: None,
             disk_path: None,
-            young_removable_at: None,
+            look_again_at: None,
             others: others::Unconfirmed::default(),
             sandbox_unknown: None,
             protections: watch::channel(Arc::default()).1,
@@ -278,12 +278,13 @@ impl<R: Runtime> Collector<R> {
         self.image_fs_mismatch.as_deref()
     }
 
-    /// When the last cycle could not reach low and images it kept only for
-    /// being younger than `gc.min_age` become removable (the first of them):
-    /// the daemon runs a cycle then rather than at the next interval, since
-    /// usage that stays above high is not a crossing.
-    pub fn young_removable_at(&self) -> Option<tokio::time::Instant> {
-        self.young_removable_at
+    /// When the last cycle could not reach low: when the next one comes, by
+    /// the cycle's plan ([`crate::policy::CyclePlan::look_again`]: sooner
+    /// than the interval when images it kept only for being younger than
+    /// `gc.min_age` become removable, since usage that stays above high is
+    /// not a crossing).
+    pub fn look_again_at(&self) -> Option<tokio::time::Instant> {
+        self.look_again_at
     }
 
     /// What an image takes on disk per reported byte, as this collector

@@ -1326,10 +1326,13 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     // What `plan` shows.
     let listing = c.observe().await.unwrap();
     let (age, space) = {
-        let plan = c.plan(&listing);
+        let cycle = c.cycle_plan(&listing);
         let stats = sim.stats(Path::new("/sim")).unwrap();
-        let forecast = c.forecast(&plan, &stats).expect("a space pass is due");
-        let age: Vec<String> = plan.age.iter().map(|c| c.id.to_string()).collect();
+        let forecast = cycle
+            .space(stats, cycle.age_would_free(), Default::default(), None)
+            .expect("a space pass is due")
+            .forecast(|_| false);
+        let age: Vec<String> = cycle.age().iter().map(|c| c.id.to_string()).collect();
         let space: Vec<String> = forecast.removals.iter().map(|c| c.id.to_string()).collect();
         (age, space)
     };
@@ -1395,9 +1398,9 @@ async fn a_keep_rule_added_to_the_rules_holds_in_the_plan_and_at_the_recheck() {
     Arc::make_mut(&mut c.policy).keep.test_rule =
         Some(|image| image.repo_tags.iter().any(|t| t.starts_with("docker.io/library/keep:")));
     let listing = c.observe().await.unwrap();
-    let plan = c.plan(&listing);
+    let planned = c.cycle_plan(&listing);
     assert_eq!(
-        plan.kept.iter().find(|k| k.id == "a").map(|k| &k.why),
+        planned.plan.kept.iter().find(|k| k.id == "a").map(|k| &k.why),
         Some(&crate::policy::KeepReason::Protected { pattern: "test rule" }),
         "the plan keeps a"
     );
@@ -1717,4 +1720,81 @@ async fn images_whose_status_cannot_be_read_do_not_keep_the_others_from_being_as
     }
     assert_eq!(removed_by_others(&c).0, "1");
     assert_eq!(removed_by_others(&c).1, "7");
+}
+
+/// The daemon's cycle, `imagegc plan`'s forecast and `imagegc simulate`'s
+/// replay run one script (`policy::CyclePlan`): on one node they remove the
+/// same images in the same order. The node: five images of 100 MB, four
+/// of them used last 100 s apart and one running, then an image of 400 MB
+/// pulled and run, which takes usage from 50% to 90%; high 80, low 65.
+#[tokio::test]
+async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order() {
+    const MB: u64 = 1_000_000;
+    let sizes = [100 * MB, 100 * MB, 100 * MB, 100 * MB, 100 * MB, 400 * MB];
+    let stops = [Some(100), Some(200), Some(300), Some(400), None];
+    let pull_at = 10_000;
+    let configure = |c: &mut Config| {
+        c.gc.high_threshold_percent = 80;
+        c.gc.low_threshold_percent = 65;
+        c.gc.min_age = Duration::from_secs(60);
+    };
+    let mut config = Config::default();
+    configure(&mut config);
+    // `simulate`: the replay, and when its removing cycle ran.
+    let (simulated, at) = crate::sim::replay::removals_after_a_pull(&sizes, &stops, (5, pull_at), 1000 * MB, &config);
+    let simulated: Vec<String> = simulated.iter().map(u32::to_string).collect();
+    assert_eq!(at, pull_at + 2, "the crossing's cycle, one usage check after the pull");
+
+    // The same node for the daemon, as the runtime lists it at that cycle.
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        for (i, &size) in sizes.iter().enumerate() {
+            s.unused(&i.to_string(), size, size);
+        }
+        s.containers = vec![
+            crate::testing::container_naming("c4", "4"),
+            crate::testing::container_naming("c5", "5"),
+        ];
+        (s.capacity, s.available) = (1000 * MB, 100 * MB);
+    });
+    let (mut c, _dir) = collector(&sim, configure);
+    let now = SystemTime::now();
+    let ago = |secs: u64| now - Duration::from_secs(secs);
+    let mut map = HashMap::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let (first_seen, last_used) = match stops.get(i) {
+            Some(Some(stop)) => (ago(at), ago(at - stop)),
+            Some(None) => (ago(at), now),
+            None => (ago(at - pull_at), now),
+        };
+        map.insert(
+            i.to_string(),
+            crate::records::Record {
+                first_seen,
+                last_used,
+                size,
+                pinned: false,
+                tags: Default::default(),
+                digests: Default::default(),
+                from_history: true,
+                ever_used: true,
+                usual_break: None,
+            },
+        );
+    }
+    c.records = Arc::new(Records::from_map(map));
+    // `plan`: the cycle's plan, its space pass by the estimate.
+    let listing = c.observe().await.unwrap();
+    let planned: Vec<String> = {
+        let cycle = c.cycle_plan(&listing);
+        let stats = sim.stats(Path::new("/sim")).unwrap();
+        let pass = cycle.space(stats, cycle.age_would_free(), Default::default(), None);
+        let forecast = pass.expect("a space pass is due at 90%").forecast(|_| false);
+        forecast.removals.iter().map(|c| c.id.to_string()).collect()
+    };
+    // The daemon's cycle, removing.
+    let report = cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["0", "1", "2"], "{report:?}");
+    assert_eq!(planned, sim.removed(), "plan's forecast");
+    assert_eq!(simulated, sim.removed(), "simulate's replay");
 }

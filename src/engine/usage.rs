@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::cri::{ContainerEvent, EventStream, Image, Runtime, RuntimeError, Snapshot};
 use crate::matching::{self, InUse};
-use crate::policy::{self, Plan, Protections};
+use crate::policy::{CyclePlan, KeptImages, Protections};
 use crate::records::{Listed, Observed};
 
 use super::observe::{ImageFs, Observation};
@@ -76,16 +76,16 @@ impl<R: Runtime> Collector<R> {
         })
     }
 
-    /// Plans a cycle over a listing from [`Collector::observe`], without
-    /// removing anything (`imagegc plan`).
-    pub fn plan<'a>(&'a self, listing: &'a Listing) -> Plan<'a> {
-        policy::plan_listed(
+    /// The cycle's plan over a listing from [`Collector::observe`], its
+    /// kept images listed, without removing anything.
+    pub fn cycle_plan<'a>(&'a self, listing: &'a Listing) -> CyclePlan<'a> {
+        CyclePlan::new(
             &listing.snapshot,
             &listing.listed,
             &self.policy,
             &listing.protections,
-            self.clock.now(),
-            self.clock.started(),
+            (self.clock.now(), self.clock.started()),
+            KeptImages::Listed,
         )
     }
 

@@ -15,11 +15,13 @@ use std::time::Duration;
 
 use crate::config::{Config, Order};
 
+pub mod cycle;
 pub mod keep;
 pub mod order;
 pub mod plan;
 pub mod space;
 
+pub use cycle::{AgePass, CyclePlan, KeptImages, SpacePass};
 pub use keep::{KeepReason, Rules, Uses};
 pub use plan::{Candidate, Kept, KeptTally, Plan, Protections, Reason, plan, plan_counting_kept, plan_listed};
 pub use space::{

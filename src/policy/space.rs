@@ -411,7 +411,11 @@ impl<'w, 'a> Forecast<'w, 'a> {
         freed_before: u64,
         hold_back: impl Fn(&Candidate<'a>) -> bool,
     ) -> Self {
-        let mut walk = Walk::estimated(target, stats, candidates, freed_before);
+        Forecast::of(Walk::estimated(target, stats, candidates, freed_before), hold_back)
+    }
+
+    /// Runs `walk` (by the estimate) to its end.
+    pub fn of(mut walk: Walk<'w, 'a>, hold_back: impl Fn(&Candidate<'a>) -> bool) -> Self {
         let mut forecast = Forecast {
             removals: Vec::new(),
             held_back: Vec::new(),

@@ -43,7 +43,8 @@ use std::time::{Duration, SystemTime};
 use crate::config::Config;
 use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::fs::FsStats;
-use crate::policy::{self, GcPolicy, KeepReason, Protections, SpaceTarget, Step, Walk};
+use crate::policy::cycle::USAGE_CHECK_INTERVAL;
+use crate::policy::{AgePass, CyclePlan, DiskFootprint, GcPolicy, KeptImages, Protections, SpaceTarget, Step};
 use crate::records::Records;
 
 use super::trace::{Action, Seconds, Trace};
@@ -52,10 +53,10 @@ use super::trace::{Action, Seconds, Trace};
 /// planner then knows no listed image is the sandbox image).
 const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10";
 
-/// How often the daemon measures usage between cycles (its
-/// `USAGE_CHECK_INTERVAL`): a cycle starts this long after usage crosses
+/// How often the daemon measures usage between cycles
+/// ([`USAGE_CHECK_INTERVAL`]): a cycle starts this long after usage crosses
 /// the high threshold.
-const USAGE_CHECK: Seconds = 2;
+const USAGE_CHECK: Seconds = USAGE_CHECK_INTERVAL.as_secs();
 
 /// The kubelet's image GC period.
 const KUBELET_PERIOD: Seconds = 300;
@@ -97,6 +98,10 @@ pub struct Tally {
     pub mean_image_bytes: u64,
     /// The most the images' bytes on disk ever were.
     pub peak_image_bytes: u64,
+    /// The images removed, in order (tests compare it with the daemon's).
+    #[cfg(test)]
+    #[serde(skip)]
+    pub removed: Vec<u32>,
 }
 
 /// The simulated node: layers on disk, images, containers.
@@ -262,6 +267,8 @@ impl<'t> Node<'t> {
         }
         self.present[i] = false;
         self.tally.removals += 1;
+        #[cfg(test)]
+        self.tally.removed.push(image);
         true
     }
 
@@ -499,18 +506,26 @@ impl<'c> Imagegc<'c> {
         node.tally.cycles += 1;
         let snapshot = node.snapshot(&self.listed);
         let (_, listed) = self.records.observe_snapshot(&snapshot, now);
-        let plan = policy::plan_listed(&snapshot, &listed, &self.policy, Protections::none(), now, instant(0));
-        for candidate in &plan.age {
+        // The daemon's script (policy::cycle), with the simulated node's
+        // removals: a removal frees what no image left on disk shares.
+        let cycle = CyclePlan::new(
+            &snapshot,
+            &listed,
+            &self.policy,
+            Protections::none(),
+            (now, instant(0)),
+            KeptImages::Counted,
+        );
+        for candidate in cycle.age() {
             if node.remove(self.by_id[candidate.id]) {
                 self.records.remove(candidate.id, now);
             }
         }
         let target = self.policy.target;
-        let stats = node.stats();
-        let mut retry = None;
-        if target.due(&stats) {
+        let mut low_reached = true;
+        if let Some(pass) = cycle.space(node.stats(), AgePass::Removed, DiskFootprint::default(), None) {
             node.tally.space_passes += 1;
-            let mut walk = Walk::measured(target, stats, &plan.space);
+            let mut walk = pass.walk;
             loop {
                 match walk.next(|_| false) {
                     Step::Remove(candidate) => {
@@ -525,23 +540,16 @@ impl<'c> Imagegc<'c> {
                     Step::Done | Step::LowNotReached { .. } => break,
                 }
             }
-            if !walk.reached() {
+            low_reached = walk.reached();
+            if !low_reached {
                 node.tally.passes_short += 1;
-                // The daemon comes back when the first image kept for
-                // being too young may go.
-                retry = plan
-                    .kept
-                    .iter()
-                    .filter_map(|k| match k.why {
-                        KeepReason::TooYoung { removable_after } => Some(removable_after),
-                        _ => None,
-                    })
-                    .min()
-                    .map(|after| t + after.as_secs() + 1);
             }
         }
-        let interval = config.gc.interval.as_secs().max(1);
-        self.next_cycle = retry.map_or(t + interval, |at| at.min(t + interval));
+        // When the daemon comes back: the interval, or sooner when the
+        // first image kept for being too young may go (in whole seconds,
+        // rounded up).
+        let look = cycle.look_again(config.gc.interval.max(Duration::from_secs(1)), low_reached);
+        self.next_cycle = t + look.as_secs() + u64::from(look.subsec_nanos() > 0);
         self.space_due = target.due(&node.stats());
         self.quiet_until = self.quiet_until(t, node);
     }
@@ -783,6 +791,92 @@ impl Policy for Belady<'_> {
             self.next_cycle = t + USAGE_CHECK;
         }
     }
+}
+
+/// A node for comparing the simulator's cycle with the daemon's and `plan`'s
+/// (`engine::tests`): images of one layer each (`app-{i}:1`), containers
+/// started at 0, one per image, stopped at the times given (`None`: kept
+/// running), then at `pull_at` image `pulled` pulled and run. Returns the
+/// images imagegc removed under `config`, in order, and when the last cycle
+/// that removed any ran.
+#[cfg(test)]
+pub(crate) fn removals_after_a_pull(
+    sizes: &[u64],
+    stops: &[Option<Seconds>],
+    (pulled, pull_at): (u32, Seconds),
+    capacity: u64,
+    config: &Config,
+) -> (Vec<u32>, Seconds) {
+    use crate::sim::trace::{TraceEvent, TraceImage};
+    let mut events: Vec<TraceEvent> = Vec::new();
+    for (i, stop) in stops.iter().enumerate() {
+        let container = i as u64;
+        events.push(TraceEvent {
+            at: 0,
+            action: Action::Start {
+                container,
+                image: i as u32,
+            },
+        });
+        if let Some(at) = stop {
+            events.push(TraceEvent {
+                at: *at,
+                action: Action::Stop { container },
+            });
+        }
+    }
+    let container = stops.len() as u64;
+    events.push(TraceEvent {
+        at: pull_at,
+        action: Action::Start {
+            container,
+            image: pulled,
+        },
+    });
+    events.push(TraceEvent {
+        at: pull_at + 60,
+        action: Action::Stop { container },
+    });
+    events.sort_by_key(|e| e.at);
+    let trace = Trace {
+        layers: sizes.to_vec(),
+        images: (0..sizes.len())
+            .map(|i| TraceImage {
+                id: format!("sha256:{i:064x}"),
+                name: format!("app-{i}:1"),
+                layers: vec![i as u32],
+            })
+            .collect(),
+        events,
+        capacity: None,
+    };
+    let mut imagegc = Imagegc::new(config, "imagegc", &trace);
+    let mut removing_cycle = 0;
+    let mut node = Node::new(&trace, capacity, 0, config);
+    for event in &trace.events {
+        while imagegc.next_wake() <= event.at {
+            let t = imagegc.next_wake();
+            node.advance(t);
+            let before = node.tally.removals;
+            imagegc.wake(t, &mut node);
+            if node.tally.removals > before {
+                removing_cycle = t;
+            }
+        }
+        node.advance(event.at);
+        match event.action {
+            Action::Start { container, image } => {
+                node.start(container, image);
+                imagegc.used(event.at, image, true, &node);
+            }
+            Action::Stop { container } => {
+                if let Some(image) = node.stop(container) {
+                    imagegc.used(event.at, image, false, &node);
+                }
+            }
+        }
+    }
+    (node.tally.removed, removing_cycle)
 }
 
 #[cfg(test)]

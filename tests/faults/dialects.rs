@@ -43,8 +43,10 @@ impl Bed {
     /// The ids `plan` keeps, with why.
     async fn kept(&mut self) -> Vec<(String, String)> {
         let listing = self.collector.observe().await.unwrap();
-        let plan = self.collector.plan(&listing);
-        plan.kept
+        let cycle = self.collector.cycle_plan(&listing);
+        cycle
+            .plan
+            .kept
             .iter()
             .map(|k| (k.id.to_string(), k.why.label().to_string()))
             .collect()
