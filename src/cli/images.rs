@@ -81,7 +81,11 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
     // What the daemon learnt of each container and pod: only those it has
     // not seen cost a call.
     let observation = Observer::knowing(Known::read(&config.state.dir))
-        .observe(runtime, config)
+        .observe(
+            runtime,
+            config.gc.image_fs_path.as_deref(),
+            config.runtime.sandbox_image.as_deref(),
+        )
         .await?;
     let footprint = observation.footprint.unwrap_or_default();
     let Snapshot {

@@ -69,7 +69,11 @@ pub async fn plan(
     // What the daemon learnt of each container and pod: only those it has
     // not seen cost a call.
     let observation = Observer::knowing(Known::read(&config.state.dir))
-        .observe(&runtime, &config)
+        .observe(
+            &runtime,
+            config.gc.image_fs_path.as_deref(),
+            config.runtime.sandbox_image.as_deref(),
+        )
         .await?;
     let snapshot = observation.snapshot;
     let image_fs = observation.image_fs?;

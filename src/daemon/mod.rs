@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
-use crate::engine::{Collector, UsageTracker};
+use crate::engine::{Collector, Tracking, UsageTracker};
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::state::StartOnly;
 use crate::time::sleep_until_some;
@@ -110,7 +110,7 @@ pub async fn run<R: Runtime>(
     let mut crossing_cycle: Option<Instant> = None;
     let mut retry = RETRY_FIRST;
     let mut runtime_up: Option<bool> = None;
-    let mut usage = UsageTracker::new(&config);
+    let mut usage = UsageTracker::new(tracking(&config));
     // When the last cycle ended, while the next one is scheduled one
     // interval after it: a reload that changes the interval reschedules it.
     let mut interval_from: Option<Instant> = None;
@@ -138,7 +138,7 @@ pub async fn run<R: Runtime>(
                     next_cycle = ended + config.gc.interval;
                     debug!(next_in_ms = next_cycle.saturating_duration_since(Instant::now()).as_millis() as u64, "next cycle rescheduled for the new interval");
                 }
-                usage.reconfigure(config);
+                usage.reconfigure(tracking(config));
             }
             () = sleep_until(next_cycle) => {
                 let ok = run_cycle(&mut collector, &shutdown).await;
@@ -180,10 +180,10 @@ pub async fn run<R: Runtime>(
                     next_cycle = next_cycle.min(Instant::now() + retry);
                     interval_from = None;
                 }
-                usage.polled(&config);
+                usage.polled();
             }
             event = usage.next_event() => {
-                if let Some(event) = usage.received(event, &config) {
+                if let Some(event) = usage.received(event) {
                     collector.mark_used_by_event(&event);
                 }
             }
@@ -214,6 +214,14 @@ pub async fn run<R: Runtime>(
     sd_notify("STOPPING=1");
     info!("shutting down: saving state");
     collector.save().await;
+}
+
+/// What the usage tracker follows of `config`.
+fn tracking(config: &Config) -> Tracking {
+    Tracking {
+        poll_interval: config.gc.usage_poll_interval,
+        container_events: config.runtime.container_events,
+    }
 }
 
 /// How often usage is measured between cycles: [`USAGE_CHECK_INTERVAL`],

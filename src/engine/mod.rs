@@ -56,7 +56,7 @@ pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
 pub use observe::{ImageFs, Observation, Observer};
 pub use removal::RemovingImage;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
-pub use usage::{Listing, UsageTracker};
+pub use usage::{Listing, Tracking, UsageTracker};
 
 /// The longest the state file goes unsaved while only last-used times of
 /// images in use move: it bounds how late age removals can come after a

@@ -13,7 +13,6 @@ use futures_util::StreamExt as _;
 use tracing::debug;
 
 use crate::collections::HashMap;
-use crate::config::Config;
 use crate::cri::{Container, Image, ImageFsUsage, Runtime, RuntimeError, Snapshot};
 use crate::fs::{FsProbe, FsStats};
 use crate::matching;
@@ -380,9 +379,16 @@ impl Observer {
     /// than after them: one round trip less per cycle. Images are listed
     /// before containers, so a container created from a listed image in
     /// between is listed too.
-    pub async fn observe<R: Runtime>(&mut self, runtime: &R, config: &Config) -> Result<Observation, RuntimeError> {
+    /// `image_fs_path` is `gc.image_fs_path`, `sandbox_image`
+    /// `runtime.sandbox_image`.
+    pub async fn observe<R: Runtime>(
+        &mut self,
+        runtime: &R,
+        image_fs_path: Option<&Path>,
+        sandbox_image: Option<&str>,
+    ) -> Result<Observation, RuntimeError> {
         let listings = list_images_and_containers(runtime, &mut self.mounts);
-        let image_fs = image_fs(runtime, config.gc.image_fs_path.as_deref());
+        let image_fs = image_fs(runtime, image_fs_path);
         let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
         let (images, containers) = listings?;
         if self.footprint.is_none()
@@ -404,7 +410,7 @@ impl Observer {
         }
         let sandbox = sandbox_images(
             runtime,
-            config.runtime.sandbox_image.as_deref(),
+            sandbox_image,
             self.sandbox_image.as_deref(),
             &mut self.pod_images,
             &images,

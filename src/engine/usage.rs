@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 use tracing::{debug, info, warn};
 
-use crate::config::Config;
 use crate::cri::{ContainerEvent, EventStream, Image, Runtime, RuntimeError, Snapshot};
 use crate::matching::{self, InUse};
 use crate::policy::{CyclePlan, KeptImages, Protections};
@@ -39,7 +38,15 @@ impl<R: Runtime> Collector<R> {
     /// Lists images, containers and the sandbox image, and updates the
     /// records. Also returns the image filesystem (see [`ImageFs`]).
     pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
-        let observation = self.observer.observe(&self.runtime, &self.config).await;
+        let config = &self.config;
+        let observation = self
+            .observer
+            .observe(
+                &self.runtime,
+                config.gc.image_fs_path.as_deref(),
+                config.runtime.sandbox_image.as_deref(),
+            )
+            .await;
         self.sinks.emit(&Event::RuntimeUp(observation.is_ok()));
         if observation.is_err() {
             Arc::make_mut(&mut self.records).observation_broken();
@@ -256,8 +263,19 @@ enum Source {
     Reopen(Instant, Duration),
 }
 
+/// What the usage tracker follows of the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tracking {
+    /// `gc.usage_poll_interval`: how often containers are listed while
+    /// polling.
+    pub poll_interval: Duration,
+    /// `runtime.container_events`: follow the runtime's container events.
+    pub container_events: bool,
+}
+
 /// When to list between cycles, and the container event stream.
 pub struct UsageTracker {
+    tracking: Tracking,
     source: Source,
     /// When the next poll is due while polling.
     next_poll: Instant,
@@ -271,10 +289,11 @@ pub struct UsageTracker {
 
 impl UsageTracker {
     /// Polling, or events when `runtime.container_events` asks for them.
-    pub fn new(config: &Config) -> Self {
+    pub fn new(tracking: Tracking) -> Self {
         UsageTracker {
-            source: source(config, false),
-            next_poll: Instant::now() + config.gc.usage_poll_interval,
+            tracking,
+            source: source(tracking, false),
+            next_poll: Instant::now() + tracking.poll_interval,
             poll_soon: None,
             empty_streams: 0,
             given_up: false,
@@ -283,10 +302,11 @@ impl UsageTracker {
 
     /// Follows a reloaded configuration: the poll interval, and events
     /// switched on or off.
-    pub fn reconfigure(&mut self, config: &Config) {
-        self.next_poll = Instant::now() + config.gc.usage_poll_interval;
-        if config.runtime.container_events != !matches!(self.source, Source::Polling) {
-            self.source = source(config, self.given_up);
+    pub fn reconfigure(&mut self, tracking: Tracking) {
+        self.tracking = tracking;
+        self.next_poll = Instant::now() + tracking.poll_interval;
+        if tracking.container_events != !matches!(self.source, Source::Polling) {
+            self.source = source(tracking, self.given_up);
         }
     }
 
@@ -326,9 +346,9 @@ impl UsageTracker {
     }
 
     /// A listing was made (or tried).
-    pub fn polled(&mut self, config: &Config) {
+    pub fn polled(&mut self) {
         self.poll_soon = None;
-        self.next_poll = Instant::now() + config.gc.usage_poll_interval;
+        self.next_poll = Instant::now() + self.tracking.poll_interval;
     }
 
     /// The next container event; pending forever while not following them.
@@ -342,12 +362,8 @@ impl UsageTracker {
     /// Handles what [`UsageTracker::next_event`] gave: an event to mark use
     /// from, or a stream that ended or broke (reopened with backoff, or
     /// given up on for polling).
-    pub fn received(
-        &mut self,
-        event: Option<Result<ContainerEvent, RuntimeError>>,
-        config: &Config,
-    ) -> Option<ContainerEvent> {
-        let poll_interval = crate::time::short(config.gc.usage_poll_interval);
+    pub fn received(&mut self, event: Option<Result<ContainerEvent, RuntimeError>>) -> Option<ContainerEvent> {
+        let poll_interval = crate::time::short(self.tracking.poll_interval);
         match event {
             Some(Ok(event)) => {
                 if let Source::Events { received, .. } = &mut self.source {
@@ -412,10 +428,10 @@ impl UsageTracker {
     }
 }
 
-/// How usage is tracked under `config`: events when configured (and not
-/// given up on), polling otherwise.
-fn source(config: &Config, given_up: bool) -> Source {
-    if config.runtime.container_events && !given_up {
+/// How usage is tracked: events when configured (and not given up on),
+/// polling otherwise.
+fn source(tracking: Tracking, given_up: bool) -> Source {
+    if tracking.container_events && !given_up {
         info!("following container events to track image use between cycles (runtime.container_events)");
         Source::Reopen(Instant::now(), REOPEN_FIRST)
     } else {
@@ -467,12 +483,16 @@ mod tests {
         }
     }
 
+    /// Container events followed, polling every 30 s meanwhile.
+    const EVENTS: Tracking = Tracking {
+        poll_interval: Duration::from_secs(30),
+        container_events: true,
+    };
+
     /// Drives the tracker as the daemon loop does, for `span` of tokio's
     /// paused clock: returns the delays between one open and the next.
     async fn reopen_gaps(runtime: &BreaksAtOnce, span: Duration) -> Vec<Duration> {
-        let mut config = Config::default();
-        config.runtime.container_events = true;
-        let mut tracker = UsageTracker::new(&config);
+        let mut tracker = UsageTracker::new(EVENTS);
         let start = Instant::now();
         let mut opened_at = Vec::new();
         while start.elapsed() < span {
@@ -481,7 +501,7 @@ mod tests {
             if runtime.opens.load(std::sync::atomic::Ordering::SeqCst) > before {
                 opened_at.push(Instant::now());
                 let event = tracker.next_event().await;
-                assert!(tracker.received(event, &config).is_none());
+                assert!(tracker.received(event).is_none());
             }
             let Some(at) = tracker.reopen_at() else { break };
             tokio::time::sleep_until(at).await;
@@ -504,16 +524,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stream_that_stayed_open_long_enough_is_reopened_at_once() {
-        let mut config = Config::default();
-        config.runtime.container_events = true;
         let runtime = BreaksAtOnce::default();
-        let mut tracker = UsageTracker::new(&config);
+        let mut tracker = UsageTracker::new(EVENTS);
         // Two quick breaks: the delay doubled twice.
         for _ in 0..2 {
             tokio::time::sleep_until(tracker.reopen_at().unwrap()).await;
             tracker.open_stream_if_due(&runtime);
             let event = tracker.next_event().await;
-            tracker.received(event, &config);
+            tracker.received(event);
         }
         assert_eq!(tracker.reopen_at().unwrap() - Instant::now(), Duration::from_secs(4));
         // Then one that lived past HEALTHY_AFTER: back to the first delay.
@@ -521,7 +539,7 @@ mod tests {
         tracker.open_stream_if_due(&runtime);
         tokio::time::advance(HEALTHY_AFTER).await;
         let event = tracker.next_event().await;
-        tracker.received(event, &config);
+        tracker.received(event);
         assert_eq!(tracker.reopen_at().unwrap() - Instant::now(), REOPEN_FIRST);
     }
 }
