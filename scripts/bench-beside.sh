@@ -9,8 +9,9 @@
 #   scripts/bench-beside.sh [--watch SECONDS]
 #
 # Not run by CI: it watches through the kubelet's 5-minute period (7
-# minutes by default); CI runs the other case, the kubelet's thresholds
-# below imagegc's (deploy/tests/cluster/test_7_beside_kubelet.py). Root on
+# minutes by default); CI runs the kubelet at its defaults through its
+# eviction manager's looks, with imagegc below it and above it
+# (deploy/tests/cluster/test_7_beside_kubelet.py). Root on
 # Debian 12; builds and installs what it needs as scripts/test-cluster.sh
 # does.
 set -euo pipefail

@@ -15,8 +15,10 @@
 #                              the binary (the build takes about 5 minutes
 #                              on 2 cores from a cold cache)
 #   CHECK_DEPLOY_PROFILE=dev   build the static binary unoptimised (a few
-#                              times faster; what the checks need is a
-#                              static binary, not a fast one). Default: release
+#                              times faster from a cold cache; what the
+#                              checks need is a static binary, not a fast
+#                              one). Default: release, which is a no-op after
+#                              scripts/test-cluster.sh built the same binary
 #   CHECK_DEPLOY_VERBOSE=1     show the output of the checks that pass too
 #   IMAGEGC_METRICS_FILE       a /metrics scrape to check metric names
 #                              against, instead of the daemon's own scrape
@@ -68,11 +70,12 @@ build_static() {
     echo "==> static build took $((SECONDS - started))s"
 }
 
-# The fake CRI runtime that the live Prometheus check drives.
+# The fake CRI runtime that the live Prometheus check drives: a test tool,
+# built unoptimised (on the dependencies `cargo test` already built).
 build_fake_runtime() {
-    echo "==> fake runtime: cargo build --profile $PROFILE --locked --example fake_runtime"
-    cargo build --profile "$PROFILE" --locked --example fake_runtime || return 1
-    export IMAGEGC_FAKE_RUNTIME=$TARGET_DIR/$PROFILE_DIR/examples/fake_runtime
+    echo "==> fake runtime: cargo build --locked --example fake_runtime"
+    cargo build --locked --example fake_runtime || return 1
+    export IMAGEGC_FAKE_RUNTIME=$TARGET_DIR/debug/examples/fake_runtime
 }
 
 if [ -n "${CHECK_DEPLOY_SKIP_BUILD:-}" ]; then

@@ -5,6 +5,9 @@
 #
 #   scripts/test-cluster.sh [PYTEST ARGS...]    e.g. -k eviction
 #   IMAGEGC_CLUSTER_RUNTIME=crio scripts/test-cluster.sh ...   the node on CRI-O
+#   IMAGEGC_CLUSTER_LONG=1 scripts/test-cluster.sh ...   also the scenarios
+#       that wait out the kubelet's 5-minute image GC period
+#       (deploy/tests/cluster/long_*.py; not run by CI)
 #
 # The node's runtime is containerd 2.x, or with IMAGEGC_CLUSTER_RUNTIME=crio
 # CRI-O with a split image store (its images and the containers' writable
@@ -33,6 +36,10 @@ prepare_cluster_suite
 
 suite_started=$SECONDS
 status=0
-"$CLUSTER_PYTHON" -m pytest -p no:cacheprovider -v -rA --durations=0 deploy/tests/cluster "$@" || status=$?
+paths=(deploy/tests/cluster)
+if [ -n "${IMAGEGC_CLUSTER_LONG:-}" ]; then
+    paths+=(deploy/tests/cluster/long_*.py)
+fi
+"$CLUSTER_PYTHON" -m pytest -p no:cacheprovider -v -rA --durations=0 "${paths[@]}" "$@" || status=$?
 echo "==> cluster suite: $((SECONDS - suite_started))s (exit $status); with prerequisites $((SECONDS - started))s"
 exit "$status"

@@ -1,7 +1,8 @@
 """Living beside the kubelet's own image GC left at its defaults (not run by
 CI: the kubelet's image GC runs at start and every 5 minutes, and its first
 attempt after a start usually fails, so the case watches one period and a
-margin, --watch seconds, 7 minutes by default; CI runs the other case,
+margin, --watch seconds, 7 minutes by default; CI runs the kubelet at its
+defaults through its eviction manager's looks,
 deploy/tests/cluster/test_7_beside_kubelet.py).
 
 A fresh cluster whose kubelet keeps its image GC on at its defaults
@@ -34,17 +35,12 @@ from conftest import build_imagegc_image  # noqa: E402
 from deploy import Deployment, metric  # noqa: E402
 
 HIGH, LOW, FILL = 55, 45, 65
-# The kubelet's defaults, written out.
-KUBELET_DEFAULTS = {"imageGCHighThresholdPercent": 85, "imageGCLowThresholdPercent": 80,
-                    "imageMinimumGCAge": "2m",
-                    "evictionHard": {"imagefs.available": "15%", "nodefs.available": "1%",
-                                     "memory.available": "50Mi"}}
 IMAGEGC = {"gc.high_threshold_percent": HIGH, "gc.low_threshold_percent": LOW, "gc.min_age": "1s",
            "gc.usage_poll_interval": "5s"}
 
 
 def run(watch):
-    c = Cluster(os.environ["IMAGEGC_KUBERNETES_BIN"], os.environ["IMAGEGC_CONTAINERD_BIN"], KUBELET_DEFAULTS)
+    c = Cluster(os.environ["IMAGEGC_KUBERNETES_BIN"], os.environ["IMAGEGC_CONTAINERD_BIN"], w.KUBELET_DEFAULTS)
     row = {}
     try:
         c.up()

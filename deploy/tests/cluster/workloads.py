@@ -2,6 +2,7 @@
 unused images to collect, and filler images of incompressible data."""
 
 import json
+import os
 import time
 
 import oci
@@ -105,6 +106,48 @@ def clear_images(cluster, keep):
     for ref in cluster.images():
         if ref not in keep:
             cluster.crictl("rmi", ref, check=False)
+
+
+# The kubelet's image GC and eviction line at their defaults, written out
+# (imageGCHighThresholdPercent 85, imageGCLowThresholdPercent 80,
+# imageMinimumGCAge 2m; evictionHard imagefs.available 15%). The node
+# filesystem (the machine's disk) and memory stay out of the scenarios.
+KUBELET_DEFAULTS = {"imageGCHighThresholdPercent": 85, "imageGCLowThresholdPercent": 80,
+                    "imageMinimumGCAge": "2m",
+                    "evictionHard": {"imagefs.available": "15%", "nodefs.available": "1%",
+                                     "memory.available": "50Mi"}}
+
+
+def restart_kubelet(cluster, overrides):
+    """The kubelet restarted with `overrides` over the cluster's own
+    configuration; returns once the node is Ready again."""
+    cluster.kubelet_overrides = overrides
+    cluster.stop_kubelet()
+    cluster._start_kubelet()
+    wait_for("the node Ready after the kubelet's restart", cluster._node_ready, 60, 0.5)
+
+
+class KubeletLog:
+    """The kubelet's log from now on: what its image GC (its 5-minute round)
+    and its eviction manager's reclaim wrote about removing images."""
+
+    # klog lines of pkg/kubelet/images/image_gc_manager.go (v1.34): a
+    # round over the high threshold, the eviction manager's reclaim, and
+    # each removal either makes.
+    REMOVING = ("Disk usage on image filesystem is over the high threshold", "Attempting to delete unused images",
+                "Removing image to free bytes")
+
+    def __init__(self, cluster):
+        self.path = cluster.path("logs", "kubelet.log")
+        self.offset = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+
+    def lines(self):
+        with open(self.path, errors="replace") as f:
+            f.seek(self.offset)
+            return f.read().splitlines()
+
+    def removing(self):
+        return [line for line in self.lines() if any(s in line for s in self.REMOVING)]
 
 
 def monotonic_ms():
