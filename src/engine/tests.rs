@@ -1740,10 +1740,11 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
     };
     let mut config = Config::default();
     configure(&mut config);
-    // `simulate`: the replay, and when its removing cycle ran.
-    let (simulated, at) = crate::sim::replay::removals_after_a_pull(&sizes, &stops, (5, pull_at), 1000 * MB, &config);
+    // `simulate`: the replay. Its cycle that removes comes one usage check
+    // after the pull, which crosses high.
+    let simulated = crate::sim::replay::tests::removals_after_a_pull(&sizes, &stops, (5, pull_at), 1000 * MB, &config);
     let simulated: Vec<String> = simulated.iter().map(u32::to_string).collect();
-    assert_eq!(at, pull_at + 2, "the crossing's cycle, one usage check after the pull");
+    let at = pull_at + crate::policy::cycle::USAGE_CHECK_INTERVAL.as_secs();
 
     // The same node for the daemon, as the runtime lists it at that cycle.
     let sim = SimHandle::default();
@@ -1760,28 +1761,15 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
     let (mut c, _dir) = collector(&sim, configure);
     let now = SystemTime::now();
     let ago = |secs: u64| now - Duration::from_secs(secs);
-    let mut map = HashMap::new();
-    for (i, &size) in sizes.iter().enumerate() {
+    let history = sizes.iter().enumerate().map(|(i, &size)| {
         let (first_seen, last_used) = match stops.get(i) {
             Some(Some(stop)) => (ago(at), ago(at - stop)),
             Some(None) => (ago(at), now),
             None => (ago(at - pull_at), now),
         };
-        map.insert(
-            i.to_string(),
-            crate::records::Record {
-                first_seen,
-                last_used,
-                size,
-                pinned: false,
-                tags: Default::default(),
-                digests: Default::default(),
-                from_history: true,
-                ever_used: true,
-                usual_break: None,
-            },
-        );
-    }
+        crate::testing::history(&image(&i.to_string(), size), first_seen, last_used)
+    });
+    let map: HashMap<_, _> = history.collect();
     c.records = Arc::new(Records::from_map(map));
     // `plan`: the cycle's plan, its space pass by the estimate.
     let listing = c.observe().await.unwrap();

@@ -793,94 +793,8 @@ impl Policy for Belady<'_> {
     }
 }
 
-/// A node for comparing the simulator's cycle with the daemon's and `plan`'s
-/// (`engine::tests`): images of one layer each (`app-{i}:1`), containers
-/// started at 0, one per image, stopped at the times given (`None`: kept
-/// running), then at `pull_at` image `pulled` pulled and run. Returns the
-/// images imagegc removed under `config`, in order, and when the last cycle
-/// that removed any ran.
 #[cfg(test)]
-pub(crate) fn removals_after_a_pull(
-    sizes: &[u64],
-    stops: &[Option<Seconds>],
-    (pulled, pull_at): (u32, Seconds),
-    capacity: u64,
-    config: &Config,
-) -> (Vec<u32>, Seconds) {
-    use crate::sim::trace::{TraceEvent, TraceImage};
-    let mut events: Vec<TraceEvent> = Vec::new();
-    for (i, stop) in stops.iter().enumerate() {
-        let container = i as u64;
-        events.push(TraceEvent {
-            at: 0,
-            action: Action::Start {
-                container,
-                image: i as u32,
-            },
-        });
-        if let Some(at) = stop {
-            events.push(TraceEvent {
-                at: *at,
-                action: Action::Stop { container },
-            });
-        }
-    }
-    let container = stops.len() as u64;
-    events.push(TraceEvent {
-        at: pull_at,
-        action: Action::Start {
-            container,
-            image: pulled,
-        },
-    });
-    events.push(TraceEvent {
-        at: pull_at + 60,
-        action: Action::Stop { container },
-    });
-    events.sort_by_key(|e| e.at);
-    let trace = Trace {
-        layers: sizes.to_vec(),
-        images: (0..sizes.len())
-            .map(|i| TraceImage {
-                id: format!("sha256:{i:064x}"),
-                name: format!("app-{i}:1"),
-                layers: vec![i as u32],
-            })
-            .collect(),
-        events,
-        capacity: None,
-    };
-    let mut imagegc = Imagegc::new(config, "imagegc", &trace);
-    let mut removing_cycle = 0;
-    let mut node = Node::new(&trace, capacity, 0, config);
-    for event in &trace.events {
-        while imagegc.next_wake() <= event.at {
-            let t = imagegc.next_wake();
-            node.advance(t);
-            let before = node.tally.removals;
-            imagegc.wake(t, &mut node);
-            if node.tally.removals > before {
-                removing_cycle = t;
-            }
-        }
-        node.advance(event.at);
-        match event.action {
-            Action::Start { container, image } => {
-                node.start(container, image);
-                imagegc.used(event.at, image, true, &node);
-            }
-            Action::Stop { container } => {
-                if let Some(image) = node.stop(container) {
-                    imagegc.used(event.at, image, false, &node);
-                }
-            }
-        }
-    }
-    (node.tally.removed, removing_cycle)
-}
-
-#[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sim::trace::{TraceEvent, TraceImage};
 
@@ -915,6 +829,37 @@ mod tests {
         config.gc.high_threshold_percent = high;
         config.gc.low_threshold_percent = low;
         config
+    }
+
+    /// A node for comparing the simulator's cycle with the daemon's and
+    /// `plan`'s (`engine::tests`): images of one layer each, containers
+    /// started at 0, one per image, stopped at the times given (`None`:
+    /// kept running), then at `pull_at` image `pulled` pulled and run for a
+    /// minute. Returns the images imagegc removed under `config`, in order.
+    pub(crate) fn removals_after_a_pull(
+        sizes: &[u64],
+        stops: &[Option<Seconds>],
+        (pulled, pull_at): (u32, Seconds),
+        capacity: u64,
+        config: &Config,
+    ) -> Vec<u32> {
+        let mut events = Vec::new();
+        for (i, stop_at) in stops.iter().enumerate() {
+            events.push((0, start(i as u64, i as u32)));
+            events.extend(stop_at.map(|at| (at, stop(i as u64))));
+        }
+        let container = stops.len() as u64;
+        events.extend([(pull_at, start(container, pulled)), (pull_at + 60, stop(container))]);
+        events.sort_by_key(|&(at, _)| at);
+        let trace = trace(sizes, &events);
+        replay(
+            &trace,
+            capacity,
+            0,
+            config,
+            &mut Imagegc::new(config, "imagegc", &trace),
+        )
+        .removed
     }
 
     #[test]

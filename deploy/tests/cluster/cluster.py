@@ -650,7 +650,7 @@ class Cluster:
         self.start_kubelet()
 
     def start_kubelet(self):
-        env = dict(os.environ, PATH=f"/usr/sbin:/usr/bin:/sbin:/bin")
+        env = dict(os.environ, PATH="/usr/sbin:/usr/bin:/sbin:/bin")
         self._start("kubelet", [
             self.bin("kubelet"), f"--config={self.path('kubelet.yaml')}",
             f"--kubeconfig={self.path('pki', 'kubelet.kubeconfig')}", f"--root-dir={self.path('kubelet')}",

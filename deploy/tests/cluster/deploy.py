@@ -5,16 +5,14 @@ pods, logs and metrics, and a real Prometheus discovering it."""
 import json
 import os
 import re
-import shutil
-import subprocess
-import textwrap
 import time
 import urllib.parse
 import urllib.request
 
 import yaml
 
-from cluster import GATEWAY, IMAGEGC_IMAGE, free_port, wait_for
+import workloads
+from cluster import GATEWAY, free_port, wait_for
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -249,6 +247,22 @@ class Deployment:
         out = self.exec("/imagegc", "history", "--config", "/etc/imagegc/imagegc.toml", "--since", "24h",
                         "--output", "json").stdout
         return json.loads(out) if out.strip() else []
+
+    def removed_by_others(self, before):
+        """Once another collector's removals have ended: the image ids gone
+        since `before` ({id: size}), those of them imagegc's journal names,
+        and the rest, which imagegc must count as removed by others: waits
+        until it has, and returns its scrape then."""
+        gone = set(before) - workloads.images_once_settled(self.cluster)
+        by_imagegc = {e["image"] for e in self.history()}
+        by_others = gone - by_imagegc
+
+        def counted():
+            s = self.scrape()
+            return (metric(s, "imagegc_images_removed_by_others_total") == len(by_others)) and s
+
+        samples = wait_for(f"imagegc to count the {len(by_others)} images removed by others", counted, 60, 2)
+        return gone, by_imagegc, by_others, samples
 
     def container_pid(self, pod=None):
         pod = pod or self.pod()

@@ -23,7 +23,6 @@ thresholds, watched through a period: deploy/tests/cluster/bench_beside.py.
 Nothing here assumes containerd: images are listed and sized over CRI.
 """
 
-import json
 import time
 
 import workloads as w
@@ -38,12 +37,6 @@ FILLER = 20 * MIB
 KUBELET_GC_WITHIN = 7 * 60
 IMAGEGC_CONFIG = {"gc.high_threshold_percent": HIGH, "gc.low_threshold_percent": LOW, "gc.min_age": "1s",
                   "gc.usage_poll_interval": "5s"}
-
-
-def cri_images(cluster):
-    """{image id: size in bytes} as the runtime reports them over CRI."""
-    listed = json.loads(cluster.crictl("images", "-o", "json").stdout)["images"]
-    return {image["id"]: int(image.get("size") or 0) for image in listed}
 
 
 def listings(d):
@@ -71,34 +64,16 @@ def test_imagegc_counts_what_the_kubelet_gc_round_removes(cluster):
         # imagegc has listed every one of them (a poll every 5 s).
         seen = listings(d)
         wait_for("two more listings by imagegc", lambda: listings(d) >= seen + 2, 30, 1)
-        before = cri_images(cluster)
+        before = w.cri_images(cluster)
         evictions_before = {e["metadata"]["uid"] for e in w.eviction_events(cluster)}
         started = time.monotonic()
         log = w.KubeletLog(cluster)
         w.restart_kubelet(cluster, {**original, "imageGCHighThresholdPercent": KUBELET_HIGH,
                                   "imageGCLowThresholdPercent": KUBELET_LOW, "imageMinimumGCAge": "1s"})
         wait_for("the kubelet's image GC to remove an image",
-                 lambda: set(before) - set(cri_images(cluster)), KUBELET_GC_WITHIN, 2)
+                 lambda: set(before) - set(w.cri_images(cluster)), KUBELET_GC_WITHIN, 2)
         record("beside: the kubelet's restart to its first removal", time.monotonic() - started)
-        # The kubelet removes its batch in one pass: done when two looks
-        # 5 s apart agree. imagegc counts what it finds gone at its polls.
-        looks = [set(cri_images(cluster))]
-
-        def settled():
-            time.sleep(5)
-            looks.append(set(cri_images(cluster)))
-            return looks[-1] == looks[-2]
-
-        wait_for("the kubelet's removals to end", settled, 120, 0)
-        gone = set(before) - looks[-1]
-        by_imagegc = {e["image"] for e in d.history()}
-        by_others = gone - by_imagegc
-
-        def counted():
-            s = d.scrape()
-            return (metric(s, "imagegc_images_removed_by_others_total") == len(by_others)) and s
-
-        samples = wait_for(f"imagegc to count the {len(by_others)} images the kubelet removed", counted, 60, 2)
+        gone, by_imagegc, by_others, samples = d.removed_by_others(before)
         print(f"beside: fill to {usage}% with {f.count} images; the kubelet removed {len(gone)} "
               f"({sum(before[i] for i in gone)} bytes) in {time.monotonic() - started:.0f}s after its restart")
         assert by_imagegc == set(), f"imagegc removed {by_imagegc} below its high threshold"

@@ -36,7 +36,6 @@ Cost: about 5 minutes (2 of them the kubelet's minimum age). Nothing here
 assumes containerd: images are listed and sized over CRI.
 """
 
-import json
 import math
 import time
 
@@ -77,12 +76,6 @@ class Node:
         self.cost = 0
         self.log = None
         self.d = Deployment(cluster, "beside", "kustomize")
-
-
-def cri_images(cluster):
-    """{image id: size in bytes} as the runtime reports them over CRI."""
-    listed = json.loads(cluster.crictl("images", "-o", "json").stdout)["images"]
-    return {image["id"]: int(image.get("size") or 0) for image in listed}
 
 
 def new_evictions(cluster, before):
@@ -192,36 +185,19 @@ def test_above_the_kubelets_line_imagegc_counts_what_the_kubelet_removes(node, c
     samples = d.scrape()
     assert metric(samples, "imagegc_high_threshold_above_eviction") == 1
     assert metric(samples, "imagegc_images_removed_by_others_total") == 0
-    before = cri_images(cluster)
+    before = w.cri_images(cluster)
     old_ids = {cluster.images().get(ref) for ref in node.old} - {None}
     assert old_ids, "no old image left for the kubelet to remove"
     # Young unused images past the kubelet's line, below imagegc's high.
     f = w.Filler(cluster, "above-fill", FILLER)
     peak = cluster.usage()[0]
-    while cluster.usage()[0] < KUBELET_HIGH + 2 and not set(before) - set(cri_images(cluster)):
+    while cluster.usage()[0] < KUBELET_HIGH + 2 and not set(before) - set(w.cri_images(cluster)):
         peak = max(peak, f.one())
-        before.update({i: s for i, s in cri_images(cluster).items() if i not in before})
+        before.update({i: s for i, s in w.cri_images(cluster).items() if i not in before})
         assert f.count < 30, "the fill never reached the kubelet's line"
     started = time.monotonic()
-    wait_for("the kubelet to remove an old image", lambda: old_ids - set(cri_images(cluster)), 60, 1)
-    # Done when two looks 5 s apart agree.
-    looks = [set(cri_images(cluster))]
-
-    def settled():
-        time.sleep(5)
-        looks.append(set(cri_images(cluster)))
-        return looks[-1] == looks[-2]
-
-    wait_for("the kubelet's removals to end", settled, 120, 0)
-    gone = set(before) - looks[-1]
-    by_imagegc = {e["image"] for e in d.history()}
-    by_others = gone - by_imagegc
-
-    def counted():
-        s = d.scrape()
-        return (metric(s, "imagegc_images_removed_by_others_total") == len(by_others)) and s
-
-    samples = wait_for(f"imagegc to count the {len(by_others)} images the kubelet removed", counted, 60, 2)
+    wait_for("the kubelet to remove an old image", lambda: old_ids - set(w.cri_images(cluster)), 60, 1)
+    gone, by_imagegc, by_others, samples = d.removed_by_others(before)
     print(f"beside, above: fill to {peak}% with {f.count} images; the kubelet removed {len(gone)} "
           f"({sum(before[i] for i in gone)} bytes) in {time.monotonic() - started:.0f}s; "
           f"pods evicted {w.evicted_pods(cluster)}")

@@ -150,6 +150,27 @@ class KubeletLog:
         return [line for line in self.lines() if any(s in line for s in self.REMOVING)]
 
 
+def cri_images(cluster):
+    """{image id: size in bytes} as the runtime reports them over CRI."""
+    listed = json.loads(cluster.crictl("images", "-o", "json").stdout)["images"]
+    return {image["id"]: int(image.get("size") or 0) for image in listed}
+
+
+def images_once_settled(cluster, timeout=120):
+    """The image ids on the node once another collector's removals have
+    ended: two looks 5 s apart agree (the kubelet removes its batch in one
+    pass)."""
+    looks = [set(cri_images(cluster))]
+
+    def settled():
+        time.sleep(5)
+        looks.append(set(cri_images(cluster)))
+        return looks[-1] == looks[-2]
+
+    wait_for("the removals to end", settled, timeout, 0)
+    return looks[-1]
+
+
 def monotonic_ms():
     return int(time.monotonic() * 1000)
 
