@@ -20,8 +20,9 @@
 //!   [`journal`] (the removals), `pending` (removals whose outcome is not
 //!   known yet), [`state`] (the records' file, crash-safe and locked).
 //! - [`policy`]: pure: the planner (which images go, in which order, why
-//!   every other one stays) and the space walk (when a pass is due and
-//!   done), shared by the cycle, its dry run and `plan`.
+//!   every other one stays), the space walk (when a pass is due and done)
+//!   and the cycle's script over both ([`policy::CyclePlan`]), run by the
+//!   daemon's cycle, its dry run, `plan` and `simulate`.
 //! - [`engine`]: the cycle executed: reading the runtime, removals and
 //!   their settling, the thrash memory, usage between cycles, and typed
 //!   events that sinks turn into [`metrics`], logs and health.

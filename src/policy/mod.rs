@@ -5,7 +5,9 @@
 //! remove, and why every other image is kept; [`order`], one file per
 //! `gc.order`, the order of the space candidates; [`space`],
 //! when a space pass is due and done, and the walk over the space
-//! candidates ([`Walk`]) for the cycle, the dry run and `plan` alike.
+//! candidates ([`Walk`]); [`cycle`], one cycle's script over them
+//! ([`CyclePlan`]), which the daemon's cycle, the dry run, `plan` and
+//! `simulate` all run.
 //!
 //! A new keep rule goes in [`Rules::why_kept`] (with its [`KeepReason`]);
 //! one that comes from outside the runtime's listing (the pods bound to the
