@@ -65,7 +65,7 @@ def run(watch):
             present |= c.image_ids()
             time.sleep(5)
         gone = present - c.image_ids()
-        by_imagegc = {e["image"] for e in d.history()}
+        by_imagegc = d.removed_ids()
         samples = d.scrape()
         row.update(gone=len(gone), by_imagegc=len(gone & by_imagegc), not_imagegc=len(gone - by_imagegc),
                    counted_by_others=metric(samples, "imagegc_images_removed_by_others_total"),

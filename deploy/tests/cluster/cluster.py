@@ -104,6 +104,12 @@ def run(argv, check=True, timeout=120, **kw):
     return p
 
 
+def bare(image_id):
+    """An image id without its digest algorithm: CRI-O lists bare ids,
+    containerd and imagegc's journal say sha256:<hex>."""
+    return image_id.removeprefix("sha256:")
+
+
 def wait_for(what, fn, timeout, interval=0.25):
     """Polls fn() until it returns a truthy value; raises naming `what`."""
     deadline = time.monotonic() + timeout
@@ -718,7 +724,8 @@ class Cluster:
         return {tag: image["id"] for image in listed for tag in image.get("repoTags") or []}
 
     def image_ids(self):
-        return {image["id"] for image in json.loads(self.crictl("images", "-o", "json").stdout)["images"]}
+        """The ids of every image CRI lists, bare (see `bare`)."""
+        return {bare(image["id"]) for image in json.loads(self.crictl("images", "-o", "json").stdout)["images"]}
 
     def remove_images(self, names):
         present = self.images()

@@ -12,7 +12,7 @@ import urllib.request
 import yaml
 
 import workloads
-from cluster import GATEWAY, free_port, wait_for
+from cluster import GATEWAY, bare, free_port, wait_for
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -248,13 +248,18 @@ class Deployment:
                         "--output", "json").stdout
         return json.loads(out) if out.strip() else []
 
+    def removed_ids(self):
+        """The ids of the images imagegc's journal names, bare (see
+        `cluster.bare`)."""
+        return {bare(e["image"]) for e in self.history()}
+
     def removed_by_others(self, before):
         """Once another collector's removals have ended: the image ids gone
-        since `before` ({id: size}), those of them imagegc's journal names,
-        and the rest, which imagegc must count as removed by others: waits
+        since `before` ({bare id: size}), those of them imagegc's journal
+        names, and the rest, which imagegc must count as removed by others: waits
         until it has, and returns its scrape then."""
         gone = set(before) - workloads.images_once_settled(self.cluster)
-        by_imagegc = {e["image"] for e in self.history()}
+        by_imagegc = self.removed_ids()
         by_others = gone - by_imagegc
 
         def counted():

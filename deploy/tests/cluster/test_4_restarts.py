@@ -7,7 +7,7 @@ removed (the pause image, the running pod's image, imagegc's own)."""
 import time
 
 import workloads as w
-from cluster import IMAGEGC_IMAGE, PAUSE_IMAGE, wait_for
+from cluster import IMAGEGC_IMAGE, PAUSE_IMAGE, bare, wait_for
 from conftest import record
 from deploy import Deployment, metric
 
@@ -27,10 +27,6 @@ def test_history_survives_restarts_and_nothing_wrong_goes(cluster):
     def history():
         # Right after a restart the kubelet may not know the pod yet for exec.
         return wait_for("imagegc history through kubectl exec", lambda: (d.history(),), 30, 1)[0]
-
-    def bare(image_id):
-        # CRI-O lists bare ids; imagegc's history says sha256:<hex> on either runtime.
-        return image_id.removeprefix("sha256:")
 
     def removed_ids():
         return {bare(e["image"]) for e in history()}

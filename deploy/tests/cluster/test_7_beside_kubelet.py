@@ -42,7 +42,7 @@ import time
 import pytest
 
 import workloads as w
-from cluster import IMAGEGC_IMAGE, MIB, PAUSE_IMAGE, wait_for
+from cluster import IMAGEGC_IMAGE, MIB, PAUSE_IMAGE, bare, wait_for
 from deploy import Deployment, metric
 
 KUBELET_HIGH = w.KUBELET_DEFAULTS["imageGCHighThresholdPercent"]
@@ -158,7 +158,7 @@ def test_at_the_kubelets_defaults_the_kubelet_finds_nothing_to_do(node, cluster)
     peak = max(u for _, u in timeline)
     crossed = next((t for t, u in timeline if u >= HIGH), None)
     gone = present - cluster.image_ids()
-    by_imagegc = {e["image"] for e in d.history()}
+    by_imagegc = d.removed_ids()
     samples = d.scrape()
     print(f"beside: usage {start_usage}% before the fill, {steps} images would take it to {would_be:.0f}%; "
           f"imagegc's high crossed at {crossed}s, peak {peak}%; {len(gone)} images gone; "
@@ -186,7 +186,7 @@ def test_above_the_kubelets_line_imagegc_counts_what_the_kubelet_removes(node, c
     assert metric(samples, "imagegc_high_threshold_above_eviction") == 1
     assert metric(samples, "imagegc_images_removed_by_others_total") == 0
     before = w.cri_images(cluster)
-    old_ids = {cluster.images().get(ref) for ref in node.old} - {None}
+    old_ids = {bare(i) for i in (cluster.images().get(ref) for ref in node.old) if i}
     assert old_ids, "no old image left for the kubelet to remove"
     # Young unused images past the kubelet's line, below imagegc's high.
     f = w.Filler(cluster, "above-fill", FILLER)

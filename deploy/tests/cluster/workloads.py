@@ -6,7 +6,7 @@ import os
 import time
 
 import oci
-from cluster import MIB, wait_for
+from cluster import MIB, bare, wait_for
 
 
 def workload_image(cluster, name):
@@ -151,9 +151,10 @@ class KubeletLog:
 
 
 def cri_images(cluster):
-    """{image id: size in bytes} as the runtime reports them over CRI."""
+    """{image id, bare (see `cluster.bare`): size in bytes} as the runtime
+    reports them over CRI."""
     listed = json.loads(cluster.crictl("images", "-o", "json").stdout)["images"]
-    return {image["id"]: int(image.get("size") or 0) for image in listed}
+    return {bare(image["id"]): int(image.get("size") or 0) for image in listed}
 
 
 def images_once_settled(cluster, timeout=120):
