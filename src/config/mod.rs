@@ -35,6 +35,7 @@ use serde_json::Value;
 mod kubelet;
 pub(crate) use kubelet::parse_quantity;
 mod parse;
+mod protect;
 mod raw;
 #[cfg(test)]
 mod tests_support;
@@ -43,6 +44,7 @@ mod yaml_depth;
 
 pub use crate::time::{format_duration, parse_duration};
 pub use parse::{MAX_FILE_BYTES, MAX_NESTING};
+pub use protect::ProtectConfig;
 pub use validate::{MAX_AGE, MAX_PERIOD};
 
 /// The kubelet's period between image GC runs.
@@ -229,16 +231,6 @@ pub struct GcConfig {
     pub low_inodes_percent: Option<u8>,
 }
 
-/// `[protect]`: images that are never removed, whatever their age or the
-/// disk usage.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ProtectConfig {
-    /// Glob patterns on tags, digests or ids; matches are never removed.
-    pub images: Vec<String>,
-    /// Keep the newest N images of each repository; 0 is off.
-    pub keep_recent_per_repository: u32,
-}
-
 /// `[state]`: where imagegc keeps what it must remember across restarts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StateConfig {
@@ -402,8 +394,6 @@ impl Config {
     pub fn to_toml_string(&self) -> String {
         let runtime = &self.runtime;
         let gc = &self.gc;
-        let protect = &self.protect;
-        let images: Vec<String> = protect.images.iter().map(|image| toml_string(image)).collect();
         let path = |path: Option<&Path>| toml_string(&path.map(|p| p.to_string_lossy()).unwrap_or_default());
         format!(
             r#"[runtime]
@@ -426,10 +416,7 @@ order = "{order}"
 high_inodes_percent = {high_inodes}
 low_inodes_percent = {low_inodes}
 
-[protect]
-images = [{images}]
-keep_recent_per_repository = {keep_recent}
-
+{protect}
 [state]
 dir = {state_dir}
 usage_log = {usage_log}
@@ -466,8 +453,7 @@ pods_stale_after = "{pods_stale_after}"
             order = gc.order.as_str(),
             high_inodes = gc.high_inodes_percent.unwrap_or(0),
             low_inodes = gc.low_inodes_percent.unwrap_or(0),
-            images = images.join(", "),
-            keep_recent = protect.keep_recent_per_repository,
+            protect = self.protect.to_toml(),
             state_dir = path(Some(&self.state.dir)),
             usage_log = self.state.usage_log,
             listen = toml_string(&self.metrics.listen.map(|addr| addr.to_string()).unwrap_or_default()),

@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 
 use super::Problems;
 use super::parse::join_key;
+use super::protect::RawProtect;
 use crate::time::{NEGATIVE_DURATION, parse_duration};
 
 /// The `kind` of a KubeletConfiguration file, which imagegc also reads.
@@ -63,13 +64,6 @@ pub(super) struct RawGc {
     pub(super) order: Option<String>,
     pub(super) high_inodes_percent: Option<RawInt>,
     pub(super) low_inodes_percent: Option<RawInt>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawProtect {
-    pub(super) images: Option<Vec<String>>,
-    pub(super) keep_recent_per_repository: Option<RawInt>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::raw::{
-    RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawKubernetes, RawMetrics, RawProtect, RawRuntime, RawState,
+    RawConfig, RawDuration, RawGc, RawInt, RawKubeletRef, RawKubernetes, RawMetrics, RawRuntime, RawState,
 };
 use super::{
     Config, DEFAULT_HIGH_THRESHOLD_PERCENT, DEFAULT_LOW_THRESHOLD_PERCENT, GcConfig,
@@ -79,7 +79,7 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
     let mut warnings = Vec::new();
     let runtime = runtime_section(&raw.runtime, &defaults.runtime, &mut warnings, problems);
     let gc = gc_section(raw.gc, &defaults.gc, keys, problems);
-    let protect = protect_section(raw.protect, &mut warnings, problems);
+    let protect = ProtectConfig::validate(raw.protect, &mut warnings, problems);
     let state = state_section(raw.state, &defaults.state, problems);
     let metrics = metrics_section(&raw.metrics, &defaults.metrics, problems);
     let (kubelet_config, kubelet_config_dir, kubelet_args_file) = kubelet_section(raw.kubelet, problems);
@@ -254,30 +254,6 @@ fn ages(
         );
     }
     (min_age, max_age)
-}
-
-/// `[protect]`: no blank pattern; a pattern that can match no image is
-/// allowed but warned about.
-fn protect_section(raw: RawProtect, warnings: &mut Vec<String>, problems: &mut Problems) -> ProtectConfig {
-    let mut protect = ProtectConfig::default();
-    let images = raw.images.unwrap_or_default();
-    for (index, image) in images.iter().enumerate() {
-        if image.trim().is_empty() {
-            problems.push(format!("protect.images[{index}]"), "must not be empty");
-        } else if let Some(problem) = crate::reference::ProtectPattern::problem(image) {
-            warnings.push(format!("protect.images[{index}] {image:?}: {problem}"));
-        }
-    }
-    protect.images = images;
-    if let Some(RawInt(keep)) = raw.keep_recent_per_repository {
-        const KEY: &str = "protect.keep_recent_per_repository";
-        match u32::try_from(keep) {
-            Ok(keep) => protect.keep_recent_per_repository = keep,
-            Err(_) if keep < 0 => problems.push(KEY, format!("must not be negative, got {keep}")),
-            Err(_) => problems.push(KEY, format!("must be at most {}, got {keep}", u32::MAX)),
-        }
-    }
-    protect
 }
 
 /// `[state]`: an absolute directory, and whether the usage log is kept.

@@ -416,7 +416,7 @@ fn apply_reload<R: Runtime>(collector: &mut Collector<R>, health: &Health, new: 
 /// names every field, so a key added to [`Config`] does not compile until
 /// it is placed on one side or the other.
 fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
-    use crate::config::{GcConfig, MetricsConfig, ProtectConfig, RuntimeConfig, StateConfig};
+    use crate::config::{GcConfig, MetricsConfig, RuntimeConfig, StateConfig};
     let Config {
         runtime:
             RuntimeConfig {
@@ -446,10 +446,8 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
                 high_inodes_percent: _,
                 low_inodes_percent: _,
             },
-        protect: ProtectConfig {
-            images: _,
-            keep_recent_per_repository: _,
-        },
+        // Every key read at every cycle's plan (config/protect.rs).
+        protect: _,
         // Start-only (see `StartOnly`).
         state: StateConfig { dir: _, usage_log: _ },
         metrics: MetricsConfig { listen: _ },
