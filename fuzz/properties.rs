@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use imagegc::config::{self, Config, Overrides};
-use imagegc::state::{self, Loaded, StateStore};
+use imagegc::store::state::{self, Loaded, StateStore};
 
 const NAMES: [&str; 4] = ["imagegc.toml", "imagegc.yaml", "kubelet.yml", "imagegc.conf"];
 

@@ -16,9 +16,10 @@
 //! - [`cri`]: the runtime boundary: the [`cri::Runtime`] trait and the CRI
 //!   v1 client. `matching` reads how a container names an image, in every
 //!   runtime's dialect.
-//! - [`records`]: first seen and last used per image; the state directory:
-//!   [`journal`] (the removals), `pending` (removals whose outcome is not
-//!   known yet), [`state`] (the records' file, crash-safe and locked).
+//! - [`records`]: first seen and last used per image; [`store`], the state
+//!   directory: [`store::journal`] (the removals), `store::pending`
+//!   (removals whose outcome is not known yet), [`store::state`] (the
+//!   records' file, crash-safe and locked).
 //! - [`policy`]: pure: the planner (which images go, in which order, why
 //!   every other one stays), the space walk (when a pass is due and done)
 //!   and the cycle's script over both ([`policy::CyclePlan`]), run by the
@@ -64,9 +65,7 @@ pub mod cri;
 pub(crate) mod matching;
 // Per-image history and the state directory.
 pub mod records;
-pub mod journal;
-pub(crate) mod pending;
-pub mod state;
+pub mod store;
 // The policy, then the engine that executes it.
 pub mod policy;
 pub mod engine;

@@ -10,7 +10,7 @@
 //!   a pull in progress) must not reset the ages of every image. An image
 //!   listed again within the grace gets its history back.
 //!
-//! Records are persisted by [`crate::state`]; a record loaded from disk is
+//! Records are persisted by [`crate::store::state`]; a record loaded from disk is
 //! marked `from_history` so the planner knows its times were observed, not
 //! invented at start-up.
 

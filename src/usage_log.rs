@@ -20,7 +20,7 @@
 //! disk. What is kept between listings is small: each image's id, held in
 //! 32 bytes, and the containers running; a whole listing is queued as the
 //! listing's shared names and written line by line. Appends are crash-safe the way the journal's are
-//! ([`crate::journal`]): one write per batch of whole lines, each batch
+//! ([`crate::store::journal`]): one write per batch of whole lines, each batch
 //! starting on a fresh line, no fsync (a power loss may lose the last
 //! seconds); a reader skips a line cut short. The file is created 0600 and
 //! never opened through a symbolic link. Each process starts its

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use super::table::{Table, human_bytes, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
-use crate::journal::Journal;
-use crate::state::StateStore;
+use crate::store::journal::Journal;
+use crate::store::state::StateStore;
 
 /// `history`: removals from the journal.
 pub fn history(config: &Config, since: Option<&str>, output: Output) -> Result<ExitStatus, CliError> {

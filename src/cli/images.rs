@@ -17,7 +17,7 @@ use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::matching::InUse;
 use crate::policy::ImageBytes;
-use crate::state::Known;
+use crate::store::state::Known;
 
 #[derive(Serialize)]
 struct ImagesView<'a> {

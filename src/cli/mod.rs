@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, Config, ConfigError, Overrides};
 use crate::cri::{self, CriClient, Runtime, RuntimeError};
-use crate::state::{StateError, StateLock, StateStore};
+use crate::store::state::{StateError, StateLock, StateStore};
 
 mod history;
 mod images;
@@ -357,8 +357,8 @@ async fn check_config(config: &Config) -> Result<ExitStatus, CliError> {
     }
     // Against the `imagegc run` on this state directory, if one runs: what
     // a reload (SIGHUP) would not apply, as the reload itself says.
-    if let Some(running) = crate::state::Running::read(&config.state.dir) {
-        let keys = running.keys.restart_keys(&crate::state::StartOnly::of(config));
+    if let Some(running) = crate::store::state::Running::read(&config.state.dir) {
+        let keys = running.keys.restart_keys(&crate::store::state::StartOnly::of(config));
         if keys.is_empty() {
             eprintln!(
                 "imagegc runs on this state directory (pid {}): a reload (SIGHUP) applies every change of this file",

@@ -19,7 +19,7 @@ use crate::policy::{
     self, Candidate, CyclePlan, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, KeptImages, Plan, Protections,
     Reason, SpaceOutlook, SpaceTarget,
 };
-use crate::state::{Known, StateStore};
+use crate::store::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
 
 #[derive(Serialize)]

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Cli, CliError, Command, ExitStatus, lock_state};
 use crate::config::{self, Config, Overrides};
 use crate::daemon::Daemon;
-use crate::state::Running;
+use crate::store::state::Running;
 
 /// `run`: the daemon, until a signal stops it.
 pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> {

@@ -24,7 +24,7 @@ use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
 use crate::engine::{Collector, Tracking, UsageTracker};
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
-use crate::state::StartOnly;
+use crate::store::state::StartOnly;
 use crate::time::sleep_until_some;
 
 mod start;

@@ -20,9 +20,9 @@ use crate::fs::FsStats;
 use crate::health::Health;
 use crate::metrics::{CycleTimer, Metrics};
 use crate::model::{Reason, Removal};
-use crate::pending::Settled;
 use crate::policy::{KeepReason, SpaceOutlook};
 use crate::records::{Observed, Unlisted};
+use crate::store::pending::Settled;
 use crate::time::{rfc3339, short};
 
 /// One fact the engine reports.
@@ -713,7 +713,7 @@ fn log_settled(id: &str, tags: &[String], reason: &str, earlier_process: bool, h
         (true, Settled::StillThere) => warn!(
             image = %id,
             tags = ?tags,
-            waited = %short(crate::pending::PENDING_LIMIT),
+            waited = %short(crate::store::pending::PENDING_LIMIT),
             "a removal in flight when imagegc last stopped did not happen: the image is still there"
         ),
         (false, Settled::Gone) => info!(
@@ -723,7 +723,7 @@ fn log_settled(id: &str, tags: &[String], reason: &str, earlier_process: bool, h
         ),
         (false, Settled::StillThere) => info!(
             image = %id,
-            waited = %short(crate::pending::PENDING_LIMIT),
+            waited = %short(crate::store::pending::PENDING_LIMIT),
             "a removal whose outcome the runtime did not tell did not happen: the image is still there"
         ),
         (_, Settled::NotSent) => info!(
@@ -734,7 +734,7 @@ fn log_settled(id: &str, tags: &[String], reason: &str, earlier_process: bool, h
         (_, Settled::Unconfirmed) => warn!(
             image = %id,
             tags = ?tags,
-            waited = %short(crate::pending::PENDING_LIMIT),
+            waited = %short(crate::store::pending::PENDING_LIMIT),
             "the runtime never said whether a removal whose outcome was unknown happened: forgetting it, not journaled"
         ),
     }

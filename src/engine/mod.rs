@@ -8,7 +8,7 @@
 //!   pass, then the space pass driven by the policy's [`crate::policy::Walk`].
 //! - `removal`: one removal's lifecycle: re-check, pending note,
 //!   `RemoveImage`, measuring what came back, settling what the runtime did
-//!   not tell (`crate::pending`).
+//!   not tell (`crate::store::pending`).
 //! - `thrash`: the memory of recent removals (re-pulls) and of the
 //!   episode in which images cannot reach low. Pure.
 //! - `usage`: marking images used between cycles (polls and container
@@ -32,12 +32,12 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::cri::{Image, Runtime};
 use crate::fs::FsProbe;
-use crate::journal::Journal;
 use crate::metrics::Metrics;
-use crate::pending::Pending;
 use crate::policy::{DiskFootprint, GcPolicy, Protections};
 use crate::records::Records;
-use crate::state::{Loaded, StateStore};
+use crate::store::journal::Journal;
+use crate::store::pending::Pending;
+use crate::store::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
 mod cycle;

@@ -18,7 +18,7 @@ use crate::fs::{FsProbe, FsStats};
 use crate::matching;
 use crate::policy::DiskFootprint;
 use crate::reference::ProtectPattern;
-use crate::state::Known;
+use crate::store::state::Known;
 
 /// `ContainerStatus` calls in flight at once while learning new
 /// containers' image volumes: enough to hide the round trips, few enough
@@ -345,7 +345,7 @@ pub struct Observer {
 
 impl Observer {
     /// An observer that already knows what `known` notes (see
-    /// [`crate::state::Known`]): containers and pods in it cost no call.
+    /// [`crate::store::state::Known`]): containers and pods in it cost no call.
     pub fn knowing(known: Known) -> Observer {
         Observer {
             mounts: MountCache {

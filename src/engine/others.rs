@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::cri::{Image, Runtime};
-use crate::pending::Seen;
 use crate::records::{Unlisted, VANISHED_GRACE};
+use crate::store::pending::Seen;
 
 use super::removal::seen_by_status;
 use super::{Collector, Event};

@@ -30,12 +30,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cri::{Container, Image, Removed, Runtime, RuntimeError, Snapshot};
 use crate::fs::{FsError, FsProbe, FsStats};
-use crate::journal::JournalEntry;
 use crate::matching;
 use crate::model::{Reason, Removal};
-use crate::pending::{Seen, Settled};
 use crate::policy::{Candidate, KeepReason, Uses};
 use crate::records::History;
+use crate::store::journal::JournalEntry;
+use crate::store::pending::{Seen, Settled};
 
 use super::report::{CycleError, CycleReport};
 use super::{Collector, Event};
@@ -344,7 +344,7 @@ impl<R: Runtime> Collector<R> {
     /// runtime that answers OK and still lists the image did not remove it,
     /// and a call that timed out or broke is watched until the image is gone
     /// or the outcome stays unknown (see [`Step::Unknown`]), and then stays
-    /// pending (see [`crate::pending`]) until a listing settles it.
+    /// pending (see [`crate::store::pending`]) until a listing settles it.
     pub(super) async fn remove(
         &mut self,
         candidate: &Candidate<'_>,
@@ -722,7 +722,7 @@ impl<R: Runtime> Collector<R> {
     /// gone goes through the same path as any removal. `ImageStatus` is
     /// asked about [`PENDING_ASKED_PER_LISTING`] images at most; an image
     /// it still finds is still there (the listing was partial), and one it
-    /// cannot answer about stays unsure. See [`crate::pending`].
+    /// cannot answer about stays unsure. See [`crate::store::pending`].
     pub(super) async fn settle_pending(&mut self, images: &[Image]) {
         if self.pending.entries().is_empty() {
             return;

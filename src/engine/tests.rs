@@ -722,7 +722,7 @@ async fn space_still_coming_back_after_the_first_reading_ends_the_walk_before_th
     assert_eq!(report.removed[0].freed_bytes, Some(200));
     // "b"'s pending note, written before its re-check ahead, went with it.
     assert!(c.pending.entries().is_empty(), "{:?}", c.pending.entries());
-    assert!(!_dir.path().join(crate::pending::FILE_NAME).exists());
+    assert!(!_dir.path().join(crate::store::pending::FILE_NAME).exists());
 }
 
 /// Old images, unused for two hours: the age pass removes them all.
@@ -958,7 +958,7 @@ async fn cancellation_stops_between_removals_and_saves_state() {
     let report = c.cycle(&cancel).await;
     assert_eq!(report.outcome, Outcome::Interrupted);
     assert!(sim.removed().is_empty());
-    assert!(dir.path().join(crate::state::FILE_NAME).exists());
+    assert!(dir.path().join(crate::store::state::FILE_NAME).exists());
 }
 
 #[tokio::test]
@@ -1040,7 +1040,7 @@ async fn age_pass_runs_before_space_and_counts_by_reason() {
     );
 }
 
-fn journaled(dir: &tempfile::TempDir) -> Vec<crate::journal::JournalEntry> {
+fn journaled(dir: &tempfile::TempDir) -> Vec<crate::store::journal::JournalEntry> {
     Journal::new(dir.path()).read(None).unwrap()
 }
 
@@ -1084,7 +1084,7 @@ async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted
             .contains("image_garbage_collected_total{reason=\"space\"} 1"),
         "counted once by the process that learnt of it"
     );
-    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+    assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
 }
 
 #[tokio::test]
@@ -1123,12 +1123,14 @@ fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfi
         last_used: SystemTime::UNIX_EPOCH,
         dry_run: false,
     };
-    crate::pending::Pending::load(dir.path())
-        .request(crate::journal::JournalEntry::from_removal(&removal, c.clock.now()));
+    crate::store::pending::Pending::load(dir.path()).request(crate::store::journal::JournalEntry::from_removal(
+        &removal,
+        c.clock.now(),
+    ));
     // Re-checked, and RemoveImage sent.
-    let mut noted = crate::pending::Pending::load(dir.path());
+    let mut noted = crate::store::pending::Pending::load(dir.path());
     noted.sending(id);
-    c.pending = crate::pending::Pending::load(dir.path());
+    c.pending = crate::store::pending::Pending::load(dir.path());
 }
 
 #[tokio::test]
@@ -1145,12 +1147,12 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
     sim.with(|s| s.images = vec![image("a", 100)]);
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
-    assert!(dir.path().join(crate::pending::FILE_NAME).exists());
+    assert!(dir.path().join(crate::store::pending::FILE_NAME).exists());
     // Still there an hour later: it did not happen.
-    c.clock = Clock::starting_at(c.clock.now() + crate::pending::PENDING_LIMIT);
+    c.clock = Clock::starting_at(c.clock.now() + crate::store::pending::PENDING_LIMIT);
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
-    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+    assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
     // Gone later: someone else's doing, not claimed.
     sim.with(|s| s.images = vec![image("b", 100)]);
     cycle(&mut c).await;
@@ -1237,7 +1239,7 @@ async fn a_removal_the_runtime_finishes_after_a_listing_still_lists_it_is_journa
         sample(&c, "image_garbage_collected_total{reason=\"space\"}").as_deref(),
         Some("1")
     );
-    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+    assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
     // Pulled again soon after: seen as a re-pull.
     sim.with(|s| s.images.push(image("a", 100)));
     assert!(c.poll_usage().await.is_ok());
@@ -1260,7 +1262,7 @@ async fn an_image_removed_again_while_an_earlier_removal_is_unknown_is_journaled
     let entries = journaled(&dir);
     assert_eq!(entries.iter().filter(|e| e.image == "a").count(), 1, "{entries:?}");
     assert_eq!(entries[0].note, None);
-    assert!(!dir.path().join(crate::pending::FILE_NAME).exists());
+    assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
 }
 
 #[tokio::test]
@@ -1472,7 +1474,7 @@ fn after_an_earlier_process_removed_a() -> (
     SimHandle,
     Collector<SimHandle>,
     tempfile::TempDir,
-    crate::journal::JournalEntry,
+    crate::store::journal::JournalEntry,
 ) {
     let sim = SimHandle::default();
     sim.with(|s| {
@@ -1491,12 +1493,12 @@ async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_ne
     // the journal line was written, and the process was killed before
     // the note was forgotten (forgetting it is not synced).
     let (_sim, mut c, dir, note) = after_an_earlier_process_removed_a();
-    let mut line = crate::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
+    let mut line = crate::store::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
     // An earlier removal of the same image, in the same second, journaled
     // whole: it is not this one.
-    crate::journal::Journal::new(dir.path()).append(&line);
+    crate::store::journal::Journal::new(dir.path()).append(&line);
     line.asked = Some(note.time.clone());
-    crate::journal::Journal::new(dir.path()).append(&line);
+    crate::store::journal::Journal::new(dir.path()).append(&line);
     cycle(&mut c).await;
     cycle(&mut c).await;
     let journal = journaled(&dir);
@@ -1513,9 +1515,9 @@ async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_ne
 async fn a_removal_killed_before_its_journal_line_is_journaled_though_one_of_the_same_image_was_that_second() {
     let (_sim, mut c, dir, note) = after_an_earlier_process_removed_a();
     // The removal of `a` before this one, journaled in the same second.
-    let mut earlier = crate::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
+    let mut earlier = crate::store::journal::JournalEntry::from_removal(&removal_of(&note), c.clock.now());
     earlier.asked = Some("2026-01-01T00:00:00.000000001Z".to_string());
-    crate::journal::Journal::new(dir.path()).append(&earlier);
+    crate::store::journal::Journal::new(dir.path()).append(&earlier);
     cycle(&mut c).await;
     let journal = journaled(&dir);
     assert_eq!(journal.iter().filter(|e| e.image == "a").count(), 2, "{journal:?}");
@@ -1688,7 +1690,7 @@ async fn a_removal_journaled_before_a_kill_that_left_its_record_is_not_removed_b
         last_used: record.last_used,
         dry_run: false,
     };
-    Journal::new(dir.path()).append(&crate::journal::JournalEntry::from_removal(&line, c.clock.now()));
+    Journal::new(dir.path()).append(&crate::store::journal::JournalEntry::from_removal(&line, c.clock.now()));
     sim.with(|s| s.images.retain(|i| i.id != "a"));
     assert!(c.poll_usage().await.is_ok());
     none_removed_by_others(&c);

@@ -2,7 +2,7 @@
 
 use std::time::{Instant, SystemTime};
 
-use imagegc::state::StateStore;
+use imagegc::store::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
 use imagegc_testkit::{history, records};
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use imagegc::state::{Loaded, StateStore};
+use imagegc::store::state::{Loaded, StateStore};
 use imagegc_testkit::fake::FakeRuntime;
 
 use crate::support::{Daemon, InProcess, Settings, SimDisk, eventually, image, load_records, roomy_disk, secs};
@@ -63,7 +63,9 @@ async fn shutdown_right_after_a_removal_still_journals_it() {
     .await;
     eventually(secs(5), "the removal", || (!fake.removed().is_empty()).then_some(())).await;
     daemon.stop().await;
-    let journal = imagegc::journal::Journal::new(&daemon.state_dir()).read(None).unwrap();
+    let journal = imagegc::store::journal::Journal::new(&daemon.state_dir())
+        .read(None)
+        .unwrap();
     let journaled: Vec<&str> = journal.iter().map(|e| e.image.as_str()).collect();
     assert_eq!(
         journaled,

@@ -22,7 +22,7 @@ use imagegc::daemon::Health;
 use imagegc::metrics::Metrics;
 use imagegc::records::Records;
 pub use imagegc::sim::SimDisk;
-use imagegc::state::{Loaded, StateStore};
+use imagegc::store::state::{Loaded, StateStore};
 pub use imagegc_testkit::fake::DiskEffects;
 use imagegc_testkit::fake::{FakeRuntime, FakeServer};
 pub use imagegc_testkit::{container_using, image, metric};

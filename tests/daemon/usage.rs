@@ -5,7 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use imagegc::cri::proto::ContainerEventType;
 use imagegc::records::{Record, Records};
-use imagegc::state::StateStore;
+use imagegc::store::state::StateStore;
 use imagegc_testkit::fake::{Dialect, Events, FakeRuntime};
 
 use crate::support::{InProcess, container_using, eventually, first_cycle_done, image, load_records, roomy_disk, secs};

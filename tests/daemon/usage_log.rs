@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use imagegc::sim::trace::Trace;
-use imagegc::state::StateStore;
+use imagegc::store::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
 use imagegc_testkit::{history, records};
 

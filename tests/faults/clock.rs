@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use imagegc::cri::connect;
 use imagegc::engine::Outcome;
 use imagegc::policy::Reason;
-use imagegc::state::{self, Loaded, StateStore};
+use imagegc::store::state::{self, Loaded, StateStore};
 use imagegc::time::Clock;
 use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
@@ -98,7 +98,7 @@ fn only_the_clock_and_reporting_read_the_wall_clock() {
             "time.rs",
             "Clock::start: the wall-clock time at start; Clock::from_wall: a runtime's event stamp",
         ),
-        ("state/mod.rs", "names a set-aside corrupt file"),
+        ("store/state/mod.rs", "names a set-aside corrupt file"),
         (
             "metrics.rs",
             "the last-success timestamp dashboards compare with time()",
@@ -139,7 +139,7 @@ fn only_the_clock_and_reporting_read_the_wall_clock() {
         "policy/",
         "records.rs",
         "matching.rs",
-        "pending.rs",
+        "store/pending.rs",
         "daemon/",
     ] {
         assert!(

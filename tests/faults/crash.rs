@@ -13,7 +13,7 @@ use std::fs;
 use std::time::{Duration, Instant, SystemTime};
 
 use imagegc::records::Record;
-use imagegc::state::{Loaded, StateStore};
+use imagegc::store::state::{Loaded, StateStore};
 use imagegc::time::{from_unix_millis, to_unix_millis};
 
 use crate::support::{XorShift, records, spawn_self};

@@ -445,7 +445,7 @@ async fn usage_before_is_measured_before_the_age_pass() {
     let now = std::time::SystemTime::now();
     let long_ago = now - std::time::Duration::from_secs(7200);
     let records = support::records([support::history(&old, long_ago, long_ago)]);
-    imagegc::state::StateStore::new(&config.state.dir)
+    imagegc::store::state::StateStore::new(&config.state.dir)
         .save(&records, now)
         .unwrap();
     let mut collector = support::collector(client, &disk, config);

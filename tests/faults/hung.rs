@@ -117,7 +117,7 @@ async fn a_hung_remove_image_leaves_its_outcome_unknown_and_nothing_more_goes_th
             "record of {name} kept"
         );
     }
-    let journal = imagegc::journal::Journal::new(&dir.path().join("state"))
+    let journal = imagegc::store::journal::Journal::new(&dir.path().join("state"))
         .read(None)
         .unwrap();
     assert!(journal.is_empty(), "no removal was journaled: {journal:?}");
@@ -285,7 +285,7 @@ async fn every_hung_call_ends_the_cycle_within_its_bound_and_removes_nothing_wro
         );
         // Whatever happened, the state was saved at the end of the cycle.
         assert!(
-            dir.path().join("state").join(imagegc::state::FILE_NAME).exists(),
+            dir.path().join("state").join(imagegc::store::state::FILE_NAME).exists(),
             "{what}"
         );
         server.shutdown().await;

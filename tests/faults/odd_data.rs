@@ -13,7 +13,7 @@ use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeErro
 use imagegc::engine::Outcome;
 use imagegc::policy::{self, GcPolicy, KeepReason, Reason};
 use imagegc::records::Records;
-use imagegc::state::StateStore;
+use imagegc::store::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
 

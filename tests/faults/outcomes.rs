@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use imagegc::cri::{Container, Image, connect};
 use imagegc::engine::Outcome;
-use imagegc::journal::Journal;
-use imagegc::state::StateStore;
+use imagegc::store::journal::Journal;
+use imagegc::store::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
 

@@ -4,8 +4,8 @@
 
 use imagegc::cri::connect;
 use imagegc::engine::Outcome;
-use imagegc::journal::Journal;
-use imagegc::state::{Loaded, StateStore};
+use imagegc::store::journal::Journal;
+use imagegc::store::state::{Loaded, StateStore};
 use imagegc::time::{from_unix_millis, to_unix_millis};
 use imagegc_testkit::fake::FakeRuntime;
 use std::time::{Duration, SystemTime};

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use imagegc::cri::Image;
-use imagegc::state::{self, StateStore};
+use imagegc::store::state::{self, StateStore};
 use imagegc_testkit::fake::FakeRuntime;
 
 use crate::support::{self, ServedOnThread, Tmpfs, container_using, describe, image, imagegc};

@@ -758,7 +758,7 @@ mod tests {
     fn a_version_1_file_written_by_the_old_encoder_loads_to_the_same_records() {
         // Written by the version 1 `encode` (as of e45aa58) from `varied()`
         // saved at t(60).
-        let bytes = include_bytes!("../../tests/data/records-v1.state");
+        let bytes = include_bytes!("../../../tests/data/records-v1.state");
         assert!(bytes.starts_with(b"imagegc-state v1 "));
         let dir = tempfile::tempdir().unwrap();
         let store = StateStore::new(dir.path());

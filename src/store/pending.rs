@@ -44,8 +44,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::journal::JournalEntry;
 use crate::safe_file::{self, Links};
+use crate::store::journal::JournalEntry;
 
 /// The file's name inside the state directory.
 pub const FILE_NAME: &str = "removal-in-flight.json";

@@ -13,7 +13,7 @@
 //! [`READ_MAX_BYTES`] of each, the newest.
 //!
 //! A removal is journaled once it is known to have happened; until then it
-//! is pending (see `crate::pending`).
+//! is pending (see `crate::store::pending`).
 
 use std::fs;
 use std::io::{self, Read, Seek, Write};
@@ -146,7 +146,7 @@ impl Journal {
 
     fn try_append(&self, entry: &JournalEntry) -> io::Result<()> {
         if let Some(dir) = self.path.parent() {
-            // The state directory is private (see `crate::state`); the
+            // The state directory is private (see `crate::store::state`); the
             // journal may be the first to create it.
             fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
         }
