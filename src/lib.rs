@@ -7,10 +7,11 @@
 //! the code to that order. From the leaves to the commands:
 //!
 //! - Leaves: [`time`] (the clock), [`fs`] (the filesystem probe),
-//!   `collections`, `safe_file`, [`health`], [`log`], `model` (a removal
-//!   and its reason), `reference` (image names as people and runtimes
-//!   write them, the glob patterns of `protect.images`), [`metrics`] (the
-//!   registry and every family).
+//!   `collections`, `safe_file`, `model` (a removal and its reason),
+//!   `reference` (image names as people and runtimes write them, the glob
+//!   patterns of `protect.images`), [`outputs`] (the log's format, the
+//!   metric families and their registry, health, and the listener that
+//!   serves metrics and probes).
 //! - [`config`]: raw files to a validated configuration (TOML or a
 //!   KubeletConfiguration), every problem named by its field.
 //! - [`cri`]: the runtime boundary: the [`cri::Runtime`] trait and the CRI
@@ -26,7 +27,7 @@
 //!   daemon's cycle, its dry run, `plan` and `simulate`.
 //! - [`engine`]: the cycle executed: reading the runtime, removals and
 //!   their settling, the thrash memory, usage between cycles, and typed
-//!   events that sinks turn into [`metrics`], logs and health.
+//!   events that sinks turn into metrics, logs and health.
 //! - [`sim`]: an image filesystem simulated in memory, and a node's image
 //!   usage (synthetic workloads or a trace file) replayed under the planner
 //!   and space walk, the kubelet's algorithm or an offline policy, with the
@@ -36,8 +37,8 @@
 //! - `kubernetes` (the `kubernetes` feature): the pods bound to this node,
 //!   watched, as keep rules for the policy; events on the Node, as a sink
 //!   of the engine's events.
-//! - [`http`] (metrics and probes), [`daemon`] (the loop and the
-//!   composition root), [`cli`] (each command and what it prints).
+//! - [`daemon`] (the loop and the composition root), [`cli`] (each command
+//!   and what it prints).
 //!
 //! Where a change goes: a keep rule in `policy::keep` (the planner and the
 //! re-check before each removal both ask it); a runtime quirk in
@@ -54,11 +55,9 @@ pub mod time;
 pub mod fs;
 pub(crate) mod collections;
 pub(crate) mod safe_file;
-pub mod health;
-pub mod log;
 pub(crate) mod model;
 pub(crate) mod reference;
-pub mod metrics;
+pub mod outputs;
 // Configuration, the runtime and how containers name images.
 pub mod config;
 pub mod cri;
@@ -74,7 +73,6 @@ pub mod usage_log;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 // The daemon and the commands.
-pub mod http;
 pub mod daemon;
 pub mod cli;
 

@@ -74,12 +74,12 @@ fn init_logging(cli: &Cli) -> Result<(), String> {
         .log_level
         .clone()
         .unwrap_or_else(|| cli.command.default_log_level().to_string());
-    let filter = imagegc::log::filter(&level)?;
+    let filter = imagegc::outputs::log::filter(&level)?;
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     match cli.log_format {
         LogFormat::Json => builder.with_writer(std::io::stderr).json().flatten_event(true).init(),
         LogFormat::Text => builder
-            .with_writer(imagegc::log::EscapingStderr)
+            .with_writer(imagegc::outputs::log::EscapingStderr)
             .with_ansi(false)
             .init(),
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagegc::daemon::Health;
-use imagegc::http::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
-use imagegc::metrics::{Metrics, Reason};
+use imagegc::outputs::http::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
+use imagegc::outputs::metrics::{Metrics, Reason};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

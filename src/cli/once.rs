@@ -12,7 +12,7 @@ use crate::cri::CriClient;
 use crate::engine::Collector;
 use crate::engine::report::{CycleReport, Outcome, Removal};
 use crate::fs::Statvfs;
-use crate::metrics::Metrics;
+use crate::outputs::metrics::Metrics;
 use crate::policy::{Protections, SpaceOutlook};
 use crate::time::Clock;
 

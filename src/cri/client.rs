@@ -22,7 +22,7 @@ use super::{
     Container, ContainerEvent, ContainerState, EventStream, Filesystems, Image, ImageFsUsage, Removed, Runtime,
     RuntimeError, RuntimeStatus, RuntimeVersion,
 };
-use crate::metrics::Metrics;
+use crate::outputs::metrics::Metrics;
 use crate::reference::{bare_id, canonical_id};
 
 /// Endpoints tried in order when none is configured: the supported runtimes

@@ -29,7 +29,7 @@ use crate::time::sleep_until_some;
 
 mod start;
 
-pub use crate::health::Health;
+pub use crate::outputs::health::Health;
 pub use start::Daemon;
 
 /// How long an in-flight cycle may take to reach its next stopping point

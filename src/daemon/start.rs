@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::cri::{self, CriClient};
 use crate::engine::Collector;
 use crate::fs::{FsProbe, Statvfs};
-use crate::metrics::Metrics;
+use crate::outputs::metrics::Metrics;
 use crate::time::Clock;
 use crate::usage_log::UsageLog;
 
@@ -95,7 +95,7 @@ impl Daemon {
             if let Ok(address) = listener.local_addr() {
                 info!(%address, "serving /metrics, /healthz and /readyz");
             }
-            tokio::spawn(crate::http::serve(
+            tokio::spawn(crate::outputs::http::serve(
                 listener,
                 Arc::clone(&self.metrics),
                 Arc::clone(&self.health),

@@ -17,9 +17,9 @@ use super::report::{CycleReport, Outcome};
 use crate::cri::Names;
 use crate::cri::{Container, Image};
 use crate::fs::FsStats;
-use crate::health::Health;
-use crate::metrics::{CycleTimer, Metrics};
 use crate::model::{Reason, Removal};
+use crate::outputs::health::Health;
+use crate::outputs::metrics::{CycleTimer, Metrics};
 use crate::policy::{KeepReason, SpaceOutlook};
 use crate::records::{Observed, Unlisted};
 use crate::store::pending::Settled;
@@ -321,7 +321,7 @@ impl std::fmt::Debug for Sinks {
     }
 }
 
-/// The metrics (see [`crate::metrics`]).
+/// The metrics (see [`crate::outputs::metrics`]).
 pub struct MetricsSink {
     metrics: Arc<Metrics>,
     /// The cycle being timed: one dropped unfinished (abandoned at

@@ -32,7 +32,7 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::cri::{Image, Runtime};
 use crate::fs::FsProbe;
-use crate::metrics::Metrics;
+use crate::outputs::metrics::Metrics;
 use crate::policy::{DiskFootprint, GcPolicy, Protections};
 use crate::records::Records;
 use crate::store::journal::Journal;
@@ -202,7 +202,7 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// Reports progress (liveness) to the health endpoint while cycles run.
-    pub fn with_health(self, health: Arc<crate::health::Health>) -> Self {
+    pub fn with_health(self, health: Arc<crate::outputs::health::Health>) -> Self {
         self.with_sink(Arc::new(HealthSink(health)))
     }
 

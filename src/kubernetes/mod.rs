@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, KubernetesConfig, Problem};
-use crate::metrics::Metrics;
+use crate::outputs::metrics::Metrics;
 
 pub use node_events::NodeEventSink;
 pub use pods::PodWatch;

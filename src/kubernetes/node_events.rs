@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::engine::{Event, Outcome, Sink};
-use crate::metrics::{Metrics, NodeEventReason, NodeEventResult};
+use crate::outputs::metrics::{Metrics, NodeEventReason, NodeEventResult};
 
 /// The least time between two events of one reason: an episode that ends
 /// and starts again at every cycle is said once per ten minutes (the

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::metrics::Metrics;
+use crate::outputs::metrics::Metrics;
 use crate::policy::Protections;
 use crate::time::sleep_until_some;
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use imagegc::config::Config;
 use imagegc::daemon::Health;
-use imagegc::metrics::Metrics;
+use imagegc::outputs::metrics::Metrics;
 use imagegc::records::Records;
 pub use imagegc::sim::SimDisk;
 use imagegc::store::state::{Loaded, StateStore};

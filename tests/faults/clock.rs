@@ -100,7 +100,7 @@ fn only_the_clock_and_reporting_read_the_wall_clock() {
         ),
         ("store/state/mod.rs", "names a set-aside corrupt file"),
         (
-            "metrics.rs",
+            "outputs/metrics.rs",
             "the last-success timestamp dashboards compare with time()",
         ),
         ("cli/history.rs", "history --since, relative to the wall clock"),

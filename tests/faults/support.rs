@@ -16,7 +16,7 @@ use std::time::Duration;
 use imagegc::config::Config;
 use imagegc::cri::Runtime;
 use imagegc::engine::Collector;
-use imagegc::metrics::Metrics;
+use imagegc::outputs::metrics::Metrics;
 pub use imagegc::sim::SimDisk;
 use imagegc::time::Clock;
 pub use imagegc_testkit::fake::DiskEffects;

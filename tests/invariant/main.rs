@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime};
 use imagegc::config::Config;
 use imagegc::daemon::Health;
 use imagegc::engine::Collector;
-use imagegc::metrics::Metrics;
+use imagegc::outputs::metrics::Metrics;
 use imagegc::store::journal::Journal;
 use imagegc::time::Clock;
 use imagegc_testkit::XorShift;

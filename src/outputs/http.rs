@@ -48,8 +48,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::health::Health;
-use crate::metrics::{CLASSIC_CONTENT_TYPE, Metrics, OPENMETRICS_CONTENT_TYPE};
+use crate::outputs::health::Health;
+use crate::outputs::metrics::{CLASSIC_CONTENT_TYPE, Metrics, OPENMETRICS_CONTENT_TYPE};
 
 /// Largest request head (request line and headers) accepted, in bytes. A scrape
 /// or a probe sends a few hundred; larger heads get 431.
