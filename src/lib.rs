@@ -7,16 +7,16 @@
 //! the code to that order. From the leaves to the commands:
 //!
 //! - Leaves: [`time`] (the clock), [`fs`] (the filesystem probe),
-//!   `collections`, `safe_file`, `model` (a removal and its reason),
-//!   `reference` (image names as people and runtimes write them, the glob
-//!   patterns of `protect.images`), [`outputs`] (the log's format, the
+//!   `collections`, `safe_file`, `model` (a removal and its reason;
+//!   `model::reference`, image names as people and runtimes write them and
+//!   the glob patterns of `protect.images`), [`outputs`] (the log's format, the
 //!   metric families and their registry, health, and the listener that
 //!   serves metrics and probes).
 //! - [`config`]: raw files to a validated configuration (TOML or a
 //!   KubeletConfiguration), every problem named by its field.
 //! - [`cri`]: the runtime boundary: the [`cri::Runtime`] trait and the CRI
-//!   v1 client. `matching` reads how a container names an image, in every
-//!   runtime's dialect.
+//!   v1 client; `cri::matching` reads how a container names an image, in
+//!   every runtime's dialect.
 //! - [`records`]: first seen and last used per image; [`store`], the state
 //!   directory: [`store::journal`] (the removals), `store::pending`
 //!   (removals whose outcome is not known yet), [`store::state`] (the
@@ -41,8 +41,9 @@
 //!   and what it prints).
 //!
 //! Where a change goes: a keep rule in `policy::keep` (the planner and the
-//! re-check before each removal both ask it); a runtime quirk in
-//! `engine::observe` (or `matching` when it is about names); a metric or a
+//! re-check before each removal both ask it), its key in `config::protect`;
+//! a `gc.order` in a file of `policy::order`; a runtime quirk in
+//! `engine::observe` (or `cri::matching` when it is about names); a metric or a
 //! log line in a sink of `engine::events`, fed by an event the engine
 //! already sends (or a new variant of it).
 //!
@@ -56,12 +57,10 @@ pub mod fs;
 pub(crate) mod collections;
 pub(crate) mod safe_file;
 pub(crate) mod model;
-pub(crate) mod reference;
 pub mod outputs;
 // Configuration, the runtime and how containers name images.
 pub mod config;
 pub mod cri;
-pub(crate) mod matching;
 // Per-image history and the state directory.
 pub mod records;
 pub mod store;

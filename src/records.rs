@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime};
 
 /// A record's tags or digests: the listing's own, shared (see [`Names`]).
 pub use crate::cri::Names;
+use crate::cri::matching::{Matches, References};
 use crate::cri::{Container, Image, Snapshot};
-use crate::matching::{Matches, References};
 
 use crate::collections::HashMap;
 
@@ -620,7 +620,7 @@ mod tests {
             assert_eq!(r.first_seen, t(0));
             assert_eq!(r.last_used, t(0));
         }
-        let in_use = crate::matching::InUse::new(&images, &containers);
+        let in_use = crate::cri::matching::InUse::new(&images, &containers);
         assert!(!in_use.is_used("0"));
         assert!(in_use.is_used("1") && in_use.is_used("2"));
     }

@@ -39,10 +39,10 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
+use crate::cri::matching::InUse;
 use crate::cri::{Container, Image, Names};
 use crate::engine::{Event, Sink};
 use crate::fs::FsStats;
-use crate::matching::InUse;
 use crate::safe_file;
 use crate::sim::trace::{Line, Record, Seconds};
 use crate::time::Clock;

@@ -12,10 +12,10 @@ use super::table::{
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
 use crate::cri::Names;
+use crate::cri::matching::InUse;
 use crate::cri::{CriClient, Runtime, Snapshot};
 use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
-use crate::matching::InUse;
 use crate::policy::ImageBytes;
 use crate::store::state::Known;
 

@@ -54,7 +54,7 @@ pub fn removed_by_others_text(found: &crate::usage_log::RemovedByOthers) -> Opti
 
 /// `sha256:0123456789ab…` → `0123456789ab`.
 pub fn short_id(id: &str) -> String {
-    crate::reference::bare_id(id).chars().take(12).collect()
+    crate::model::reference::bare_id(id).chars().take(12).collect()
 }
 
 /// A tags column cell: the first tag and how many more (`nginx:1.27 (+2)`),

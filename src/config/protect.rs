@@ -38,7 +38,7 @@ impl ProtectConfig {
         for (index, image) in images.iter().enumerate() {
             if image.trim().is_empty() {
                 problems.push(format!("protect.images[{index}]"), "must not be empty");
-            } else if let Some(problem) = crate::reference::ProtectPattern::problem(image) {
+            } else if let Some(problem) = crate::model::reference::ProtectPattern::problem(image) {
                 warnings.push(format!("protect.images[{index}] {image:?}: {problem}"));
             }
         }

@@ -22,8 +22,8 @@ use super::{
     Container, ContainerEvent, ContainerState, EventStream, Filesystems, Image, ImageFsUsage, Removed, Runtime,
     RuntimeError, RuntimeStatus, RuntimeVersion,
 };
+use crate::model::reference::{bare_id, canonical_id};
 use crate::outputs::metrics::Metrics;
-use crate::reference::{bare_id, canonical_id};
 
 /// Endpoints tried in order when none is configured: the supported runtimes
 /// at their default paths, containerd then CRI-O (cri-dockerd is not

@@ -8,6 +8,7 @@
 pub mod client;
 mod list_images;
 mod listing;
+pub(crate) mod matching;
 pub(crate) mod names;
 pub mod proto;
 

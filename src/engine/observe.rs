@@ -13,11 +13,11 @@ use futures_util::StreamExt as _;
 use tracing::debug;
 
 use crate::collections::HashMap;
+use crate::cri::matching;
 use crate::cri::{Container, Image, ImageFsUsage, Runtime, RuntimeError, Snapshot};
 use crate::fs::{FsProbe, FsStats};
-use crate::matching;
+use crate::model::reference::ProtectPattern;
 use crate::policy::DiskFootprint;
-use crate::reference::ProtectPattern;
 use crate::store::state::Known;
 
 /// `ContainerStatus` calls in flight at once while learning new

@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cri::matching;
 use crate::cri::{Container, Image, Removed, Runtime, RuntimeError, Snapshot};
 use crate::fs::{FsError, FsProbe, FsStats};
-use crate::matching;
 use crate::model::{Reason, Removal};
 use crate::policy::{Candidate, KeepReason, Uses};
 use crate::records::History;

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::cri::Image;
 use crate::cri::Names;
+use crate::model::reference;
 use crate::policy::SpaceOutlook;
-use crate::reference;
 
 /// An image imagegc removed, remembered for `gc.thrash_window`.
 #[derive(Debug, Clone)]

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 use tracing::{debug, info, warn};
 
+use crate::cri::matching::{self, InUse};
 use crate::cri::{ContainerEvent, EventStream, Image, Runtime, RuntimeError, Snapshot};
-use crate::matching::{self, InUse};
 use crate::policy::{CyclePlan, KeptImages, Protections};
 use crate::records::{Listed, Observed};
 

@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime};
 use crate::config::Config;
 use crate::cri::Image;
 use crate::model::Reason;
+use crate::model::reference::ProtectPattern;
 use crate::records::History;
-use crate::reference::ProtectPattern;
 
 /// Why an image is kept.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

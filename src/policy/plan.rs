@@ -13,11 +13,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
 use crate::cri::Names;
+use crate::cri::matching;
 use crate::cri::{Image, Snapshot};
-use crate::matching;
 pub use crate::model::Reason;
+use crate::model::reference;
 use crate::records::{Break, Listed, Records};
-use crate::reference;
 
 use super::GcPolicy;
 use super::keep::{KeepReason, Rules, Uses, elapsed};

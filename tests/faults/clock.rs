@@ -138,7 +138,7 @@ fn only_the_clock_and_reporting_read_the_wall_clock() {
         "engine/",
         "policy/",
         "records.rs",
-        "matching.rs",
+        "cri/matching.rs",
         "store/pending.rs",
         "daemon/",
     ] {

@@ -10,8 +10,8 @@ use std::time::SystemTime;
 
 use super::{Context, SpaceOrder};
 use crate::collections::HashMap;
+use crate::model::reference;
 use crate::policy::plan::Candidate;
-use crate::reference;
 
 /// Superseded tags first, then least recently used.
 pub struct SupersededFirst;

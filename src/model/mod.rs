@@ -1,8 +1,11 @@
 //! The data every layer shares about a removal: why an image goes
 //! ([`Reason`]) and what one removal was ([`Removal`], also what the
-//! journal records). Data only: no IO.
+//! journal records); and how images are named ([`reference`]: references
+//! and the patterns of `protect.images`). Data only: no IO.
 
 use std::time::SystemTime;
+
+pub(crate) mod reference;
 
 /// Why an image is removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

@@ -13,7 +13,7 @@ use std::collections::hash_map::Entry;
 
 use crate::collections::HashMap;
 use crate::cri::{Container, Image};
-use crate::reference;
+use crate::model::reference;
 
 /// Which images are referenced by which containers.
 ///
