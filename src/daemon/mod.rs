@@ -230,48 +230,52 @@ fn usage_check_interval(config: &Config) -> Duration {
     USAGE_CHECK_INTERVAL.min(config.gc.usage_poll_interval)
 }
 
+/// How a cycle was abandoned at shutdown.
+enum Abandoned {
+    /// No removal was in flight.
+    BetweenRemovals,
+    /// Its removal was still in flight after [`SHUTDOWN_GRACE`].
+    InRemoval(String),
+    /// Its removal finished within the grace, the cycle did not.
+    AfterRemoval,
+}
+
 /// Runs one cycle. On shutdown, a cycle with no removal in flight is
 /// abandoned at once (a runtime call it waits for may hang for the whole
 /// `runtime.timeout`); a removal in flight gets [`SHUTDOWN_GRACE`] to
 /// finish. Returns the runtime's error when it could not be reached (or
 /// refused the listing), Ok(low threshold reached or not needed) otherwise.
 async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &CancellationToken) -> Result<bool, Down> {
-    let removing = collector.removal_in_flight();
-    let removing_image = collector.removal_in_flight_image();
-    let image_in_flight = || {
-        removing_image
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    };
-    // Err when the cycle is abandoned: Some(the image in flight, if still)
-    // after the grace, read while the cycle lives (its guard clears it when
-    // dropped); None when no removal was in flight.
+    let in_flight = collector.removal_in_flight();
     let report = {
         let cycle = collector.cycle(shutdown);
         tokio::pin!(cycle);
         tokio::select! {
             report = &mut cycle => Ok(report),
-            () = shutdown.cancelled() => {
-                if removing.load(std::sync::atomic::Ordering::SeqCst) {
-                    info!(image = image_in_flight().unwrap_or_default(), "shutdown requested during a removal: letting it finish");
+            () = shutdown.cancelled() => match in_flight.image() {
+                Some(image) => {
+                    info!(image = %image, "shutdown requested during a removal: letting it finish");
                     match tokio::time::timeout(SHUTDOWN_GRACE, &mut cycle).await {
                         Ok(report) => Ok(report),
-                        Err(_) => Err(Some(image_in_flight())),
+                        // Read while the cycle lives: its guard clears it
+                        // when dropped.
+                        Err(_) => Err(match in_flight.image() {
+                            Some(image) => Abandoned::InRemoval(image),
+                            None => Abandoned::AfterRemoval,
+                        }),
                     }
-                } else {
-                    Err(None)
                 }
-            }
+                None => Err(Abandoned::BetweenRemovals),
+            },
         }
     };
     let report = match report {
         Ok(report) => report,
-        Err(Some(None)) => {
+        Err(Abandoned::AfterRemoval) => {
             warn!("the cycle did not end within the shutdown grace period after its removal; abandoning it");
             return Ok(false);
         }
-        Err(Some(Some(image))) => {
+        Err(Abandoned::InRemoval(image)) => {
             warn!(
                 image = %image,
                 grace = %crate::time::short(SHUTDOWN_GRACE),
@@ -280,7 +284,7 @@ async fn run_cycle<R: Runtime>(collector: &mut Collector<R>, shutdown: &Cancella
             );
             return Ok(false);
         }
-        Err(None) => {
+        Err(Abandoned::BetweenRemovals) => {
             info!("shutdown requested: the cycle in progress is abandoned (no removal was in flight)");
             return Ok(false);
         }

@@ -23,7 +23,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
@@ -54,7 +53,7 @@ mod tests;
 
 pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
 pub use observe::{ImageFs, Observation, Observer};
-pub use removal::RemovingImage;
+pub use removal::RemovalInFlight;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
 pub use usage::{Listing, Tracking, UsageTracker};
 
@@ -107,10 +106,8 @@ pub struct Collector<R> {
     last_images: Vec<Image>,
     /// When the records were last saved by this process.
     last_saved: Option<SystemTime>,
-    /// True while a `RemoveImage` is in flight: shutdown waits for it, and
-    /// for nothing else.
-    removing: Arc<AtomicBool>,
-    removing_image: RemovingImage,
+    /// The removal in flight: shutdown waits for it, and for nothing else.
+    in_flight: RemovalInFlight,
     /// What an image takes on disk per reported byte, from the runtime's
     /// name and this process's measured removals.
     footprint: DiskFootprint,
@@ -167,8 +164,7 @@ impl<R: Runtime> Collector<R> {
             said: Said::default(),
             last_images: Vec::new(),
             last_saved: None,
-            removing: Arc::new(AtomicBool::new(false)),
-            removing_image: RemovingImage::default(),
+            in_flight: RemovalInFlight::default(),
             footprint: DiskFootprint::default(),
             runtime_named: false,
             image_fs_mismatch: None,
@@ -262,14 +258,9 @@ impl<R: Runtime> Collector<R> {
         &self.metrics
     }
 
-    /// True while a removal is in flight (see [`crate::daemon`]'s shutdown).
-    pub fn removal_in_flight(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.removing)
-    }
-
-    /// The image a removal in flight removes.
-    pub fn removal_in_flight_image(&self) -> RemovingImage {
-        Arc::clone(&self.removing_image)
+    /// The removal in flight, as it goes (see [`crate::daemon`]'s shutdown).
+    pub fn removal_in_flight(&self) -> RemovalInFlight {
+        self.in_flight.clone()
     }
 
     /// Why the measured filesystem is not the runtime's image filesystem,

@@ -23,7 +23,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -230,25 +229,32 @@ impl Disk {
     }
 }
 
-/// Which image a removal in flight removes (None between removals): the
-/// daemon names it when shutdown gives up waiting.
-pub type RemovingImage = Arc<std::sync::Mutex<Option<String>>>;
+/// The one removal in flight, shared with the daemon's shutdown (which
+/// waits for it, and names its image when it gives up): the image whose
+/// removal is under way, from the `RemoveImage` call until the removal is
+/// measured, recorded and journaled; none between removals.
+#[derive(Debug, Clone, Default)]
+pub struct RemovalInFlight(Arc<std::sync::Mutex<Option<String>>>);
 
-/// Marks a removal in flight until dropped.
-struct InFlight(Arc<AtomicBool>, RemovingImage);
+impl RemovalInFlight {
+    /// The image whose removal is in flight, if one is.
+    pub fn image(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 
-impl InFlight {
-    fn new(flag: &Arc<AtomicBool>, image: &RemovingImage, id: &str) -> Self {
-        *image.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_string());
-        flag.store(true, Ordering::SeqCst);
-        InFlight(Arc::clone(flag), Arc::clone(image))
+    /// Marks `id`'s removal in flight until the guard is dropped.
+    fn start(&self, id: &str) -> InFlight {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_string());
+        InFlight(self.clone())
     }
 }
 
+/// Marks a removal in flight until dropped.
+struct InFlight(RemovalInFlight);
+
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-        *self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *self.0.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 }
 
@@ -392,7 +398,7 @@ impl<R: Runtime> Collector<R> {
         }
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
-        let in_flight = InFlight::new(&self.removing, &self.removing_image, candidate.id);
+        let in_flight = self.in_flight.start(candidate.id);
         let result = self.runtime.remove_image(candidate.id).await;
         let (step, after) = self.outcome(candidate, result, disk, before, cancel, report).await;
         match (step, after) {
