@@ -92,6 +92,17 @@ deploy_venv() {
 deploy_helm() {
     IMAGEGC_HELM=$DEPLOY_TOOLS_CACHE/helm-$HELM_VERSION/helm
     [ -x "$IMAGEGC_HELM" ] && return 0
+    # The cluster test bed's helm when it built this version
+    # (scripts/testbed-kubernetes.sh): no second build (3 minutes cold).
+    # Built without release flags, it reports its minor version (v3.22).
+    local built version
+    for built in "${IMAGEGC_KUBERNETES_DIR:-$PWD/target/kubernetes}"/*/bin/helm; do
+        version=$("$built" version --template '{{.Version}}' 2>/dev/null) || continue
+        if [ -n "$version" ] && { [ "$version" = "$HELM_VERSION" ] || [ "${HELM_VERSION#"$version".}" != "$HELM_VERSION" ]; }; then
+            IMAGEGC_HELM=$built
+            return 0
+        fi
+    done
     echo "==> go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
     # From a scratch directory: no go.mod around to take part.
     (cd /tmp && GOBIN="$(dirname "$IMAGEGC_HELM")" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
