@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use imagegc::config::Config;
 use imagegc::cri::{Container, ContainerState, Image};
 use imagegc::engine::Collector;
-use imagegc::metrics::Metrics;
+use imagegc::outputs::metrics::Metrics;
 use imagegc::sim::SimDisk;
 use imagegc::time::Clock;
 use imagegc_testkit::fake::FakeRuntime;

@@ -52,7 +52,7 @@ use common::{imagegc_binary, selected_cases};
 use imagegc::cri::{Container, Image, Runtime};
 use imagegc::fs::{FsStats, statvfs};
 use imagegc::records::Records;
-use imagegc::state::StateStore;
+use imagegc::store::state::StateStore;
 use imagegc_testkit::history;
 use imagegc_testkit::{oci, testbed};
 use oci::{BuiltImage, ImageSpec, Layer};

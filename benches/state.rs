@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use criterion::Criterion;
 use imagegc::records::Records;
-use imagegc::state::{self, Loaded, StateStore};
+use imagegc::store::state::{self, Loaded, StateStore};
 
 const RECORDS: usize = 10_000;
 

@@ -40,7 +40,7 @@ use imagegc::config::{Config, DEFAULT_INTERVAL, DEFAULT_USAGE_POLL_INTERVAL};
 use imagegc::cri::{self, Runtime};
 use imagegc::engine::Collector;
 use imagegc::fs::Statvfs;
-use imagegc::metrics::Metrics;
+use imagegc::outputs::metrics::Metrics;
 use imagegc::time::Clock;
 use imagegc_testkit::oci::{ImageSpec, Layer};
 use imagegc_testkit::testbed::{Kind, TestBed};
