@@ -354,7 +354,7 @@ impl PlanView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Reason, total_size};
+    use crate::policy::{Reason, Walk, total_size};
 
     #[test]
     fn plan_view_adds_absurd_sizes_without_overflow() {
@@ -378,7 +378,9 @@ mod tests {
             ..Default::default()
         };
         let target = GcPolicy::from(&Config::default()).target;
-        let forecast = Forecast::new(target, fs, &plan.space, total_size(&plan.age), |_| false);
+        let forecast = Forecast::of(Walk::estimated(target, fs, &plan.space, total_size(&plan.age)), |_| {
+            false
+        });
         let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass);
         assert_eq!(view.expected, 0);
@@ -401,7 +403,7 @@ mod tests {
         config.gc.low_inodes_percent = Some(80);
         let plan = Plan::default();
         let target = GcPolicy::from(&config).target;
-        let forecast = Forecast::new(target, fs, &plan.space, 0, |_| false);
+        let forecast = Forecast::of(Walk::estimated(target, fs, &plan.space, 0), |_| false);
         let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass, "a cycle would run a space pass on inodes");
         assert!(target.due(&fs), "and the collector's target agrees");

@@ -402,19 +402,7 @@ pub struct Forecast<'w, 'a> {
 }
 
 impl<'w, 'a> Forecast<'w, 'a> {
-    /// Walks `candidates` by the estimate from `stats`, after age removals
-    /// of `freed_before` reported bytes.
-    pub fn new(
-        target: SpaceTarget,
-        stats: FsStats,
-        candidates: &'w [Candidate<'a>],
-        freed_before: u64,
-        hold_back: impl Fn(&Candidate<'a>) -> bool,
-    ) -> Self {
-        Forecast::of(Walk::estimated(target, stats, candidates, freed_before), hold_back)
-    }
-
-    /// Runs `walk` (by the estimate) to its end.
+    /// Runs `walk` (by the estimate: [`Walk::estimated`]) to its end.
     pub fn of(mut walk: Walk<'w, 'a>, hold_back: impl Fn(&Candidate<'a>) -> bool) -> Self {
         let mut forecast = Forecast {
             removals: Vec::new(),
