@@ -177,7 +177,7 @@ fn config(state_dir: &Path, high: u8, max_age: Duration) -> Arc<Config> {
 }
 
 fn collector(client: CriClient, config: Arc<Config>) -> Collector<CriClient> {
-    Collector::new(
+    Collector::load(
         client,
         config,
         Arc::new(Statvfs),

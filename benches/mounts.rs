@@ -88,7 +88,7 @@ fn main() {
             let client = imagegc::cri::connect(&server.endpoint(), Duration::from_secs(30)).unwrap();
             let mut config = Config::default();
             config.state.dir = dir.path().join("state");
-            let mut collector = Collector::new(
+            let mut collector = Collector::load(
                 client,
                 Arc::new(config),
                 // 1 TiB, half of it free: never a space pass.

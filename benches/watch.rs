@@ -115,7 +115,7 @@ async fn poll_cost(bed: &TestBed) {
     config.runtime.endpoint = Some(bed.endpoint().to_string());
     config.state.dir = state;
     config.metrics.listen = None;
-    let mut collector = Collector::new(
+    let mut collector = Collector::load(
         client.clone(),
         Arc::new(config),
         Arc::new(Statvfs),

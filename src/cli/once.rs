@@ -58,7 +58,7 @@ pub async fn once(
     pods: Protections,
     output: Output,
 ) -> Result<ExitStatus, CliError> {
-    let mut collector = Collector::new(
+    let mut collector = Collector::load(
         runtime,
         Arc::new(config),
         Arc::new(Statvfs),

@@ -19,6 +19,7 @@
 //! everything happens except the removals; the walk then goes by the
 //! images' reported sizes, as `plan`'s forecast does.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -26,11 +27,11 @@ use tokio_util::sync::CancellationToken;
 use crate::cri::{Runtime, Snapshot};
 use crate::fs::FsStats;
 use crate::model::Reason;
-use crate::policy::{AgePass, Candidate, CyclePlan, KeptImages, SpaceOutlook, SpaceTarget, Step as WalkStep};
+use crate::policy::{AgePass, Candidate, CyclePlan, KeptImages, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
 use crate::records::Listed;
 
 use super::observe::ImageFs;
-use super::removal::{Ahead, Disk, Removing, Step};
+use super::removal::{Ahead, Confirming, CycleContext, Disk, Removing, Step};
 use super::report::{CycleError, CycleReport, Outcome};
 use super::usage::Listing;
 use super::{Collector, Event};
@@ -60,7 +61,7 @@ impl<R: Runtime> Collector<R> {
         // a big node at once would double the daemon's memory. (Container
         // events until the next listing that answers find no image to mark:
         // the runtime is down, or that listing comes within the call.)
-        self.last_images = Vec::new();
+        self.inventory.last_images = Vec::new();
         let Listing {
             snapshot,
             listed,
@@ -70,7 +71,7 @@ impl<R: Runtime> Collector<R> {
         let result = self.execute(&snapshot, &listed, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
         // cycle: moved, not copied.
-        self.last_images = snapshot.images;
+        self.inventory.last_images = snapshot.images;
         result
     }
 
@@ -85,7 +86,7 @@ impl<R: Runtime> Collector<R> {
     ) -> Result<(), CycleError> {
         report.runtime_reached = true;
         self.sinks.emit(&Event::Progress);
-        if let Some(err) = &self.sandbox_unknown {
+        if let Some(err) = &self.inventory.sandbox_unknown {
             // containerd 1.6 neither pins its pause image nor lists it under a
             // container: without Status it would look unused.
             return Err(CycleError::SandboxUnknown(err.clone()));
@@ -127,58 +128,61 @@ impl<R: Runtime> Collector<R> {
         // Usage before the cycle removes anything: what the summary's
         // `usage_before` reports, also when the age pass frees space.
         report.before = disk.measure().ok();
-
-        // Age pass. In dry run, what it would free counts against the
-        // space pass's estimate.
-        let mut rechecked: Option<Ahead> = None;
-        for (i, candidate) in plan.age.iter().enumerate() {
-            if cancel.is_cancelled() {
-                if rechecked.is_some() {
-                    self.drop_ahead(candidate.id);
-                }
-                report.outcome = Outcome::Interrupted;
-                return Ok(());
-            }
-            match self
-                .remove(candidate, rechecked.take(), snapshot, &disk, cancel, report)
-                .await?
-            {
-                Removing::Finished(Step::Unknown) => {
-                    // What the runtime is still doing may free what the
-                    // rest of the cycle would: the next cycle sees.
-                    return Ok(());
-                }
-                Removing::Finished(_) => {}
-                Removing::Confirming(confirming) => {
-                    let next = plan.age.get(i + 1).filter(|_| !cancel.is_cancelled());
-                    rechecked = self.confirm(confirming, next, false, snapshot, &disk, report).await;
-                }
-            }
+        let mut cx = CycleContext {
+            snapshot,
+            disk: &disk,
+            cancel,
+            report,
+        };
+        if self.age_pass(&plan.age, &mut cx).await?.is_break() {
+            return Ok(());
         }
         if !plan.age.is_empty() {
             self.save_if_due().await;
         }
-        if let Some(why) = &self.image_fs_mismatch {
+        if let Some(why) = &self.inventory.image_fs_mismatch {
             self.sinks.emit(&Event::SpacePassSkipped(why));
-            report.image_fs_mismatch = Some(why.clone());
+            cx.report.image_fs_mismatch = Some(why.clone());
             return Ok(());
         }
-        self.space_pass(&cycle, snapshot, &disk, cancel, report).await
+        self.space_pass(&cycle, &mut cx).await
+    }
+
+    /// The age pass: each age candidate re-checked and removed (in dry run,
+    /// counted: what it would free counts against the space pass's
+    /// estimate). `Break` when the cycle ends here: shutdown, or a removal
+    /// the runtime did not tell the outcome of (what it is still doing may
+    /// free what the rest of the cycle would: the next cycle sees).
+    async fn age_pass(
+        &mut self,
+        age: &[Candidate<'_>],
+        cx: &mut CycleContext<'_>,
+    ) -> Result<ControlFlow<()>, CycleError> {
+        let mut rechecked: Option<Ahead> = None;
+        for (i, candidate) in age.iter().enumerate() {
+            if cx.cancel.is_cancelled() {
+                if rechecked.is_some() {
+                    self.drop_ahead(candidate.id);
+                }
+                cx.report.outcome = Outcome::Interrupted;
+                return Ok(ControlFlow::Break(()));
+            }
+            match self.remove(candidate, rechecked.take(), cx).await? {
+                Removing::Finished(Step::Unknown) => return Ok(ControlFlow::Break(())),
+                Removing::Finished(_) => {}
+                Removing::Confirming(confirming) => {
+                    let next = age.get(i + 1).filter(|_| !cx.cancel.is_cancelled());
+                    rechecked = self.confirm(confirming, next, false, cx).await;
+                }
+            }
+        }
+        Ok(ControlFlow::Continue(()))
     }
 
     /// The space pass: when [`SpaceTarget::due`], the walk over the space
     /// candidates (see [`crate::policy::Walk`]), each removal re-measured.
-    // Long on purpose: measuring, the outlook, and the loop that drives the
-    // walk with removals and readings read best in one place; the stopping
-    // rule itself is the policy's (`Walk`).
-    async fn space_pass(
-        &mut self,
-        cycle: &CyclePlan<'_>,
-        snapshot: &Snapshot,
-        disk: &Disk,
-        cancel: &CancellationToken,
-        report: &mut CycleReport,
-    ) -> Result<(), CycleError> {
+    async fn space_pass(&mut self, cycle: &CyclePlan<'_>, cx: &mut CycleContext<'_>) -> Result<(), CycleError> {
+        let disk = cx.disk;
         let stats = match disk.measure() {
             Ok(stats) => stats,
             Err(err) => {
@@ -186,16 +190,17 @@ impl<R: Runtime> Collector<R> {
                 return Err(CycleError::Filesystem(err));
             }
         };
-        report.before.get_or_insert(stats);
-        report.after = Some(stats);
+        cx.report.before.get_or_insert(stats);
+        cx.report.after = Some(stats);
         let target = self.policy.target;
         self.publish_usage(&target, &stats);
         self.check_eviction_threshold(&stats);
         // In dry run the age removals were only counted: what they would
         // have freed (by the images that passed their re-check) counts
         // first, and the walk goes by the estimate.
-        let age = if report.dry_run {
-            let would_free = report
+        let age = if cx.report.dry_run {
+            let would_free = cx
+                .report
                 .removed
                 .iter()
                 .filter(|r| r.reason == Reason::Age)
@@ -204,7 +209,7 @@ impl<R: Runtime> Collector<R> {
         } else {
             AgePass::Removed
         };
-        let Some(pass) = cycle.space(stats, age, self.footprint, disk.image_bytes) else {
+        let Some(pass) = cycle.space(stats, age, self.inventory.footprint, disk.image_bytes) else {
             self.sinks.emit(&Event::SpacePassNotDue {
                 usage_percent: stats.usage_percent(),
                 high: target.high_percent(),
@@ -212,16 +217,50 @@ impl<R: Runtime> Collector<R> {
             self.note_outlook(None);
             return Ok(());
         };
-        report.space_pass = true;
+        cx.report.space_pass = true;
         self.note_outlook(Some(pass.outlook));
-        report.space_unreachable = self.thrash.unreachable();
+        cx.report.space_unreachable = self.remover.thrash.unreachable();
         self.sinks.emit(&Event::SpacePassStarted {
             stats: &stats,
             high: target.high_percent(),
             low: target.low_percent(),
             to_free: pass.to_free,
         });
-        let mut walk = pass.walk;
+        let Some(walk) = self.walk(pass.walk, cx).await? else {
+            return Ok(());
+        };
+        let stats = walk.stats();
+        cx.report.after = Some(stats);
+        self.publish_usage(&target, &stats);
+        if walk.reached() {
+            // Images brought usage to low after all: whatever the outlook
+            // said, the episode is over.
+            self.note_outlook(None);
+            cx.report.space_unreachable = None;
+        } else {
+            self.look_again_at = Some(tokio::time::Instant::now() + cycle.look_again(self.config.gc.interval, false));
+            let freed = cx
+                .report
+                .before
+                .map_or(0, |b| stats.available().saturating_sub(b.available()));
+            cx.report.outcome = Outcome::LowNotReached {
+                freed_bytes: freed,
+                remaining_bytes: walk.remaining(),
+            };
+        }
+        Ok(())
+    }
+
+    /// Drives the space walk: each candidate it names removed and the
+    /// filesystem measured after it (by the estimate while the walk goes by
+    /// it), the next candidate re-checked beside each removal's confirming
+    /// look. The walk where it stopped; `None` at shutdown.
+    async fn walk<'w, 'a>(
+        &mut self,
+        mut walk: Walk<'w, 'a>,
+        cx: &mut CycleContext<'_>,
+    ) -> Result<Option<Walk<'w, 'a>>, CycleError> {
+        let (disk, cancel) = (cx.disk, cx.cancel);
         let now = self.clock.now();
         // The re-check of the candidate it names, made ahead of time.
         let mut rechecked: Option<(&str, Ahead)> = None;
@@ -240,27 +279,17 @@ impl<R: Runtime> Collector<R> {
             match step {
                 WalkStep::Remove(candidate) => {
                     if cancel.is_cancelled() {
-                        report.outcome = Outcome::Interrupted;
-                        return Ok(());
+                        cx.report.outcome = Outcome::Interrupted;
+                        return Ok(None);
                     }
                     let ahead = rechecked.take().map(|(_, r)| r);
-                    let step = match self.remove(candidate, ahead, snapshot, disk, cancel, report).await? {
+                    let step = match self.remove(candidate, ahead, cx).await? {
                         Removing::Finished(step) => step,
                         Removing::Confirming(confirming) => {
-                            // The candidate the walk goes on to if the
-                            // space back as the call returned is all.
-                            let mut peek = walk.clone();
-                            peek.removed(confirming.size(), Some(confirming.first()));
-                            let next = loop {
-                                match peek.next(|c| self.holds_back(now, c)) {
-                                    WalkStep::Remove(c) => break Some(c),
-                                    WalkStep::HoldBack(_) => {}
-                                    WalkStep::Done | WalkStep::LowNotReached { .. } => break None,
-                                }
-                            }
-                            .filter(|_| !cancel.is_cancelled());
+                            let next = next_if_all_back(&walk, &confirming, |c| self.holds_back(now, c))
+                                .filter(|_| !cancel.is_cancelled());
                             rechecked = self
-                                .confirm(confirming, next, true, snapshot, disk, report)
+                                .confirm(confirming, next, true, cx)
                                 .await
                                 .zip(next)
                                 .map(|(r, c)| (c.id, r));
@@ -284,38 +313,21 @@ impl<R: Runtime> Collector<R> {
                 }
                 WalkStep::HoldBack(candidate) => {
                     self.sinks.emit(&Event::HeldBack(candidate.id));
-                    report.held_back.push(candidate.id.to_string());
+                    cx.report.held_back.push(candidate.id.to_string());
                 }
                 WalkStep::Done | WalkStep::LowNotReached { .. } => break,
             }
         }
-        let stats = walk.stats();
-        report.after = Some(stats);
-        self.publish_usage(&target, &stats);
-        if walk.reached() {
-            // Images brought usage to low after all: whatever the outlook
-            // said, the episode is over.
-            self.note_outlook(None);
-            report.space_unreachable = None;
-        } else {
-            self.look_again_at = Some(tokio::time::Instant::now() + cycle.look_again(self.config.gc.interval, false));
-            let freed = report
-                .before
-                .map_or(0, |b| stats.available().saturating_sub(b.available()));
-            report.outcome = Outcome::LowNotReached {
-                freed_bytes: freed,
-                remaining_bytes: walk.remaining(),
-            };
-        }
-        Ok(())
+        Ok(Some(walk))
     }
 
     /// Whether the space walk leaves `candidate` alone at `now`: imagegc
     /// removed it within `gc.thrash_window` while images cannot bring usage
     /// to low.
     fn holds_back(&self, now: std::time::SystemTime, candidate: &Candidate<'_>) -> bool {
-        self.thrash.unreachable().is_some()
+        self.remover.thrash.unreachable().is_some()
             && self
+                .remover
                 .thrash
                 .removed_recently(now, self.config.gc.thrash_window, candidate.id, candidate.digests)
     }
@@ -326,7 +338,7 @@ impl<R: Runtime> Collector<R> {
         if let Some((outlook, first_after)) = outlook.and_then(|o| Some((o, o.reached_once_aged()?))) {
             self.sinks.emit(&Event::SpaceReachedOnceAged { outlook, first_after });
         }
-        if let Some(change) = self.thrash.note_outlook(outlook) {
+        if let Some(change) = self.remover.thrash.note_outlook(outlook) {
             self.sinks.emit(&Event::SpaceUnreachable {
                 outlook: change,
                 thrash_window: self.config.gc.thrash_window,
@@ -361,5 +373,23 @@ impl<R: Runtime> Collector<R> {
             stats,
             due: target.due(stats),
         });
+    }
+}
+
+/// The candidate `walk` goes on to after the removal `confirming` is
+/// finishing, if the space back as its call returned is all it frees.
+fn next_if_all_back<'w, 'a>(
+    walk: &Walk<'w, 'a>,
+    confirming: &Confirming,
+    hold_back: impl Fn(&Candidate<'a>) -> bool,
+) -> Option<&'w Candidate<'a>> {
+    let mut peek = walk.clone();
+    peek.removed(confirming.size(), Some(confirming.first()));
+    loop {
+        match peek.next(&hold_back) {
+            WalkStep::Remove(c) => return Some(c),
+            WalkStep::HoldBack(_) => {}
+            WalkStep::Done | WalkStep::LowNotReached { .. } => return None,
+        }
     }
 }

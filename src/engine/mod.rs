@@ -18,29 +18,31 @@
 //!   sink's business, not the engine's.
 //! - [`report`]: what a cycle did ([`CycleReport`]).
 //!
-//! [`Collector`] holds what they share: the runtime, the configuration,
-//! the records and the state directory.
+//! - `inventory`: what the node holds as the listings found it (the
+//!   records and their saves, the image filesystem, the sandbox image, the
+//!   footprint), and [`Restored`], what a collector starts from (the only
+//!   IO of a start).
+//!
+//! [`Collector`] coordinates: the runtime, the policy and the outputs, with
+//! its inventory and its `removal::Remover` (pending notes, journal,
+//! re-pull memory, the removal in flight). One cycle's removals share a
+//! `removal::CycleContext` (the listing, the disk, shutdown, the report).
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-
-use tokio::sync::watch;
-use tracing::{info, warn};
+use std::time::Duration;
 
 use crate::config::Config;
-use crate::cri::{Image, Runtime};
+use crate::cri::Runtime;
 use crate::fs::FsProbe;
 use crate::outputs::metrics::Metrics;
 use crate::policy::{DiskFootprint, GcPolicy, Protections};
 use crate::records::Records;
-use crate::store::journal::Journal;
-use crate::store::pending::Pending;
-use crate::store::state::{Loaded, StateStore};
-use crate::time::{Clock, rfc3339};
+use crate::time::Clock;
+use tokio::sync::watch;
 
 mod cycle;
 pub mod events;
+mod inventory;
 mod observe;
 mod others;
 mod removal;
@@ -52,8 +54,12 @@ mod usage;
 mod tests;
 
 pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
+use inventory::Inventory;
+pub use inventory::Restored;
+pub(crate) use inventory::load_records;
 pub use observe::{ImageFs, Observation, Observer};
 pub use removal::RemovalInFlight;
+use removal::Remover;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
 pub use usage::{Listing, Tracking, UsageTracker};
 
@@ -82,62 +88,55 @@ struct Said {
     container_fs: Option<std::path::PathBuf>,
 }
 
-/// The collector: the runtime, the records and everything a cycle touches.
+/// The collector: it coordinates the runtime, the policy and the outputs
+/// with its two parts, the [`Inventory`] (what the node holds, as the
+/// listings found it) and the [`Remover`] (this process's removals).
 pub struct Collector<R> {
     runtime: R,
     config: Arc<Config>,
     /// The policy of `config`, made when it came (its keep rules compiled once).
     policy: Arc<GcPolicy>,
-    /// Shared with a save in progress only: the save is awaited before the
-    /// records change again, so `Arc::make_mut` never copies them (a copy
-    /// of 100,000 records would double their memory for the save).
-    records: Arc<Records>,
-    store: StateStore,
-    journal: Journal,
-    pending: Pending,
     probe: Arc<dyn FsProbe>,
     metrics: Arc<Metrics>,
     sinks: Sinks,
     clock: Clock,
-    observer: observe::Observer,
-    thrash: thrash::Thrash,
+    inventory: Inventory,
+    remover: Remover,
     said: Said,
-    /// Images of the last listing, to resolve container references between cycles.
-    last_images: Vec<Image>,
-    /// When the records were last saved by this process.
-    last_saved: Option<SystemTime>,
-    /// The removal in flight: shutdown waits for it, and for nothing else.
-    in_flight: RemovalInFlight,
-    /// What an image takes on disk per reported byte, from the runtime's
-    /// name and this process's measured removals.
-    footprint: DiskFootprint,
-    /// Whether the runtime's name was learnt (for [`DiskFootprint`]).
-    runtime_named: bool,
-    /// Why the measured filesystem is not the runtime's image filesystem,
-    /// while it is not (see [`ImageFs::mismatch`]): no space pass runs.
-    image_fs_mismatch: Option<String>,
-    /// The image filesystem as the last listing found it, when it can be
-    /// trusted: what [`Collector::check_usage`] measures between cycles.
-    disk_path: Option<PathBuf>,
     /// Keep rules from outside the listing (pods bound to this node), the
     /// latest of which is read at each plan and each re-check.
     protections: watch::Receiver<Arc<Protections>>,
-    /// Why `Status` failed while no sandbox image was known yet: the sandbox
-    /// image cannot be told from an unused image then, so nothing is removed.
-    sandbox_unknown: Option<String>,
     /// When the last cycle ended above low: when the next one comes
     /// ([`crate::policy::CyclePlan::look_again`]).
     look_again_at: Option<tokio::time::Instant>,
-    /// Images a listing omitted, not yet known removed by someone else.
-    others: others::Unconfirmed,
 }
 
 impl<R: Runtime> Collector<R> {
-    /// Creates a collector and loads the records from the state directory.
-    pub fn new(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
-        let store = StateStore::new(&config.state.dir);
+    /// Loads what a collector starts from from the state directory of
+    /// `config` (see [`Restored`]), then creates it.
+    pub fn load(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
+        let restored = Restored::load(&config.state.dir, &clock, config.gc.interval, config.gc.thrash_window);
+        Self::new(runtime, config, restored, probe, metrics, clock)
+    }
+
+    /// Creates a collector from what was loaded: no IO.
+    pub fn new(
+        runtime: R,
+        config: Arc<Config>,
+        restored: Restored,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> Self {
         let sinks = Sinks::standard(&metrics);
-        let (records, last_success) = load_records(&store, &clock, config.gc.interval);
+        let Restored {
+            records,
+            last_success,
+            store,
+            journal,
+            pending,
+            recent,
+        } = restored;
         sinks.emit(&Event::HistoryLoaded { last_success });
         sinks.emit(&Event::Configured {
             dry_run: config.gc.dry_run,
@@ -145,49 +144,19 @@ impl<R: Runtime> Collector<R> {
             low: config.gc.low_threshold_percent,
             kubelet: config.kubelet,
         });
-        let journal = Journal::new(&config.state.dir);
-        let pending = Pending::load(&config.state.dir);
-        let mut collector = Collector {
+        Collector {
             runtime,
             policy: Arc::new(GcPolicy::from(&*config)),
             config,
-            records: Arc::new(records),
-            store,
-            journal,
-            pending,
             probe,
             metrics,
             sinks,
             clock,
-            observer: observe::Observer::default(),
-            thrash: thrash::Thrash::default(),
+            inventory: Inventory::new(records, store),
+            remover: Remover::new(pending, journal, recent),
             said: Said::default(),
-            last_images: Vec::new(),
-            last_saved: None,
-            in_flight: RemovalInFlight::default(),
-            footprint: DiskFootprint::default(),
-            runtime_named: false,
-            image_fs_mismatch: None,
-            disk_path: None,
             look_again_at: None,
-            others: others::Unconfirmed::default(),
-            sandbox_unknown: None,
             protections: watch::channel(Arc::default()).1,
-        };
-        collector.seed_thrash_from_journal();
-        collector
-    }
-
-    /// Seeds thrash detection from the journal, so a re-pull right after a
-    /// restart is still noticed.
-    fn seed_thrash_from_journal(&mut self) {
-        let since = self.clock.now().checked_sub(self.config.gc.thrash_window);
-        if let Ok(entries) = self.journal.read(since) {
-            for entry in entries.into_iter().filter(|e| !e.dry_run) {
-                if let Some(at) = entry.timestamp() {
-                    self.thrash.remember(at, entry.image, entry.digests);
-                }
-            }
         }
     }
 
@@ -240,7 +209,7 @@ impl<R: Runtime> Collector<R> {
 
     /// The per-image records as of the last listing (saved to the state file).
     pub fn records(&self) -> &Records {
-        &self.records
+        &self.inventory.records
     }
 
     /// The runtime the collector talks to.
@@ -260,13 +229,13 @@ impl<R: Runtime> Collector<R> {
 
     /// The removal in flight, as it goes (see [`crate::daemon`]'s shutdown).
     pub fn removal_in_flight(&self) -> RemovalInFlight {
-        self.in_flight.clone()
+        self.remover.in_flight.clone()
     }
 
     /// Why the measured filesystem is not the runtime's image filesystem,
     /// as the last listing found it.
     pub fn image_fs_mismatch(&self) -> Option<&str> {
-        self.image_fs_mismatch.as_deref()
+        self.inventory.image_fs_mismatch.as_deref()
     }
 
     /// When the last cycle could not reach low: when the next one comes, by
@@ -281,7 +250,7 @@ impl<R: Runtime> Collector<R> {
     /// What an image takes on disk per reported byte, as this collector
     /// knows it.
     pub fn footprint(&self) -> DiskFootprint {
-        self.footprint
+        self.inventory.footprint
     }
 
     /// Measures the image filesystem between cycles (statvfs: no call to
@@ -289,7 +258,7 @@ impl<R: Runtime> Collector<R> {
     /// due; `None` when there is nothing to measure yet, or the measurement
     /// failed (the next cycle reports it).
     pub fn check_usage(&self) -> Option<bool> {
-        let path = self.disk_path.as_ref()?;
+        let path = self.inventory.disk_path.as_ref()?;
         let stats = self.probe.stats(path).ok()?;
         let due = self.policy.target.due(&stats);
         self.sinks.emit(&Event::Usage { stats: &stats, due });
@@ -299,24 +268,24 @@ impl<R: Runtime> Collector<R> {
     /// Saves the records; a failure is logged, never fatal: the collector
     /// goes on and tries again at the next save.
     pub async fn save(&mut self) {
-        let store = self.store.clone();
-        let records = Arc::clone(&self.records);
+        let store = self.inventory.store.clone();
+        let records = Arc::clone(&self.inventory.records);
         let now = self.clock.now();
         let last_success = self.metrics.last_success();
         let result =
             tokio::task::spawn_blocking(move || store.save_with_last_success(&records, now, last_success)).await;
         match result {
             Ok(Ok(())) => {
-                self.sinks.emit(&Event::Saved(Ok(self.records.len())));
-                Arc::make_mut(&mut self.records).saved();
-                self.last_saved = Some(now);
+                self.sinks.emit(&Event::Saved(Ok(self.inventory.records.len())));
+                Arc::make_mut(&mut self.inventory.records).saved();
+                self.inventory.last_saved = Some(now);
             }
             Ok(Err(err)) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
             Err(err) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
         }
         // For `plan` and `images`: the containers and pods they need not
         // ask about (best effort).
-        if let Some(known) = self.observer.learnt() {
+        if let Some(known) = self.inventory.observer.learnt() {
             let dir = self.config.state.dir.clone();
             match tokio::task::spawn_blocking(move || known.write(&dir)).await {
                 Ok(Ok(())) => {}
@@ -335,55 +304,10 @@ impl<R: Runtime> Collector<R> {
     /// side, age removals after a crash coming up to [`STATE_REFRESH`]
     /// late. A clean shutdown always saves.
     async fn save_if_due(&mut self) {
-        let now = self.clock.now();
-        let stale = self
-            .last_saved
-            .is_none_or(|at| now.duration_since(at).map_or(true, |d| d >= STATE_REFRESH));
-        if self.records.changed() || stale {
+        if self.inventory.save_due(self.clock.now()) {
             self.save().await;
         } else {
             tracing::debug!("records unchanged but for last-used times: state save skipped");
-        }
-    }
-}
-
-/// The records of the state directory, and the last successful cycle of
-/// the process that saved them (`interval`: `gc.interval`).
-pub(crate) fn load_records(store: &StateStore, clock: &Clock, interval: Duration) -> (Records, Option<SystemTime>) {
-    match store.load(clock.now(), interval) {
-        Loaded::Fresh => {
-            info!(path = %store.path().display(), "no state file: starting with no history");
-            (Records::new(), None)
-        }
-        Loaded::Records {
-            records,
-            saved_at,
-            last_success,
-        } => {
-            info!(
-                path = %store.path().display(),
-                records = records.len(),
-                saved_at = %rfc3339(saved_at),
-                "loaded image history"
-            );
-            (records, last_success)
-        }
-        Loaded::Corrupt { reason, .. } if store.is_read_only() => {
-            warn!(
-                path = %store.path().display(),
-                %reason,
-                "state file is corrupt: left where it is (this command writes nothing), planning with no history"
-            );
-            (Records::new(), None)
-        }
-        Loaded::Corrupt { reason, moved_to } => {
-            warn!(
-                path = %store.path().display(),
-                %reason,
-                moved_to = %moved_to.as_ref().map_or("(could not be moved)".to_string(), |p| p.display().to_string()),
-                "state file is corrupt: set aside, starting with no history (no age-based removal until max age has passed)"
-            );
-            (Records::new(), None)
         }
     }
 }

@@ -52,13 +52,19 @@ impl<R: Runtime> Collector<R> {
         asked: &HashSet<String>,
     ) {
         let now = self.clock.now();
-        let pending_now: HashSet<&str> = self.pending.entries().iter().map(|p| p.entry.image.as_str()).collect();
+        let pending_now: HashSet<&str> = self
+            .remover
+            .pending
+            .entries()
+            .iter()
+            .map(|p| p.entry.image.as_str())
+            .collect();
         let fresh: Vec<(Unlisted, SystemTime)> = unlisted
             .iter()
             .filter(|u| !asked.contains(&u.id) && !pending_now.contains(u.id.as_str()))
             .map(|u| (u.clone(), now))
             .collect();
-        let watch = &mut self.others.images;
+        let watch = &mut self.remover.others.images;
         watch.extend(fresh);
         if watch.is_empty() {
             return;
@@ -84,15 +90,15 @@ impl<R: Runtime> Collector<R> {
             match seen_by_status(&answer) {
                 // Asked again after the others waiting.
                 Seen::Unsure => {
-                    if let Some(place) = self.others.images.iter().position(|(u, _)| &u.id == id) {
-                        let unsure = self.others.images.remove(place);
-                        self.others.images.push(unsure);
+                    if let Some(place) = self.remover.others.images.iter().position(|(u, _)| &u.id == id) {
+                        let unsure = self.remover.others.images.remove(place);
+                        self.remover.others.images.push(unsure);
                     }
                 }
-                Seen::There => self.others.images.retain(|(u, _)| &u.id != id),
+                Seen::There => self.remover.others.images.retain(|(u, _)| &u.id != id),
                 Seen::Gone => {
-                    if let Some(place) = self.others.images.iter().position(|(u, _)| &u.id == id) {
-                        gone.push(self.others.images.remove(place).0);
+                    if let Some(place) = self.remover.others.images.iter().position(|(u, _)| &u.id == id) {
+                        gone.push(self.remover.others.images.remove(place).0);
                     }
                 }
             }
@@ -102,7 +108,7 @@ impl<R: Runtime> Collector<R> {
             return;
         }
         for image in &gone {
-            Arc::make_mut(&mut self.records).remove(&image.id, now);
+            Arc::make_mut(&mut self.inventory.records).remove(&image.id, now);
         }
         self.sinks.emit(&Event::RemovedByOthers { images: &gone, at: now });
     }
@@ -113,7 +119,7 @@ impl<R: Runtime> Collector<R> {
         let Some(since) = gone.iter().map(|u| u.first_seen).min() else {
             return gone;
         };
-        let journal = self.journal.clone();
+        let journal = self.remover.journal.clone();
         let since = since.checked_sub(std::time::Duration::from_secs(1));
         // A journal that cannot be read leaves the doubt: nothing counted.
         let Some(entries) = tokio::task::spawn_blocking(move || journal.read(since))
@@ -141,6 +147,7 @@ impl<R: Runtime> Collector<R> {
     /// whose outcome was unknown, is pending for it.
     pub(super) fn candidate_gone(&self, id: &str, tags: &crate::cri::Names, size: u64, first_seen: SystemTime) {
         let asked_earlier = self
+            .remover
             .pending
             .entries()
             .iter()

@@ -33,11 +33,20 @@ use crate::fs::{FsError, FsProbe, FsStats};
 use crate::model::{Reason, Removal};
 use crate::policy::{Candidate, KeepReason, Uses};
 use crate::records::History;
-use crate::store::journal::JournalEntry;
-use crate::store::pending::{Seen, Settled};
+use crate::store::journal::{Journal, JournalEntry};
+use crate::store::pending::{Pending, Seen, Settled};
 
 use super::report::{CycleError, CycleReport};
 use super::{Collector, Event};
+
+/// What every removal of one cycle works with: the cycle's listing, its
+/// image filesystem, shutdown, and the report the removals go to.
+pub(super) struct CycleContext<'a> {
+    pub(super) snapshot: &'a Snapshot,
+    pub(super) disk: &'a Disk,
+    pub(super) cancel: &'a CancellationToken,
+    pub(super) report: &'a mut CycleReport,
+}
 
 /// What became of one candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,6 +238,40 @@ impl Disk {
     }
 }
 
+/// This process's removals: the pending notes written before each call,
+/// the journal they end in, the one in flight, the memory of recent ones
+/// (re-pulls), and images a listing omitted that no removal of this
+/// process explains yet.
+pub(super) struct Remover {
+    pub(super) pending: Pending,
+    pub(super) journal: Journal,
+    pub(super) thrash: super::thrash::Thrash,
+    /// The removal in flight: shutdown waits for it, and for nothing else.
+    pub(super) in_flight: RemovalInFlight,
+    /// Images a listing omitted, not yet known removed by someone else.
+    pub(super) others: super::others::Unconfirmed,
+}
+
+impl Remover {
+    /// `recent`: the journal's removals within the thrash window, so that a
+    /// re-pull right after a restart is still noticed.
+    pub(super) fn new(pending: Pending, journal: Journal, recent: Vec<JournalEntry>) -> Self {
+        let mut thrash = super::thrash::Thrash::default();
+        for entry in recent {
+            if let Some(at) = entry.timestamp() {
+                thrash.remember(at, entry.image, entry.digests);
+            }
+        }
+        Remover {
+            pending,
+            journal,
+            thrash,
+            in_flight: RemovalInFlight::default(),
+            others: super::others::Unconfirmed::default(),
+        }
+    }
+}
+
 /// The one removal in flight, shared with the daemon's shutdown (which
 /// waits for it, and names its image when it gives up): the image whose
 /// removal is under way, from the `RemoveImage` call until the removal is
@@ -267,12 +310,8 @@ impl<R: Runtime> Collector<R> {
     /// check could not be made.
     ///
     /// [`Rules::why_kept`]: crate::policy::Rules::why_kept
-    async fn recheck(
-        &mut self,
-        candidate: &Candidate<'_>,
-        snapshot: &Snapshot,
-        report: &mut CycleReport,
-    ) -> Result<Option<Image>, CycleError> {
+    async fn recheck(&mut self, candidate: &Candidate<'_>, cx: &mut CycleContext<'_>) -> Rechecked {
+        let snapshot = cx.snapshot;
         let images = &snapshot.images;
         self.sinks.emit(&Event::Rechecking(candidate.id));
         let recheck_error = |what, source| CycleError::Recheck {
@@ -284,7 +323,7 @@ impl<R: Runtime> Collector<R> {
         // container is created only from an image already pulled (and
         // tagged), so neither order sees more than the other.
         let (containers, current) = tokio::join!(
-            self.observer.containers(&self.runtime, images),
+            self.inventory.observer.containers(&self.runtime, images),
             self.runtime.image_status(candidate.id)
         );
         let containers = containers.map_err(|source| recheck_error("containers", source))?;
@@ -300,7 +339,7 @@ impl<R: Runtime> Collector<R> {
             .pods_naming(std::slice::from_ref(&current))
             .first()
             .map(|&(_, pod)| pod);
-        let history = self.records.get(candidate.id).map(History::of);
+        let history = self.inventory.records.get(candidate.id).map(History::of);
         let now = self.clock.now();
         let policy = Arc::clone(&self.policy);
         let why = policy
@@ -313,8 +352,8 @@ impl<R: Runtime> Collector<R> {
         if let KeepReason::InUse { containers } = &why
             && !containers.is_empty()
         {
-            Arc::make_mut(&mut self.records).mark_used([candidate.id], now);
-            report.became_in_use.push(candidate.id.to_string());
+            Arc::make_mut(&mut self.inventory.records).mark_used([candidate.id], now);
+            cx.report.became_in_use.push(candidate.id.to_string());
         }
         self.sinks.emit(&Event::Kept {
             id: candidate.id,
@@ -333,7 +372,7 @@ impl<R: Runtime> Collector<R> {
             tags: candidate.tags,
         });
         self.candidate_gone(candidate.id, candidate.tags, candidate.size, candidate.first_seen);
-        Arc::make_mut(&mut self.records).remove(candidate.id, self.clock.now());
+        Arc::make_mut(&mut self.inventory.records).remove(candidate.id, self.clock.now());
     }
 
     /// Removes one candidate after re-checking that it is not in use
@@ -355,10 +394,7 @@ impl<R: Runtime> Collector<R> {
         &mut self,
         candidate: &Candidate<'_>,
         ahead: Option<Ahead>,
-        snapshot: &Snapshot,
-        disk: &Disk,
-        cancel: &CancellationToken,
-        report: &mut CycleReport,
+        cx: &mut CycleContext<'_>,
     ) -> Result<Removing, CycleError> {
         // Noted before the re-check it relies on (the note is an fsync, and
         // nothing slow may come between the re-check and the call),
@@ -366,18 +402,18 @@ impl<R: Runtime> Collector<R> {
         // between leaves it for the next one to settle (as not done, when
         // the image is still there). A re-check made ahead was noted
         // before it was made.
-        if !report.dry_run && ahead.is_none() {
+        if !cx.report.dry_run && ahead.is_none() {
             self.note_pending(candidate);
         }
-        let checked = self.recheck_fresh(candidate, ahead, snapshot, disk, report).await;
+        let checked = self.recheck_fresh(candidate, ahead, cx).await;
         let (current, before) = match checked {
             Ok(Some(fresh)) => fresh,
             Ok(None) => {
-                self.pending.forget(candidate.id);
+                self.remover.pending.forget(candidate.id);
                 return Ok(Removing::Finished(Step::Kept));
             }
             Err(err) => {
-                self.pending.forget(candidate.id);
+                self.remover.pending.forget(candidate.id);
                 return Err(err);
             }
         };
@@ -390,17 +426,17 @@ impl<R: Runtime> Collector<R> {
             freed_bytes: None,
             first_seen: candidate.first_seen,
             last_used: candidate.last_used,
-            dry_run: report.dry_run,
+            dry_run: cx.report.dry_run,
         };
-        if report.dry_run {
-            self.removed(removal, None, report).await;
+        if cx.report.dry_run {
+            self.removed(removal, None, cx.report).await;
             return Ok(Removing::Finished(Step::Removed));
         }
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
-        let in_flight = self.in_flight.start(candidate.id);
+        let in_flight = self.remover.in_flight.start(candidate.id);
         let result = self.runtime.remove_image(candidate.id).await;
-        let (step, after) = self.outcome(candidate, result, disk, before, cancel, report).await;
+        let (step, after) = self.outcome(candidate, result, before, cx).await;
         match (step, after) {
             (Step::Removed, Some(Returned::Back { before, first })) => {
                 return Ok(Removing::Confirming(Box::new(Confirming {
@@ -414,10 +450,10 @@ impl<R: Runtime> Collector<R> {
                 // Settled, or not measured (a confirm went to the arm above).
                 let after = after.map(|(Returned::Settled(stats) | Returned::Back { first: stats, .. })| stats);
                 removal.freed_bytes = Disk::freed(before, after);
-                self.journal_removal(removal, report).await;
+                self.journal_removal(removal, cx.report).await;
             }
-            (Step::Kept, _) => self.pending.forget(candidate.id),
-            (Step::Unknown, _) => self.pending.mark_unknown(candidate.id),
+            (Step::Kept, _) => self.remover.pending.forget(candidate.id),
+            (Step::Unknown, _) => self.remover.pending.mark_unknown(candidate.id),
         }
         drop(in_flight);
         Ok(Removing::Finished(step))
@@ -440,7 +476,7 @@ impl<R: Runtime> Collector<R> {
         // Its own time, to the nanosecond: what names this removal in the
         // journal line it becomes (see `JournalEntry::asked`).
         entry.time = humantime::format_rfc3339_nanos(self.clock.now()).to_string();
-        self.pending.request(entry);
+        self.remover.pending.request(entry);
     }
 
     /// The re-check `RemoveImage` may be sent on at once: the image as the
@@ -454,16 +490,14 @@ impl<R: Runtime> Collector<R> {
         &mut self,
         candidate: &Candidate<'_>,
         mut ahead: Option<Ahead>,
-        snapshot: &Snapshot,
-        disk: &Disk,
-        report: &mut CycleReport,
+        cx: &mut CycleContext<'_>,
     ) -> Result<Option<(Image, Option<FsStats>)>, CycleError> {
         let mut age = Duration::ZERO;
         for _ in 0..RECHECK_ATTEMPTS {
             let (found, answered) = match ahead.take() {
                 Some(Ahead { found, answered }) => (found, answered),
                 None => {
-                    let found = self.recheck(candidate, snapshot, report).await;
+                    let found = self.recheck(candidate, cx).await;
                     (found, tokio::time::Instant::now())
                 }
             };
@@ -473,9 +507,9 @@ impl<R: Runtime> Collector<R> {
             let removing = Event::Removing {
                 id: candidate.id,
                 reason: candidate.reason,
-                dry_run: report.dry_run,
+                dry_run: cx.report.dry_run,
             };
-            if report.dry_run {
+            if cx.report.dry_run {
                 self.sinks.emit(&removing);
                 return Ok(Some((current, None)));
             }
@@ -488,8 +522,8 @@ impl<R: Runtime> Collector<R> {
             // slow between its answer and the call: on that path only, a
             // process killed during the re-check leaves a note that may
             // claim an image someone else removes before the next start.
-            self.pending.sending(candidate.id);
-            let before = disk.measure().ok();
+            self.remover.pending.sending(candidate.id);
+            let before = cx.disk.measure().ok();
             age = answered.elapsed();
             if age <= RECHECK_FRESH {
                 // Said only of a removal that is sent (a debug line).
@@ -535,20 +569,19 @@ impl<R: Runtime> Collector<R> {
         confirming: Box<Confirming>,
         next: Option<&Candidate<'_>>,
         decides: bool,
-        snapshot: &Snapshot,
-        disk: &Disk,
-        report: &mut CycleReport,
+        cx: &mut CycleContext<'_>,
     ) -> Option<Ahead> {
         let (before, first) = (confirming.before, confirming.first);
+        let disk = cx.disk;
         let (after, ahead) = match next {
             None => (disk.confirm(before, first).await, None),
             Some(next) => {
                 // Noted before its re-check, as in [`Collector::remove`].
-                if !report.dry_run {
+                if !cx.report.dry_run {
                     self.note_pending(next);
                 }
                 let ahead = tokio::time::timeout(RECHECK_AHEAD_LIMIT, async {
-                    let found = self.recheck(next, snapshot, report).await;
+                    let found = self.recheck(next, cx).await;
                     Ahead {
                         found,
                         answered: tokio::time::Instant::now(),
@@ -567,7 +600,7 @@ impl<R: Runtime> Collector<R> {
             mut removal, in_flight, ..
         } = *confirming;
         removal.freed_bytes = Disk::freed(Some(before), after.ok());
-        self.journal_removal(removal, report).await;
+        self.journal_removal(removal, cx.report).await;
         drop(in_flight);
         if ahead.is_none()
             && let Some(next) = next
@@ -582,14 +615,14 @@ impl<R: Runtime> Collector<R> {
     /// A re-check made ahead for `id` that no removal will use (the walk
     /// ended, or went on to another candidate): its pending note goes.
     pub(super) fn drop_ahead(&mut self, id: &str) {
-        self.pending.forget(id);
+        self.remover.pending.forget(id);
     }
 
     /// A removal made, measured: what it freed teaches the footprint, and
     /// it is journaled.
     async fn journal_removal(&mut self, removal: Removal, report: &mut CycleReport) {
         if let Some(freed) = removal.freed_bytes {
-            self.footprint.learn(removal.size, freed);
+            self.inventory.footprint.learn(removal.size, freed);
         }
         self.removed(removal, None, report).await;
     }
@@ -602,11 +635,10 @@ impl<R: Runtime> Collector<R> {
         &mut self,
         candidate: &Candidate<'_>,
         result: Result<Removed, RuntimeError>,
-        disk: &Disk,
         before: Option<FsStats>,
-        cancel: &CancellationToken,
-        report: &mut CycleReport,
+        cx: &mut CycleContext<'_>,
     ) -> (Step, Option<Returned>) {
+        let (disk, cancel) = (cx.disk, cx.cancel);
         let step = match result {
             Ok(Removed::AlreadyGone) => {
                 self.gone_already(candidate);
@@ -623,7 +655,7 @@ impl<R: Runtime> Collector<R> {
                         endpoint: self.runtime.endpoint(),
                         first,
                     });
-                    report.failed.push((
+                    cx.report.failed.push((
                         candidate.id.to_string(),
                         "RemoveImage answered OK, but the image is still listed".to_string(),
                     ));
@@ -651,7 +683,7 @@ impl<R: Runtime> Collector<R> {
                         reason: candidate.reason,
                         error: &error,
                     });
-                    report.failed.push((candidate.id.to_string(), error));
+                    cx.report.failed.push((candidate.id.to_string(), error));
                     Step::Kept
                 }
                 None => {
@@ -660,7 +692,7 @@ impl<R: Runtime> Collector<R> {
                         id: candidate.id,
                         error: &error,
                     });
-                    report.unsettled.push(candidate.id.to_string());
+                    cx.report.unsettled.push(candidate.id.to_string());
                     Step::Unknown
                 }
             },
@@ -698,7 +730,7 @@ impl<R: Runtime> Collector<R> {
     /// its record dropped and its image remembered for re-pulls; and, in a
     /// cycle, added to the report.
     pub(super) async fn removed(&mut self, removal: Removal, note: Option<&str>, report: &mut CycleReport) {
-        let asked = self.pending.asked(&removal.id).filter(|_| !removal.dry_run);
+        let asked = self.remover.pending.asked(&removal.id).filter(|_| !removal.dry_run);
         self.account(&removal, note, asked).await;
         report.removed.push(removal);
     }
@@ -710,15 +742,16 @@ impl<R: Runtime> Collector<R> {
         let mut entry = JournalEntry::from_removal(removal, self.clock.now());
         entry.note = note.map(str::to_string);
         entry.asked = asked;
-        let journal = self.journal.clone();
+        let journal = self.remover.journal.clone();
         // File IO stays off the runtime's thread (metrics and health answer
         // from it); awaited, so the journal keeps the removals' order.
         let _ = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
         if !removal.dry_run {
-            Arc::make_mut(&mut self.records).remove(&removal.id, self.clock.now());
-            self.thrash
+            Arc::make_mut(&mut self.inventory.records).remove(&removal.id, self.clock.now());
+            self.remover
+                .thrash
                 .remember(self.clock.now(), removal.id.clone(), removal.digests.clone());
-            self.pending.journaled(&removal.id);
+            self.remover.pending.journaled(&removal.id);
         }
     }
 
@@ -730,7 +763,7 @@ impl<R: Runtime> Collector<R> {
     /// it still finds is still there (the listing was partial), and one it
     /// cannot answer about stays unsure. See [`crate::store::pending`].
     pub(super) async fn settle_pending(&mut self, images: &[Image]) {
-        if self.pending.entries().is_empty() {
+        if self.remover.pending.entries().is_empty() {
             return;
         }
         let listed: crate::collections::HashMap<&str, ()> = images.iter().map(|i| (i.id.as_str(), ())).collect();
@@ -738,7 +771,7 @@ impl<R: Runtime> Collector<R> {
         let asked = if images.is_empty() {
             Vec::new()
         } else {
-            self.pending.next_to_ask(listed, PENDING_ASKED_PER_LISTING)
+            self.remover.pending.next_to_ask(listed, PENDING_ASKED_PER_LISTING)
         };
         let answers = futures_util::future::join_all(asked.iter().map(|id| self.runtime.image_status(id))).await;
         let answered: crate::collections::HashMap<&str, Seen> = asked
@@ -753,7 +786,7 @@ impl<R: Runtime> Collector<R> {
                 answered.get(id).copied().unwrap_or(Seen::Unsure)
             }
         };
-        let settled = self.pending.settle(images.is_empty(), self.clock.now(), seen);
+        let settled = self.remover.pending.settle(images.is_empty(), self.clock.now(), seen);
         for (pending, how) in settled {
             let entry = pending.entry;
             self.sinks.emit(&Event::PendingSettled {
@@ -771,7 +804,7 @@ impl<R: Runtime> Collector<R> {
             } else if self.journaled_already(&entry).await {
                 // The process before journaled it and ended before it could
                 // forget the note (forgetting is not synced): once is enough.
-                self.pending.journaled(&entry.image);
+                self.remover.pending.journaled(&entry.image);
                 continue;
             } else {
                 "completed after shutdown"
@@ -807,7 +840,7 @@ impl<R: Runtime> Collector<R> {
         let since = entry
             .timestamp()
             .and_then(|t| t.checked_sub(std::time::Duration::from_secs(1)));
-        let journal = self.journal.clone();
+        let journal = self.remover.journal.clone();
         let (image, asked) = (entry.image.clone(), entry.time.clone());
         tokio::task::spawn_blocking(move || {
             journal.read(since).is_ok_and(|lines| {

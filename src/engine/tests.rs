@@ -4,11 +4,14 @@ use super::*;
 use crate::cri::{Container, Image, ImageFsUsage, Removed, RuntimeError, RuntimeStatus, RuntimeVersion};
 use crate::fs::{FsError, FsStats};
 use crate::policy::Reason;
+use crate::records::Records;
+use crate::store::journal::Journal;
+use crate::store::state::{Loaded, StateStore};
 use removal::{Disk, SETTLE_CONFIRM, SETTLE_STEP, SETTLE_TIMEOUT, removal_of};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 /// A runtime and a disk in one: removing an image gives back the bytes
@@ -306,6 +309,15 @@ fn image(id: &str, size: u64) -> Image {
 }
 
 fn collector(sim: &SimHandle, configure: impl FnOnce(&mut Config)) -> (Collector<SimHandle>, tempfile::TempDir) {
+    collector_with_history(sim, configure, Records::new())
+}
+
+/// A collector that starts from `records`, as if its state file held them.
+fn collector_with_history(
+    sim: &SimHandle,
+    configure: impl FnOnce(&mut Config),
+    records: Records,
+) -> (Collector<SimHandle>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
     config.gc.high_threshold_percent = 90;
@@ -313,14 +325,47 @@ fn collector(sim: &SimHandle, configure: impl FnOnce(&mut Config)) -> (Collector
     config.gc.min_age = Duration::ZERO;
     config.state.dir = dir.path().to_path_buf();
     configure(&mut config);
+    let clock = Clock::starting_at(SystemTime::now() - Duration::from_secs(3600));
+    let restored = Restored::load(dir.path(), &clock, config.gc.interval, config.gc.thrash_window);
     let c = Collector::new(
         sim.clone(),
         Arc::new(config),
+        restored.with_records(records),
         Arc::new(sim.clone()),
         Arc::new(Metrics::new()),
-        Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)),
+        clock,
     );
     (c, dir)
+}
+
+/// The next process, as [`next_process`], started now from `records` (as
+/// if its state file held them).
+fn next_process_with_history(c: &Collector<SimHandle>, records: Records) -> Collector<SimHandle> {
+    let sim = c.runtime().clone();
+    let config = Arc::clone(c.config());
+    let clock = *c.clock();
+    let restored = Restored::load(&config.state.dir, &clock, config.gc.interval, config.gc.thrash_window);
+    Collector::new(
+        sim.clone(),
+        config,
+        restored.with_records(records),
+        Arc::new(sim),
+        Arc::new(Metrics::new()),
+        clock,
+    )
+}
+
+/// The next process on the same node, configuration and state directory
+/// (after `c` was killed or stopped), its clock starting at `clock`.
+fn next_process(c: &Collector<SimHandle>, clock: Clock) -> Collector<SimHandle> {
+    let sim = c.runtime().clone();
+    Collector::load(
+        sim.clone(),
+        Arc::clone(c.config()),
+        Arc::new(sim),
+        Arc::new(Metrics::new()),
+        clock,
+    )
 }
 
 async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
@@ -440,7 +485,7 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
         (s.capacity, s.available) = (1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
-    let path = c.store.path().to_path_buf();
+    let path = c.inventory.store.path().to_path_buf();
     let read = || std::fs::read(&path).expect("the state file");
     cycle(&mut c).await;
     let first = read();
@@ -452,19 +497,15 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     cycle(&mut c).await;
     let second = read();
     assert_ne!(second, first);
-    match StateStore::new(c.store.dir()).load(c.clock.now(), Duration::from_secs(300)) {
+    match StateStore::new(c.inventory.store.dir()).load(c.clock.now(), Duration::from_secs(300)) {
         Loaded::Records { records, .. } => assert!(records.get("n").is_some()),
         _ => panic!("the state file does not load"),
     }
-    // Unchanged, but the last save is as old as the refresh period.
-    c.last_saved = Some(c.clock.now() - STATE_REFRESH);
-    cycle(&mut c).await;
-    assert_ne!(read(), second);
-    // A removal is saved at once.
-    let third = read();
+    // A removal is saved at once. (The refresh of a file that only
+    // last-used times would change: `inventory::tests`.)
     sim.with(|s| s.images.retain(|i| i.id != "b"));
     cycle(&mut c).await;
-    assert_ne!(read(), third);
+    assert_ne!(read(), second);
 }
 
 fn sample(c: &Collector<SimHandle>, name: &str) -> Option<String> {
@@ -501,24 +542,13 @@ async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pa
 async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
     let sim = SimHandle::default();
     sim.with(|s| (s.capacity, s.available) = (1000, 900));
-    let (mut c, dir) = collector(&sim, |_| {});
+    let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
     assert_eq!(report.outcome, Outcome::Success);
     let before = c.metrics().last_success().expect("a success");
     c.save().await;
+    let restarted = next_process(&c, Clock::starting_at(SystemTime::now()));
     drop(c);
-
-    let restarted = Collector::new(
-        sim.clone(),
-        Arc::new({
-            let mut config = Config::default();
-            config.state.dir = dir.path().to_path_buf();
-            config
-        }),
-        Arc::new(sim.clone()),
-        Arc::new(Metrics::new()),
-        Clock::starting_at(SystemTime::now()),
-    );
     let restored = restarted
         .metrics()
         .last_success()
@@ -721,12 +751,16 @@ async fn space_still_coming_back_after_the_first_reading_ends_the_walk_before_th
     assert_eq!(report.after.unwrap().available_bytes, 250);
     assert_eq!(report.removed[0].freed_bytes, Some(200));
     // "b"'s pending note, written before its re-check ahead, went with it.
-    assert!(c.pending.entries().is_empty(), "{:?}", c.pending.entries());
+    assert!(
+        c.remover.pending.entries().is_empty(),
+        "{:?}",
+        c.remover.pending.entries()
+    );
     assert!(!_dir.path().join(crate::store::pending::FILE_NAME).exists());
 }
 
 /// Old images, unused for two hours: the age pass removes them all.
-fn old_images(sim: &SimHandle, c: &mut Collector<SimHandle>, count: usize) {
+fn old_images(sim: &SimHandle, count: usize) -> Records {
     let old = SystemTime::now() - Duration::from_secs(7200);
     let ids: Vec<String> = (0..count).map(|i| format!("old{i:02}")).collect();
     sim.with(|s| {
@@ -735,18 +769,22 @@ fn old_images(sim: &SimHandle, c: &mut Collector<SimHandle>, count: usize) {
         }
         (s.capacity, s.available) = (1000, 900);
     });
-    c.records = Arc::new(Records::from_map(
-        ids.iter().map(|id| crate::testing::history(&image(id, 10), old, old)),
-    ));
+    Records::from_map(ids.iter().map(|id| crate::testing::history(&image(id, 10), old, old)))
+}
+
+/// A collector whose age pass (max age an hour) finds `count` old images.
+fn collector_with_old_images(sim: &SimHandle, count: usize) -> (Collector<SimHandle>, tempfile::TempDir) {
+    let records = old_images(sim, count);
+    collector_with_history(sim, |c| c.gc.max_age = Duration::from_secs(3600), records)
 }
 
 /// How long (tokio's clock) a cycle takes to remove ten images, each
 /// re-check taking as long as the confirming look.
-async fn ten_removals(configure: impl FnOnce(&SimHandle, &mut Collector<SimHandle>)) -> Duration {
+async fn ten_removals(node: impl FnOnce(&SimHandle) -> Records) -> Duration {
     let sim = SimHandle::default();
     sim.with(|s| s.list_delay = SETTLE_CONFIRM);
-    let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(3600));
-    configure(&sim, &mut c);
+    let records = node(&sim);
+    let (mut c, _dir) = collector_with_history(&sim, |c| c.gc.max_age = Duration::from_secs(3600), records);
     let started = tokio::time::Instant::now();
     let report = cycle(&mut c).await;
     assert_eq!(report.removed.len(), 10, "{report:?}");
@@ -755,7 +793,7 @@ async fn ten_removals(configure: impl FnOnce(&SimHandle, &mut Collector<SimHandl
 
 #[tokio::test(start_paused = true)]
 async fn the_space_walk_confirms_each_removal_beside_the_next_candidates_recheck() {
-    let took = ten_removals(|sim, _| {
+    let took = ten_removals(|sim| {
         sim.with(|s| {
             for i in 0..12 {
                 s.unused(&format!("i{i:02}"), 200, 20);
@@ -763,6 +801,7 @@ async fn the_space_walk_confirms_each_removal_beside_the_next_candidates_recheck
             // Low (80 %) is 200 available: ten removals.
             (s.capacity, s.available) = (1000, 0);
         });
+        Records::new()
     })
     .await;
     let (delay, look) = (SETTLE_CONFIRM, SETTLE_CONFIRM);
@@ -775,7 +814,7 @@ async fn the_space_walk_confirms_each_removal_beside_the_next_candidates_recheck
 
 #[tokio::test(start_paused = true)]
 async fn the_age_pass_waits_no_look_of_its_own_but_the_last() {
-    let took = ten_removals(|sim, c| old_images(sim, c, 10)).await;
+    let took = ten_removals(|sim| old_images(sim, 10)).await;
     let (delay, look) = (SETTLE_CONFIRM, SETTLE_CONFIRM);
     // The listing, each re-check, one look.
     assert!(took <= delay * 11 + look, "{took:?}");
@@ -784,8 +823,7 @@ async fn the_age_pass_waits_no_look_of_its_own_but_the_last() {
 #[tokio::test(start_paused = true)]
 async fn the_age_pass_counts_in_full_what_comes_back_after_the_first_reading() {
     let sim = SimHandle::default();
-    let (mut c, dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(3600));
-    old_images(&sim, &mut c, 3);
+    let (mut c, dir) = collector_with_old_images(&sim, 3);
     // 10 at once, 30 more a moment later.
     sim.with(|s| {
         s.later.insert("old00".into(), 30);
@@ -801,12 +839,10 @@ async fn the_age_pass_counts_in_full_what_comes_back_after_the_first_reading() {
 /// The cycle's removals when something else writes to the image
 /// filesystem all the while and a container is created on `victim` right
 /// after its re-check made ahead (the `n`-th ListContainers) answered.
-async fn container_created_after_the_recheck_ahead(
-    configure: impl FnOnce(&SimHandle, &mut Collector<SimHandle>),
-) -> Vec<String> {
+async fn container_created_after_the_recheck_ahead(node: impl FnOnce(&SimHandle) -> Records) -> Vec<String> {
     let sim = SimHandle::default();
-    let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(3600));
-    configure(&sim, &mut c);
+    let records = node(&sim);
+    let (mut c, _dir) = collector_with_history(&sim, |c| c.gc.max_age = Duration::from_secs(3600), records);
     // The listing is the first ListContainers, the first candidate's
     // re-check the second, the second candidate's re-check ahead the third.
     sim.with(|s| {
@@ -819,7 +855,7 @@ async fn container_created_after_the_recheck_ahead(
 
 #[tokio::test(start_paused = true)]
 async fn the_age_pass_never_removes_on_a_recheck_gone_stale_while_another_writer_moves_free_space() {
-    let removed = container_created_after_the_recheck_ahead(|sim, c| old_images(sim, c, 2)).await;
+    let removed = container_created_after_the_recheck_ahead(|sim| old_images(sim, 2)).await;
     // The confirming look watched a second of moving free space: the
     // re-check of old01 made beside it went stale, and the one made again
     // right before the call sees the new container.
@@ -828,7 +864,7 @@ async fn the_age_pass_never_removes_on_a_recheck_gone_stale_while_another_writer
 
 #[tokio::test(start_paused = true)]
 async fn the_space_walk_never_removes_on_a_recheck_gone_stale_while_another_writer_moves_free_space() {
-    let removed = container_created_after_the_recheck_ahead(|sim, _| {
+    let removed = container_created_after_the_recheck_ahead(|sim| {
         sim.with(|s| {
             for i in 0..3 {
                 s.unused(&format!("old{i:02}"), 200, 100);
@@ -836,6 +872,7 @@ async fn the_space_walk_never_removes_on_a_recheck_gone_stale_while_another_writ
             // Low (80 %) is 200 available: two removals.
             (s.capacity, s.available) = (1000, 0);
         });
+        Records::new()
     })
     .await;
     assert_eq!(removed, ["old00", "old02"]);
@@ -846,8 +883,7 @@ async fn a_recheck_ahead_that_takes_too_long_is_made_again_before_the_removal() 
     let sim = SimHandle::default();
     // Slower than the limit on a re-check made ahead of time.
     sim.with(|s| s.list_delay = Duration::from_secs(1));
-    let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(3600));
-    old_images(&sim, &mut c, 2);
+    let (mut c, _dir) = collector_with_old_images(&sim, 2);
     let report = cycle(&mut c).await;
     assert_eq!(sim.removed(), ["old00", "old01"]);
     assert_eq!(report.outcome, Outcome::Success);
@@ -988,16 +1024,15 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     // Counted once, and remembered across a restart through the journal.
     cycle(&mut c).await;
     assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
-    let restarted = Collector::new(
-        sim.clone(),
-        Arc::clone(c.config()),
-        Arc::new(sim.clone()),
-        Arc::new(Metrics::new()),
-        *c.clock(),
-    );
+    let restarted = next_process(&c, *c.clock());
     let now = restarted.clock().now();
     let window = restarted.config().gc.thrash_window;
-    assert!(restarted.thrash.removed_recently(now, window, "a", &Default::default()));
+    assert!(
+        restarted
+            .remover
+            .thrash
+            .removed_recently(now, window, "a", &Default::default())
+    );
     drop(dir);
 }
 
@@ -1029,7 +1064,7 @@ async fn age_pass_runs_before_space_and_counts_by_reason() {
             usual_break: None,
         },
     );
-    c.records = Arc::new(Records::from_map(map));
+    let mut c = next_process_with_history(&c, Records::from_map(map));
     let report = cycle(&mut c).await;
     assert_eq!(sim.removed(), ["old"]);
     assert_eq!(report.removed[0].reason, Reason::Age);
@@ -1058,20 +1093,13 @@ async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted
     assert_eq!(report.unsettled, ["a"]);
     assert!(journaled(&dir).is_empty(), "not known to have happened yet");
     // SIGKILL: the process ends with nothing saved or cleaned up.
-    let config = Arc::clone(c.config());
+    let mut next = next_process(&c, Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)));
     drop(c);
     // The runtime finished the removal meanwhile.
     sim.with(|s| {
         s.images = vec![image("b", 100)];
         s.available = 900;
     });
-    let mut next = Collector::new(
-        sim.clone(),
-        config,
-        Arc::new(sim.clone()),
-        Arc::new(Metrics::new()),
-        Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)),
-    );
     cycle(&mut next).await;
     cycle(&mut next).await;
     let entries = journaled(&dir);
@@ -1112,6 +1140,7 @@ async fn a_removal_that_timed_out_and_went_is_journaled_by_the_same_process() {
 /// An earlier process asked for the removal of `id` and was killed during
 /// the call: its pending note is all that is left of it.
 fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfile::TempDir, id: &str) {
+    // Its note, then this process starting from it.
     let removal = Removal {
         id: id.to_string(),
         tags: vec![],
@@ -1130,7 +1159,7 @@ fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfi
     // Re-checked, and RemoveImage sent.
     let mut noted = crate::store::pending::Pending::load(dir.path());
     noted.sending(id);
-    c.pending = crate::store::pending::Pending::load(dir.path());
+    *c = next_process(c, *c.clock());
 }
 
 #[tokio::test]
@@ -1148,8 +1177,11 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
     assert!(dir.path().join(crate::store::pending::FILE_NAME).exists());
-    // Still there an hour later: it did not happen.
-    c.clock = Clock::starting_at(c.clock.now() + crate::store::pending::PENDING_LIMIT);
+    // Still there an hour later (the process after): it did not happen.
+    c = next_process(
+        &c,
+        Clock::starting_at(c.clock().now() + crate::store::pending::PENDING_LIMIT),
+    );
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
     assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
@@ -1324,7 +1356,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
             },
         );
     }
-    c.records = Arc::new(Records::from_map(map));
+    let mut c = next_process_with_history(&c, Records::from_map(map));
     // What `plan` shows.
     let listing = c.observe().await.unwrap();
     let (age, space) = {
@@ -1483,7 +1515,7 @@ fn after_an_earlier_process_removed_a() -> (
     });
     let (mut c, dir) = collector(&sim, |_| {});
     an_earlier_process_asked_to_remove(&mut c, &dir, "a");
-    let note = c.pending.entries()[0].entry.clone();
+    let note = c.remover.pending.entries()[0].entry.clone();
     (sim, c, dir, note)
 }
 
@@ -1508,7 +1540,7 @@ async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_ne
         Some("0"),
         "counted by the process that made it, not again"
     );
-    assert!(c.pending.entries().is_empty());
+    assert!(c.remover.pending.entries().is_empty());
 }
 
 #[tokio::test]
@@ -1647,20 +1679,13 @@ async fn removals_imagegc_asked_for_are_never_removed_by_others() {
     none_removed_by_others(&c);
     // Asked by a process killed during the call, gone by the next start.
     let (sim, mut c, dir) = a_removal_of_a_that_times_out(None).await;
-    let config = Arc::clone(c.config());
     c.save().await;
-    drop(c);
     sim.with(|s| {
         s.images.retain(|i| i.id != "a");
         s.hang_remove.clear();
     });
-    let mut next = Collector::new(
-        sim.clone(),
-        config,
-        Arc::new(sim.clone()),
-        Arc::new(Metrics::new()),
-        Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)),
-    );
+    let mut next = next_process(&c, Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)));
+    drop(c);
     cycle(&mut next).await;
     cycle(&mut next).await;
     none_removed_by_others(&next);
@@ -1760,7 +1785,7 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
         ];
         (s.capacity, s.available) = (1000 * MB, 100 * MB);
     });
-    let (mut c, _dir) = collector(&sim, configure);
+    let (c, _dir) = collector(&sim, configure);
     let now = SystemTime::now();
     let ago = |secs: u64| now - Duration::from_secs(secs);
     let history = sizes.iter().enumerate().map(|(i, &size)| {
@@ -1772,7 +1797,7 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
         crate::testing::history(&image(&i.to_string(), size), first_seen, last_used)
     });
     let map: HashMap<_, _> = history.collect();
-    c.records = Arc::new(Records::from_map(map));
+    let mut c = next_process_with_history(&c, Records::from_map(map));
     // `plan`: the cycle's plan, its space pass by the estimate.
     let listing = c.observe().await.unwrap();
     let planned: Vec<String> = {

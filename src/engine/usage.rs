@@ -40,6 +40,7 @@ impl<R: Runtime> Collector<R> {
     pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
         let config = &self.config;
         let observation = self
+            .inventory
             .observer
             .observe(
                 &self.runtime,
@@ -49,7 +50,7 @@ impl<R: Runtime> Collector<R> {
             .await;
         self.sinks.emit(&Event::RuntimeUp(observation.is_ok()));
         if observation.is_err() {
-            Arc::make_mut(&mut self.records).observation_broken();
+            Arc::make_mut(&mut self.inventory.records).observation_broken();
         }
         let Observation {
             snapshot,
@@ -59,13 +60,13 @@ impl<R: Runtime> Collector<R> {
             mounts_unread,
             footprint,
         } = observation?;
-        self.sandbox_unknown = sandbox_unknown;
-        if !self.runtime_named
+        self.inventory.sandbox_unknown = sandbox_unknown;
+        if !self.inventory.runtime_named
             && let Some(footprint) = footprint
         {
             // Measured removals raise it from here on.
-            self.runtime_named = true;
-            self.footprint = footprint;
+            self.inventory.runtime_named = true;
+            self.inventory.footprint = footprint;
         }
         self.note_image_fs(image_fs.as_ref().ok());
         self.note_sources(&snapshot, sandbox_configured_unmatched, mounts_unread.as_deref());
@@ -73,7 +74,8 @@ impl<R: Runtime> Collector<R> {
             images: &snapshot.images,
             containers: &snapshot.containers,
         });
-        let (observed, listed) = Arc::make_mut(&mut self.records).observe_snapshot(&snapshot, self.clock.now());
+        let (observed, listed) =
+            Arc::make_mut(&mut self.inventory.records).observe_snapshot(&snapshot, self.clock.now());
         self.note_listing(&observed, &snapshot.images).await;
         Ok(Listing {
             snapshot,
@@ -103,21 +105,21 @@ impl<R: Runtime> Collector<R> {
     /// answered: between cycles the poll is what notices an outage.
     pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
         // Not held beside the new listing (see the cycle).
-        self.last_images = Vec::new();
-        let listings = self.observer.list(&self.runtime).await;
+        self.inventory.last_images = Vec::new();
+        let listings = self.inventory.observer.list(&self.runtime).await;
         self.sinks.emit(&Event::RuntimeUp(listings.is_ok()));
         if listings.is_err() {
-            Arc::make_mut(&mut self.records).observation_broken();
+            Arc::make_mut(&mut self.inventory.records).observation_broken();
         }
         let (images, containers) = listings?;
         self.sinks.emit(&Event::Seen {
             images: &images,
             containers: &containers,
         });
-        let observed = Arc::make_mut(&mut self.records).observe(&images, &containers, self.clock.now());
+        let observed = Arc::make_mut(&mut self.inventory.records).observe(&images, &containers, self.clock.now());
         self.note_listing(&observed, &images).await;
         let in_use = InUse::new(&images, &containers).len();
-        self.last_images = images;
+        self.inventory.last_images = images;
         Ok(in_use)
     }
 
@@ -127,11 +129,11 @@ impl<R: Runtime> Collector<R> {
     /// A replayed event (containerd replays recent events to a new
     /// subscriber) counts at its own time, not at its arrival.
     pub fn mark_used_by_event(&mut self, event: &ContainerEvent) {
-        let ids = matching::images_named(&self.last_images, event.images.iter().map(String::as_str));
+        let ids = matching::images_named(&self.inventory.last_images, event.images.iter().map(String::as_str));
         let at = event
             .created_at
             .map_or_else(|| self.clock.now(), |stamped| self.clock.from_wall(stamped));
-        Arc::make_mut(&mut self.records).mark_used(ids, at);
+        Arc::make_mut(&mut self.inventory.records).mark_used(ids, at);
     }
 
     /// What a listing did beyond last-used times: the records' changes,
@@ -142,8 +144,12 @@ impl<R: Runtime> Collector<R> {
             images: images.len(),
         });
         let window = self.config.gc.thrash_window;
-        let unreachable = self.thrash.unreachable();
-        for repull in self.thrash.repulls(self.clock.now(), window, images, &observed.new) {
+        let unreachable = self.remover.thrash.unreachable();
+        for repull in self
+            .remover
+            .thrash
+            .repulls(self.clock.now(), window, images, &observed.new)
+        {
             self.sinks.emit(&Event::Repulled {
                 image: &images[repull.index],
                 removed_ago: repull.removed_ago,
@@ -152,8 +158,13 @@ impl<R: Runtime> Collector<R> {
             });
         }
         // The removals imagegc asked for, before settling moves them on.
-        let asked: std::collections::HashSet<String> =
-            self.pending.entries().iter().map(|p| p.entry.image.clone()).collect();
+        let asked: std::collections::HashSet<String> = self
+            .remover
+            .pending
+            .entries()
+            .iter()
+            .map(|p| p.entry.image.clone())
+            .collect();
         self.settle_pending(images).await;
         self.find_removed_by_others(&observed.unlisted, images, &asked).await;
     }
@@ -164,16 +175,16 @@ impl<R: Runtime> Collector<R> {
     fn note_image_fs(&mut self, image_fs: Option<&ImageFs>) {
         let mismatch = image_fs.and_then(|fs| fs.mismatch(self.probe.as_ref()));
         if image_fs.is_some() || mismatch.is_some() {
-            if mismatch != self.image_fs_mismatch {
+            if mismatch != self.inventory.image_fs_mismatch {
                 match &mismatch {
-                    Some(why) if self.image_fs_mismatch.is_none() => {
+                    Some(why) if self.inventory.image_fs_mismatch.is_none() => {
                         self.sinks.emit(&Event::ImageFsMismatch(Some(why)));
                     }
                     None => self.sinks.emit(&Event::ImageFsMismatch(None)),
                     Some(_) => {}
                 }
             }
-            self.image_fs_mismatch = mismatch;
+            self.inventory.image_fs_mismatch = mismatch;
         }
         let container_fs = image_fs.and_then(|fs| fs.container_fs(self.probe.as_ref()));
         self.sinks.emit(&Event::ContainerFsUsage(
@@ -191,8 +202,8 @@ impl<R: Runtime> Collector<R> {
         if image_fs.is_some() {
             self.said.container_fs = container_path;
         }
-        self.disk_path = image_fs
-            .filter(|_| self.image_fs_mismatch.is_none())
+        self.inventory.disk_path = image_fs
+            .filter(|_| self.inventory.image_fs_mismatch.is_none())
             .map(|fs| fs.path.clone())
             .filter(|p| !p.as_os_str().is_empty());
     }

@@ -46,7 +46,7 @@ pub fn collector<R: Runtime>(runtime: R, disk: &SimDisk, config: Config) -> Coll
 }
 
 pub fn collector_with_clock<R: Runtime>(runtime: R, disk: &SimDisk, config: Config, clock: Clock) -> Collector<R> {
-    Collector::new(
+    Collector::load(
         runtime,
         Arc::new(config),
         Arc::new(disk.clone()),

@@ -96,7 +96,7 @@ impl Process {
         config: &Config,
         wall: SystemTime,
     ) -> Process {
-        let mut collector = Collector::new(
+        let mut collector = Collector::load(
             node.clone(),
             Arc::new(config.clone()),
             Arc::new(node.clone()),

@@ -1,0 +1,185 @@
+//! What the node holds, as the listings found it ([`Inventory`]), and what
+//! a collector starts from ([`Restored`]: the state directory as it was
+//! found, the only IO of a start).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tracing::{info, warn};
+
+use crate::cri::Image;
+use crate::policy::DiskFootprint;
+use crate::records::Records;
+use crate::store::journal::{Journal, JournalEntry};
+use crate::store::pending::Pending;
+use crate::store::state::{Loaded, StateStore};
+use crate::time::{Clock, rfc3339};
+
+use super::observe;
+
+/// The collector's knowledge of the node: the records and their saves,
+/// the last listing, the image filesystem and the sandbox image, and what
+/// an image takes on disk.
+pub(super) struct Inventory {
+    /// Shared with a save in progress only: the save is awaited before the
+    /// records change again, so `Arc::make_mut` never copies them (a copy
+    /// of 100,000 records would double their memory for the save).
+    pub(super) records: Arc<Records>,
+    pub(super) store: StateStore,
+    /// When the records were last saved by this process.
+    pub(super) last_saved: Option<SystemTime>,
+    pub(super) observer: observe::Observer,
+    /// Images of the last listing, to resolve container references between cycles.
+    pub(super) last_images: Vec<Image>,
+    /// What an image takes on disk per reported byte, from the runtime's
+    /// name and this process's measured removals.
+    pub(super) footprint: DiskFootprint,
+    /// Whether the runtime's name was learnt (for [`DiskFootprint`]).
+    pub(super) runtime_named: bool,
+    /// Why the measured filesystem is not the runtime's image filesystem,
+    /// while it is not (see [`super::ImageFs::mismatch`]): no space pass runs.
+    pub(super) image_fs_mismatch: Option<String>,
+    /// The image filesystem as the last listing found it, when it can be
+    /// trusted: what [`super::Collector::check_usage`] measures between cycles.
+    pub(super) disk_path: Option<PathBuf>,
+    /// Why `Status` failed while no sandbox image was known yet: the sandbox
+    /// image cannot be told from an unused image then, so nothing is removed.
+    pub(super) sandbox_unknown: Option<String>,
+}
+
+impl Inventory {
+    pub(super) fn new(records: Records, store: StateStore) -> Self {
+        Inventory {
+            records: Arc::new(records),
+            store,
+            last_saved: None,
+            observer: observe::Observer::default(),
+            last_images: Vec::new(),
+            footprint: DiskFootprint::default(),
+            runtime_named: false,
+            image_fs_mismatch: None,
+            disk_path: None,
+            sandbox_unknown: None,
+        }
+    }
+}
+
+impl Inventory {
+    /// Whether the records are to be saved at `now`: something other than
+    /// the last-used times of images in use changed, or the last save by
+    /// this process is [`super::STATE_REFRESH`] old (or there was none).
+    pub(super) fn save_due(&self, now: SystemTime) -> bool {
+        let stale = self
+            .last_saved
+            .is_none_or(|at| now.duration_since(at).map_or(true, |d| d >= super::STATE_REFRESH));
+        self.records.changed() || stale
+    }
+}
+
+/// What a collector starts from: the state directory as it was found (the
+/// records and the last successful cycle of the process that saved them,
+/// the pending removals, and the journal's recent removals, which re-pulls
+/// are counted against). [`Restored::load`] is the only IO of a start:
+/// [`super::Collector::from_restored`] does none.
+pub struct Restored {
+    pub(super) records: Records,
+    /// The last successful cycle of the process that saved the records.
+    pub(super) last_success: Option<SystemTime>,
+    pub(super) store: StateStore,
+    pub(super) journal: Journal,
+    pub(super) pending: Pending,
+    /// The journal's removals (not dry runs) within the thrash window.
+    pub(super) recent: Vec<JournalEntry>,
+}
+
+impl Restored {
+    /// Loads the state directory `dir` (`interval`: `gc.interval`, which
+    /// moves last-used times forward over the time the node went
+    /// unwatched; `thrash_window`: how far back the journal's removals
+    /// count for re-pulls).
+    pub fn load(dir: &Path, clock: &Clock, interval: Duration, thrash_window: Duration) -> Self {
+        let store = StateStore::new(dir);
+        let (records, last_success) = load_records(&store, clock, interval);
+        let journal = Journal::new(dir);
+        let since = clock.now().checked_sub(thrash_window);
+        let recent = journal
+            .read(since)
+            .map(|entries| entries.into_iter().filter(|e| !e.dry_run).collect())
+            .unwrap_or_default();
+        Restored {
+            records,
+            last_success,
+            store,
+            journal,
+            pending: Pending::load(dir),
+            recent,
+        }
+    }
+
+    /// The same, with `records` in place of the ones loaded.
+    pub fn with_records(mut self, records: Records) -> Self {
+        self.records = records;
+        self
+    }
+}
+
+/// The records of the state directory, and the last successful cycle of
+/// the process that saved them (`interval`: `gc.interval`).
+pub(crate) fn load_records(store: &StateStore, clock: &Clock, interval: Duration) -> (Records, Option<SystemTime>) {
+    match store.load(clock.now(), interval) {
+        Loaded::Fresh => {
+            info!(path = %store.path().display(), "no state file: starting with no history");
+            (Records::new(), None)
+        }
+        Loaded::Records {
+            records,
+            saved_at,
+            last_success,
+        } => {
+            info!(
+                path = %store.path().display(),
+                records = records.len(),
+                saved_at = %rfc3339(saved_at),
+                "loaded image history"
+            );
+            (records, last_success)
+        }
+        Loaded::Corrupt { reason, .. } if store.is_read_only() => {
+            warn!(
+                path = %store.path().display(),
+                %reason,
+                "state file is corrupt: left where it is (this command writes nothing), planning with no history"
+            );
+            (Records::new(), None)
+        }
+        Loaded::Corrupt { reason, moved_to } => {
+            warn!(
+                path = %store.path().display(),
+                %reason,
+                moved_to = %moved_to.as_ref().map_or("(could not be moved)".to_string(), |p| p.display().to_string()),
+                "state file is corrupt: set aside, starting with no history (no age-based removal until max age has passed)"
+            );
+            (Records::new(), None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::STATE_REFRESH;
+
+    #[test]
+    fn records_that_only_aged_are_saved_again_once_the_last_save_is_as_old_as_the_refresh_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut inventory = Inventory::new(Records::new(), StateStore::new(dir.path()));
+        let now = SystemTime::now();
+        assert!(inventory.save_due(now), "never saved by this process");
+        inventory.last_saved = Some(now);
+        assert!(!inventory.save_due(now + STATE_REFRESH - Duration::from_secs(1)));
+        assert!(inventory.save_due(now + STATE_REFRESH));
+        // A clock that went back: saved, when in doubt.
+        assert!(inventory.save_due(now - Duration::from_secs(1)));
+    }
+}
