@@ -325,6 +325,15 @@ pub enum EvictionThreshold {
     Bytes(u64),
 }
 
+impl Config {
+    /// The kubelet's hard eviction line on the image filesystem: as read
+    /// from its configuration, or its default when none was read.
+    pub fn eviction_line(&self) -> EvictionThreshold {
+        self.eviction_imagefs_available
+            .unwrap_or(EvictionThreshold::Percent(kubelet::DEFAULT_IMAGEFS_AVAILABLE_PERCENT))
+    }
+}
+
 impl EvictionThreshold {
     /// The bytes that must stay available on a filesystem of
     /// `capacity_bytes` (a percentage is truncated to whole bytes, as the

@@ -133,6 +133,7 @@ impl<R: Runtime> Collector<R> {
             disk: &disk,
             cancel,
             report,
+            hurried: false,
         };
         if self.age_pass(&plan.age, &mut cx).await?.is_break() {
             return Ok(());
@@ -262,9 +263,11 @@ impl<R: Runtime> Collector<R> {
     ) -> Result<Option<Walk<'w, 'a>>, CycleError> {
         let (disk, cancel) = (cx.disk, cx.cancel);
         let now = self.clock.now();
+        self.hurry_if_past_the_line(&mut walk, cx);
         // The re-check of the candidate it names, made ahead of time.
         let mut rechecked: Option<(&str, Ahead)> = None;
         loop {
+            cx.hurried = walk.hurrying();
             let step = walk.next(|c| self.holds_back(now, c));
             let unused = match (&rechecked, &step) {
                 (None, _) | (Some(_), WalkStep::HoldBack(_)) => None,
@@ -298,6 +301,8 @@ impl<R: Runtime> Collector<R> {
                     };
                     match step {
                         Step::Removed if walk.estimating() => walk.removed(candidate.size, None),
+                        // One reading, not waited on.
+                        Step::Removed if walk.hurrying() => walk.removed(candidate.size, disk.measure().ok()),
                         Step::Removed => match disk.measure() {
                             Ok(stats) => walk.removed(candidate.size, Some(stats)),
                             Err(err) => {
@@ -315,10 +320,49 @@ impl<R: Runtime> Collector<R> {
                     self.sinks.emit(&Event::HeldBack(candidate.id));
                     cx.report.held_back.push(candidate.id.to_string());
                 }
+                WalkStep::Done if walk.hurrying() => {
+                    // Measure and correct: the walk goes on from what came
+                    // back, in a hurry again while still past the line.
+                    self.correct_hurry(&mut walk, cx).await;
+                    if !walk.reached() {
+                        self.hurry_if_past_the_line(&mut walk, cx);
+                    }
+                }
+                // No candidate left: measured, the walk ends.
+                WalkStep::LowNotReached { .. } if walk.hurrying() => self.correct_hurry(&mut walk, cx).await,
                 WalkStep::Done | WalkStep::LowNotReached { .. } => break,
             }
         }
+        if walk.hurrying() {
+            self.correct_hurry(&mut walk, cx).await;
+        }
         Ok(Some(walk))
+    }
+
+    /// Starts a hurry (see [`Walk::hurry`]) when the walk's reading is past
+    /// the kubelet's eviction line and the cycle removes for real.
+    fn hurry_if_past_the_line(&mut self, walk: &mut Walk<'_, '_>, cx: &mut CycleContext<'_>) {
+        let stats = walk.stats();
+        if walk.estimating() || cx.report.dry_run || !self.policy.past_eviction_line(&stats) {
+            return;
+        }
+        walk.hurry(self.inventory.footprint);
+        cx.report.hurried = true;
+        self.sinks.emit(&Event::Hurrying {
+            stats: &stats,
+            evicts_below: self.policy.eviction.min_available_bytes(stats.capacity_bytes),
+        });
+    }
+
+    /// Ends a hurry: the filesystem measured once the space of its
+    /// removals came back (watched as after any removal, from the reading
+    /// the hurry started from), and the walk corrected by it.
+    async fn correct_hurry(&mut self, walk: &mut Walk<'_, '_>, cx: &mut CycleContext<'_>) {
+        let from = walk.hurried_from();
+        let measured = cx.disk.settled(from).await.ok();
+        if let Some((expected, came_back)) = walk.corrected(measured) {
+            self.sinks.emit(&Event::HurryCorrected { expected, came_back });
+        }
     }
 
     /// Whether the space walk leaves `candidate` alone at `now`: imagegc

@@ -145,6 +145,21 @@ pub enum Event<'a> {
     },
     /// No space pass: the measured filesystem is not the runtime's.
     SpacePassSkipped(&'a str),
+    /// The space pass found usage past the kubelet's eviction line: its
+    /// removals do not wait for their space (see [`crate::policy::Walk::hurry`]).
+    Hurrying {
+        /// The reading past the line.
+        stats: &'a FsStats,
+        /// The bytes the kubelet keeps available (its eviction line).
+        evicts_below: u64,
+    },
+    /// A hurry ended, its removals measured.
+    HurryCorrected {
+        /// What its removals were expected to free on disk.
+        expected: u64,
+        /// What came back once measured (`None`: not measured).
+        came_back: Option<u64>,
+    },
     /// A space pass starts.
     SpacePassStarted {
         /// The reading that started it.
@@ -361,6 +376,7 @@ impl Sink for MetricsSink {
             }
             Event::MountsUnread(why) => m.set_container_mounts_unknown(why.is_some()),
             Event::Repulled { .. } => m.repulled(),
+            Event::Hurrying { .. } => m.hurried(),
             Event::Planned {
                 in_use,
                 unused,
@@ -482,6 +498,17 @@ impl Sink for LogSink {
             Event::SpacePassSkipped(why) => {
                 debug!(mismatch = %why, "no space pass: the measured filesystem is not the runtime's");
             }
+            Event::Hurrying { stats, evicts_below } => warn!(
+                usage_percent = stats.usage_percent(),
+                available_bytes = stats.available(),
+                eviction_available_bytes = evicts_below,
+                "image filesystem past the kubelet's eviction line: removing by estimate, without waiting for each removal's space"
+            ),
+            Event::HurryCorrected { expected, came_back } => info!(
+                expected_bytes = expected,
+                measured_bytes = came_back,
+                "removals made in a hurry measured: the walk goes on from what came back"
+            ),
             Event::SpacePassStarted {
                 stats,
                 high,

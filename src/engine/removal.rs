@@ -46,6 +46,10 @@ pub(super) struct CycleContext<'a> {
     pub(super) disk: &'a Disk,
     pub(super) cancel: &'a CancellationToken,
     pub(super) report: &'a mut CycleReport,
+    /// Past the kubelet's eviction line: a removal's space is not waited
+    /// for (see [`crate::policy::Walk::hurry`]); what it freed is not
+    /// measured, and its journal line says so (no `freed_bytes`).
+    pub(super) hurried: bool,
 }
 
 /// What became of one candidate.
@@ -646,8 +650,16 @@ impl<R: Runtime> Collector<R> {
             }
             Ok(Removed::Done) => {
                 // Whether the image is really gone is asked while the
-                // space comes back, not after.
-                let (returned, status) = tokio::join!(disk.returned(before), self.runtime.image_status(candidate.id));
+                // space comes back, not after; in a hurry, not waited for.
+                let hurried = cx.hurried;
+                let returned = async {
+                    if hurried {
+                        None
+                    } else {
+                        disk.returned(before).await.ok()
+                    }
+                };
+                let (returned, status) = tokio::join!(returned, self.runtime.image_status(candidate.id));
                 if let Ok(Some(_)) = status {
                     let first = !std::mem::replace(&mut self.said.lying_runtime, true);
                     self.sinks.emit(&Event::RemovalNotDone {
@@ -661,7 +673,7 @@ impl<R: Runtime> Collector<R> {
                     ));
                     return (Step::Kept, None);
                 }
-                return (Step::Removed, returned.ok());
+                return (Step::Removed, returned);
             }
             // The call failed, but the runtime may have removed the image
             // all the same (a deadline that passed while it worked, a

@@ -73,6 +73,10 @@ pub struct CycleReport {
     pub after: Option<FsStats>,
     /// True when usage reached the high threshold and the space pass ran.
     pub space_pass: bool,
+    /// True when the space pass found usage past the kubelet's eviction
+    /// line and removed by estimate, without waiting for each removal's
+    /// space (see [`crate::policy::Walk::hurry`]).
+    pub hurried: bool,
     /// Set when the space pass ran and images could not bring usage to the
     /// low threshold.
     pub space_unreachable: Option<SpaceOutlook>,
@@ -104,6 +108,7 @@ impl CycleReport {
             before: None,
             after: None,
             space_pass: false,
+            hurried: false,
             space_unreachable: None,
             image_fs_mismatch: None,
             held_back: Vec::new(),

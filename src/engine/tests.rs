@@ -45,6 +45,8 @@ struct Sim {
     fail_lists: bool,
     fail_status: bool,
     removed: Vec<String>,
+    /// When each removal was made (tokio's clock).
+    removed_at: Vec<tokio::time::Instant>,
     /// Bytes of an image's removal that come back one reading after the
     /// first one that follows the call (a deletion still under way).
     later: HashMap<String, u64>,
@@ -102,8 +104,14 @@ impl Sim {
         self.images.retain(|i| i.id != id);
         let freed = self.on_disk.remove(id).unwrap_or(0);
         self.available = (self.available + freed).min(self.capacity);
-        self.coming = self.later.remove(id).map(|bytes| (1, bytes));
+        // Background deletions add up (containerd 2.x frees what several
+        // removals left behind at once).
+        if let Some(bytes) = self.later.remove(id) {
+            let still = self.coming.map_or(0, |(_, b)| b);
+            self.coming = Some((1, still + bytes));
+        }
         self.removed.push(id.to_string());
+        self.removed_at.push(tokio::time::Instant::now());
     }
 }
 
@@ -324,6 +332,9 @@ fn collector_with_history(
     config.gc.low_threshold_percent = 80;
     config.gc.min_age = Duration::ZERO;
     config.state.dir = dir.path().to_path_buf();
+    // No eviction line: the walk measures each removal (the tests of a
+    // walk past the line set one).
+    config.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Bytes(0));
     configure(&mut config);
     let clock = Clock::starting_at(SystemTime::now() - Duration::from_secs(3600));
     let restored = Restored::load(dir.path(), &clock, config.gc.interval, config.gc.thrash_window);
@@ -1812,4 +1823,75 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
     assert_eq!(sim.removed(), ["0", "1", "2"], "{report:?}");
     assert_eq!(planned, sim.removed(), "plan's forecast");
     assert_eq!(simulated, sim.removed(), "simulate's replay");
+}
+
+/// Four 100-byte images whose space comes back in the background, a
+/// moment after each `RemoveImage` returns (containerd 2.x), on a full
+/// disk: 200 bytes to free to reach low (80 %). `line`: the kubelet's
+/// eviction line.
+async fn full_disk_removed_in_the_background(line: crate::config::EvictionThreshold) -> (SimHandle, CycleReport) {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        for id in ["a", "b", "c", "d"] {
+            s.unused(id, 100, 0);
+            s.later.insert(id.into(), 100);
+        }
+        (s.capacity, s.available) = (1000, 0);
+    });
+    let (mut c, _dir) = collector(&sim, |c| c.eviction_imagefs_available = Some(line));
+    let report = cycle(&mut c).await;
+    (sim, report)
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_the_eviction_line_removals_wait_for_no_space_and_the_walk_ends_on_what_came_back() {
+    let (sim, report) = full_disk_removed_in_the_background(crate::config::EvictionThreshold::Percent(15.0)).await;
+    assert!(report.hurried);
+    assert_eq!(sim.removed(), ["a", "b"], "{report:?}");
+    // One RemoveImage after the other, no watch between them.
+    let at = sim.0.lock().unwrap().removed_at.clone();
+    assert!(at[1] - at[0] < SETTLE_STEP, "{:?}", at[1] - at[0]);
+    // Then measured once the space came back: low reached.
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(report.after.unwrap().available_bytes, 200);
+    // Not measured one by one: the journal says nothing it does not know.
+    assert!(report.removed.iter().all(|r| r.freed_bytes.is_none()), "{report:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn below_the_eviction_line_each_removal_is_measured_before_the_next() {
+    // The same node where the kubelet keeps no space: the walk watches each
+    // removal's space come back, and removes the same images.
+    let (sim, report) = full_disk_removed_in_the_background(crate::config::EvictionThreshold::Bytes(0)).await;
+    assert!(!report.hurried);
+    assert_eq!(sim.removed(), ["a", "b"], "{report:?}");
+    let at = sim.0.lock().unwrap().removed_at.clone();
+    assert!(at[1] - at[0] >= SETTLE_STEP, "{:?}", at[1] - at[0]);
+    assert_eq!(report.removed[0].freed_bytes, Some(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hurry_that_expected_more_than_came_back_goes_on_from_the_measurement() {
+    // Reported 100, but only 50 each comes back (layers shared with an
+    // image in use): the estimate says low after two removals, the
+    // measurement says 100 short, and the walk goes on in a hurry.
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        for id in ["a", "b", "c", "d", "e"] {
+            s.unused(id, 100, 0);
+            s.later.insert(id.into(), 50);
+        }
+        (s.capacity, s.available) = (1000, 0);
+    });
+    let (mut c, _dir) = collector(&sim, |c| {
+        c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(15.0));
+    });
+    let report = cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["a", "b", "c", "d"], "{report:?}");
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(report.after.unwrap().available_bytes, 200);
+    assert!(
+        c.metrics().encode().contains("imagegc_hurried_space_passes_total 2"),
+        "a hurry, then another while still past the line"
+    );
 }

@@ -374,6 +374,7 @@ struct RemovalFamilies {
     freed_bytes: Family<ReasonLabels, Counter>,
     removal_failures: Counter,
     repulled: Counter,
+    hurried: Counter,
 }
 
 /// The image filesystem, the thresholds and what the collector decides on.
@@ -473,11 +474,19 @@ impl RemovalFamilies {
             "Images pulled again soon after imagegc removed them (a sign of thrashing)",
             repulled.clone(),
         );
+        let hurried = Counter::default();
+        registry.register(
+            "imagegc_hurried_space_passes",
+            "Space passes that found usage past the kubelet's eviction line and removed by estimate, \
+             without waiting for each removal's space to come back",
+            hurried.clone(),
+        );
         RemovalFamilies {
             removed,
             freed_bytes,
             removal_failures,
             repulled,
+            hurried,
         }
     }
 }
@@ -878,6 +887,11 @@ impl Metrics {
         self.removals.repulled.inc();
     }
 
+    /// A space pass found usage past the kubelet's eviction line.
+    pub fn hurried(&self) {
+        self.removals.hurried.inc();
+    }
+
     /// Whether images can bring usage to the low threshold.
     pub fn set_space_unreachable(&self, unreachable: bool) {
         self.filesystem.space_unreachable.set(i64::from(unreachable));
@@ -1113,6 +1127,7 @@ mod tests {
             "imagegc_runtime_up 0",
             "imagegc_dry_run 0",
             "imagegc_repulled_after_removal_total 0",
+            "imagegc_hurried_space_passes_total 0",
             "imagegc_removal_candidates 0",
             concat!(r#"imagegc_build_info{version=""#, env!("CARGO_PKG_VERSION"), r#""} 1"#),
         ] {

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use crate::config::{Config, Order};
+use crate::config::{Config, EvictionThreshold, Order};
 
 pub mod cycle;
 pub mod keep;
@@ -45,6 +45,18 @@ pub struct GcPolicy {
     pub order: Order,
     /// Why an image is kept: `protect`, `gc.min_age`.
     pub keep: Rules,
+    /// The kubelet's hard eviction line on the image filesystem
+    /// (`evictionHard["imagefs.available"]`, or its default).
+    pub eviction: EvictionThreshold,
+}
+
+impl GcPolicy {
+    /// Whether `stats` is past the kubelet's eviction line: less available
+    /// than it keeps, so that its eviction manager evicts pods at its next
+    /// look unless space comes back first.
+    pub fn past_eviction_line(&self, stats: &crate::fs::FsStats) -> bool {
+        stats.available() < self.eviction.min_available_bytes(stats.capacity_bytes)
+    }
 }
 
 impl From<&Config> for GcPolicy {
@@ -59,6 +71,7 @@ impl From<&Config> for GcPolicy {
             max_age: config.gc.max_age,
             order: config.gc.order,
             keep: Rules::from(config),
+            eviction: config.eviction_line(),
         }
     }
 }

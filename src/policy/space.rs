@@ -294,6 +294,24 @@ pub struct Walk<'w, 'a> {
     stats: FsStats,
     /// Bytes still to free by reported sizes, once the walk estimates.
     estimate: Option<u64>,
+    /// While the walk hurries (see [`Walk::hurry`]).
+    hurry: Option<Hurry>,
+}
+
+/// A walk in a hurry: usage is past the kubelet's eviction line, and each
+/// removal counts by what it is expected to free on disk, without waiting
+/// for its space to come back, until [`Walk::corrected`].
+#[derive(Debug, Clone, Copy)]
+struct Hurry {
+    /// The reading the hurry started from.
+    from: FsStats,
+    /// On-disk bytes expected back since, by the footprint.
+    expected: u64,
+    footprint: DiskFootprint,
+    /// The last reading taken meanwhile, not waited for: what a runtime
+    /// that deletes before it answers (CRI-O, containerd 1.x) or someone
+    /// else freed shows at once, images of unknown size included.
+    seen: Option<FsStats>,
 }
 
 impl<'w, 'a> Walk<'w, 'a> {
@@ -305,6 +323,7 @@ impl<'w, 'a> Walk<'w, 'a> {
             next: 0,
             stats,
             estimate: None,
+            hurry: None,
         }
     }
 
@@ -319,6 +338,79 @@ impl<'w, 'a> Walk<'w, 'a> {
             next: 0,
             stats,
             estimate: Some(target.bytes_to_free(&stats).saturating_sub(freed_before)),
+            hurry: None,
+        }
+    }
+
+    /// From here on, until [`Walk::corrected`], each removal counts by what
+    /// `footprint` expects it to free on disk, and readings taken meanwhile
+    /// are not waited for: usage is past the kubelet's eviction line, where
+    /// the kubelet evicts pods at its next look (every 10 s), and the
+    /// removals must take no longer than their `RemoveImage` calls. A walk
+    /// by the estimate (dry run, `plan`) does not hurry: it waits on nothing.
+    pub fn hurry(&mut self, footprint: DiskFootprint) {
+        if self.estimate.is_none() && self.hurry.is_none() {
+            self.hurry = Some(Hurry {
+                from: self.stats,
+                expected: 0,
+                footprint,
+                seen: None,
+            });
+        }
+    }
+
+    /// The reading a hurry started from, while the walk hurries.
+    pub fn hurried_from(&self) -> Option<FsStats> {
+        self.hurry.map(|h| h.from)
+    }
+
+    /// True while the walk hurries (see [`Walk::hurry`]).
+    pub fn hurrying(&self) -> bool {
+        self.hurry.is_some()
+    }
+
+    /// The hurry's estimate corrected by a reading once the space came back
+    /// (`None`: it could not be measured, and the walk estimates from the
+    /// hurry's estimate on). Returns the bytes the hurry expected back and
+    /// the bytes that came back, when measured.
+    pub fn corrected(&mut self, measured: Option<FsStats>) -> Option<(u64, Option<u64>)> {
+        let by_estimate = self.current();
+        let hurry = self.hurry.take()?;
+        let expected = hurry.expected;
+        match measured {
+            Some(stats) => {
+                self.stats = stats;
+                Some((expected, Some(stats.available().saturating_sub(hurry.from.available()))))
+            }
+            None => {
+                self.stats = hurry.from;
+                self.estimate = Some(self.target.bytes_to_free(&by_estimate));
+                Some((expected, None))
+            }
+        }
+    }
+
+    /// The filesystem as the walk counts it now: the last reading, or in a
+    /// hurry, the reading it started from with the bytes expected back, or
+    /// the last reading taken meanwhile when it shows more available.
+    fn current(&self) -> FsStats {
+        match self.hurry {
+            Some(hurry) => {
+                let mut stats = hurry.from;
+                stats.available_bytes = stats
+                    .available()
+                    .saturating_add(hurry.expected)
+                    .min(stats.capacity_bytes);
+                stats.free_bytes = stats
+                    .free_bytes
+                    .saturating_add(hurry.expected)
+                    .min(stats.capacity_bytes);
+                match hurry.seen {
+                    Some(seen) if seen.available() > stats.available() => seen,
+                    _ => stats,
+                }
+            }
+            None => self.stats,
         }
     }
 
@@ -326,18 +418,20 @@ impl<'w, 'a> Walk<'w, 'a> {
     pub fn reached(&self) -> bool {
         match self.estimate {
             Some(left) => left == 0,
-            None => self.target.reached(&self.stats),
+            None => self.target.reached(&self.current()),
         }
     }
 
     /// Bytes still to free to reach low.
     pub fn remaining(&self) -> u64 {
-        self.estimate.unwrap_or_else(|| self.target.bytes_to_free(&self.stats))
+        self.estimate
+            .unwrap_or_else(|| self.target.bytes_to_free(&self.current()))
     }
 
-    /// The last reading of the filesystem.
+    /// The last reading of the filesystem (in a hurry: the one it started
+    /// from, with the bytes expected back).
     pub fn stats(&self) -> FsStats {
-        self.stats
+        self.current()
     }
 
     /// True when the walk goes by reported sizes rather than measurements.
@@ -366,7 +460,15 @@ impl<'w, 'a> Walk<'w, 'a> {
     /// The candidate of the last [`Step::Remove`] went, reported at `size`
     /// bytes; `measured` is the filesystem after it, `None` when it could
     /// not be measured (the walk then estimates from the last reading on).
+    /// In a hurry, `measured` is a reading not waited for: the removal
+    /// counts by its expected footprint, or by the reading when it shows
+    /// more back.
     pub fn removed(&mut self, size: u64, measured: Option<FsStats>) {
+        if let Some(hurry) = &mut self.hurry {
+            hurry.expected = hurry.expected.saturating_add(hurry.footprint.on_disk(size));
+            hurry.seen = measured.or(hurry.seen);
+            return;
+        }
         match (&mut self.estimate, measured) {
             (Some(left), _) => *left = left.saturating_sub(size),
             (None, Some(stats)) => self.stats = stats,
@@ -380,6 +482,10 @@ impl<'w, 'a> Walk<'w, 'a> {
     /// gone already, or the removal failed); `measured`, when given, is a
     /// new reading: someone else may have freed space meanwhile.
     pub fn kept(&mut self, measured: Option<FsStats>) {
+        if let Some(hurry) = &mut self.hurry {
+            hurry.seen = measured.or(hurry.seen);
+            return;
+        }
         if self.estimate.is_none()
             && let Some(stats) = measured
         {
@@ -578,5 +684,69 @@ mod tests {
             assert_eq!(bytes.source, ImageBytesSource::Listing, "{implausible:?}");
             assert_eq!(bytes.bytes, 400, "the listing's sizes times the footprint");
         }
+    }
+
+    #[test]
+    fn a_walk_in_a_hurry_counts_removals_by_footprint_and_is_corrected_by_a_reading() {
+        let full = FsStats {
+            capacity_bytes: 1000,
+            available_bytes: 0,
+            free_bytes: 0,
+            ..FsStats::default()
+        };
+        let images: Vec<Image> = ["a", "b", "c"].iter().map(|n| image(n, 50)).collect();
+        let candidates: Vec<Candidate<'_>> = images
+            .iter()
+            .map(|i| Candidate {
+                id: &i.id,
+                tags: &i.repo_tags,
+                digests: &i.repo_digests,
+                size: i.size,
+                first_seen: t(0),
+                last_used: t(0),
+                reason: Reason::Space,
+                usual_break: None,
+            })
+            .collect();
+        // Low 80 %: 200 to free; containerd's footprint counts 100 a removal.
+        let target = SpaceTarget::new(90, 80, None);
+        let mut walk = Walk::measured(target, full, &candidates);
+        walk.hurry(DiskFootprint::for_runtime("containerd"));
+        assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "a"));
+        // A reading taken meanwhile (nothing back yet) changes nothing.
+        walk.removed(50, Some(full));
+        assert_eq!(walk.remaining(), 100);
+        assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "b"));
+        walk.removed(50, None);
+        assert_eq!(walk.next(|_| false), Step::Done, "low by the estimate");
+        // Measured: only 150 came back.
+        let after = FsStats {
+            available_bytes: 150,
+            free_bytes: 150,
+            ..full
+        };
+        assert_eq!(walk.corrected(Some(after)), Some((200, Some(150))));
+        assert!(!walk.hurrying());
+        assert_eq!(walk.remaining(), 50);
+        assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "c"));
+        // A reading taken meanwhile that shows more back than expected (a
+        // runtime that deletes before it answers) counts.
+        let mut walk = Walk::measured(target, full, &candidates);
+        walk.hurry(DiskFootprint::for_runtime("containerd"));
+        let _ = walk.next(|_| false);
+        walk.removed(50, Some(after));
+        assert_eq!(walk.remaining(), 50, "150 seen back, not the 100 expected");
+        // Not measurable: the walk estimates from the hurry's estimate on.
+        let mut walk = Walk::measured(target, full, &candidates);
+        walk.hurry(DiskFootprint::for_runtime("containerd"));
+        let _ = walk.next(|_| false);
+        walk.removed(50, None);
+        assert_eq!(walk.corrected(None), Some((100, None)));
+        assert!(walk.estimating());
+        assert_eq!(walk.remaining(), 100);
+        // A walk by the estimate (dry run, `plan`) never hurries.
+        let mut estimated = Walk::estimated(target, full, &candidates, 0);
+        estimated.hurry(DiskFootprint::default());
+        assert!(!estimated.hurrying());
     }
 }

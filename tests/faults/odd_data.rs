@@ -317,6 +317,28 @@ async fn a_size_of_zero_still_frees_what_the_disk_measures() {
 }
 
 #[tokio::test]
+async fn past_the_eviction_line_a_size_of_zero_stops_the_walk_on_what_the_disk_shows() {
+    // The same, past the kubelet's eviction line (15 %), beside another
+    // image of size 0 that is not needed: the estimate counts nothing for
+    // either, the reading taken right after the first removal shows low
+    // reached.
+    let disk = SimDisk::new(1000, 0);
+    disk.occupy(&image("a", 0).id, 300);
+    disk.occupy(&image("b", 0).id, 100);
+    let runtime = Scripted::new(vec![image("a", 0), image("b", 0)], vec![], &disk);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = support::config(dir.path());
+    config.eviction_imagefs_available = Some(imagegc::config::EvictionThreshold::Percent(15.0));
+    let mut collector = support::collector(runtime.clone(), &disk, config);
+    let report = collector.cycle(&CancellationToken::new()).await;
+    assert!(report.hurried);
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(runtime.removals(), ids(&["a"]), "b was not needed");
+    assert_eq!(report.removed[0].freed_bytes, None, "not measured one by one");
+    assert_eq!(report.after.unwrap().available_bytes, 300);
+}
+
+#[tokio::test]
 async fn a_filesystem_of_zero_capacity_fails_the_cycle_and_nothing_goes_for_space() {
     let disk = SimDisk::new(1000, 0);
     disk.report_zero_capacity();

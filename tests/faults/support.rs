@@ -37,6 +37,9 @@ pub fn config(state_dir: &Path) -> Config {
     config.gc.image_fs_path = Some(PathBuf::from("/sim/imagefs"));
     config.state.dir = state_dir.to_path_buf();
     config.metrics.listen = None;
+    // No kubelet eviction line: each removal is measured (a test of the
+    // walk past the line sets one).
+    config.eviction_imagefs_available = Some(imagegc::config::EvictionThreshold::Bytes(0));
     config
 }
 
