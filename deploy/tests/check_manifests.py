@@ -42,7 +42,7 @@ import yaml
 CONFIG_KEYS = {
     "runtime": {"endpoint", "timeout"},
     "gc": {"interval", "usage_poll_interval", "high_threshold_percent", "low_threshold_percent",
-           "min_age", "max_age", "dry_run", "image_fs_path", "thrash_window", "order",
+           "min_age", "max_age", "dry_run", "image_fs_path", "thrash_window", "order", "headroom",
            "high_inodes_percent", "low_inodes_percent"},
     "protect": {"images", "keep_recent_per_repository"},
     "state": {"dir"},

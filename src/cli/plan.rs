@@ -15,10 +15,12 @@ use crate::config::{Config, Order};
 use crate::cri::CriClient;
 use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
+use crate::policy::headroom::HEADROOM_WINDOW;
 use crate::policy::{
-    self, Candidate, CyclePlan, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, KeptImages, Plan, Protections,
-    Reason, SpaceOutlook, SpaceTarget,
+    self, Candidate, CyclePlan, Forecast, GcPolicy, Headroom, ImageBytes, KeepReason, Kept, KeptImages, LargestPull,
+    Plan, Protections, Reason, SpaceOutlook, SpaceTarget,
 };
+use crate::store::journal::Journal;
 use crate::store::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
 
@@ -41,9 +43,25 @@ struct PlanJson<'a> {
     /// Why no space pass would run: the measured filesystem is not the
     /// runtime's image filesystem.
     image_fs_mismatch: Option<&'a str>,
+    /// The free space kept above the kubelet's eviction line for the
+    /// largest recent pull, when one is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headroom: Option<HeadroomView<'a>>,
     removals: Vec<serde_json::Value>,
     further_space_candidates: Vec<serde_json::Value>,
     kept: Vec<serde_json::Value>,
+}
+
+/// The headroom (see [`crate::policy::Headroom`]) as `plan` shows it.
+#[derive(Serialize)]
+struct HeadroomView<'a> {
+    largest_pull: &'a LargestPull,
+    /// What it takes on disk.
+    bytes_on_disk: u64,
+    /// The thresholds in force on this filesystem: the configured ones
+    /// when the pull fits between high and the eviction line.
+    high_threshold_percent: u8,
+    low_threshold_percent: u8,
 }
 
 #[derive(Serialize)]
@@ -85,6 +103,14 @@ pub async fn plan(
     // this very listing is not "used at this instant".
     let now = clock.now();
     let gc_policy = GcPolicy::from(&config);
+    // The largest recent pull, as the daemon knows it: from the records
+    // and the journal's removals.
+    let journal = Journal::new(&config.state.dir);
+    let recent = journal.read(now.checked_sub(HEADROOM_WINDOW)).unwrap_or_default();
+    let largest = engine::largest_pull(&records, &recent, now).filter(|_| gc_policy.headroom);
+    let headroom = largest
+        .as_ref()
+        .and_then(|pull| Headroom::for_pull(pull, footprint, gc_policy.eviction, gc_policy.target.high_percent()));
     let cycle = CyclePlan::new(
         &snapshot,
         &listed,
@@ -92,10 +118,20 @@ pub async fn plan(
         pods,
         (now, clock.started()),
         KeptImages::Listed,
-    );
+    )
+    .with_headroom(headroom);
     let plan = &cycle.plan;
     let fs = Statvfs.stats(&image_fs.path).ok();
-    let target = gc_policy.target;
+    let target = cycle.target();
+    let in_force = fs.map_or((target.high_percent(), target.low_percent()), |fs| {
+        target.in_force(fs.capacity_bytes)
+    });
+    let headroom_view = largest.as_ref().map(|pull| HeadroomView {
+        largest_pull: pull,
+        bytes_on_disk: footprint.on_disk(pull.size_bytes),
+        high_threshold_percent: in_force.0,
+        low_threshold_percent: in_force.1,
+    });
     // A dry-run cycle's space pass: the age removals counted, not made (a
     // read-only `plan` remembers no removals to hold back).
     let pass = fs.and_then(|fs| cycle.space(fs, cycle.age_would_free(), footprint, image_fs.image_bytes));
@@ -123,6 +159,7 @@ pub async fn plan(
             order: config.gc.order.as_str(),
             space_unreachable: outlook,
             image_fs_mismatch: mismatch.as_deref(),
+            headroom: headroom_view,
             removals: plan
                 .age
                 .iter()
@@ -152,18 +189,43 @@ pub async fn plan(
     if let Ok(Some(line)) = super::table::removed_by_others_line(&config.state.dir, now) {
         text.push_str(&line);
     }
-    text.push_str(&summary(plan, &view, outlook.as_ref(), once_aged, &config));
+    if let Some(view) = &headroom_view {
+        text.push_str(&headroom_line(view, &config, now));
+    }
+    text.push_str(&summary(plan, &view, outlook.as_ref(), once_aged, in_force.1, &config));
     text.push_str(&removals_text(plan, &view, config.gc.order, now));
     text.push_str(&kept_text(plan));
     let unused_later = if view.space_pass { 0 } else { plan.space.len() };
     if unused_later > 0 {
         text.push_str(&format!(
             "\n{unused_later} unused image(s) are candidates once usage reaches {}%\n",
-            config.gc.high_threshold_percent
+            in_force.0
         ));
     }
     out::text(&text)?;
     Ok(0)
+}
+
+/// The headroom's line: the largest recent pull, and whether it lowers the
+/// thresholds.
+fn headroom_line(view: &HeadroomView, config: &Config, now: SystemTime) -> String {
+    let pull = format!(
+        "the largest pull of the last {} is {} ({} on disk, {})",
+        crate::time::short(HEADROOM_WINDOW),
+        super::table::cell(&view.largest_pull.image),
+        human_bytes(view.bytes_on_disk),
+        ago(view.largest_pull.at, now)
+    );
+    let (high, low) = (config.gc.high_threshold_percent, config.gc.low_threshold_percent);
+    if (view.high_threshold_percent, view.low_threshold_percent) == (high, low) {
+        format!("headroom: {pull}; it fits between the high threshold and the kubelet's eviction line\n")
+    } else {
+        format!(
+            "headroom: {pull}; it would not fit between the high threshold and the kubelet's eviction line, \
+             so the thresholds in force are {}/{}% (configured {high}/{low}%)\n",
+            view.high_threshold_percent, view.low_threshold_percent
+        )
+    }
 }
 
 /// The lines before the tables: nothing to do, or what the space pass must
@@ -173,6 +235,7 @@ fn summary(
     view: &PlanView,
     outlook: Option<&SpaceOutlook>,
     once_aged: Option<Duration>,
+    low: u8,
     config: &Config,
 ) -> String {
     let mut text = String::new();
@@ -189,7 +252,7 @@ fn summary(
         text.push_str(&format!(
             "usage is at or above the high threshold: {} to free to reach {}%\n",
             human_bytes(view.bytes_to_free),
-            config.gc.low_threshold_percent
+            low
         ));
     }
     if let Some(outlook) = outlook {
@@ -355,6 +418,33 @@ impl PlanView {
 mod tests {
     use super::*;
     use crate::policy::{Reason, Walk, total_size};
+
+    #[test]
+    fn the_headroom_line_says_whether_the_largest_pull_moves_the_thresholds() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let pull = LargestPull {
+            image: "registry.test/train:7".to_string(),
+            size_bytes: 5 << 30,
+            at: now - Duration::from_secs(3 * 3600),
+        };
+        let config = Config::default();
+        let view = |high, low| HeadroomView {
+            largest_pull: &pull,
+            bytes_on_disk: 10 << 30,
+            high_threshold_percent: high,
+            low_threshold_percent: low,
+        };
+        let moved = headroom_line(&view(70, 65), &config, now);
+        assert!(moved.contains("registry.test/train:7"), "{moved}");
+        assert!(moved.contains("10.0 GiB on disk"), "{moved}");
+        assert!(
+            moved.contains("thresholds in force are 70/65% (configured 80/75%)"),
+            "{moved}"
+        );
+        let fits = headroom_line(&view(80, 75), &config, now);
+        assert!(fits.contains("it fits between the high threshold"), "{fits}");
+        assert!(!fits.contains("in force"), "{fits}");
+    }
 
     #[test]
     fn plan_view_adds_absurd_sizes_without_overflow() {

@@ -221,6 +221,10 @@ pub struct GcConfig {
     /// The order of the space candidates (`gc.order`, default
     /// `superseded-first`).
     pub order: Order,
+    /// Keep room above the kubelet's eviction line for the largest recent
+    /// pull (`gc.headroom`, default false: it costs re-pulls; see
+    /// [`crate::policy::Headroom`]).
+    pub headroom: bool,
     /// Inode usage of the image filesystem, in percent, at which a space pass
     /// also starts (`gc.high_inodes_percent`, 1..=100; `None` when unset or 0:
     /// inodes are not watched). Set together with `low_inodes_percent`.
@@ -366,6 +370,7 @@ impl Default for Config {
                 image_fs_path: None,
                 thrash_window: DEFAULT_THRASH_WINDOW,
                 order: Order::SupersededFirst,
+                headroom: false,
                 high_inodes_percent: None,
                 low_inodes_percent: None,
             },
@@ -422,6 +427,7 @@ dry_run = {dry_run}
 image_fs_path = {image_fs_path}
 thrash_window = "{thrash_window}"
 order = "{order}"
+headroom = {headroom}
 high_inodes_percent = {high_inodes}
 low_inodes_percent = {low_inodes}
 
@@ -460,6 +466,7 @@ pods_stale_after = "{pods_stale_after}"
             image_fs_path = path(gc.image_fs_path.as_deref()),
             thrash_window = format_duration(gc.thrash_window),
             order = gc.order.as_str(),
+            headroom = gc.headroom,
             high_inodes = gc.high_inodes_percent.unwrap_or(0),
             low_inodes = gc.low_inodes_percent.unwrap_or(0),
             protect = self.protect.to_toml(),
@@ -900,13 +907,14 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 30, "{keys:?}");
+        assert_eq!(keys.len(), 31, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));
         assert!(text.contains("max_age = \"0s\"\n"));
         assert!(text.contains("high_inodes_percent = 0\n"));
         assert!(text.contains("listen = \"127.0.0.1:9105\"\n"));
+        assert!(text.contains("headroom = false\n"));
     }
 
     #[test]

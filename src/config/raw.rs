@@ -62,6 +62,7 @@ pub(super) struct RawGc {
     pub(super) image_fs_path: Option<String>,
     pub(super) thrash_window: Option<RawDuration>,
     pub(super) order: Option<String>,
+    pub(super) headroom: Option<bool>,
     pub(super) high_inodes_percent: Option<RawInt>,
     pub(super) low_inodes_percent: Option<RawInt>,
 }

@@ -174,6 +174,7 @@ fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut P
         image_fs_path,
         thrash_window,
         order,
+        headroom: raw.headroom.unwrap_or(defaults.headroom),
         high_inodes_percent,
         low_inodes_percent,
     }

@@ -447,6 +447,7 @@ fn restart_keys(old: &Config, new: &Config) -> Vec<&'static str> {
                 thrash_window: _,
                 // Read at every cycle's plan.
                 order: _,
+                headroom: _,
                 high_inodes_percent: _,
                 low_inodes_percent: _,
             },

@@ -103,7 +103,8 @@ impl<R: Runtime> Collector<R> {
             &protections,
             (self.clock.now(), self.clock.started()),
             KeptImages::Counted,
-        );
+        )
+        .with_headroom(self.headroom());
         let plan = &cycle.plan;
         self.sinks.emit(&Event::Planned {
             in_use: plan.in_use_count(),
@@ -193,7 +194,7 @@ impl<R: Runtime> Collector<R> {
         };
         cx.report.before.get_or_insert(stats);
         cx.report.after = Some(stats);
-        let target = self.policy.target;
+        let target = cycle.target();
         self.publish_usage(&target, &stats);
         self.check_eviction_threshold(&stats);
         // In dry run the age removals were only counted: what they would
@@ -213,7 +214,7 @@ impl<R: Runtime> Collector<R> {
         let Some(pass) = cycle.space(stats, age, self.inventory.footprint, disk.image_bytes) else {
             self.sinks.emit(&Event::SpacePassNotDue {
                 usage_percent: stats.usage_percent(),
-                high: target.high_percent(),
+                high: target.in_force(stats.capacity_bytes).0,
             });
             self.note_outlook(None);
             return Ok(());
@@ -221,10 +222,11 @@ impl<R: Runtime> Collector<R> {
         cx.report.space_pass = true;
         self.note_outlook(Some(pass.outlook));
         cx.report.space_unreachable = self.remover.thrash.unreachable();
+        let (high, low) = target.in_force(stats.capacity_bytes);
         self.sinks.emit(&Event::SpacePassStarted {
             stats: &stats,
-            high: target.high_percent(),
-            low: target.low_percent(),
+            high,
+            low,
             to_free: pass.to_free,
         });
         let Some(walk) = self.walk(pass.walk, cx).await? else {

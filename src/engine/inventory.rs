@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
 use crate::cri::Image;
-use crate::policy::DiskFootprint;
+use crate::policy::{DiskFootprint, LargestPull};
 use crate::records::Records;
 use crate::store::journal::{Journal, JournalEntry};
 use crate::store::pending::Pending;
@@ -46,11 +46,17 @@ pub(super) struct Inventory {
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
     pub(super) sandbox_unknown: Option<String>,
+    /// The largest image that arrived lately (see [`crate::policy::Headroom`]):
+    /// from the records and the journal at start, then from each listing's
+    /// new images. Kept when the image goes: it may be pulled again.
+    pub(super) largest_pull: Option<LargestPull>,
 }
 
 impl Inventory {
-    pub(super) fn new(records: Records, store: StateStore) -> Self {
+    pub(super) fn new(records: Records, store: StateStore, recent: &[JournalEntry], now: SystemTime) -> Self {
+        let largest_pull = largest_pull(&records, recent, now);
         Inventory {
+            largest_pull,
             records: Arc::new(records),
             store,
             last_saved: None,
@@ -66,6 +72,19 @@ impl Inventory {
 }
 
 impl Inventory {
+    /// Notes the images a listing found for the first time (`new`, their
+    /// places in `images`) as pulls at `now`.
+    pub(super) fn note_pulls(&mut self, images: &[Image], new: &[usize], now: SystemTime) {
+        for image in new.iter().filter_map(|&i| images.get(i)) {
+            let pull = LargestPull {
+                image: image.repo_tags.first().map_or_else(|| image.id.clone(), str::to_string),
+                size_bytes: image.size,
+                at: now,
+            };
+            self.largest_pull = LargestPull::larger(self.largest_pull.take(), Some(pull), now);
+        }
+    }
+
     /// Whether the records are to be saved at `now`: something other than
     /// the last-used times of images in use changed, or the last save by
     /// this process is [`super::STATE_REFRESH`] old (or there was none).
@@ -75,6 +94,27 @@ impl Inventory {
             .is_none_or(|at| now.duration_since(at).map_or(true, |d| d >= super::STATE_REFRESH));
         self.records.changed() || stale
     }
+}
+
+/// The largest image that arrived within
+/// [`crate::policy::headroom::HEADROOM_WINDOW`] before `now`, by the records
+/// (images still there) and the journal's removals (`recent`).
+pub fn largest_pull(records: &Records, recent: &[JournalEntry], now: SystemTime) -> Option<LargestPull> {
+    let from_records = records.iter().map(|(id, r)| LargestPull {
+        image: r.tags.first().map_or_else(|| id.clone(), str::to_string),
+        size_bytes: r.size,
+        at: r.first_seen,
+    });
+    let from_journal = recent.iter().filter(|e| !e.dry_run).filter_map(|e| {
+        Some(LargestPull {
+            image: e.tags.first().cloned().unwrap_or_else(|| e.image.clone()),
+            size_bytes: e.size_bytes,
+            at: humantime::parse_rfc3339(&e.first_seen).ok()?,
+        })
+    });
+    from_records
+        .chain(from_journal)
+        .fold(None, |largest, pull| LargestPull::larger(largest, Some(pull), now))
 }
 
 /// What a collector starts from: the state directory as it was found (the
@@ -89,8 +129,11 @@ pub struct Restored {
     pub(super) store: StateStore,
     pub(super) journal: Journal,
     pub(super) pending: Pending,
-    /// The journal's removals (not dry runs) within the thrash window.
+    /// The journal's removals (not dry runs) within the thrash window or
+    /// the headroom's, whichever is longer.
     pub(super) recent: Vec<JournalEntry>,
+    /// `gc.thrash_window`: how far back `recent` counts for re-pulls.
+    pub(super) thrash_window: Duration,
 }
 
 impl Restored {
@@ -102,7 +145,9 @@ impl Restored {
         let store = StateStore::new(dir);
         let (records, last_success) = load_records(&store, clock, interval);
         let journal = Journal::new(dir);
-        let since = clock.now().checked_sub(thrash_window);
+        let since = clock
+            .now()
+            .checked_sub(thrash_window.max(crate::policy::headroom::HEADROOM_WINDOW));
         let recent = journal
             .read(since)
             .map(|entries| entries.into_iter().filter(|e| !e.dry_run).collect())
@@ -114,6 +159,7 @@ impl Restored {
             journal,
             pending: Pending::load(dir),
             recent,
+            thrash_window,
         }
     }
 
@@ -173,7 +219,7 @@ mod tests {
     #[test]
     fn records_that_only_aged_are_saved_again_once_the_last_save_is_as_old_as_the_refresh_period() {
         let dir = tempfile::tempdir().unwrap();
-        let mut inventory = Inventory::new(Records::new(), StateStore::new(dir.path()));
+        let mut inventory = Inventory::new(Records::new(), StateStore::new(dir.path()), &[], SystemTime::now());
         let now = SystemTime::now();
         assert!(inventory.save_due(now), "never saved by this process");
         inventory.last_saved = Some(now);

@@ -56,6 +56,7 @@ mod tests;
 pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
 use inventory::Inventory;
 pub use inventory::Restored;
+pub use inventory::largest_pull;
 pub(crate) use inventory::load_records;
 pub use observe::{ImageFs, Observation, Observer};
 pub use removal::RemovalInFlight;
@@ -136,6 +137,7 @@ impl<R: Runtime> Collector<R> {
             journal,
             pending,
             recent,
+            thrash_window,
         } = restored;
         sinks.emit(&Event::HistoryLoaded { last_success });
         sinks.emit(&Event::Configured {
@@ -152,8 +154,8 @@ impl<R: Runtime> Collector<R> {
             metrics,
             sinks,
             clock,
-            inventory: Inventory::new(records, store),
-            remover: Remover::new(pending, journal, recent),
+            inventory: Inventory::new(records, store, &recent, clock.now()),
+            remover: Remover::new(pending, journal, recent, clock.now().checked_sub(thrash_window)),
             said: Said::default(),
             look_again_at: None,
             protections: watch::channel(Arc::default()).1,
@@ -253,6 +255,19 @@ impl<R: Runtime> Collector<R> {
         self.inventory.footprint
     }
 
+    /// The thresholds in force: the policy's, lowered where the largest
+    /// recent pull needs headroom below the kubelet's eviction line (see
+    /// [`crate::policy::Headroom`]).
+    fn headroom(&self) -> Option<crate::policy::Headroom> {
+        let pull = self.inventory.largest_pull.as_ref().filter(|_| self.policy.headroom)?;
+        crate::policy::Headroom::for_pull(
+            pull,
+            self.inventory.footprint,
+            self.policy.eviction,
+            self.policy.target.high_percent(),
+        )
+    }
+
     /// Measures the image filesystem between cycles (statvfs: no call to
     /// the runtime) and publishes usage. Returns whether a space pass is
     /// due; `None` when there is nothing to measure yet, or the measurement
@@ -260,7 +275,7 @@ impl<R: Runtime> Collector<R> {
     pub fn check_usage(&self) -> Option<bool> {
         let path = self.inventory.disk_path.as_ref()?;
         let stats = self.probe.stats(path).ok()?;
-        let due = self.policy.target.due(&stats);
+        let due = self.policy.target.with_headroom(self.headroom()).due(&stats);
         self.sinks.emit(&Event::Usage { stats: &stats, due });
         Some(due)
     }

@@ -23,7 +23,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
@@ -257,12 +257,20 @@ pub(super) struct Remover {
 }
 
 impl Remover {
-    /// `recent`: the journal's removals within the thrash window, so that a
-    /// re-pull right after a restart is still noticed.
-    pub(super) fn new(pending: Pending, journal: Journal, recent: Vec<JournalEntry>) -> Self {
+    /// `recent`: the journal's recent removals; those since `since` (the
+    /// thrash window) are remembered, so that a re-pull right after a
+    /// restart is still noticed.
+    pub(super) fn new(
+        pending: Pending,
+        journal: Journal,
+        recent: Vec<JournalEntry>,
+        since: Option<SystemTime>,
+    ) -> Self {
         let mut thrash = super::thrash::Thrash::default();
         for entry in recent {
-            if let Some(at) = entry.timestamp() {
+            if let Some(at) = entry.timestamp()
+                && since.is_none_or(|since| at >= since)
+            {
                 thrash.remember(at, entry.image, entry.digests);
             }
         }

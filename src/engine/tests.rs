@@ -1775,6 +1775,10 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
         c.gc.high_threshold_percent = 80;
         c.gc.low_threshold_percent = 65;
         c.gc.min_age = Duration::from_secs(60);
+        // The kubelet's default line: the 400 MB pull's headroom lowers the
+        // thresholds to 60/45 in all three, and the daemon's pass hurries.
+        c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(15.0));
+        c.gc.headroom = true;
     };
     let mut config = Config::default();
     configure(&mut config);
@@ -1820,7 +1824,9 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
     };
     // The daemon's cycle, removing.
     let report = cycle(&mut c).await;
-    assert_eq!(sim.removed(), ["0", "1", "2"], "{report:?}");
+    // Low 45 % (the headroom's): every unused image, one short of it.
+    assert_eq!(sim.removed(), ["0", "1", "2", "3"], "{report:?}");
+    assert!(report.hurried, "90 % is past the line");
     assert_eq!(planned, sim.removed(), "plan's forecast");
     assert_eq!(simulated, sim.removed(), "simulate's replay");
 }
@@ -1894,4 +1900,43 @@ async fn a_hurry_that_expected_more_than_came_back_goes_on_from_the_measurement(
         c.metrics().encode().contains("imagegc_hurried_space_passes_total 2"),
         "a hurry, then another while still past the line"
     );
+}
+
+/// A node at 78 %, below high (80): six unused images of 400 bytes (4 %:
+/// they fit between high and the kubelet's eviction line, 85 %) and, when
+/// `big` is given, an image of that size in use that arrived just now.
+async fn below_high_after_a_pull(big: Option<u64>) -> (SimHandle, CycleReport) {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        for id in ["a", "b", "c", "d", "e", "f"] {
+            s.unused(id, 400, 400);
+        }
+        if let Some(size) = big {
+            s.images.push(image("big", size));
+            s.containers = vec![crate::testing::container_naming("job", "big")];
+        }
+        (s.capacity, s.available) = (10_000, 2_200);
+    });
+    let (mut c, _dir) = collector(&sim, |c| {
+        c.gc.high_threshold_percent = 80;
+        c.gc.low_threshold_percent = 75;
+        c.gc.headroom = true;
+        c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(15.0));
+    });
+    let report = cycle(&mut c).await;
+    (sim, report)
+}
+
+#[tokio::test]
+async fn after_a_pull_that_would_not_fit_above_the_eviction_line_the_space_pass_starts_below_high() {
+    // The node pulled a 2,000-byte image: 1,500 (the line) and 2,000 must
+    // stay available, so high is 65 and low 60 here: 4,000 available.
+    let (sim, report) = below_high_after_a_pull(Some(2_000)).await;
+    assert!(report.space_pass, "{report:?}");
+    assert_eq!(sim.removed().len(), 5, "{report:?}");
+    assert_eq!(report.after.unwrap().available_bytes, 4_200);
+    // A node whose pulls fit keeps its thresholds: nothing at 78 %.
+    let (sim, report) = below_high_after_a_pull(Some(300)).await;
+    assert!(!report.space_pass, "{report:?}");
+    assert!(sim.removed().is_empty());
 }

@@ -96,6 +96,7 @@ impl<R: Runtime> Collector<R> {
             (self.clock.now(), self.clock.started()),
             KeptImages::Listed,
         )
+        .with_headroom(self.headroom())
     }
 
     /// Lists images and containers between cycles: images first seen now
@@ -139,6 +140,7 @@ impl<R: Runtime> Collector<R> {
     /// What a listing did beyond last-used times: the records' changes,
     /// re-pulls, and the pending removals it settles.
     async fn note_listing(&mut self, observed: &Observed, images: &[Image]) {
+        self.inventory.note_pulls(images, &observed.new, self.clock.now());
         self.sinks.emit(&Event::Listed {
             observed,
             images: images.len(),

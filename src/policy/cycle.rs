@@ -21,7 +21,7 @@ use crate::cri::Snapshot;
 use crate::fs::FsStats;
 use crate::records::Listed;
 
-use super::space::{DiskFootprint, Forecast, SpaceOutlook, Walk, total_size};
+use super::space::{DiskFootprint, Forecast, SpaceOutlook, SpaceTarget, Walk, total_size};
 use super::{Candidate, GcPolicy, Plan, Protections, plan};
 
 /// How often usage is measured between cycles (statvfs, no call to the
@@ -67,6 +67,8 @@ pub struct CyclePlan<'a> {
     pub plan: Plan<'a>,
     snapshot: &'a Snapshot,
     policy: &'a GcPolicy,
+    /// The policy's thresholds, with the headroom when given.
+    target: SpaceTarget,
 }
 
 /// A space pass that is due (see [`CyclePlan::space`]).
@@ -98,7 +100,24 @@ impl<'a> CyclePlan<'a> {
             KeptImages::Listed => plan::plan_listed(snapshot, listed, policy, protections, now, running_since),
             KeptImages::Counted => plan::plan_counting_kept(snapshot, listed, policy, protections, now, running_since),
         };
-        CyclePlan { plan, snapshot, policy }
+        CyclePlan {
+            plan,
+            snapshot,
+            policy,
+            target: policy.target,
+        }
+    }
+
+    /// The same plan, its thresholds lowered where `headroom` needs it
+    /// (see [`crate::policy::Headroom`]).
+    pub fn with_headroom(mut self, headroom: Option<crate::policy::Headroom>) -> Self {
+        self.target = self.policy.target.with_headroom(headroom);
+        self
+    }
+
+    /// The thresholds this plan goes by.
+    pub fn target(&self) -> SpaceTarget {
+        self.target
     }
 
     /// The age pass: removed whatever the usage, oldest use first.
@@ -119,7 +138,7 @@ impl<'a> CyclePlan<'a> {
         footprint: DiskFootprint,
         reported: Option<u64>,
     ) -> Option<SpacePass<'p, 'a>> {
-        let target = self.policy.target;
+        let target = self.target;
         if !target.due(&stats) {
             return None;
         }
@@ -129,7 +148,7 @@ impl<'a> CyclePlan<'a> {
         };
         let outlook = SpaceOutlook::new(
             &stats,
-            target.low_percent(),
+            target.in_force(stats.capacity_bytes).1,
             still_on_disk.iter().chain(&self.plan.space),
             &self.plan.tally,
             &self.snapshot.images,

@@ -18,12 +18,14 @@ use std::time::Duration;
 use crate::config::{Config, EvictionThreshold, Order};
 
 pub mod cycle;
+pub mod headroom;
 pub mod keep;
 pub mod order;
 pub mod plan;
 pub mod space;
 
 pub use cycle::{AgePass, CyclePlan, KeptImages, SpacePass};
+pub use headroom::{Headroom, LargestPull};
 pub use keep::{KeepReason, Rules, Uses};
 pub use plan::{Candidate, Kept, KeptTally, Plan, Protections, Reason, plan, plan_counting_kept, plan_listed};
 pub use space::{
@@ -48,6 +50,8 @@ pub struct GcPolicy {
     /// The kubelet's hard eviction line on the image filesystem
     /// (`evictionHard["imagefs.available"]`, or its default).
     pub eviction: EvictionThreshold,
+    /// `gc.headroom`: keep room above the line for the largest recent pull.
+    pub headroom: bool,
 }
 
 impl GcPolicy {
@@ -72,6 +76,7 @@ impl From<&Config> for GcPolicy {
             order: config.gc.order,
             keep: Rules::from(config),
             eviction: config.eviction_line(),
+            headroom: config.gc.headroom,
         }
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::cri::Image;
 use crate::fs::FsStats;
+use crate::policy::headroom::Headroom;
 
 use std::time::Duration;
 
@@ -16,12 +17,15 @@ use super::plan::{Candidate, KeptTally};
 /// one answer the collector, its dry-run estimate and `plan` share. Bytes
 /// use the kubelet's arithmetic (usage rounded up, see [`FsStats`]); inode
 /// thresholds, when configured, start a pass too and must be met as well.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpaceTarget {
     high: u8,
     low: u8,
     /// `gc.high_inodes_percent` and `gc.low_inodes_percent`, when set.
     inodes: Option<(u8, u8)>,
+    /// Free space kept above the kubelet's eviction line for the largest
+    /// recent pull, when known (see [`Headroom`]).
+    headroom: Option<Headroom>,
 }
 
 impl SpaceTarget {
@@ -30,7 +34,32 @@ impl SpaceTarget {
     /// inodes when both are set (`gc.high_inodes_percent`,
     /// `gc.low_inodes_percent`).
     pub fn new(high: u8, low: u8, inodes: Option<(u8, u8)>) -> Self {
-        SpaceTarget { high, low, inodes }
+        SpaceTarget {
+            high,
+            low,
+            inodes,
+            headroom: None,
+        }
+    }
+
+    /// The same thresholds, lowered where `headroom` needs it (see
+    /// [`Headroom::thresholds`]).
+    pub fn with_headroom(self, headroom: Option<Headroom>) -> Self {
+        SpaceTarget { headroom, ..self }
+    }
+
+    /// The headroom these thresholds keep, if any.
+    pub fn headroom(&self) -> Option<Headroom> {
+        self.headroom
+    }
+
+    /// The byte thresholds `(high, low)` in force on a filesystem of
+    /// `capacity` bytes: the configured ones, or lower for the headroom.
+    pub fn in_force(&self, capacity: u64) -> (u8, u8) {
+        match self.headroom {
+            Some(headroom) => headroom.thresholds(self.high, self.low, capacity),
+            None => (self.high, self.low),
+        }
     }
 
     /// The disk usage, in percent of capacity, at which a space pass starts
@@ -48,7 +77,7 @@ impl SpaceTarget {
     /// True when usage (bytes, or inodes when configured) is at or above
     /// the high threshold.
     pub fn due(&self, stats: &FsStats) -> bool {
-        stats.usage_percent() >= u64::from(self.high)
+        stats.usage_percent() >= u64::from(self.in_force(stats.capacity_bytes).0)
             || self
                 .inodes
                 .is_some_and(|(high, _)| stats.inode_usage_percent().is_some_and(|u| u >= u64::from(high)))
@@ -56,13 +85,13 @@ impl SpaceTarget {
 
     /// Bytes to free to bring usage to the low threshold.
     pub fn bytes_to_free(&self, stats: &FsStats) -> u64 {
-        stats.bytes_to_free(self.low)
+        stats.bytes_to_free(self.in_force(stats.capacity_bytes).1)
     }
 
     /// True when usage is at or below low, in bytes and (when configured)
     /// in inodes.
     pub fn reached(&self, stats: &FsStats) -> bool {
-        stats.bytes_to_free(self.low) == 0 && self.inodes.is_none_or(|(_, low)| stats.inodes_to_free(low) == 0)
+        self.bytes_to_free(stats) == 0 && self.inodes.is_none_or(|(_, low)| stats.inodes_to_free(low) == 0)
     }
 }
 

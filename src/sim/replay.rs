@@ -44,7 +44,9 @@ use crate::config::Config;
 use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::fs::FsStats;
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
-use crate::policy::{AgePass, CyclePlan, DiskFootprint, GcPolicy, KeptImages, Protections, SpaceTarget, Step};
+use crate::policy::{
+    AgePass, CyclePlan, DiskFootprint, GcPolicy, Headroom, KeptImages, LargestPull, Protections, SpaceTarget, Step,
+};
 use crate::records::Records;
 
 use super::trace::{Action, Seconds, Trace};
@@ -428,6 +430,9 @@ pub struct Imagegc<'c> {
     space_due: bool,
     /// See [`Policy::quiet_until`], as the last cycle found it.
     quiet_until: Option<Seconds>,
+    /// The largest image that arrived lately, as the daemon's inventory
+    /// keeps it (see [`crate::policy::Headroom`]).
+    largest_pull: Option<LargestPull>,
 }
 
 impl<'c> Imagegc<'c> {
@@ -460,6 +465,7 @@ impl<'c> Imagegc<'c> {
             next_cycle: 0,
             space_due: false,
             quiet_until: None,
+            largest_pull: None,
         }
     }
 
@@ -505,7 +511,15 @@ impl<'c> Imagegc<'c> {
         let config = self.config;
         node.tally.cycles += 1;
         let snapshot = node.snapshot(&self.listed);
-        let (_, listed) = self.records.observe_snapshot(&snapshot, now);
+        let (observed, listed) = self.records.observe_snapshot(&snapshot, now);
+        for image in observed.new.iter().filter_map(|&i| snapshot.images.get(i)) {
+            let pull = LargestPull {
+                image: image.id.clone(),
+                size_bytes: image.size,
+                at: now,
+            };
+            self.largest_pull = LargestPull::larger(self.largest_pull.take(), Some(pull), now);
+        }
         // The daemon's script (policy::cycle), with the simulated node's
         // removals: a removal frees what no image left on disk shares.
         let cycle = CyclePlan::new(
@@ -515,13 +529,14 @@ impl<'c> Imagegc<'c> {
             Protections::none(),
             (now, instant(0)),
             KeptImages::Counted,
-        );
+        )
+        .with_headroom(self.headroom());
         for candidate in cycle.age() {
             if node.remove(self.by_id[candidate.id]) {
                 self.records.remove(candidate.id, now);
             }
         }
-        let target = self.policy.target;
+        let target = cycle.target();
         let mut low_reached = true;
         if let Some(pass) = cycle.space(node.stats(), AgePass::Removed, DiskFootprint::default(), None) {
             node.tally.space_passes += 1;
@@ -555,6 +570,19 @@ impl<'c> Imagegc<'c> {
     }
 }
 
+impl Imagegc<'_> {
+    /// The headroom for the largest recent pull, as the daemon's.
+    fn headroom(&self) -> Option<Headroom> {
+        let pull = self.largest_pull.as_ref().filter(|_| self.policy.headroom)?;
+        Headroom::for_pull(
+            pull,
+            DiskFootprint::default(),
+            self.policy.eviction,
+            self.policy.target.high_percent(),
+        )
+    }
+}
+
 impl Policy for Imagegc<'_> {
     fn name(&self) -> String {
         self.label.clone()
@@ -582,6 +610,16 @@ impl Policy for Imagegc<'_> {
     }
 
     fn used(&mut self, t: Seconds, image: u32, started: bool, node: &Node<'_>) {
+        let listed = &self.listed[image as usize];
+        if self.records.get(&listed.id).is_none() {
+            // Pulled since the last listing: the daemon's next poll sees it.
+            let pull = LargestPull {
+                image: listed.id.clone(),
+                size_bytes: listed.size,
+                at: instant(t),
+            };
+            self.largest_pull = LargestPull::larger(self.largest_pull.take(), Some(pull), instant(t));
+        }
         let id = [self.listed[image as usize].id.as_str()];
         if started {
             self.records.mark_used(id, instant(t));
@@ -591,7 +629,7 @@ impl Policy for Imagegc<'_> {
             self.records.mark_still_used(id, instant(t));
         }
         // Usage measured between cycles: a cycle starts when it crosses high.
-        let due = self.policy.target.due(&node.stats());
+        let due = self.policy.target.with_headroom(self.headroom()).due(&node.stats());
         if due && !self.space_due && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }

@@ -141,6 +141,11 @@ pub const CASES: &[Case] = &[
         "gc.dry_run: invalid type",
     ),
     toml(
+        "headroom-string",
+        "[gc]\nheadroom = \"off\"\n",
+        "gc.headroom: invalid type",
+    ),
+    toml(
         "images-not-a-list",
         "[protect]\nimages = \"nginx:*\"\n",
         "protect.images: invalid type",

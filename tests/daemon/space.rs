@@ -165,7 +165,8 @@ async fn a_disk_filling_in_steps_is_answered_at_every_crossing() {
 }
 
 /// A daemon over unused `images`, each occupying its size on a 1000-byte
-/// disk with `available` bytes free, high 80 and low 50, a cycle an hour
+/// disk with `available` bytes free, high 80 and low 50, no eviction line
+/// (so no headroom and no hurry), a cycle an hour
 /// (only what the test starts runs one), once its first cycle has finished.
 async fn images_on_a_1000_byte_disk(
     images: &[&imagegc::cri::Image],
@@ -187,10 +188,44 @@ async fn images_on_a_1000_byte_disk(
             c.gc.interval = secs(3600);
             c.gc.high_threshold_percent = 80;
             c.gc.low_threshold_percent = 50;
+            // No kubelet eviction line: on a disk this small, each image a
+            // fifth of it, usage is past the default line at the first
+            // crossing, and the hurry would change the walks these tests
+            // check (the tests of the line set one).
+            c.eviction_imagefs_available = Some(imagegc::config::EvictionThreshold::Bytes(0));
             configure(c);
         },
     )
     .await;
     first_cycle_done(&daemon).await;
     (fake, disk, daemon)
+}
+
+/// Usage at 62 %, below high (80), on a node that pulled a 300-byte image
+/// (and two of 100) into a 1000-byte disk: `line`, the kubelet's eviction
+/// line. Whether an image was removed within ten seconds.
+async fn below_high_after_a_big_pull(line: imagegc::config::EvictionThreshold) -> bool {
+    let (big, a, b) = (image("big", 300), image("a", 100), image("b", 100));
+    let (fake, disk, mut daemon) = images_on_a_1000_byte_disk(&[&big, &a, &b], 500, |c| {
+        c.gc.headroom = true;
+        c.eviction_imagefs_available = Some(line);
+    })
+    .await;
+    assert!(fake.removed().is_empty(), "50 % at the first cycle");
+    // Something else writes: 62 %.
+    disk.set_available(380);
+    tokio::time::sleep(secs(10)).await;
+    let removed = !fake.removed().is_empty();
+    daemon.stop().await;
+    removed
+}
+
+/// The usage checks between cycles go by the thresholds in force: with the
+/// kubelet's eviction line at 15 %, the 300-byte pull asks 450 bytes free
+/// at least (high 55 % here), and 62 % starts a space pass; without a line,
+/// nothing happens below 80 %.
+#[tokio::test(start_paused = true)]
+async fn a_pull_that_would_cross_the_eviction_line_from_below_high_starts_a_space_pass_below_high() {
+    assert!(below_high_after_a_big_pull(imagegc::config::EvictionThreshold::Percent(15.0)).await);
+    assert!(!below_high_after_a_big_pull(imagegc::config::EvictionThreshold::Bytes(0)).await);
 }

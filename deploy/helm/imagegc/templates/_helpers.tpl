@@ -125,6 +125,7 @@ image_fs_path = {{ . | toJson }}
 {{- end }}
 thrash_window = {{ .Values.gc.thrashWindow | toJson }}
 order = {{ .Values.gc.order | toJson }}
+headroom = {{ .Values.gc.headroom }}
 {{- if not (kindIs "invalid" .Values.gc.highInodesPercent) }}
 high_inodes_percent = {{ int .Values.gc.highInodesPercent }}
 low_inodes_percent = {{ int .Values.gc.lowInodesPercent }}
