@@ -17,8 +17,8 @@ use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::policy::headroom::HEADROOM_WINDOW;
 use crate::policy::{
-    self, Candidate, CyclePlan, Forecast, GcPolicy, Headroom, ImageBytes, KeepReason, Kept, KeptImages, LargestPull,
-    Plan, Protections, Reason, SpaceOutlook, SpaceTarget,
+    self, Candidate, CyclePlan, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, KeptImages, LargestPull, Plan,
+    Protections, Reason, SpaceOutlook, SpaceTarget,
 };
 use crate::store::journal::Journal;
 use crate::store::state::{Known, StateStore};
@@ -103,14 +103,16 @@ pub async fn plan(
     // this very listing is not "used at this instant".
     let now = clock.now();
     let gc_policy = GcPolicy::from(&config);
-    // The largest recent pull, as the daemon knows it: from the records
-    // and the journal's removals.
-    let journal = Journal::new(&config.state.dir);
-    let recent = journal.read(now.checked_sub(HEADROOM_WINDOW)).unwrap_or_default();
-    let largest = engine::largest_pull(&records, &recent, now).filter(|_| gc_policy.headroom);
-    let headroom = largest
-        .as_ref()
-        .and_then(|pull| Headroom::for_pull(pull, footprint, gc_policy.eviction, gc_policy.target.high_percent()));
+    // With `gc.headroom`, the largest recent pull, as the daemon knows it:
+    // from the records and the journal's removals.
+    let largest = gc_policy.headroom.then(|| {
+        let recent = Journal::new(&config.state.dir)
+            .read(now.checked_sub(HEADROOM_WINDOW))
+            .unwrap_or_default();
+        engine::largest_pull(&records, &recent, now)
+    });
+    let largest = largest.flatten();
+    let headroom = gc_policy.headroom_for(largest.as_ref(), footprint);
     let cycle = CyclePlan::new(
         &snapshot,
         &listed,

@@ -115,7 +115,13 @@ impl Daemon {
                 .flatten();
             let config = Arc::new(self.config);
             // The state directory, read once, before anything else runs.
-            let restored = Restored::load(&config.state.dir, &clock, config.gc.interval, config.gc.thrash_window);
+            let restored = Restored::load(
+                &config.state.dir,
+                &clock,
+                config.gc.interval,
+                config.gc.thrash_window,
+                config.gc.headroom,
+            );
             let mut collector = Collector::new(runtime, config, restored, self.probe, Arc::clone(&self.metrics), clock)
                 .with_health(Arc::clone(&self.health));
             if let Some(log) = &usage_log {

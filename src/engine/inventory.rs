@@ -76,12 +76,7 @@ impl Inventory {
     /// places in `images`) as pulls at `now`.
     pub(super) fn note_pulls(&mut self, images: &[Image], new: &[usize], now: SystemTime) {
         for image in new.iter().filter_map(|&i| images.get(i)) {
-            let pull = LargestPull {
-                image: image.repo_tags.first().map_or_else(|| image.id.clone(), str::to_string),
-                size_bytes: image.size,
-                at: now,
-            };
-            self.largest_pull = LargestPull::larger(self.largest_pull.take(), Some(pull), now);
+            LargestPull::note(&mut self.largest_pull, LargestPull::of(image, now), now);
         }
     }
 
@@ -121,7 +116,7 @@ pub fn largest_pull(records: &Records, recent: &[JournalEntry], now: SystemTime)
 /// records and the last successful cycle of the process that saved them,
 /// the pending removals, and the journal's recent removals, which re-pulls
 /// are counted against). [`Restored::load`] is the only IO of a start:
-/// [`super::Collector::from_restored`] does none.
+/// [`super::Collector::new`] does none.
 pub struct Restored {
     pub(super) records: Records,
     /// The last successful cycle of the process that saved the records.
@@ -129,8 +124,8 @@ pub struct Restored {
     pub(super) store: StateStore,
     pub(super) journal: Journal,
     pub(super) pending: Pending,
-    /// The journal's removals (not dry runs) within the thrash window or
-    /// the headroom's, whichever is longer.
+    /// The journal's removals (not dry runs) within the thrash window, or
+    /// the headroom's when that is on and longer.
     pub(super) recent: Vec<JournalEntry>,
     /// `gc.thrash_window`: how far back `recent` counts for re-pulls.
     pub(super) thrash_window: Duration,
@@ -140,14 +135,19 @@ impl Restored {
     /// Loads the state directory `dir` (`interval`: `gc.interval`, which
     /// moves last-used times forward over the time the node went
     /// unwatched; `thrash_window`: how far back the journal's removals
-    /// count for re-pulls).
-    pub fn load(dir: &Path, clock: &Clock, interval: Duration, thrash_window: Duration) -> Self {
+    /// count for re-pulls; `headroom`: `gc.headroom`, with which they count
+    /// for the largest recent pull too, over
+    /// [`crate::policy::headroom::HEADROOM_WINDOW`]).
+    pub fn load(dir: &Path, clock: &Clock, interval: Duration, thrash_window: Duration, headroom: bool) -> Self {
         let store = StateStore::new(dir);
         let (records, last_success) = load_records(&store, clock, interval);
         let journal = Journal::new(dir);
-        let since = clock
-            .now()
-            .checked_sub(thrash_window.max(crate::policy::headroom::HEADROOM_WINDOW));
+        let window = if headroom {
+            thrash_window.max(crate::policy::headroom::HEADROOM_WINDOW)
+        } else {
+            thrash_window
+        };
+        let since = clock.now().checked_sub(window);
         let recent = journal
             .read(since)
             .map(|entries| entries.into_iter().filter(|e| !e.dry_run).collect())

@@ -116,7 +116,13 @@ impl<R: Runtime> Collector<R> {
     /// Loads what a collector starts from from the state directory of
     /// `config` (see [`Restored`]), then creates it.
     pub fn load(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
-        let restored = Restored::load(&config.state.dir, &clock, config.gc.interval, config.gc.thrash_window);
+        let restored = Restored::load(
+            &config.state.dir,
+            &clock,
+            config.gc.interval,
+            config.gc.thrash_window,
+            config.gc.headroom,
+        );
         Self::new(runtime, config, restored, probe, metrics, clock)
     }
 
@@ -255,17 +261,11 @@ impl<R: Runtime> Collector<R> {
         self.inventory.footprint
     }
 
-    /// The thresholds in force: the policy's, lowered where the largest
-    /// recent pull needs headroom below the kubelet's eviction line (see
-    /// [`crate::policy::Headroom`]).
+    /// The headroom the largest recent pull asks for above the kubelet's
+    /// eviction line (see [`crate::policy::Headroom`]), when on.
     fn headroom(&self) -> Option<crate::policy::Headroom> {
-        let pull = self.inventory.largest_pull.as_ref().filter(|_| self.policy.headroom)?;
-        crate::policy::Headroom::for_pull(
-            pull,
-            self.inventory.footprint,
-            self.policy.eviction,
-            self.policy.target.high_percent(),
-        )
+        self.policy
+            .headroom_for(self.inventory.largest_pull.as_ref(), self.inventory.footprint)
     }
 
     /// Measures the image filesystem between cycles (statvfs: no call to

@@ -337,46 +337,39 @@ fn collector_with_history(
     config.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Bytes(0));
     configure(&mut config);
     let clock = Clock::starting_at(SystemTime::now() - Duration::from_secs(3600));
-    let restored = Restored::load(dir.path(), &clock, config.gc.interval, config.gc.thrash_window);
-    let c = Collector::new(
+    (start(sim, Arc::new(config), clock, Some(records)), dir)
+}
+
+/// A process on `sim` with `config` (its state directory included), its
+/// clock at `clock`: from what the state directory holds, with `records`
+/// in place of its records when given (as if its state file held them).
+fn start(sim: &SimHandle, config: Arc<Config>, clock: Clock, records: Option<Records>) -> Collector<SimHandle> {
+    let gc = &config.gc;
+    let restored = Restored::load(&config.state.dir, &clock, gc.interval, gc.thrash_window, gc.headroom);
+    let restored = match records {
+        Some(records) => restored.with_records(records),
+        None => restored,
+    };
+    Collector::new(
         sim.clone(),
-        Arc::new(config),
-        restored.with_records(records),
+        config,
+        restored,
         Arc::new(sim.clone()),
         Arc::new(Metrics::new()),
         clock,
-    );
-    (c, dir)
+    )
 }
 
 /// The next process, as [`next_process`], started now from `records` (as
 /// if its state file held them).
 fn next_process_with_history(c: &Collector<SimHandle>, records: Records) -> Collector<SimHandle> {
-    let sim = c.runtime().clone();
-    let config = Arc::clone(c.config());
-    let clock = *c.clock();
-    let restored = Restored::load(&config.state.dir, &clock, config.gc.interval, config.gc.thrash_window);
-    Collector::new(
-        sim.clone(),
-        config,
-        restored.with_records(records),
-        Arc::new(sim),
-        Arc::new(Metrics::new()),
-        clock,
-    )
+    start(c.runtime(), Arc::clone(c.config()), *c.clock(), Some(records))
 }
 
 /// The next process on the same node, configuration and state directory
 /// (after `c` was killed or stopped), its clock starting at `clock`.
 fn next_process(c: &Collector<SimHandle>, clock: Clock) -> Collector<SimHandle> {
-    let sim = c.runtime().clone();
-    Collector::load(
-        sim.clone(),
-        Arc::clone(c.config()),
-        Arc::new(sim),
-        Arc::new(Metrics::new()),
-        clock,
-    )
+    start(c.runtime(), Arc::clone(c.config()), clock, None)
 }
 
 async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::config::EvictionThreshold;
+use crate::cri::Image;
 
 /// How long a pull counts for the headroom: a week, which covers the
 /// weekly jobs and releases that bring the biggest images back.
@@ -37,6 +38,21 @@ pub struct LargestPull {
 }
 
 impl LargestPull {
+    /// `image` arriving at `at`, named by its first tag (or its id).
+    pub fn of(image: &Image, at: SystemTime) -> Self {
+        LargestPull {
+            image: image.repo_tags.first().map_or_else(|| image.id.clone(), str::to_string),
+            size_bytes: image.size,
+            at,
+        }
+    }
+
+    /// Keeps in `largest` the larger of it and `pull` (see
+    /// [`LargestPull::larger`]).
+    pub fn note(largest: &mut Option<LargestPull>, pull: LargestPull, now: SystemTime) {
+        *largest = Self::larger(largest.take(), Some(pull), now);
+    }
+
     /// The larger of two pulls, either of which may be older than the
     /// window at `now` (and then does not count).
     pub fn larger(a: Option<LargestPull>, b: Option<LargestPull>, now: SystemTime) -> Option<LargestPull> {
@@ -59,21 +75,17 @@ pub struct Headroom {
 
 impl Headroom {
     /// The headroom for `pull` (its reported size; `footprint` says what it
-    /// takes on disk) below the eviction line `line`, for the thresholds
-    /// `high` (percent): none when the kubelet keeps no space on the image
-    /// filesystem (a line of 0), or when `high` is at or above the line
-    /// already (the configuration accepts crossing it; the thresholds it
-    /// sets are kept).
+    /// takes on disk) below the eviction line `line`: none when the kubelet
+    /// keeps no space on the image filesystem (a line of 0). A high
+    /// threshold at or above the line is left as set by
+    /// [`Headroom::thresholds`].
     pub fn for_pull(
         pull: &LargestPull,
         footprint: crate::policy::DiskFootprint,
         line: EvictionThreshold,
-        high: u8,
     ) -> Option<Headroom> {
         let keeps = match line {
-            EvictionThreshold::Percent(p) => p > 0.0 && f64::from(high) < 100.0 - p,
-            // Compared with the capacity in `thresholds`, where a line above
-            // high leaves high as it is.
+            EvictionThreshold::Percent(p) => p > 0.0,
             EvictionThreshold::Bytes(b) => b > 0,
         };
         keeps.then(|| Headroom {

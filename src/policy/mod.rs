@@ -55,6 +55,13 @@ pub struct GcPolicy {
 }
 
 impl GcPolicy {
+    /// The headroom for `pull`, the largest recent pull (`footprint` says
+    /// what it takes on disk), when `gc.headroom` is on.
+    pub fn headroom_for(&self, pull: Option<&LargestPull>, footprint: DiskFootprint) -> Option<Headroom> {
+        pull.filter(|_| self.headroom)
+            .and_then(|pull| Headroom::for_pull(pull, footprint, self.eviction))
+    }
+
     /// Whether `stats` is past the kubelet's eviction line: less available
     /// than it keeps, so that its eviction manager evicts pods at its next
     /// look unless space comes back first.

@@ -578,6 +578,20 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
     }
 
+    /// A space candidate of `image`, first seen and last used at `t(0)`.
+    fn candidate(image: &Image) -> Candidate<'_> {
+        Candidate {
+            id: &image.id,
+            tags: &image.repo_tags,
+            digests: &image.repo_digests,
+            size: image.size,
+            first_seen: t(0),
+            last_used: t(0),
+            reason: Reason::Space,
+            usual_break: None,
+        }
+    }
+
     #[test]
     fn containerd_images_take_at_least_twice_their_reported_size_and_measured_removals_raise_it() {
         let mut containerd = DiskFootprint::for_runtime("containerd");
@@ -607,18 +621,6 @@ mod tests {
             ..FsStats::default()
         };
         let images: Vec<Image> = ["a", "b", "c", "d"].iter().map(|n| image(n, 100)).collect();
-        fn candidate(image: &Image) -> Candidate<'_> {
-            Candidate {
-                id: &image.id,
-                tags: &image.repo_tags,
-                digests: &image.repo_digests,
-                size: image.size,
-                first_seen: t(0),
-                last_used: t(0),
-                reason: Reason::Space,
-                usual_break: None,
-            }
-        }
         let candidates = [candidate(&images[0]), candidate(&images[1])];
         let outlook = SpaceOutlook::new(
             &stats,
@@ -724,19 +726,7 @@ mod tests {
             ..FsStats::default()
         };
         let images: Vec<Image> = ["a", "b", "c"].iter().map(|n| image(n, 50)).collect();
-        let candidates: Vec<Candidate<'_>> = images
-            .iter()
-            .map(|i| Candidate {
-                id: &i.id,
-                tags: &i.repo_tags,
-                digests: &i.repo_digests,
-                size: i.size,
-                first_seen: t(0),
-                last_used: t(0),
-                reason: Reason::Space,
-                usual_break: None,
-            })
-            .collect();
+        let candidates: Vec<Candidate<'_>> = images.iter().map(candidate).collect();
         // Low 80 %: 200 to free; containerd's footprint counts 100 a removal.
         let target = SpaceTarget::new(90, 80, None);
         let mut walk = Walk::measured(target, full, &candidates);

@@ -513,12 +513,7 @@ impl<'c> Imagegc<'c> {
         let snapshot = node.snapshot(&self.listed);
         let (observed, listed) = self.records.observe_snapshot(&snapshot, now);
         for image in observed.new.iter().filter_map(|&i| snapshot.images.get(i)) {
-            let pull = LargestPull {
-                image: image.id.clone(),
-                size_bytes: image.size,
-                at: now,
-            };
-            self.largest_pull = LargestPull::larger(self.largest_pull.take(), Some(pull), now);
+            LargestPull::note(&mut self.largest_pull, LargestPull::of(image, now), now);
         }
         // The daemon's script (policy::cycle), with the simulated node's
         // removals: a removal frees what no image left on disk shares.
@@ -573,13 +568,8 @@ impl<'c> Imagegc<'c> {
 impl Imagegc<'_> {
     /// The headroom for the largest recent pull, as the daemon's.
     fn headroom(&self) -> Option<Headroom> {
-        let pull = self.largest_pull.as_ref().filter(|_| self.policy.headroom)?;
-        Headroom::for_pull(
-            pull,
-            DiskFootprint::default(),
-            self.policy.eviction,
-            self.policy.target.high_percent(),
-        )
+        self.policy
+            .headroom_for(self.largest_pull.as_ref(), DiskFootprint::default())
     }
 }
 
@@ -613,14 +603,9 @@ impl Policy for Imagegc<'_> {
         let listed = &self.listed[image as usize];
         if self.records.get(&listed.id).is_none() {
             // Pulled since the last listing: the daemon's next poll sees it.
-            let pull = LargestPull {
-                image: listed.id.clone(),
-                size_bytes: listed.size,
-                at: instant(t),
-            };
-            self.largest_pull = LargestPull::larger(self.largest_pull.take(), Some(pull), instant(t));
+            LargestPull::note(&mut self.largest_pull, LargestPull::of(listed, instant(t)), instant(t));
         }
-        let id = [self.listed[image as usize].id.as_str()];
+        let id = [listed.id.as_str()];
         if started {
             self.records.mark_used(id, instant(t));
         } else {
