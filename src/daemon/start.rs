@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::{Health, RETRY_CAP, RETRY_FIRST};
 use crate::config::Config;
 use crate::cri::{self, CriClient};
-use crate::engine::{Collector, Restored};
+use crate::engine::Collector;
 use crate::fs::{FsProbe, Statvfs};
 use crate::outputs::metrics::Metrics;
 use crate::time::Clock;
@@ -113,17 +113,15 @@ impl Daemon {
                 .usage_log
                 .then(|| start_usage_log(&self.config.state.dir, clock))
                 .flatten();
-            let config = Arc::new(self.config);
             // The state directory, read once, before anything else runs.
-            let restored = Restored::load(
-                &config.state.dir,
-                &clock,
-                config.gc.interval,
-                config.gc.thrash_window,
-                config.gc.headroom,
-            );
-            let mut collector = Collector::new(runtime, config, restored, self.probe, Arc::clone(&self.metrics), clock)
-                .with_health(Arc::clone(&self.health));
+            let mut collector = Collector::load(
+                runtime,
+                Arc::new(self.config),
+                self.probe,
+                Arc::clone(&self.metrics),
+                clock,
+            )
+            .with_health(Arc::clone(&self.health));
             if let Some(log) = &usage_log {
                 collector = collector.with_sink(Arc::clone(log) as Arc<dyn crate::engine::Sink>);
             }
