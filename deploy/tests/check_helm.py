@@ -331,6 +331,7 @@ def values(render, values_file, deploy):
         "state": {"dir": "/var/lib/imagegc"},
         "metrics": {"listen": v["metrics"].get("listen") or f"0.0.0.0:{port}"},
         "kubernetes": {"enabled": v["kubernetes"]["enabled"], "protect_pods": v["kubernetes"]["protectPods"],
+                       "room_before_pulls": v["kubernetes"]["roomBeforePulls"],
                        "node_events": v["kubernetes"]["nodeEvents"],
                        "pods_stale_after": v["kubernetes"]["podsStaleAfter"]},
     }

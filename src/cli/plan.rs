@@ -17,8 +17,8 @@ use crate::engine::{self, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::policy::headroom::HEADROOM_WINDOW;
 use crate::policy::{
-    self, Candidate, CyclePlan, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, KeptImages, LargestPull, Plan,
-    Protections, Reason, SpaceOutlook, SpaceTarget,
+    self, Candidate, ComingPull, CyclePlan, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, KeptImages, LargestPull,
+    Plan, Protections, Reason, SpaceOutlook, SpaceTarget,
 };
 use crate::store::journal::Journal;
 use crate::store::state::{Known, StateStore};
@@ -44,7 +44,8 @@ struct PlanJson<'a> {
     /// runtime's image filesystem.
     image_fs_mismatch: Option<&'a str>,
     /// The free space kept above the kubelet's eviction line for the
-    /// largest recent pull, when one is known.
+    /// largest recent pull (`gc.headroom`) and the pulls coming for pods
+    /// bound to the node (`kubernetes.room_before_pulls`), when any.
     #[serde(skip_serializing_if = "Option::is_none")]
     headroom: Option<HeadroomView<'a>>,
     removals: Vec<serde_json::Value>,
@@ -55,13 +56,27 @@ struct PlanJson<'a> {
 /// The headroom (see [`crate::policy::Headroom`]) as `plan` shows it.
 #[derive(Serialize)]
 struct HeadroomView<'a> {
-    largest_pull: &'a LargestPull,
-    /// What it takes on disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    largest_pull: Option<&'a LargestPull>,
+    /// What the largest recent pull takes on disk (0 without one).
     bytes_on_disk: u64,
+    /// The pulls coming for pods bound to the node, each sized by the
+    /// node's largest image of its repository.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    coming_pulls: Vec<ComingView<'a>>,
     /// The thresholds in force on this filesystem: the configured ones
     /// when the pull fits between high and the eviction line.
     high_threshold_percent: u8,
     low_threshold_percent: u8,
+}
+
+/// A coming pull as `plan` shows it.
+#[derive(Serialize)]
+struct ComingView<'a> {
+    #[serde(flatten)]
+    pull: &'a ComingPull,
+    /// What it will likely take on disk.
+    bytes_on_disk: u64,
 }
 
 #[derive(Serialize)]
@@ -103,16 +118,29 @@ pub async fn plan(
     // this very listing is not "used at this instant".
     let now = clock.now();
     let gc_policy = GcPolicy::from(&config);
-    // With `gc.headroom`, the largest recent pull, as the daemon knows it:
-    // from the records and the journal's removals.
-    let largest = gc_policy.headroom.then(|| {
-        let recent = Journal::new(&config.state.dir)
+    // With `gc.headroom`, the largest recent pull, and with
+    // `kubernetes.room_before_pulls` the pulls coming for the pods, as the
+    // daemon knows them: from the records and the journal's removals.
+    let recent = if gc_policy.pull_history() {
+        Journal::new(&config.state.dir)
             .read(now.checked_sub(HEADROOM_WINDOW))
-            .unwrap_or_default();
-        engine::largest_pull(&records, &recent, now)
-    });
-    let largest = largest.flatten();
-    let headroom = gc_policy.headroom_for(largest.as_ref(), footprint);
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let largest = gc_policy
+        .headroom
+        .then(|| engine::largest_pull(&records, &recent, now))
+        .flatten();
+    let coming: Vec<ComingPull> = if gc_policy.room_before_pulls {
+        let sizes = engine::repo_sizes(&records, &recent);
+        let mut coming = policy::coming::coming_pulls(&snapshot.images, pods, &sizes);
+        coming.retain(|pull| pull.like.is_some());
+        coming
+    } else {
+        Vec::new()
+    };
+    let headroom = gc_policy.headroom_for(largest.as_ref(), &coming, footprint);
     let cycle = CyclePlan::new(
         &snapshot,
         &listed,
@@ -128,9 +156,16 @@ pub async fn plan(
     let in_force = fs.map_or((target.high_percent(), target.low_percent()), |fs| {
         target.in_force(fs.capacity_bytes)
     });
-    let headroom_view = largest.as_ref().map(|pull| HeadroomView {
-        largest_pull: pull,
-        bytes_on_disk: footprint.on_disk(pull.size_bytes),
+    let headroom_view = (largest.is_some() || !coming.is_empty()).then(|| HeadroomView {
+        largest_pull: largest.as_ref(),
+        bytes_on_disk: largest.as_ref().map_or(0, |pull| footprint.on_disk(pull.size_bytes)),
+        coming_pulls: coming
+            .iter()
+            .map(|pull| ComingView {
+                pull,
+                bytes_on_disk: pull.bytes_on_disk(footprint),
+            })
+            .collect(),
         high_threshold_percent: in_force.0,
         low_threshold_percent: in_force.1,
     });
@@ -208,19 +243,39 @@ pub async fn plan(
     Ok(0)
 }
 
-/// The headroom's line: the largest recent pull, and whether it lowers the
-/// thresholds.
+/// The headroom's line: the largest recent pull and the coming pulls, and
+/// whether they lower the thresholds.
 fn headroom_line(view: &HeadroomView, config: &Config, now: SystemTime) -> String {
-    let pull = format!(
-        "the largest pull of the last {} is {} ({} on disk, {})",
-        crate::time::short(HEADROOM_WINDOW),
-        super::table::cell(&view.largest_pull.image),
-        human_bytes(view.bytes_on_disk),
-        ago(view.largest_pull.at, now)
-    );
+    let mut pulls: Vec<String> = Vec::new();
+    if let Some(largest) = view.largest_pull {
+        pulls.push(format!(
+            "the largest pull of the last {} is {} ({} on disk, {})",
+            crate::time::short(HEADROOM_WINDOW),
+            super::table::cell(&largest.image),
+            human_bytes(view.bytes_on_disk),
+            ago(largest.at, now)
+        ));
+    }
+    for coming in &view.coming_pulls {
+        let like = coming.pull.like.as_ref().map_or_else(String::new, |seen| {
+            format!(", sized like {}", super::table::cell(&seen.tag))
+        });
+        pulls.push(format!(
+            "pod {} names {}, not on the node: a pull of about {} on disk{like}",
+            super::table::cell(&coming.pull.pod),
+            super::table::cell(&coming.pull.image),
+            human_bytes(coming.bytes_on_disk),
+        ));
+    }
+    let pull = pulls.join("; ");
+    let what = if view.coming_pulls.is_empty() {
+        "it fits"
+    } else {
+        "room for it is there"
+    };
     let (high, low) = (config.gc.high_threshold_percent, config.gc.low_threshold_percent);
     if (view.high_threshold_percent, view.low_threshold_percent) == (high, low) {
-        format!("headroom: {pull}; it fits between the high threshold and the kubelet's eviction line\n")
+        format!("headroom: {pull}; {what} between the high threshold and the kubelet's eviction line\n")
     } else {
         format!(
             "headroom: {pull}; it would not fit between the high threshold and the kubelet's eviction line, \
@@ -431,8 +486,9 @@ mod tests {
         };
         let config = Config::default();
         let view = |high, low| HeadroomView {
-            largest_pull: &pull,
+            largest_pull: Some(&pull),
             bytes_on_disk: 10 << 30,
+            coming_pulls: Vec::new(),
             high_threshold_percent: high,
             low_threshold_percent: low,
         };
@@ -446,6 +502,47 @@ mod tests {
         let fits = headroom_line(&view(80, 75), &config, now);
         assert!(fits.contains("it fits between the high threshold"), "{fits}");
         assert!(!fits.contains("in force"), "{fits}");
+    }
+
+    #[test]
+    fn the_headroom_line_names_each_coming_pull_its_pod_and_what_it_was_sized_by() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let pull = ComingPull {
+            image: "registry.test/app:2".to_string(),
+            pod: "default/app-5f4".to_string(),
+            like: Some(policy::coming::Seen {
+                tag: "registry.test/app:1".to_string(),
+                size_bytes: 420 << 20,
+                at: now,
+            }),
+        };
+        let view = HeadroomView {
+            largest_pull: None,
+            bytes_on_disk: 0,
+            coming_pulls: vec![ComingView {
+                pull: &pull,
+                bytes_on_disk: 840 << 20,
+            }],
+            high_threshold_percent: 28,
+            low_threshold_percent: 23,
+        };
+        let line = headroom_line(&view, &Config::default(), now);
+        assert!(
+            line.contains(
+                "pod default/app-5f4 names registry.test/app:2, not on the node: a pull of about 840.0 MiB on disk, \
+                 sized like registry.test/app:1"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("thresholds in force are 28/23% (configured 80/75%)"),
+            "{line}"
+        );
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["coming_pulls"][0]["image"], "registry.test/app:2");
+        assert_eq!(json["coming_pulls"][0]["like"]["tag"], "registry.test/app:1");
+        assert_eq!(json["coming_pulls"][0]["bytes_on_disk"], 840u64 << 20);
+        assert!(json.get("largest_pull").is_none());
     }
 
     #[test]

@@ -270,6 +270,10 @@ pub struct KubernetesConfig {
     pub kubeconfig: Option<PathBuf>,
     /// Keep every image that a pod bound to this node names.
     pub protect_pods: bool,
+    /// Make room before the pull of an image a pod bound to this node names
+    /// and the node lacks, when it would cross the kubelet's eviction line
+    /// (with `protect_pods`, which watches the pods).
+    pub room_before_pulls: bool,
     /// Post events on this node's Node object.
     pub node_events: bool,
     /// How long the last known pods keep protecting their images while the
@@ -284,6 +288,7 @@ impl Default for KubernetesConfig {
             node_name: None,
             kubeconfig: None,
             protect_pods: true,
+            room_before_pulls: true,
             node_events: true,
             pods_stale_after: DEFAULT_PODS_STALE_AFTER,
         }
@@ -449,6 +454,7 @@ enabled = {kube_enabled}
 node_name = {kube_node}
 kubeconfig = {kubeconfig}
 protect_pods = {protect_pods}
+room_before_pulls = {room_before_pulls}
 node_events = {node_events}
 pods_stale_after = "{pods_stale_after}"
 "#,
@@ -480,6 +486,7 @@ pods_stale_after = "{pods_stale_after}"
             kube_node = toml_string(self.kubernetes.node_name.as_deref().unwrap_or("")),
             kubeconfig = path(self.kubernetes.kubeconfig.as_deref()),
             protect_pods = self.kubernetes.protect_pods,
+            room_before_pulls = self.kubernetes.room_before_pulls,
             node_events = self.kubernetes.node_events,
             pods_stale_after = format_duration(self.kubernetes.pods_stale_after),
         )
@@ -907,7 +914,7 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 31, "{keys:?}");
+        assert_eq!(keys.len(), 32, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));
@@ -915,6 +922,7 @@ mod tests {
         assert!(text.contains("high_inodes_percent = 0\n"));
         assert!(text.contains("listen = \"127.0.0.1:9105\"\n"));
         assert!(text.contains("headroom = false\n"));
+        assert!(text.contains("room_before_pulls = true\n"));
     }
 
     #[test]

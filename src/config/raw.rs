@@ -95,6 +95,7 @@ pub(super) struct RawKubernetes {
     pub(super) node_name: Option<String>,
     pub(super) kubeconfig: Option<String>,
     pub(super) protect_pods: Option<bool>,
+    pub(super) room_before_pulls: Option<bool>,
     pub(super) node_events: Option<bool>,
     pub(super) pods_stale_after: Option<RawDuration>,
 }

@@ -352,6 +352,7 @@ fn kubernetes_section(raw: RawKubernetes, problems: &mut Problems) -> Kubernetes
         node_name,
         kubeconfig,
         protect_pods: raw.protect_pods.unwrap_or(defaults.protect_pods),
+        room_before_pulls: raw.room_before_pulls.unwrap_or(defaults.room_before_pulls),
         node_events: raw.node_events.unwrap_or(defaults.node_events),
         pods_stale_after,
     }

@@ -266,6 +266,30 @@ pub fn named_by(images: &[Image], references: &[&str]) -> Vec<(usize, usize)> {
     named
 }
 
+/// The places in `references` of those that name none of `images`, matched
+/// the way [`InUse`] matches containers' references: images not on the
+/// node (yet).
+pub fn naming_none(images: &[Image], references: &[&str]) -> Vec<usize> {
+    let forms = Forms::new(
+        references
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, Kind::Always, *r))
+            .collect(),
+    );
+    let mut named = vec![false; references.len()];
+    for image in images {
+        forms.hits(image, |entry| {
+            if let Some(n) = named.get_mut((entry >> KIND_BITS) as usize) {
+                *n = true;
+            }
+        });
+    }
+    (0..references.len())
+        .filter(|&i| !named[i] && !references[i].trim().is_empty())
+        .collect()
+}
+
 /// Bits of an owner entry that hold its [`Kind`]; the rest is the owner.
 const KIND_BITS: u32 = 2;
 const KIND_MASK: u32 = (1 << KIND_BITS) - 1;

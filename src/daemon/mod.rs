@@ -114,6 +114,9 @@ pub async fn run<R: Runtime>(
     // When the last cycle ended, while the next one is scheduled one
     // interval after it: a reload that changes the interval reschedules it.
     let mut interval_from: Option<Instant> = None;
+    // A pod bound to the node may bring a pull: usage is checked against
+    // the room it needs at once (see `kubernetes.room_before_pulls`).
+    let mut pods = collector.protections_changes();
 
     loop {
         health.heartbeat();
@@ -205,6 +208,9 @@ pub async fn run<R: Runtime>(
                     }
                     space_due = due;
                 }
+            }
+            Ok(()) = pods.changed(), if collector.config().kubernetes.room_before_pulls => {
+                next_check = Instant::now();
             }
             // Wakes the loop to open the event stream (at its top).
             () = sleep_until_some(reopen_at) => {}

@@ -95,6 +95,10 @@ impl<R: Runtime> Collector<R> {
         // removals.
         let protections = self.protections();
         let gc_policy = Arc::clone(&self.policy);
+        // The pulls pods bound to the node are about to make, and of them
+        // those room is not made for yet.
+        let coming = self.coming_pulls(&snapshot.images, &protections);
+        let waiting = self.inventory.room_due(&coming);
         // The kept images counted, not listed: a big node's list is 10 MiB.
         let cycle = CyclePlan::new(
             snapshot,
@@ -104,7 +108,7 @@ impl<R: Runtime> Collector<R> {
             (self.clock.now(), self.clock.started()),
             KeptImages::Counted,
         )
-        .with_headroom(self.headroom());
+        .with_headroom(self.headroom(&waiting));
         let plan = &cycle.plan;
         self.sinks.emit(&Event::Planned {
             in_use: plan.in_use_count(),
@@ -135,6 +139,7 @@ impl<R: Runtime> Collector<R> {
             cancel,
             report,
             hurried: false,
+            coming: &waiting,
         };
         if self.age_pass(&plan.age, &mut cx).await?.is_break() {
             return Ok(());
@@ -147,7 +152,10 @@ impl<R: Runtime> Collector<R> {
             cx.report.image_fs_mismatch = Some(why.clone());
             return Ok(());
         }
-        self.space_pass(&cycle, &mut cx).await
+        self.space_pass(&cycle, &mut cx).await?;
+        // Made, or there already.
+        self.inventory.room_made_for(&coming);
+        Ok(())
     }
 
     /// The age pass: each age candidate re-checked and removed (in dry run,
@@ -229,6 +237,12 @@ impl<R: Runtime> Collector<R> {
             low,
             to_free: pass.to_free,
         });
+        if !cx.coming.is_empty() {
+            self.sinks.emit(&Event::MakingRoom {
+                pulls: cx.coming,
+                footprint: self.inventory.footprint,
+            });
+        }
         let Some(walk) = self.walk(pass.walk, cx).await? else {
             return Ok(());
         };
@@ -345,7 +359,8 @@ impl<R: Runtime> Collector<R> {
     /// the kubelet's eviction line and the cycle removes for real.
     fn hurry_if_past_the_line(&mut self, walk: &mut Walk<'_, '_>, cx: &mut CycleContext<'_>) {
         let stats = walk.stats();
-        if walk.estimating() || cx.report.dry_run || !self.policy.past_eviction_line(&stats) {
+        let coming = crate::policy::coming::total_on_disk(cx.coming, self.inventory.footprint);
+        if walk.estimating() || cx.report.dry_run || !self.policy.past_eviction_line(&stats, coming) {
             return;
         }
         walk.hurry(self.inventory.footprint);

@@ -153,6 +153,14 @@ pub enum Event<'a> {
         /// The bytes the kubelet keeps available (its eviction line).
         evicts_below: u64,
     },
+    /// A space pass makes room for pulls coming for pods bound to the node
+    /// (see [`crate::policy::coming`]).
+    MakingRoom {
+        /// The pulls, each sized by its repository's largest image.
+        pulls: &'a [crate::policy::ComingPull],
+        /// What an image takes on disk per reported byte.
+        footprint: crate::policy::DiskFootprint,
+    },
     /// A hurry ended, its removals measured.
     HurryCorrected {
         /// What its removals were expected to free on disk.
@@ -377,6 +385,7 @@ impl Sink for MetricsSink {
             Event::MountsUnread(why) => m.set_container_mounts_unknown(why.is_some()),
             Event::Repulled { .. } => m.repulled(),
             Event::Hurrying { .. } => m.hurried(),
+            Event::MakingRoom { pulls, .. } => m.made_room(pulls.len()),
             Event::Planned {
                 in_use,
                 unused,
@@ -504,6 +513,17 @@ impl Sink for LogSink {
                 eviction_available_bytes = evicts_below,
                 "image filesystem past the kubelet's eviction line: removing by estimate, without waiting for each removal's space"
             ),
+            Event::MakingRoom { pulls, footprint } => {
+                for pull in *pulls {
+                    info!(
+                        image = %pull.image,
+                        pod = %pull.pod,
+                        like = pull.like.as_ref().map_or("", |seen| seen.tag.as_str()),
+                        bytes_on_disk = pull.bytes_on_disk(*footprint),
+                        "a pod bound to this node names an image the node lacks: making room before the kubelet pulls it (sized by the node's largest image of its repository)"
+                    );
+                }
+            }
             Event::HurryCorrected { expected, came_back } => info!(
                 expected_bytes = expected,
                 measured_bytes = came_back,

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
 use crate::cri::Image;
-use crate::policy::{DiskFootprint, LargestPull};
+use crate::policy::{ComingPull, DiskFootprint, LargestPull, RepoSizes};
 use crate::records::Records;
 use crate::store::journal::{Journal, JournalEntry};
 use crate::store::pending::Pending;
@@ -50,13 +50,23 @@ pub(super) struct Inventory {
     /// from the records and the journal at start, then from each listing's
     /// new images. Kept when the image goes: it may be pulled again.
     pub(super) largest_pull: Option<LargestPull>,
+    /// The largest image of each repository the node had (see
+    /// [`crate::policy::coming`]): from the records and the journal at
+    /// start, then from each listing's new images.
+    pub(super) repo_sizes: RepoSizes,
+    /// The coming pulls room was made for (or found): not counted again
+    /// while their blobs arrive. Only pulls still coming are kept.
+    pub(super) room_made: Vec<String>,
 }
 
 impl Inventory {
     pub(super) fn new(records: Records, store: StateStore, recent: &[JournalEntry], now: SystemTime) -> Self {
         let largest_pull = largest_pull(&records, recent, now);
+        let repo_sizes = repo_sizes(&records, recent);
         Inventory {
             largest_pull,
+            repo_sizes,
+            room_made: Vec::new(),
             records: Arc::new(records),
             store,
             last_saved: None,
@@ -77,7 +87,24 @@ impl Inventory {
     pub(super) fn note_pulls(&mut self, images: &[Image], new: &[usize], now: SystemTime) {
         for image in new.iter().filter_map(|&i| images.get(i)) {
             LargestPull::note(&mut self.largest_pull, LargestPull::of(image, now), now);
+            self.repo_sizes.note_image(image, now);
         }
+    }
+
+    /// Of `coming`, the pulls not made room for yet.
+    pub(super) fn room_due(&self, coming: &[ComingPull]) -> Vec<ComingPull> {
+        coming
+            .iter()
+            .filter(|pull| !self.room_made.contains(&pull.image))
+            .cloned()
+            .collect()
+    }
+
+    /// Notes that every pull of `coming`, the pulls coming now, has its
+    /// room: the space pass made it or it was there. Pulls no longer
+    /// coming are forgotten (their pods went, or their images arrived).
+    pub(super) fn room_made_for(&mut self, coming: &[ComingPull]) {
+        self.room_made = coming.iter().map(|pull| pull.image.clone()).collect();
     }
 
     /// Whether the records are to be saved at `now`: something other than
@@ -112,6 +139,20 @@ pub fn largest_pull(records: &Records, recent: &[JournalEntry], now: SystemTime)
         .fold(None, |largest, pull| LargestPull::larger(largest, Some(pull), now))
 }
 
+/// The largest image of each repository, by the records (images still
+/// there) and the journal's removals (`recent`).
+pub fn repo_sizes(records: &Records, recent: &[JournalEntry]) -> RepoSizes {
+    let mut sizes = RepoSizes::default();
+    for (_, record) in records.iter() {
+        sizes.note(record.tags.iter(), record.size, record.first_seen);
+    }
+    for entry in recent.iter().filter(|e| !e.dry_run) {
+        let at = humantime::parse_rfc3339(&entry.first_seen).unwrap_or(SystemTime::UNIX_EPOCH);
+        sizes.note(entry.tags.iter().map(String::as_str), entry.size_bytes, at);
+    }
+    sizes
+}
+
 /// What a collector starts from: the state directory as it was found (the
 /// records and the last successful cycle of the process that saved them,
 /// the pending removals, and the journal's recent removals, which re-pulls
@@ -135,14 +176,14 @@ impl Restored {
     /// Loads the state directory `dir` (`interval`: `gc.interval`, which
     /// moves last-used times forward over the time the node went
     /// unwatched; `thrash_window`: how far back the journal's removals
-    /// count for re-pulls; `headroom`: `gc.headroom`, with which they count
-    /// for the largest recent pull too, over
-    /// [`crate::policy::headroom::HEADROOM_WINDOW`]).
-    pub fn load(dir: &Path, clock: &Clock, interval: Duration, thrash_window: Duration, headroom: bool) -> Self {
+    /// count for re-pulls; `pull_history`: `gc.headroom` or
+    /// `kubernetes.room_before_pulls`, with which they count for the sizes
+    /// of pulls too, over [`crate::policy::headroom::HEADROOM_WINDOW`]).
+    pub fn load(dir: &Path, clock: &Clock, interval: Duration, thrash_window: Duration, pull_history: bool) -> Self {
         let store = StateStore::new(dir);
         let (records, last_success) = load_records(&store, clock, interval);
         let journal = Journal::new(dir);
-        let window = if headroom {
+        let window = if pull_history {
             thrash_window.max(crate::policy::headroom::HEADROOM_WINDOW)
         } else {
             thrash_window

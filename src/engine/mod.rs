@@ -32,10 +32,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::cri::Runtime;
+use crate::cri::{Image, Runtime};
 use crate::fs::FsProbe;
 use crate::outputs::metrics::Metrics;
-use crate::policy::{DiskFootprint, GcPolicy, Protections};
+use crate::policy::{ComingPull, DiskFootprint, GcPolicy, Protections};
 use crate::records::Records;
 use crate::time::Clock;
 use tokio::sync::watch;
@@ -56,8 +56,8 @@ mod tests;
 pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
 use inventory::Inventory;
 pub use inventory::Restored;
-pub use inventory::largest_pull;
 pub(crate) use inventory::load_records;
+pub use inventory::{largest_pull, repo_sizes};
 pub use observe::{ImageFs, Observation, Observer};
 pub use removal::RemovalInFlight;
 use removal::Remover;
@@ -121,7 +121,7 @@ impl<R: Runtime> Collector<R> {
             &clock,
             config.gc.interval,
             config.gc.thrash_window,
-            config.gc.headroom,
+            GcPolicy::from(&*config).pull_history(),
         );
         Self::new(runtime, config, restored, probe, metrics, clock)
     }
@@ -261,21 +261,48 @@ impl<R: Runtime> Collector<R> {
         self.inventory.footprint
     }
 
-    /// The headroom the largest recent pull asks for above the kubelet's
-    /// eviction line (see [`crate::policy::Headroom`]), when on.
-    fn headroom(&self) -> Option<crate::policy::Headroom> {
+    /// The headroom above the kubelet's eviction line (see
+    /// [`crate::policy::Headroom`]) that the largest recent pull asks for
+    /// (`gc.headroom`) and `waiting`, the coming pulls not made room for
+    /// yet.
+    fn headroom(&self, waiting: &[ComingPull]) -> Option<crate::policy::Headroom> {
         self.policy
-            .headroom_for(self.inventory.largest_pull.as_ref(), self.inventory.footprint)
+            .headroom_for(self.inventory.largest_pull.as_ref(), waiting, self.inventory.footprint)
+    }
+
+    /// The pulls that pods bound to the node (`protections`) are about to
+    /// make of images not among `images`, each sized by the node's largest
+    /// image of its repository (those never seen are not counted), when
+    /// `kubernetes.room_before_pulls` is on.
+    fn coming_pulls(&self, images: &[Image], protections: &Protections) -> Vec<ComingPull> {
+        if !self.policy.room_before_pulls {
+            return Vec::new();
+        }
+        let mut coming = crate::policy::coming::coming_pulls(images, protections, &self.inventory.repo_sizes);
+        coming.retain(|pull| pull.like.is_some());
+        coming
+    }
+
+    /// A receiver of the keep rules from outside the listing, to wake on
+    /// their changes (a pod bound to the node may bring a pull).
+    pub fn protections_changes(&self) -> watch::Receiver<Arc<Protections>> {
+        self.protections.clone()
     }
 
     /// Measures the image filesystem between cycles (statvfs: no call to
     /// the runtime) and publishes usage. Returns whether a space pass is
     /// due; `None` when there is nothing to measure yet, or the measurement
     /// failed (the next cycle reports it).
-    pub fn check_usage(&self) -> Option<bool> {
+    pub fn check_usage(&mut self) -> Option<bool> {
         let path = self.inventory.disk_path.as_ref()?;
         let stats = self.probe.stats(path).ok()?;
-        let due = self.policy.target.with_headroom(self.headroom()).due(&stats);
+        let coming = self.coming_pulls(&self.inventory.last_images, &self.protections());
+        let waiting = self.inventory.room_due(&coming);
+        let due = self.policy.target.with_headroom(self.headroom(&waiting)).due(&stats);
+        if !due {
+            // The room is there: a pull's own blobs must not start a pass.
+            self.inventory.room_made_for(&coming);
+        }
         self.sinks.emit(&Event::Usage { stats: &stats, due });
         Some(due)
     }

@@ -50,6 +50,10 @@ pub(super) struct CycleContext<'a> {
     /// for (see [`crate::policy::Walk::hurry`]); what it freed is not
     /// measured, and its journal line says so (no `freed_bytes`).
     pub(super) hurried: bool,
+    /// The pulls coming for pods bound to the node that this cycle makes
+    /// room for (see [`crate::policy::coming`]): a reading from which
+    /// they would cross the eviction line counts as past it.
+    pub(super) coming: &'a [crate::policy::ComingPull],
 }
 
 /// What became of one candidate.

@@ -345,7 +345,8 @@ fn collector_with_history(
 /// in place of its records when given (as if its state file held them).
 fn start(sim: &SimHandle, config: Arc<Config>, clock: Clock, records: Option<Records>) -> Collector<SimHandle> {
     let gc = &config.gc;
-    let restored = Restored::load(&config.state.dir, &clock, gc.interval, gc.thrash_window, gc.headroom);
+    let pull_history = GcPolicy::from(&*config).pull_history();
+    let restored = Restored::load(&config.state.dir, &clock, gc.interval, gc.thrash_window, pull_history);
     let restored = match records {
         Some(records) => restored.with_records(records),
         None => restored,
@@ -1931,5 +1932,106 @@ async fn after_a_pull_that_would_not_fit_above_the_eviction_line_the_space_pass_
     // A node whose pulls fit keeps its thresholds: nothing at 78 %.
     let (sim, report) = below_high_after_a_pull(Some(300)).await;
     assert!(!report.space_pass, "{report:?}");
+    assert!(sim.removed().is_empty());
+}
+
+/// A node at 35 % (1000 MB) with six unused 25 MB images, a 420 MB image
+/// of `registry.test/app` it had before, and the kubelet's line at 30 %
+/// available; high 55, low 50. Then a pod bound to the node names
+/// `registry.test/app:2`, which the node lacks: its pull would take usage
+/// to 77 %, past the line.
+async fn a_pod_on_a_node_that_had_its_repository(
+    room_before_pulls: bool,
+) -> (SimHandle, Collector<SimHandle>, tempfile::TempDir) {
+    const MB: u64 = 1_000_000;
+    let sim = SimHandle::default();
+    let tagged = |id: &str, tag: &str, size: u64| Image {
+        repo_tags: vec![tag.to_string()].into(),
+        ..image(id, size)
+    };
+    sim.with(|s| {
+        for i in 0..6 {
+            s.unused(&format!("old-{i}"), 25 * MB, 25 * MB);
+        }
+        (s.capacity, s.available) = (1000 * MB, 650 * MB);
+    });
+    // The node had app:1 when the last process saved its records (it went
+    // since); its next process remembers its size.
+    let now = SystemTime::now();
+    let hour_ago = now - Duration::from_secs(3600);
+    let had = crate::testing::history(&tagged("app-1", "registry.test/app:1", 420 * MB), hour_ago, hour_ago);
+    let (mut c, dir) = collector_with_history(
+        &sim,
+        |c| {
+            c.gc.high_threshold_percent = 55;
+            c.gc.low_threshold_percent = 50;
+            c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(30.0));
+            c.kubernetes.enabled = true;
+            c.kubernetes.room_before_pulls = room_before_pulls;
+        },
+        Records::from_map([had]),
+    );
+    cycle(&mut c).await;
+    assert!(sim.removed().is_empty());
+    c.set_protections(crate::policy::Protections {
+        references: vec![
+            ("registry.test/app:2".to_string(), "default/app-5f4".to_string()),
+            // An image a pod names is never removed to make room.
+            ("old-0".to_string(), "default/cron".to_string()),
+        ],
+    });
+    (sim, c, dir)
+}
+
+#[tokio::test]
+async fn a_pull_coming_for_a_pod_that_would_cross_the_eviction_line_gets_its_room_first_and_once() {
+    const MB: u64 = 1_000_000;
+    let (sim, mut c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    // 35 % is below high (55), but not 420 MB above the line (30 %): the
+    // thresholds in force are 28/23.
+    assert_eq!(c.check_usage(), Some(true), "a space pass is due before the pull");
+    let report = cycle(&mut c).await;
+    assert_eq!(
+        sim.removed(),
+        ["old-1", "old-2", "old-3", "old-4", "old-5"],
+        "down to 23 %, never the image a pod names: {report:?}"
+    );
+    assert!(report.hurried, "the pull would cross the line: no settle waits");
+    assert_eq!(sample(&c, "imagegc_room_before_pulls_total").as_deref(), Some("1"));
+    // The pull's blobs arrive: the room was made for them, nothing more goes.
+    sim.with(|s| s.available -= 300 * MB);
+    assert_eq!(c.check_usage(), Some(false), "{:?}", sim.0.lock().unwrap().available);
+    cycle(&mut c).await;
+    assert_eq!(sim.removed().len(), 5);
+    // The image lands under the line.
+    sim.with(|s| {
+        s.available -= 120 * MB;
+        s.images.push(Image {
+            repo_tags: vec!["registry.test/app:2".to_string()].into(),
+            ..image("app-2", 420 * MB)
+        });
+    });
+    let stats = sim.stats(Path::new("/sim")).unwrap();
+    assert!(stats.available() >= 300 * MB, "{stats:?}");
+    cycle(&mut c).await;
+    assert_eq!(sim.removed().len(), 5);
+}
+
+#[tokio::test]
+async fn without_room_before_pulls_a_coming_pull_starts_nothing() {
+    let (sim, mut c, _dir) = a_pod_on_a_node_that_had_its_repository(false).await;
+    assert_eq!(c.check_usage(), Some(false));
+    cycle(&mut c).await;
+    assert!(sim.removed().is_empty());
+}
+
+#[tokio::test]
+async fn a_pull_of_a_repository_the_node_never_had_is_not_sized_and_starts_nothing() {
+    let (sim, mut c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    c.set_protections(crate::policy::Protections {
+        references: vec![("registry.test/other:1".to_string(), "default/new".to_string())],
+    });
+    assert_eq!(c.check_usage(), Some(false));
+    cycle(&mut c).await;
     assert!(sim.removed().is_empty());
 }

@@ -96,7 +96,13 @@ impl<R: Runtime> Collector<R> {
             (self.clock.now(), self.clock.started()),
             KeptImages::Listed,
         )
-        .with_headroom(self.headroom())
+        .with_headroom(
+            self.headroom(
+                &self
+                    .inventory
+                    .room_due(&self.coming_pulls(&listing.snapshot.images, &listing.protections)),
+            ),
+        )
     }
 
     /// Lists images and containers between cycles: images first seen now

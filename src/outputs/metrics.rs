@@ -375,6 +375,7 @@ struct RemovalFamilies {
     removal_failures: Counter,
     repulled: Counter,
     hurried: Counter,
+    made_room: Counter,
 }
 
 /// The image filesystem, the thresholds and what the collector decides on.
@@ -481,12 +482,20 @@ impl RemovalFamilies {
              without waiting for each removal's space to come back",
             hurried.clone(),
         );
+        let made_room = Counter::default();
+        registry.register(
+            "imagegc_room_before_pulls",
+            "Pulls coming for pods bound to the node that a space pass made room for before the kubelet pulled \
+             them (they would have taken the image filesystem past the kubelet's eviction line)",
+            made_room.clone(),
+        );
         RemovalFamilies {
             removed,
             freed_bytes,
             removal_failures,
             repulled,
             hurried,
+            made_room,
         }
     }
 }
@@ -892,6 +901,11 @@ impl Metrics {
         self.removals.hurried.inc();
     }
 
+    /// A space pass makes room for `pulls` coming pulls.
+    pub fn made_room(&self, pulls: usize) {
+        self.removals.made_room.inc_by(pulls as u64);
+    }
+
     /// Whether images can bring usage to the low threshold.
     pub fn set_space_unreachable(&self, unreachable: bool) {
         self.filesystem.space_unreachable.set(i64::from(unreachable));
@@ -1128,6 +1142,7 @@ mod tests {
             "imagegc_dry_run 0",
             "imagegc_repulled_after_removal_total 0",
             "imagegc_hurried_space_passes_total 0",
+            "imagegc_room_before_pulls_total 0",
             "imagegc_removal_candidates 0",
             concat!(r#"imagegc_build_info{version=""#, env!("CARGO_PKG_VERSION"), r#""} 1"#),
         ] {

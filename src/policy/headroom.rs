@@ -69,36 +69,35 @@ impl LargestPull {
 pub struct Headroom {
     /// The kubelet's eviction line.
     pub line: EvictionThreshold,
-    /// What the largest recent pull takes on disk.
-    pub bytes: u64,
+    /// What the largest recent pull takes on disk (`gc.headroom`; at most
+    /// a quarter of the disk counts).
+    pub recent: u64,
+    /// What the pulls coming for pods bound to the node take on disk
+    /// (`kubernetes.room_before_pulls`, see [`super::coming`]): known pulls,
+    /// so all of it counts.
+    pub coming: u64,
 }
 
 impl Headroom {
-    /// The headroom for `pull` (its reported size; `footprint` says what it
-    /// takes on disk) below the eviction line `line`: none when the kubelet
-    /// keeps no space on the image filesystem (a line of 0). A high
-    /// threshold at or above the line is left as set by
-    /// [`Headroom::thresholds`].
-    pub fn for_pull(
-        pull: &LargestPull,
-        footprint: crate::policy::DiskFootprint,
-        line: EvictionThreshold,
-    ) -> Option<Headroom> {
+    /// The headroom for a recent pull of `recent` bytes on disk and coming
+    /// pulls of `coming` bytes on disk below the line `line`: none when
+    /// both are 0 or the kubelet keeps no space on the image filesystem.
+    pub fn new(line: EvictionThreshold, recent: u64, coming: u64) -> Option<Headroom> {
         let keeps = match line {
             EvictionThreshold::Percent(p) => p > 0.0,
             EvictionThreshold::Bytes(b) => b > 0,
         };
-        keeps.then(|| Headroom {
-            line,
-            bytes: footprint.on_disk(pull.size_bytes),
-        })
+        (keeps && (recent > 0 || coming > 0)).then_some(Headroom { line, recent, coming })
     }
 
     /// The bytes to keep available on a filesystem of `capacity` bytes:
-    /// the eviction line's and the pull's (at most a quarter of it).
+    /// the eviction line's, and the larger of the recent pull's (at most a
+    /// quarter of the disk) and the coming pulls'.
     pub fn min_available(&self, capacity: u64) -> u64 {
-        let pull = self.bytes.min(capacity / 100 * MAX_SHARE_PERCENT);
-        self.line.min_available_bytes(capacity).saturating_add(pull)
+        let recent = self.recent.min(capacity / 100 * MAX_SHARE_PERCENT);
+        self.line
+            .min_available_bytes(capacity)
+            .saturating_add(recent.max(self.coming))
     }
 
     /// The thresholds `(high, low)` in force on a filesystem of `capacity`
@@ -140,7 +139,8 @@ mod tests {
         // 100 GiB, the kubelet's 15 %, high 80: 5 GiB between high and the line.
         let headroom = Headroom {
             line: EvictionThreshold::Percent(15.0),
-            bytes: 4 * GIB,
+            recent: 4 * GIB,
+            coming: 0,
         };
         assert_eq!(headroom.thresholds(80, 75, 100 * GIB), (80, 75));
     }
@@ -150,19 +150,22 @@ mod tests {
         // 10 GiB to keep above the line: 25 % free, high 75, low 70.
         let headroom = Headroom {
             line: EvictionThreshold::Percent(15.0),
-            bytes: 10 * GIB,
+            recent: 10 * GIB,
+            coming: 0,
         };
         assert_eq!(headroom.thresholds(80, 75, 100 * GIB), (75, 70));
         // A bit more than a whole percent rounds the threshold down.
         let headroom = Headroom {
             line: EvictionThreshold::Percent(15.0),
-            bytes: 10 * GIB + 1,
+            recent: 10 * GIB + 1,
+            coming: 0,
         };
         assert_eq!(headroom.thresholds(80, 75, 100 * GIB), (74, 69));
         // An absolute line.
         let headroom = Headroom {
             line: EvictionThreshold::Bytes(20 * GIB),
-            bytes: 10 * GIB,
+            recent: 10 * GIB,
+            coming: 0,
         };
         assert_eq!(headroom.thresholds(75, 70, 100 * GIB), (70, 65));
         // High at or above the line: the configuration accepts crossing it.
@@ -173,13 +176,15 @@ mod tests {
     fn a_pull_larger_than_a_quarter_of_the_disk_asks_only_a_quarter() {
         let headroom = Headroom {
             line: EvictionThreshold::Percent(15.0),
-            bytes: 80 * GIB,
+            recent: 80 * GIB,
+            coming: 0,
         };
         assert_eq!(headroom.thresholds(80, 75, 100 * GIB), (60, 55));
         // Nothing overflows, nothing divides by zero.
         let huge = Headroom {
             line: EvictionThreshold::Bytes(u64::MAX),
-            bytes: u64::MAX,
+            recent: u64::MAX,
+            coming: 0,
         };
         assert_eq!(
             huge.thresholds(80, 75, u64::MAX),

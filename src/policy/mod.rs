@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::config::{Config, EvictionThreshold, Order};
 
+pub mod coming;
 pub mod cycle;
 pub mod headroom;
 pub mod keep;
@@ -24,6 +25,7 @@ pub mod order;
 pub mod plan;
 pub mod space;
 
+pub use coming::{ComingPull, RepoSizes};
 pub use cycle::{AgePass, CyclePlan, KeptImages, SpacePass};
 pub use headroom::{Headroom, LargestPull};
 pub use keep::{KeepReason, Rules, Uses};
@@ -52,21 +54,50 @@ pub struct GcPolicy {
     pub eviction: EvictionThreshold,
     /// `gc.headroom`: keep room above the line for the largest recent pull.
     pub headroom: bool,
+    /// `kubernetes.room_before_pulls` (with the pods watched): make room
+    /// for the pulls coming for pods bound to the node.
+    pub room_before_pulls: bool,
 }
 
 impl GcPolicy {
-    /// The headroom for `pull`, the largest recent pull (`footprint` says
-    /// what it takes on disk), when `gc.headroom` is on.
-    pub fn headroom_for(&self, pull: Option<&LargestPull>, footprint: DiskFootprint) -> Option<Headroom> {
-        pull.filter(|_| self.headroom)
-            .and_then(|pull| Headroom::for_pull(pull, footprint, self.eviction))
+    /// The headroom for `pull`, the largest recent pull, when `gc.headroom`
+    /// is on, and for `coming`, the pulls coming for pods bound to the node
+    /// (not yet made room for), when `kubernetes.room_before_pulls` is
+    /// (`footprint` says what they take on disk).
+    pub fn headroom_for(
+        &self,
+        pull: Option<&LargestPull>,
+        coming: &[ComingPull],
+        footprint: DiskFootprint,
+    ) -> Option<Headroom> {
+        let recent = pull
+            .filter(|_| self.headroom)
+            .map_or(0, |pull| footprint.on_disk(pull.size_bytes));
+        let coming = if self.room_before_pulls {
+            coming::total_on_disk(coming, footprint)
+        } else {
+            0
+        };
+        Headroom::new(self.eviction, recent, coming)
     }
 
-    /// Whether `stats` is past the kubelet's eviction line: less available
-    /// than it keeps, so that its eviction manager evicts pods at its next
-    /// look unless space comes back first.
-    pub fn past_eviction_line(&self, stats: &crate::fs::FsStats) -> bool {
-        stats.available() < self.eviction.min_available_bytes(stats.capacity_bytes)
+    /// Whether pulls are sized from the journal's removals of the last
+    /// [`headroom::HEADROOM_WINDOW`] (for `gc.headroom` or
+    /// `kubernetes.room_before_pulls`).
+    pub fn pull_history(&self) -> bool {
+        self.headroom || self.room_before_pulls
+    }
+
+    /// Whether `stats` is past the kubelet's eviction line, or will be
+    /// once `coming` bytes more arrive (the pulls coming for pods bound to
+    /// the node): less available than it keeps, so that its eviction
+    /// manager evicts pods at its next look unless space comes back first.
+    pub fn past_eviction_line(&self, stats: &crate::fs::FsStats, coming: u64) -> bool {
+        stats.available()
+            < self
+                .eviction
+                .min_available_bytes(stats.capacity_bytes)
+                .saturating_add(coming)
     }
 }
 
@@ -84,6 +115,9 @@ impl From<&Config> for GcPolicy {
             keep: Rules::from(config),
             eviction: config.eviction_line(),
             headroom: config.gc.headroom,
+            room_before_pulls: config.kubernetes.enabled
+                && config.kubernetes.protect_pods
+                && config.kubernetes.room_before_pulls,
         }
     }
 }

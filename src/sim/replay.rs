@@ -569,7 +569,7 @@ impl Imagegc<'_> {
     /// The headroom for the largest recent pull, as the daemon's.
     fn headroom(&self) -> Option<Headroom> {
         self.policy
-            .headroom_for(self.largest_pull.as_ref(), DiskFootprint::default())
+            .headroom_for(self.largest_pull.as_ref(), &[], DiskFootprint::default())
     }
 }
 

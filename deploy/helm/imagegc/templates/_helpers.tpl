@@ -155,6 +155,7 @@ node_name = {{ . | toJson }}
 kubeconfig = {{ . | toJson }}
 {{- end }}
 protect_pods = {{ .Values.kubernetes.protectPods }}
+room_before_pulls = {{ .Values.kubernetes.roomBeforePulls }}
 node_events = {{ .Values.kubernetes.nodeEvents }}
 pods_stale_after = {{ .Values.kubernetes.podsStaleAfter | toJson }}
 {{- end -}}

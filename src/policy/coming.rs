@@ -1,0 +1,273 @@
+//! Room before the pull: a pod bound to the node that names an image the
+//! node does not have is a pull the kubelet is about to make. Its likely
+//! size is what the node's earlier images of the same repository took (the
+//! previous tags of a workload that rolls out a new one); when that pull
+//! would take the image filesystem past the kubelet's eviction line,
+//! imagegc frees the room first (see [`super::Headroom`]: the thresholds in
+//! force move down by it). Nothing waits on this: the kubelet pulls as it
+//! always does.
+//!
+//! A pull is made room for once: while its blobs arrive the image is still
+//! not listed, and counting it again would remove images for the bytes it
+//! already brought.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::cri::{Image, matching};
+use crate::model::reference;
+use crate::policy::{DiskFootprint, Protections};
+
+/// How many repositories [`RepoSizes`] remembers: a node that has seen more
+/// forgets the one seen longest ago (about 100 bytes each).
+pub const MAX_REPOSITORIES: usize = 4096;
+
+/// The size of the largest image of each repository the node has had, by
+/// its normalized repository (`docker.io/library/nginx`).
+#[derive(Debug, Clone, Default)]
+pub struct RepoSizes {
+    by_repository: HashMap<String, Seen>,
+}
+
+/// An image of a repository the node had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Seen {
+    /// Its tag, as listed.
+    pub tag: String,
+    /// Its reported size.
+    pub size_bytes: u64,
+    /// When it was first seen.
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub at: SystemTime,
+}
+
+impl RepoSizes {
+    /// Notes an image of `size` bytes tagged `tags`, first seen `at`: each
+    /// tag's repository keeps the larger of what it had and this.
+    pub fn note<'t>(&mut self, tags: impl IntoIterator<Item = &'t str>, size: u64, at: SystemTime) {
+        for tag in tags {
+            let Some(repository) = repository_of(tag) else { continue };
+            let seen = Seen {
+                tag: tag.to_owned(),
+                size_bytes: size,
+                at,
+            };
+            match self.by_repository.get_mut(&repository) {
+                Some(known) if known.size_bytes >= size => {}
+                Some(known) => *known = seen,
+                None => {
+                    if self.by_repository.len() >= MAX_REPOSITORIES {
+                        self.forget_oldest();
+                    }
+                    self.by_repository.insert(repository, seen);
+                }
+            }
+        }
+    }
+
+    /// Notes every tag of `image`, first seen `at`.
+    pub fn note_image(&mut self, image: &Image, at: SystemTime) {
+        self.note(image.repo_tags.iter(), image.size, at);
+    }
+
+    /// The largest image of the repository `reference` names, when the
+    /// node had one.
+    pub fn of(&self, reference: &str) -> Option<&Seen> {
+        self.by_repository.get(&repository_of(reference)?)
+    }
+
+    /// How many repositories are remembered.
+    pub fn len(&self) -> usize {
+        self.by_repository.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.by_repository.is_empty()
+    }
+
+    fn forget_oldest(&mut self) {
+        if let Some(oldest) = self
+            .by_repository
+            .iter()
+            .min_by_key(|(_, seen)| seen.at)
+            .map(|(repository, _)| repository.clone())
+        {
+            self.by_repository.remove(&oldest);
+        }
+    }
+}
+
+/// The normalized repository of a tag or digest reference; `None` for an
+/// image id, which names no repository.
+fn repository_of(reference: &str) -> Option<String> {
+    let reference = reference.trim();
+    if reference.is_empty() || reference::is_id(reference) {
+        return None;
+    }
+    let normalized = reference::normalized(reference);
+    Some(reference::repository(&normalized).to_owned())
+}
+
+/// A pull the kubelet is about to make: an image a pod bound to the node
+/// names and the node does not have.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ComingPull {
+    /// The image, as the pod names it.
+    pub image: String,
+    /// The pod, `namespace/name`.
+    pub pod: String,
+    /// What the node's largest image of the same repository was, when it
+    /// had one: the estimate of this pull's size.
+    pub like: Option<Seen>,
+}
+
+impl ComingPull {
+    /// What the pull will likely take on disk: its repository's largest
+    /// image, by `footprint`; 0 when the node never had one.
+    pub fn bytes_on_disk(&self, footprint: DiskFootprint) -> u64 {
+        self.like.as_ref().map_or(0, |seen| footprint.on_disk(seen.size_bytes))
+    }
+}
+
+/// The pulls `protections` (the images the pods bound to the node name)
+/// imply: each image named that none of `images` is, once, with its first
+/// pod. Image ids a pod's status reports are not pulls (the image it ran).
+pub fn coming_pulls(images: &[Image], protections: &Protections, sizes: &RepoSizes) -> Vec<ComingPull> {
+    if protections.references.is_empty() {
+        return Vec::new();
+    }
+    let references: Vec<&str> = protections
+        .references
+        .iter()
+        .map(|(r, _)| r.as_str())
+        .filter(|r| !reference::is_id(r))
+        .collect();
+    let mut coming: Vec<ComingPull> = Vec::new();
+    for place in matching::naming_none(images, &references) {
+        let image = references[place];
+        if coming.iter().any(|c| c.image == image) {
+            continue;
+        }
+        let pod = protections
+            .references
+            .iter()
+            .find(|(r, _)| r == image)
+            .map_or_else(String::new, |(_, pod)| pod.clone());
+        coming.push(ComingPull {
+            image: image.to_owned(),
+            pod,
+            like: sizes.of(image).cloned(),
+        });
+    }
+    coming
+}
+
+/// What the `coming` pulls take on disk together, by `footprint`.
+pub fn total_on_disk(coming: &[ComingPull], footprint: DiskFootprint) -> u64 {
+    coming
+        .iter()
+        .fold(0u64, |sum, pull| sum.saturating_add(pull.bytes_on_disk(footprint)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn image(id: &str, tags: &[&str], size: u64) -> Image {
+        Image {
+            id: id.to_string(),
+            repo_tags: tags.iter().map(ToString::to_string).collect::<Vec<_>>().into(),
+            repo_digests: Vec::<String>::new().into(),
+            size,
+            pinned: false,
+        }
+    }
+
+    fn pods(references: &[(&str, &str)]) -> Protections {
+        Protections {
+            references: references.iter().map(|(r, p)| (r.to_string(), p.to_string())).collect(),
+        }
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    #[test]
+    fn an_image_a_pod_names_that_the_node_lacks_is_a_pull_sized_by_its_repository() {
+        let mut sizes = RepoSizes::default();
+        sizes.note(["registry.example/app:1"], 200, at(0));
+        sizes.note(["nginx:1.26"], 50, at(0));
+        let images = [
+            image("sha256:a", &["registry.example/app:1"], 200),
+            image("sha256:b", &["docker.io/library/busybox:1"], 5),
+        ];
+        let coming = coming_pulls(
+            &images,
+            &pods(&[
+                ("registry.example/app:1", "default/old"),
+                ("registry.example/app:2", "default/new"),
+                ("registry.example/app:2", "default/new-too"),
+                // A familiar name, normalized on both sides.
+                ("docker.io/library/nginx:1.27", "default/web"),
+                // On the node by its familiar name.
+                ("busybox:1", "default/sh"),
+                ("never.example/seen:1", "default/unknown"),
+                // The image a status reports is on the node or gone with its container.
+                (
+                    "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc",
+                    "default/ran",
+                ),
+            ]),
+            &sizes,
+        );
+        let found: Vec<(&str, &str, Option<u64>)> = coming
+            .iter()
+            .map(|c| (c.image.as_str(), c.pod.as_str(), c.like.as_ref().map(|s| s.size_bytes)))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("registry.example/app:2", "default/new", Some(200)),
+                ("docker.io/library/nginx:1.27", "default/web", Some(50)),
+                ("never.example/seen:1", "default/unknown", None),
+            ]
+        );
+        let footprint = DiskFootprint::for_runtime("containerd");
+        assert_eq!(
+            total_on_disk(&coming, footprint),
+            500,
+            "twice the reported sizes; unknown counts 0"
+        );
+        assert!(coming_pulls(&images, Protections::none(), &sizes).is_empty());
+    }
+
+    #[test]
+    fn a_repository_remembers_its_largest_image_and_the_oldest_is_forgotten_first() {
+        let mut sizes = RepoSizes::default();
+        sizes.note(["r.example/a:1"], 300, at(0));
+        sizes.note(["r.example/a:2"], 100, at(10));
+        assert_eq!(
+            sizes.of("r.example/a:3").map(|s| (s.tag.as_str(), s.size_bytes)),
+            Some(("r.example/a:1", 300))
+        );
+        sizes.note(["r.example/a:4"], 400, at(20));
+        assert_eq!(sizes.of("r.example/a@sha256:00").map(|s| s.size_bytes), Some(400));
+        assert_eq!(
+            sizes.of("sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
+            None
+        );
+        for i in 1..MAX_REPOSITORIES as u64 {
+            sizes.note([format!("r.example/b{i}:1").as_str()], 1, at(100 + i));
+        }
+        assert_eq!(sizes.len(), MAX_REPOSITORIES);
+        sizes.note(["r.example/last:1"], 1, at(100_000));
+        assert_eq!(sizes.len(), MAX_REPOSITORIES, "bounded");
+        assert!(sizes.of("r.example/a:1").is_none(), "the one seen longest ago goes");
+        assert!(sizes.of("r.example/b1:1").is_some());
+    }
+}
