@@ -45,7 +45,8 @@ use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::fs::FsStats;
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::policy::{
-    AgePass, CyclePlan, DiskFootprint, GcPolicy, Headroom, KeptImages, LargestPull, Protections, SpaceTarget, Step,
+    AgePass, ComingPull, CyclePlan, DiskFootprint, GcPolicy, Headroom, KeptImages, LargestPull, Protections, RepoSizes,
+    SpaceTarget, Step,
 };
 use crate::records::Records;
 
@@ -96,6 +97,10 @@ pub struct Tally {
     pub hours_above_eviction: f64,
     /// Pulls that did not fit on the disk.
     pub full_pulls: u64,
+    /// Pulls that took available bytes from the kubelet's eviction line or
+    /// above to below it in one step: the kubelet's eviction manager, which
+    /// looks every 10 s, evicts a pod unless a collector frees space first.
+    pub pulls_past_eviction: u64,
     /// The images' bytes on disk, averaged over time (rounded up).
     pub mean_image_bytes: u64,
     /// The most the images' bytes on disk ever were.
@@ -201,10 +206,15 @@ impl<'t> Node<'t> {
         if stats.usage_percent() >= u64::from(self.high) {
             self.seconds_above_high = self.seconds_above_high.saturating_add(span);
         }
-        if self.capacity.saturating_sub(self.used()) < self.eviction_available {
+        if self.past_eviction() {
             self.seconds_above_eviction = self.seconds_above_eviction.saturating_add(span);
         }
         self.clock = t;
+    }
+
+    /// Whether available bytes are below the kubelet's eviction line.
+    fn past_eviction(&self) -> bool {
+        self.capacity.saturating_sub(self.used()) < self.eviction_available
     }
 
     fn note_peak(&mut self) {
@@ -219,6 +229,7 @@ impl<'t> Node<'t> {
     fn start(&mut self, container: u64, image: u32) {
         let i = image as usize;
         if !self.present[i] {
+            let was_clear = !self.past_eviction();
             let mut again = false;
             for &layer in &self.trace.images[i].layers {
                 let l = layer as usize;
@@ -240,6 +251,9 @@ impl<'t> Node<'t> {
             self.present[i] = true;
             if self.used() > self.capacity {
                 self.tally.full_pulls += 1;
+            }
+            if was_clear && self.past_eviction() {
+                self.tally.pulls_past_eviction += 1;
             }
             self.note_peak();
         }
@@ -308,6 +322,10 @@ pub trait Policy {
     fn next_wake(&self) -> Seconds;
     /// Runs at `t`.
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>);
+    /// A container is about to start at `t` on `image`, which the node
+    /// lacks: the pull is known before it is made (a pod bound to the
+    /// node names it).
+    fn coming(&mut self, _t: Seconds, _image: u32, _node: &mut Node<'_>) {}
     /// A container started (`started`) or went at `t`, using `image`.
     fn used(&mut self, _t: Seconds, _image: u32, _started: bool, _node: &Node<'_>) {}
     /// Called right after a wake that removed nothing: the time before
@@ -354,6 +372,9 @@ fn replay_steps(trace: &Trace, capacity: u64, other: u64, config: &Config, polic
         node.advance(event.at);
         match event.action {
             Action::Start { container, image } => {
+                if !node.has(image) {
+                    policy.coming(event.at, image, &mut node);
+                }
                 node.start(container, image);
                 policy.used(event.at, image, true, &node);
             }
@@ -433,6 +454,9 @@ pub struct Imagegc<'c> {
     /// The largest image that arrived lately, as the daemon's inventory
     /// keeps it (see [`crate::policy::Headroom`]).
     largest_pull: Option<LargestPull>,
+    /// The largest image of each repository, as the daemon's inventory
+    /// keeps it (see [`crate::policy::coming`]).
+    repo_sizes: RepoSizes,
 }
 
 impl<'c> Imagegc<'c> {
@@ -466,6 +490,7 @@ impl<'c> Imagegc<'c> {
             space_due: false,
             quiet_until: None,
             largest_pull: None,
+            repo_sizes: RepoSizes::default(),
         }
     }
 
@@ -505,8 +530,9 @@ impl<'c> Imagegc<'c> {
         Some(until)
     }
 
-    /// One cycle at `t`: observe, plan, age pass, space pass.
-    fn cycle(&mut self, t: Seconds, node: &mut Node<'_>) {
+    /// One cycle at `t`: observe, plan, age pass, space pass; `coming`:
+    /// the pulls it makes room for.
+    fn cycle(&mut self, t: Seconds, node: &mut Node<'_>, coming: &[ComingPull]) {
         let now = instant(t);
         let config = self.config;
         node.tally.cycles += 1;
@@ -514,6 +540,7 @@ impl<'c> Imagegc<'c> {
         let (observed, listed) = self.records.observe_snapshot(&snapshot, now);
         for image in observed.new.iter().filter_map(|&i| snapshot.images.get(i)) {
             LargestPull::note(&mut self.largest_pull, LargestPull::of(image, now), now);
+            self.repo_sizes.note_image(image, now);
         }
         // The daemon's script (policy::cycle), with the simulated node's
         // removals: a removal frees what no image left on disk shares.
@@ -525,7 +552,7 @@ impl<'c> Imagegc<'c> {
             (now, instant(0)),
             KeptImages::Counted,
         )
-        .with_headroom(self.headroom());
+        .with_headroom(self.headroom(coming));
         for candidate in cycle.age() {
             if node.remove(self.by_id[candidate.id]) {
                 self.records.remove(candidate.id, now);
@@ -566,10 +593,11 @@ impl<'c> Imagegc<'c> {
 }
 
 impl Imagegc<'_> {
-    /// The headroom for the largest recent pull, as the daemon's.
-    fn headroom(&self) -> Option<Headroom> {
+    /// The headroom for the largest recent pull and `coming`, as the
+    /// daemon's.
+    fn headroom(&self, coming: &[ComingPull]) -> Option<Headroom> {
         self.policy
-            .headroom_for(self.largest_pull.as_ref(), &[], DiskFootprint::default())
+            .headroom_for(self.largest_pull.as_ref(), coming, DiskFootprint::default())
     }
 }
 
@@ -583,7 +611,35 @@ impl Policy for Imagegc<'_> {
     }
 
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
-        self.cycle(t, node);
+        self.cycle(t, node, &[]);
+    }
+
+    fn coming(&mut self, t: Seconds, image: u32, node: &mut Node<'_>) {
+        // The daemon's `kubernetes.room_before_pulls`: a cycle as soon as
+        // the pod is seen, when the pull, sized by its repository's
+        // largest image, would take usage past the line.
+        if !self.policy.room_before_pulls {
+            return;
+        }
+        let Some(tag) = self.listed[image as usize].repo_tags.first() else {
+            return;
+        };
+        let Some(like) = self.repo_sizes.of(tag).cloned() else {
+            return;
+        };
+        let pull = [ComingPull {
+            image: tag.to_string(),
+            pod: String::new(),
+            like: Some(like),
+        }];
+        if self
+            .policy
+            .target
+            .with_headroom(self.headroom(&pull))
+            .due(&node.stats())
+        {
+            self.cycle(t, node, &pull);
+        }
     }
 
     fn quiet_until(&self, _node: &Node<'_>) -> Option<Seconds> {
@@ -604,6 +660,7 @@ impl Policy for Imagegc<'_> {
         if self.records.get(&listed.id).is_none() {
             // Pulled since the last listing: the daemon's next poll sees it.
             LargestPull::note(&mut self.largest_pull, LargestPull::of(listed, instant(t)), instant(t));
+            self.repo_sizes.note_image(listed, instant(t));
         }
         let id = [listed.id.as_str()];
         if started {
@@ -614,7 +671,7 @@ impl Policy for Imagegc<'_> {
             self.records.mark_still_used(id, instant(t));
         }
         // Usage measured between cycles: a cycle starts when it crosses high.
-        let due = self.policy.target.with_headroom(self.headroom()).due(&node.stats());
+        let due = self.policy.target.with_headroom(self.headroom(&[])).due(&node.stats());
         if due && !self.space_due && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }
@@ -883,6 +940,42 @@ pub(crate) mod tests {
             &mut Imagegc::new(config, "imagegc", &trace),
         )
         .removed
+    }
+
+    #[test]
+    fn room_before_pulls_keeps_a_known_repositorys_next_tag_from_crossing_the_eviction_line() {
+        // 1000 MB, the line at 15 % available, high 80 / low 70. `app:1`
+        // (400 MB) runs a minute; five 50 MB images run a minute. A day later
+        // `app:2` (400 MB) arrives at 65 %: past the line (and the disk) in
+        // one pull, unless room is made before it.
+        let mut sizes = vec![400 * MB, 400 * MB];
+        sizes.extend([50 * MB; 5]);
+        let mut trace = trace(&sizes, &[]);
+        trace.images[0].name = "registry.test/app:1".into();
+        trace.images[1].name = "registry.test/app:2".into();
+        let mut events = vec![(0, start(0, 0)), (60, stop(0))];
+        events.extend((2..7).map(|i| (120, start(i, i as u32))));
+        events.extend((2..7).map(|i| (180, stop(i))));
+        events.extend([(86_400, start(1, 1)), (86_460, stop(1))]);
+        trace.events = events.iter().map(|&(at, action)| TraceEvent { at, action }).collect();
+        let mut config = config(80, 70);
+        config.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(15.0));
+        let run = |room: bool| {
+            let mut config = config.clone();
+            config.kubernetes.enabled = room;
+            replay(
+                &trace,
+                1000 * MB,
+                0,
+                &config,
+                &mut Imagegc::new(&config, "imagegc", &trace),
+            )
+        };
+        let reacting = run(false);
+        assert_eq!(reacting.pulls_past_eviction, 1, "{reacting:?}");
+        let ahead = run(true);
+        assert_eq!(ahead.pulls_past_eviction, 0, "{ahead:?}");
+        assert!(ahead.peak_usage_percent <= 85.0, "{ahead:?}");
     }
 
     #[test]
