@@ -4,6 +4,7 @@
 //! [`SpaceTarget`] the collector acts on.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -13,15 +14,15 @@ use super::table::{ContainerFsView, Table, fs_line, human_bytes, image_bytes_lin
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::{Config, Order};
 use crate::cri::CriClient;
-use crate::engine::{self, Observer};
+use crate::engine::{Collector, Restored};
 use crate::fs::{FsProbe, FsStats, Statvfs};
+use crate::outputs::metrics::Metrics;
 use crate::policy::headroom::HEADROOM_WINDOW;
 use crate::policy::{
-    self, Candidate, ComingPull, CyclePlan, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, KeptImages, LargestPull,
-    Plan, Protections, Reason, SpaceOutlook, SpaceTarget,
+    self, Candidate, ComingPull, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, LargestPull, Plan, Protections,
+    Reason, SpaceOutlook, SpaceTarget,
 };
-use crate::store::journal::Journal;
-use crate::store::state::{Known, StateStore};
+use crate::store::state::Known;
 use crate::time::{Clock, ago, rfc3339};
 
 #[derive(Serialize)]
@@ -97,59 +98,48 @@ pub async fn plan(
     output: Output,
 ) -> Result<ExitStatus, CliError> {
     let clock = Clock::start();
-    let store = StateStore::new(&config.state.dir).read_only();
-    let (mut records, _) = engine::load_records(&store, &clock, config.gc.interval);
-    // What the daemon learnt of each container and pod: only those it has
-    // not seen cost a call.
-    let observation = Observer::knowing(Known::read(&config.state.dir))
-        .observe(
-            &runtime,
-            config.gc.image_fs_path.as_deref(),
-            config.runtime.sandbox_image.as_deref(),
-        )
-        .await?;
-    let snapshot = observation.snapshot;
-    let image_fs = observation.image_fs?;
-    let footprint = observation.footprint.unwrap_or_default();
-    let mismatch = image_fs.mismatch(&Statvfs);
-    let container_fs = ContainerFsView::of(&image_fs, &Statvfs);
-    let (_, listed) = records.observe_snapshot(&snapshot, clock.now());
+    let config = Arc::new(config);
+    // The daemon's collector, writing nothing: its observe, its records,
+    // its cycle's plan. What the daemon learnt of each container and pod
+    // costs no call.
+    let pull_history = GcPolicy::from(&*config).pull_history();
+    let restored = Restored::load_read_only(
+        &config.state.dir,
+        &clock,
+        config.gc.interval,
+        config.gc.thrash_window,
+        pull_history,
+    );
+    let mut collector = Collector::new(
+        runtime,
+        Arc::clone(&config),
+        restored,
+        Arc::new(Statvfs),
+        Arc::new(Metrics::new()),
+        clock,
+    )
+    .knowing(Known::read(&config.state.dir));
+    collector.set_protections(pods.clone());
+    let listing = collector.observe().await?;
+    let listing = match listing.image_fs {
+        Ok(_) => listing,
+        Err(err) => return Err(err.into()),
+    };
+    let (snapshot, Ok(image_fs)) = (&listing.snapshot, &listing.image_fs) else {
+        unreachable!("an image filesystem that failed returned above");
+    };
+    let footprint = collector.footprint();
+    let mismatch = collector.image_fs_mismatch().map(str::to_string);
+    let container_fs = ContainerFsView::of(image_fs, &Statvfs);
     // Planned after the listing, as a cycle plans: an image first seen by
     // this very listing is not "used at this instant".
     let now = clock.now();
-    let gc_policy = GcPolicy::from(&config);
+    let cycle = collector.cycle_plan(&listing);
     // With `gc.headroom`, the largest recent pull, and with
-    // `kubernetes.room_before_pulls` the pulls coming for the pods, as the
-    // daemon knows them: from the records and the journal's removals.
-    let recent = if gc_policy.pull_history() {
-        Journal::new(&config.state.dir)
-            .read(now.checked_sub(HEADROOM_WINDOW))
-            .unwrap_or_default()
-    } else {
-        Vec::new()
-    };
-    let largest = gc_policy
-        .headroom
-        .then(|| engine::largest_pull(&records, &recent, now))
-        .flatten();
-    let coming: Vec<ComingPull> = if gc_policy.room_before_pulls {
-        let sizes = engine::repo_sizes(&records, &recent);
-        let mut coming = policy::coming::coming_pulls(&snapshot.images, pods, &sizes);
-        coming.retain(|pull| pull.like.is_some());
-        coming
-    } else {
-        Vec::new()
-    };
-    let headroom = gc_policy.headroom_for(largest.as_ref(), &coming, footprint);
-    let cycle = CyclePlan::new(
-        &snapshot,
-        &listed,
-        &gc_policy,
-        pods,
-        (now, clock.started()),
-        KeptImages::Listed,
-    )
-    .with_headroom(headroom);
+    // `kubernetes.room_before_pulls` the pulls coming for the pods: what
+    // the cycle's thresholds in force make room for.
+    let largest = collector.largest_recent_pull();
+    let coming = collector.pulls_waiting(&listing);
     let plan = &cycle.plan;
     let fs = Statvfs.stats(&image_fs.path).ok();
     let target = cycle.target();
@@ -157,8 +147,8 @@ pub async fn plan(
         target.in_force(fs.capacity_bytes)
     });
     let headroom_view = (largest.is_some() || !coming.is_empty()).then(|| HeadroomView {
-        largest_pull: largest.as_ref(),
-        bytes_on_disk: largest.as_ref().map_or(0, |pull| footprint.on_disk(pull.size_bytes)),
+        largest_pull: largest,
+        bytes_on_disk: largest.map_or(0, |pull| footprint.on_disk(pull.size_bytes)),
         coming_pulls: coming
             .iter()
             .map(|pull| ComingView {

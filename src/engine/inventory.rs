@@ -180,7 +180,37 @@ impl Restored {
     /// `kubernetes.room_before_pulls`, with which they count for the sizes
     /// of pulls too, over [`crate::policy::headroom::HEADROOM_WINDOW`]).
     pub fn load(dir: &Path, clock: &Clock, interval: Duration, thrash_window: Duration, pull_history: bool) -> Self {
-        let store = StateStore::new(dir);
+        Self::load_from(StateStore::new(dir), dir, clock, interval, thrash_window, pull_history)
+    }
+
+    /// The same, for a collector that writes nothing (`imagegc plan`): a
+    /// corrupt state file is left where it is, and the collector saves,
+    /// settles and journals nothing (see [`super::Collector::observe`]).
+    pub fn load_read_only(
+        dir: &Path,
+        clock: &Clock,
+        interval: Duration,
+        thrash_window: Duration,
+        pull_history: bool,
+    ) -> Self {
+        Self::load_from(
+            StateStore::new(dir).read_only(),
+            dir,
+            clock,
+            interval,
+            thrash_window,
+            pull_history,
+        )
+    }
+
+    fn load_from(
+        store: StateStore,
+        dir: &Path,
+        clock: &Clock,
+        interval: Duration,
+        thrash_window: Duration,
+        pull_history: bool,
+    ) -> Self {
         let (records, last_success) = load_records(&store, clock, interval);
         let journal = Journal::new(dir);
         let window = if pull_history {

@@ -56,8 +56,6 @@ mod tests;
 pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
 use inventory::Inventory;
 pub use inventory::Restored;
-pub(crate) use inventory::load_records;
-pub use inventory::{largest_pull, repo_sizes};
 pub use observe::{ImageFs, Observation, Observer};
 pub use removal::RemovalInFlight;
 use removal::Remover;
@@ -281,6 +279,13 @@ impl<R: Runtime> Collector<R> {
         let mut coming = crate::policy::coming::coming_pulls(images, protections, &self.inventory.repo_sizes);
         coming.retain(|pull| pull.like.is_some());
         coming
+    }
+
+    /// The same collector, knowing what `known` notes of containers and
+    /// pods (see [`crate::store::state::Known`]): those cost no call.
+    pub fn knowing(mut self, known: crate::store::state::Known) -> Self {
+        self.inventory.observer = observe::Observer::knowing(known);
+        self
     }
 
     /// A receiver of the keep rules from outside the listing, to wake on

@@ -86,7 +86,8 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// The cycle's plan over a listing from [`Collector::observe`], its
-    /// kept images listed, without removing anything.
+    /// kept images listed, without removing anything: what `imagegc plan`
+    /// shows.
     pub fn cycle_plan<'a>(&'a self, listing: &'a Listing) -> CyclePlan<'a> {
         CyclePlan::new(
             &listing.snapshot,
@@ -96,13 +97,20 @@ impl<R: Runtime> Collector<R> {
             (self.clock.now(), self.clock.started()),
             KeptImages::Listed,
         )
-        .with_headroom(
-            self.headroom(
-                &self
-                    .inventory
-                    .room_due(&self.coming_pulls(&listing.snapshot.images, &listing.protections)),
-            ),
-        )
+        .with_headroom(self.headroom(&self.pulls_waiting(listing)))
+    }
+
+    /// The pulls the pods of `listing` are about to make that room is not
+    /// made for yet (see [`crate::policy::coming`]), when
+    /// `kubernetes.room_before_pulls` is on.
+    pub fn pulls_waiting(&self, listing: &Listing) -> Vec<crate::policy::ComingPull> {
+        self.inventory
+            .room_due(&self.coming_pulls(&listing.snapshot.images, &listing.protections))
+    }
+
+    /// The largest recent pull, when `gc.headroom` keeps room for it.
+    pub fn largest_recent_pull(&self) -> Option<&crate::policy::LargestPull> {
+        self.inventory.largest_pull.as_ref().filter(|_| self.policy.headroom)
     }
 
     /// Lists images and containers between cycles: images first seen now
@@ -151,6 +159,10 @@ impl<R: Runtime> Collector<R> {
             observed,
             images: images.len(),
         });
+        if self.inventory.store.is_read_only() {
+            // `plan`: the daemon settles, journals and counts these.
+            return;
+        }
         let window = self.config.gc.thrash_window;
         let unreachable = self.remover.thrash.unreachable();
         for repull in self
