@@ -52,9 +52,22 @@ impl XorShift {
         x
     }
 
+    /// Uniform enough in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
     /// Uniform enough in `low..=high`.
     pub fn between(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next_u64() % (high - low + 1)
+        low + self.below(high - low + 1)
+    }
+
+    /// One of `items`, or `None` when there is none.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        if items.is_empty() {
+            return None;
+        }
+        items.get(self.below(items.len() as u64) as usize)
     }
 
     /// True about `percent` times in a hundred.

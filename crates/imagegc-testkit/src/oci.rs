@@ -177,12 +177,12 @@ impl Layer {
                 let mut builder = tar::Builder::new(Vec::with_capacity(*size as usize + 4096));
                 append_dir(&mut builder, "data/");
                 let path = format!("data/{seed:016x}-{size}");
-                append_file(&mut builder, &path, 0o644, *size, XorShift::new(*seed).take(*size));
+                append_file(&mut builder, &path, 0o644, *size, RandomBytes::new(*seed).take(*size));
                 builder.into_inner().expect("finishing a layer tar in memory")
             }
             LayerKind::Compressible { seed, size } => {
                 let mut data = vec![0u8; *size as usize];
-                let mut random = XorShift::new(*seed);
+                let mut random = RandomBytes::new(*seed);
                 for run in data.chunks_mut(2 * COMPRESSIBLE_RUN) {
                     let end = run.len().min(COMPRESSIBLE_RUN);
                     random.read_exact(&mut run[..end]).expect("reading pseudo-random bytes");
@@ -234,13 +234,13 @@ fn append_file(builder: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, size:
 /// A fast pseudo-random byte stream (xorshift64*, seeded through splitmix64
 /// so that nearby seeds give unrelated streams). Not cryptographic; its only
 /// job is to be incompressible and reproducible.
-struct XorShift {
+struct RandomBytes {
     state: u64,
     pending: [u8; 8],
     pending_len: usize,
 }
 
-impl XorShift {
+impl RandomBytes {
     fn new(seed: u64) -> Self {
         let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -261,7 +261,7 @@ impl XorShift {
     }
 }
 
-impl Read for XorShift {
+impl Read for RandomBytes {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut written = 0;
         while self.pending_len > 0 && written < buf.len() {
@@ -612,9 +612,9 @@ mod tests {
     #[test]
     fn random_bytes_do_not_depend_on_read_sizes() {
         let mut whole = vec![0u8; 1000];
-        XorShift::new(3).read_exact(&mut whole).unwrap();
+        RandomBytes::new(3).read_exact(&mut whole).unwrap();
         let mut pieces = Vec::new();
-        let mut rng = XorShift::new(3);
+        let mut rng = RandomBytes::new(3);
         for size in [1, 7, 9, 3, 100, 880] {
             let mut buf = vec![0u8; size];
             rng.read_exact(&mut buf).unwrap();
