@@ -2,14 +2,9 @@
 //! so a hung call ends the cycle (or that one removal) within it, nothing is
 //! removed on a guess, and the next cycle after the runtime recovers works.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use imagegc::cri::{
-    Container, CriClient, EventStream, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus,
-    RuntimeVersion, connect,
-};
+use imagegc::cri::{Image, connect};
 use imagegc::engine::Outcome;
 use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
@@ -130,63 +125,6 @@ async fn a_hung_remove_image_leaves_its_outcome_unknown_and_nothing_more_goes_th
     assert_eq!(report.removed.len(), 1);
 }
 
-/// The CRI client, with the `nth` call of one RPC made to hang at the fake
-/// server: the hang is real (the server does not answer), and the real
-/// client's deadline is what ends it.
-struct HangNth {
-    client: CriClient,
-    fake: FakeRuntime,
-    rpc: &'static str,
-    nth: usize,
-    calls: AtomicUsize,
-}
-
-impl HangNth {
-    /// Makes the call hang at the server when it is the `nth` of `self.rpc`;
-    /// later calls are answered again.
-    async fn call<T>(&self, rpc: &'static str, call: impl Future<Output = T>) -> T {
-        let hang = rpc == self.rpc && self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.nth;
-        if hang {
-            self.fake.delay(rpc, HANG);
-        }
-        let result = call.await;
-        if hang {
-            self.fake.delay(rpc, Duration::ZERO);
-        }
-        result
-    }
-}
-
-impl Runtime for HangNth {
-    fn endpoint(&self) -> &str {
-        self.client.endpoint()
-    }
-    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
-        self.call("Version", self.client.version()).await
-    }
-    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
-        self.call("Status", self.client.status()).await
-    }
-    async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
-        self.call("ListImages", self.client.list_images()).await
-    }
-    async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
-        self.call("ListContainers", self.client.list_containers()).await
-    }
-    async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
-        self.call("ImageFsInfo", self.client.image_fs_info()).await
-    }
-    async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
-        self.call("RemoveImage", self.client.remove_image(id)).await
-    }
-    async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
-        self.call("ImageStatus", self.client.image_status(id)).await
-    }
-    fn container_events(&self) -> EventStream {
-        self.client.container_events()
-    }
-}
-
 /// Each call a cycle makes, hung in turn. What may happen differs (a hung
 /// `ListContainers` right before a removal means the in-use re-check cannot
 /// be made, so the cycle stops there), but every cycle ends within its bound
@@ -258,13 +196,10 @@ async fn every_hung_call_ends_the_cycle_within_its_bound_and_removes_nothing_wro
         let (fake, disk) = full_node();
         let dir = tempfile::tempdir().unwrap();
         let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
-        let runtime = HangNth {
-            client: connect(&server.endpoint(), TIMEOUT).unwrap(),
-            fake: fake.clone(),
-            rpc: case.rpc,
-            nth: case.nth,
-            calls: AtomicUsize::new(0),
-        };
+        // The hang is real (the server does not answer), and the real
+        // client's deadline is what ends it.
+        fake.delay_nth(case.rpc, case.nth, HANG);
+        let runtime = connect(&server.endpoint(), TIMEOUT).unwrap();
         let mut config = support::config(&dir.path().join("state"));
         config.runtime.timeout = TIMEOUT;
         if case.ask_runtime_for_fs {

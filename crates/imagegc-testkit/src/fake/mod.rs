@@ -192,6 +192,8 @@ struct State {
     fail_next: HashMap<&'static str, VecDeque<Status>>,
     fail_always: HashMap<&'static str, Status>,
     delays: HashMap<&'static str, Duration>,
+    /// `(rpc, nth, delay)`: the nth call of rpc (1 = the first) waits this long.
+    delays_nth: Vec<(&'static str, usize, Duration)>,
     before_remove: Option<SharedHook>,
     on_remove: Option<RemoveEffect>,
     /// How long a removal takes inside the runtime: it completes even when
@@ -343,6 +345,7 @@ impl FakeRuntime {
             fail_next: HashMap::new(),
             fail_always: HashMap::new(),
             delays: HashMap::new(),
+            delays_nth: Vec::new(),
             before_remove: None,
             on_remove: None,
             remove_latency: None,
@@ -503,6 +506,14 @@ impl FakeRuntime {
         } else {
             state.delays.insert(rpc, delay);
         }
+    }
+
+    /// Makes the `nth` call (1 = the first) of `rpc` wait this long before
+    /// it is answered, as a runtime that hangs once would; the calls before
+    /// and after it are answered at once. Stopping the server ends the wait.
+    pub fn delay_nth(&self, rpc: &str, nth: usize, delay: Duration) {
+        let rpc = rpc_name(rpc);
+        self.lock().delays_nth.push((rpc, nth, delay));
     }
 
     /// Whether `GetContainerEvents` answers `Unimplemented`, as containerd 1.6

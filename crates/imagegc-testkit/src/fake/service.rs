@@ -39,7 +39,13 @@ impl Service {
                 .collect();
             let queued = state.fail_next.get_mut(rpc).and_then(VecDeque::pop_front);
             let failure = queued.or_else(|| state.fail_always.get(rpc).cloned());
-            (state.delays.get(rpc).copied(), failure, hooks)
+            let delay = state
+                .delays_nth
+                .iter()
+                .find(|(r, n, _)| *r == rpc && *n == nth)
+                .map(|&(_, _, delay)| delay)
+                .or_else(|| state.delays.get(rpc).copied());
+            (delay, failure, hooks)
         };
         if let Some(delay) = delay {
             tokio::select! {
