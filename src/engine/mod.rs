@@ -51,6 +51,8 @@ mod thrash;
 mod usage;
 
 #[cfg(test)]
+mod fake;
+#[cfg(test)]
 mod tests;
 
 pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};

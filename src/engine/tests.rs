@@ -1,316 +1,19 @@
 //! The engine on an in-process runtime and disk.
 
 use super::*;
-use crate::cri::{Container, Image, ImageFsUsage, Removed, RuntimeError, RuntimeStatus, RuntimeVersion};
-use crate::fs::{FsError, FsStats};
+use crate::cri::Image;
+use crate::fs::FsStats;
 use crate::policy::Reason;
 use crate::records::Records;
 use crate::store::journal::Journal;
 use crate::store::state::{Loaded, StateStore};
+use fake::SimHandle;
 use removal::{Disk, SETTLE_CONFIRM, SETTLE_STEP, SETTLE_TIMEOUT, removal_of};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
-
-/// A runtime and a disk in one: removing an image gives back the bytes
-/// the test says it occupies on disk (0 for an image whose layers are
-/// all shared with another image still present).
-#[derive(Default)]
-struct Sim {
-    images: Vec<Image>,
-    containers: Vec<Container>,
-    on_disk: HashMap<String, u64>,
-    capacity: u64,
-    available: u64,
-    fail_remove: Vec<String>,
-    /// `RemoveImage` of these times out and removes nothing.
-    hang_remove: Vec<String>,
-    /// A removal of an image in `hang_remove` that the runtime finishes
-    /// late: right before the n-th `ListImages` after the call, or at a
-    /// second `RemoveImage` of it (which then answers not found).
-    finish_after_lists: HashMap<String, usize>,
-    /// Those removals under way, with the listings left until done.
-    finishing: Vec<(String, usize)>,
-    /// `ListImages` leaves these out (a partial listing); `ImageStatus`
-    /// still finds them.
-    omit: Vec<String>,
-    /// `ImageStatus` fails while set.
-    fail_image_status: bool,
-    /// `ImageStatus` of these fails.
-    fail_image_status_of: Vec<String>,
-    fail_stats: bool,
-    /// ListContainers fails while set: the runtime is down.
-    fail_lists: bool,
-    fail_status: bool,
-    removed: Vec<String>,
-    /// When each removal was made (tokio's clock).
-    removed_at: Vec<tokio::time::Instant>,
-    /// Bytes of an image's removal that come back one reading after the
-    /// first one that follows the call (a deletion still under way).
-    later: HashMap<String, u64>,
-    /// Bytes coming back, after how many more readings.
-    coming: Option<(u32, u64)>,
-    /// How long ListContainers takes (tokio's clock).
-    list_delay: Duration,
-    /// Containers that appear right before the n-th ListContainers call.
-    appear_at_list: Option<(usize, Container)>,
-    /// A container that appears right after the n-th ListContainers call
-    /// answered (a container created on an image just re-checked).
-    appear_after_list: Option<(usize, Container)>,
-    /// Bytes something else on the filesystem writes between two
-    /// readings (a container's log, an emptyDir, a pull): free space never
-    /// holds still.
-    writer: u64,
-    /// An image someone else removes right before the n-th
-    /// ListContainers call (after the listing of images that had it).
-    vanish_at_list: Option<(usize, String)>,
-    /// A tag an image gains right before the n-th ListContainers call.
-    tag_at_list: Option<(usize, String, String)>,
-    /// An image someone else removes right before the n-th ListContainers
-    /// call.
-    gone_at_list: Option<(usize, String)>,
-    /// Keep rules published right before the n-th ListContainers call (a
-    /// pod bound to the node meanwhile).
-    pods_at_list: Option<(usize, PodsSender, crate::policy::Protections)>,
-    lists: usize,
-    /// A split store (KEP-4191): `ImageFsInfo` names a container
-    /// filesystem at [`CONTAINER_FS`], another filesystem of this capacity
-    /// and available bytes, which removing images never changes.
-    container_fs: Option<(u64, u64)>,
-}
-
-/// Where the split store's container filesystem is mounted in [`Sim`].
-const CONTAINER_FS: &str = "/sim-containers";
-
-type PodsSender = tokio::sync::watch::Sender<Arc<crate::policy::Protections>>;
-
-impl Sim {
-    /// An unused image of `size` reported bytes that takes `on_disk` bytes
-    /// of the filesystem (what its removal gives back).
-    fn unused(&mut self, id: &str, size: u64, on_disk: u64) {
-        self.images.push(image(id, size));
-        self.on_disk.insert(id.to_owned(), on_disk);
-    }
-}
-
-#[derive(Clone, Default)]
-struct SimHandle(Arc<Mutex<Sim>>);
-
-impl Sim {
-    /// The runtime removes an image.
-    fn remove(&mut self, id: &str) {
-        self.images.retain(|i| i.id != id);
-        let freed = self.on_disk.remove(id).unwrap_or(0);
-        self.available = (self.available + freed).min(self.capacity);
-        // Background deletions add up (containerd 2.x frees what several
-        // removals left behind at once).
-        if let Some(bytes) = self.later.remove(id) {
-            let still = self.coming.map_or(0, |(_, b)| b);
-            self.coming = Some((1, still + bytes));
-        }
-        self.removed.push(id.to_string());
-        self.removed_at.push(tokio::time::Instant::now());
-    }
-}
-
-impl SimHandle {
-    fn with(&self, f: impl FnOnce(&mut Sim)) {
-        f(&mut self.0.lock().unwrap());
-    }
-    fn removed(&self) -> Vec<String> {
-        self.0.lock().unwrap().removed.clone()
-    }
-}
-
-impl Runtime for SimHandle {
-    fn endpoint(&self) -> &str {
-        "unix:///sim.sock"
-    }
-    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
-        Ok(RuntimeVersion::default())
-    }
-    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
-        if self.0.lock().unwrap().fail_status {
-            return Err(RuntimeError::Rpc {
-                rpc: "Status",
-                endpoint: "unix:///sim.sock".to_string(),
-                status: Box::new(tonic::Status::internal("injected failure")),
-            });
-        }
-        Ok(RuntimeStatus {
-            sandbox_image: Some("registry.k8s.io/pause:3.9".to_string()),
-        })
-    }
-    async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
-        let mut sim = self.0.lock().unwrap();
-        let mut finished = Vec::new();
-        for (id, left) in &mut sim.finishing {
-            *left = left.saturating_sub(1);
-            if *left == 0 {
-                finished.push(id.clone());
-            }
-        }
-        sim.finishing.retain(|(_, left)| *left > 0);
-        for id in finished {
-            sim.remove(&id);
-        }
-        Ok(sim
-            .images
-            .iter()
-            .filter(|i| !sim.omit.contains(&i.id))
-            .cloned()
-            .collect())
-    }
-    async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
-        let sim = self.0.lock().unwrap();
-        if sim.fail_image_status || sim.fail_image_status_of.iter().any(|f| f == id) {
-            return Err(RuntimeError::Rpc {
-                rpc: "ImageStatus",
-                endpoint: "unix:///sim.sock".to_string(),
-                status: Box::new(tonic::Status::unavailable("injected failure")),
-            });
-        }
-        Ok(sim.images.iter().find(|i| i.id == id).cloned())
-    }
-    async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
-        let delay = self.0.lock().unwrap().list_delay;
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        let mut sim = self.0.lock().unwrap();
-        if sim.fail_lists {
-            return Err(RuntimeError::Rpc {
-                rpc: "ListContainers",
-                endpoint: "unix:///sim.sock".to_string(),
-                status: Box::new(tonic::Status::unavailable("injected outage")),
-            });
-        }
-        sim.lists += 1;
-        if let Some((n, c)) = sim.appear_at_list.clone()
-            && sim.lists == n
-        {
-            sim.containers.push(c);
-        }
-        if let Some((n, id)) = sim.vanish_at_list.clone()
-            && sim.lists == n
-        {
-            sim.images.retain(|i| i.id != id);
-        }
-        if let Some((n, id, tag)) = sim.tag_at_list.clone()
-            && sim.lists == n
-            && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
-        {
-            image.repo_tags = image.repo_tags.iter().map(str::to_owned).chain([tag]).collect();
-        }
-        if let Some((n, id)) = sim.gone_at_list.clone()
-            && sim.lists == n
-        {
-            sim.images.retain(|i| i.id != id);
-        }
-        if let Some((n, sender, pods)) = &sim.pods_at_list
-            && sim.lists == *n
-        {
-            sender.send_replace(Arc::new(pods.clone()));
-        }
-        let answer = sim.containers.clone();
-        if let Some((n, c)) = sim.appear_after_list.clone()
-            && sim.lists == n
-        {
-            sim.containers.push(c);
-        }
-        Ok(answer)
-    }
-    async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
-        Ok(vec![ImageFsUsage {
-            mount_point: "/sim".to_string(),
-            ..Default::default()
-        }])
-    }
-    async fn filesystems(&self) -> Result<crate::cri::Filesystems, RuntimeError> {
-        let images = self.image_fs_info().await?;
-        // Without a split store the container filesystem is the image one,
-        // as CRI-O names it.
-        let containers = match self.0.lock().unwrap().container_fs {
-            Some(_) => vec![ImageFsUsage {
-                mount_point: CONTAINER_FS.to_string(),
-                ..Default::default()
-            }],
-            None => images.clone(),
-        };
-        Ok(crate::cri::Filesystems { images, containers })
-    }
-    async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
-        let mut sim = self.0.lock().unwrap();
-        if sim.fail_remove.iter().any(|f| f == id) {
-            return Err(RuntimeError::Rpc {
-                rpc: "RemoveImage",
-                endpoint: "unix:///sim.sock".to_string(),
-                status: Box::new(tonic::Status::internal("injected failure")),
-            });
-        }
-        if let Some(at) = sim.finishing.iter().position(|(f, _)| f == id) {
-            sim.finishing.remove(at);
-            sim.remove(id);
-            return Ok(Removed::AlreadyGone);
-        }
-        if sim.hang_remove.iter().any(|f| f == id) {
-            if let Some(n) = sim.finish_after_lists.remove(id) {
-                sim.finishing.push((id.to_string(), n));
-            }
-            return Err(RuntimeError::Timeout {
-                rpc: "RemoveImage",
-                endpoint: "unix:///sim.sock".to_string(),
-                timeout: Duration::from_millis(50),
-            });
-        }
-        sim.remove(id);
-        Ok(Removed::Done)
-    }
-}
-
-impl FsProbe for SimHandle {
-    fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
-        let mut sim = self.0.lock().unwrap();
-        let sim = &mut *sim;
-        // Read once as they were, then with the bytes still coming.
-        match sim.coming {
-            Some((0, bytes)) => {
-                sim.available = (sim.available + bytes).min(sim.capacity);
-                sim.coming = None;
-            }
-            Some((left, bytes)) => sim.coming = Some((left - 1, bytes)),
-            None => {}
-        }
-        sim.available = sim.available.saturating_sub(sim.writer);
-        if sim.fail_stats {
-            return Err(FsError::Io {
-                path: path.display().to_string(),
-                source: std::io::Error::other("injected"),
-            });
-        }
-        if let Some((capacity, available)) = sim.container_fs {
-            // Two filesystems told apart by their ids.
-            let (capacity_bytes, available_bytes, filesystem_id) = if path == Path::new(CONTAINER_FS) {
-                (capacity, available, 2)
-            } else {
-                (sim.capacity, sim.available, 1)
-            };
-            return Ok(FsStats {
-                capacity_bytes,
-                available_bytes,
-                filesystem_id,
-                ..Default::default()
-            });
-        }
-        Ok(FsStats {
-            capacity_bytes: sim.capacity,
-            available_bytes: sim.available,
-            ..Default::default()
-        })
-    }
-}
 
 fn image(id: &str, size: u64) -> Image {
     crate::testing::library_image(id, size)
@@ -377,33 +80,18 @@ async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
     c.cycle(&CancellationToken::new()).await
 }
 
-/// A filesystem whose available bytes follow a script, one reading
-/// each, the last repeated.
-struct Scripted(Mutex<std::collections::VecDeque<u64>>);
-
-impl FsProbe for Scripted {
-    fn stats(&self, _: &Path) -> Result<FsStats, FsError> {
-        let mut readings = self.0.lock().unwrap();
-        let available = if readings.len() > 1 {
-            readings.pop_front().unwrap()
-        } else {
-            readings[0]
-        };
-        Ok(FsStats {
-            capacity_bytes: 1000,
-            available_bytes: available,
-            ..Default::default()
-        })
-    }
-}
-
 /// What `Disk::settled` returns after a removal, and how long (on
 /// tokio's paused clock) it watched, when the filesystem reads
 /// `readings` from the moment `RemoveImage` returned, 100 available
 /// before.
 async fn settle(readings: &[u64]) -> (u64, Duration) {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.capacity = 1000;
+        s.readings = readings.iter().copied().collect();
+    });
     let disk = Disk {
-        probe: Arc::new(Scripted(Mutex::new(readings.iter().copied().collect()))),
+        probe: Arc::new(sim),
         path: Some(PathBuf::from("/sim")),
         image_bytes: None,
     };

@@ -473,45 +473,18 @@ fn source(tracking: Tracking, given_up: bool) -> Source {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::{Container, ImageFsUsage, Removed, RuntimeStatus, RuntimeVersion};
+    use crate::engine::fake::SimHandle;
 
     /// A runtime whose event stream breaks as soon as it is opened (a
-    /// runtime that accepts the call and fails it at once), counting opens.
-    #[derive(Default)]
-    struct BreaksAtOnce {
-        opens: std::sync::atomic::AtomicUsize,
+    /// runtime that accepts the call and fails it at once).
+    fn breaks_at_once() -> SimHandle {
+        let sim = SimHandle::default();
+        sim.with(|s| s.events_break = true);
+        sim
     }
 
-    impl Runtime for BreaksAtOnce {
-        fn endpoint(&self) -> &str {
-            "unix:///breaks.sock"
-        }
-        async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
-            Ok(RuntimeVersion::default())
-        }
-        async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
-            Ok(RuntimeStatus::default())
-        }
-        async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
-            Ok(Vec::new())
-        }
-        async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
-            Ok(Vec::new())
-        }
-        async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
-            Ok(Vec::new())
-        }
-        async fn remove_image(&self, _id: &str) -> Result<Removed, RuntimeError> {
-            Ok(Removed::AlreadyGone)
-        }
-        fn container_events(&self) -> EventStream {
-            self.opens.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Box::pin(tokio_stream::once(Err(RuntimeError::Rpc {
-                rpc: "GetContainerEvents",
-                endpoint: self.endpoint().to_string(),
-                status: Box::new(tonic::Status::internal("stream reset")),
-            })))
-        }
+    fn opens(runtime: &SimHandle) -> usize {
+        runtime.0.lock().unwrap().event_opens
     }
 
     /// Container events followed, polling every 30 s meanwhile.
@@ -522,14 +495,14 @@ mod tests {
 
     /// Drives the tracker as the daemon loop does, for `span` of tokio's
     /// paused clock: returns the delays between one open and the next.
-    async fn reopen_gaps(runtime: &BreaksAtOnce, span: Duration) -> Vec<Duration> {
+    async fn reopen_gaps(runtime: &SimHandle, span: Duration) -> Vec<Duration> {
         let mut tracker = UsageTracker::new(EVENTS);
         let start = Instant::now();
         let mut opened_at = Vec::new();
         while start.elapsed() < span {
-            let before = runtime.opens.load(std::sync::atomic::Ordering::SeqCst);
+            let before = opens(runtime);
             tracker.open_stream_if_due(runtime);
-            if runtime.opens.load(std::sync::atomic::Ordering::SeqCst) > before {
+            if opens(runtime) > before {
                 opened_at.push(Instant::now());
                 let event = tracker.next_event().await;
                 assert!(tracker.received(event).is_none());
@@ -542,20 +515,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stream_that_breaks_as_soon_as_it_opens_is_reopened_ever_later_up_to_the_cap() {
-        let runtime = BreaksAtOnce::default();
+        let runtime = breaks_at_once();
         let gaps = reopen_gaps(&runtime, Duration::from_secs(600)).await;
         let secs: Vec<u64> = gaps.iter().map(Duration::as_secs).collect();
         assert_eq!(secs[..7], [2, 4, 8, 16, 32, 60, 60], "{secs:?}");
-        assert!(
-            runtime.opens.load(std::sync::atomic::Ordering::SeqCst) < 20,
-            "{} opens in 10 minutes",
-            runtime.opens.load(std::sync::atomic::Ordering::SeqCst)
-        );
+        assert!(opens(&runtime) < 20, "{} opens in 10 minutes", opens(&runtime));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_stream_that_stayed_open_long_enough_is_reopened_at_once() {
-        let runtime = BreaksAtOnce::default();
+        let runtime = breaks_at_once();
         let mut tracker = UsageTracker::new(EVENTS);
         // Two quick breaks: the delay doubled twice.
         for _ in 0..2 {

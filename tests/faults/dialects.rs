@@ -3,12 +3,11 @@
 //! digests, and image volumes. Each test is a cycle that must keep what a
 //! runtime's quirk could make look unused.
 
-use imagegc::cri::{Container, CriClient, Image, connect};
-use imagegc::engine::Collector;
-use imagegc_testkit::fake::{Dialect, FakeRuntime, FakeServer};
+use imagegc::cri::{Container, Image, connect};
+use imagegc_testkit::fake::{Dialect, FakeRuntime};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, DiskEffects, SimDisk, image, image_id};
+use crate::support::{self, Bed, DiskEffects, SimDisk, image, image_id};
 
 const PAUSE: &str = "registry.k8s.io/pause:3.10";
 
@@ -17,45 +16,14 @@ fn full_disk() -> SimDisk {
     SimDisk::new(1_000_000, 50_000)
 }
 
-struct Bed {
-    fake: FakeRuntime,
-    _server: FakeServer,
-    _dir: tempfile::TempDir,
-    collector: Collector<CriClient>,
-}
-
-impl Bed {
-    async fn start(fake: FakeRuntime, disk: &SimDisk, configure: impl FnOnce(&mut imagegc::config::Config)) -> Bed {
-        let dir = tempfile::tempdir().unwrap();
-        let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
-        let client = connect(&server.endpoint(), support::PATIENCE).unwrap();
-        let mut config = support::config(&dir.path().join("state"));
+/// The fake runtime `fake`, served, and a collector over it on `disk`
+/// (low 10 %, then `configure`).
+async fn bed(fake: FakeRuntime, disk: &SimDisk, configure: impl FnOnce(&mut imagegc::config::Config)) -> Bed {
+    Bed::serve(fake, disk.clone(), support::PATIENCE, |config| {
         config.gc.low_threshold_percent = 10;
-        configure(&mut config);
-        Bed {
-            collector: support::collector(client, disk, config),
-            fake,
-            _server: server,
-            _dir: dir,
-        }
-    }
-
-    /// The ids `plan` keeps, with why.
-    async fn kept(&mut self) -> Vec<(String, String)> {
-        let listing = self.collector.observe().await.unwrap();
-        let cycle = self.collector.cycle_plan(&listing);
-        cycle
-            .plan
-            .kept
-            .iter()
-            .map(|k| (k.id.to_string(), k.why.label().to_string()))
-            .collect()
-    }
-
-    async fn cycle(&mut self) -> Vec<String> {
-        self.collector.cycle(&CancellationToken::new()).await;
-        self.fake.removed()
-    }
+        configure(config);
+    })
+    .await
 }
 
 fn pause_image(pinned: bool) -> Image {
@@ -78,7 +46,7 @@ async fn containerd_2_names_its_sandbox_image_in_the_pod_status() {
     fake.set_sandbox_image(Some(PAUSE.to_string()));
     fake.add_image(pause_image(true));
     fake.add_pod("pod-1");
-    let mut bed = Bed::start(fake, &full_disk(), |_| {}).await;
+    let mut bed = bed(fake, &full_disk(), |_| {}).await;
     assert_eq!(bed.kept().await, [(image_id("pause"), "sandbox".to_string())]);
 }
 
@@ -100,11 +68,11 @@ async fn without_a_named_sandbox_image_never_used_images_are_kept() {
         ..Default::default()
     });
     let disk = full_disk();
-    let mut bed = Bed::start(fake.clone(), &disk, |_| {}).await;
+    let mut bed = bed(fake.clone(), &disk, |_| {}).await;
     // The container ran once, then went.
     let _ = bed.collector.observe().await.unwrap();
     fake.remove_container("c1");
-    let removed = bed.cycle().await;
+    let removed = bed.removed_after_cycle().await;
     assert_eq!(
         removed,
         std::slice::from_ref(&old.id),
@@ -160,11 +128,11 @@ async fn the_configured_sandbox_image_is_kept_as_the_sandbox() {
     fake.add_image(pause_image(false));
     let fresh = image("fresh", 100_000);
     fake.add_image(fresh.clone());
-    let mut bed = Bed::start(fake.clone(), &full_disk(), |c| {
+    let mut bed = bed(fake.clone(), &full_disk(), |c| {
         c.runtime.sandbox_image = Some(PAUSE.to_string());
     })
     .await;
-    assert_eq!(bed.cycle().await, std::slice::from_ref(&fresh.id));
+    assert_eq!(bed.removed_after_cycle().await, std::slice::from_ref(&fresh.id));
     assert_eq!(bed.kept().await, [(image_id("pause"), "sandbox".to_string())]);
 }
 
@@ -182,12 +150,12 @@ async fn a_configured_sandbox_image_is_read_as_a_pattern_and_one_naming_nothing_
         fake.set_dialect(Dialect::Crio126);
         fake.set_sandbox_image(None);
         fake.add_image(pause_image(false));
-        let mut bed = Bed::start(fake.clone(), &full_disk(), |c| {
+        let mut bed = bed(fake.clone(), &full_disk(), |c| {
             c.runtime.sandbox_image = Some(configured.to_string());
         })
         .await;
         assert!(
-            bed.cycle().await.is_empty(),
+            bed.removed_after_cycle().await.is_empty(),
             "{configured}: the pause image was removed"
         );
         assert_eq!(bed.kept().await, [(image_id("pause"), why.to_string())], "{configured}");
@@ -222,9 +190,9 @@ async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
         "PodSandboxStatus",
         Some(tonic::Status::deadline_exceeded("context deadline exceeded")),
     );
-    let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
+    let mut bed = bed(fake.clone(), &full_disk(), |_| {}).await;
     assert!(
-        bed.cycle().await.is_empty(),
+        bed.removed_after_cycle().await.is_empty(),
         "removed while a pod's sandbox image was unknown"
     );
     assert!(
@@ -235,7 +203,7 @@ async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
 
     // Once the status can be read, the pod's own image is its sandbox image.
     fake.fail_always("PodSandboxStatus", None);
-    assert!(bed.cycle().await.is_empty());
+    assert!(bed.removed_after_cycle().await.is_empty());
     assert!(
         bed.kept()
             .await
@@ -249,8 +217,8 @@ async fn a_pod_whose_status_cannot_be_read_keeps_every_never_used_image() {
 #[tokio::test]
 async fn a_pods_own_sandbox_image_is_kept_whatever_status_names() {
     let (fake, old_pause) = a_pod_on_an_old_pause_image(Dialect::Containerd);
-    let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
-    assert!(bed.cycle().await.is_empty());
+    let mut bed = bed(fake.clone(), &full_disk(), |_| {}).await;
+    assert!(bed.removed_after_cycle().await.is_empty());
     let kept = bed.kept().await;
     assert!(
         kept.contains(&(old_pause.id.clone(), "sandbox".to_string())),
@@ -297,7 +265,7 @@ async fn crio_digests_match_by_the_digest_whatever_the_name_before_it() {
         image: format!("registry.example.com/team/pinned-ref:1.0@{}", image_id("pinned-ref")),
         ..Default::default()
     });
-    let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
+    let mut bed = bed(fake.clone(), &full_disk(), |_| {}).await;
     let kept = bed.kept().await;
     assert!(kept.contains(&(old.id.clone(), "in-use".to_string())), "{kept:?}");
     assert!(
@@ -320,9 +288,9 @@ async fn protect_patterns_on_ids_hold_on_crio() {
     fake.add_image(keep.clone());
     fake.add_image(other.clone());
     let pattern = format!("{}*", &keep.id[..19]);
-    let mut bed = Bed::start(fake.clone(), &full_disk(), |c| c.protect.images = vec![pattern]).await;
+    let mut bed = bed(fake.clone(), &full_disk(), |c| c.protect.images = vec![pattern]).await;
     assert_eq!(
-        bed.cycle().await,
+        bed.removed_after_cycle().await,
         std::slice::from_ref(&other.id),
         "removed by its sha256: id, which CRI-O lists bare"
     );
@@ -368,8 +336,8 @@ async fn an_image_mounted_as_a_volume_is_in_use() {
                 ..Default::default()
             });
         }));
-        let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
-        let removed = bed.cycle().await;
+        let mut bed = bed(fake.clone(), &full_disk(), |_| {}).await;
+        let removed = bed.removed_after_cycle().await;
         assert_eq!(removed, std::slice::from_ref(&early.id), "{dialect:?}");
         let kept = bed.kept().await;
         for id in [&app.id, &data.id, &late.id] {
@@ -403,8 +371,8 @@ async fn an_image_volume_named_by_a_tag_stays_in_use_after_the_tag_moves() {
         mounted_images: vec![data.repo_tags.first().unwrap().to_owned()],
         ..Default::default()
     });
-    let mut bed = Bed::start(fake.clone(), &full_disk(), |_| {}).await;
-    assert!(bed.cycle().await.is_empty());
+    let mut bed = bed(fake.clone(), &full_disk(), |_| {}).await;
+    assert!(bed.removed_after_cycle().await.is_empty());
     // The tag moves to a newer image: the old one keeps only its digest.
     let newer = Image {
         id: image_id("data-2"),
@@ -416,7 +384,7 @@ async fn an_image_volume_named_by_a_tag_stays_in_use_after_the_tag_moves() {
         ..data.clone()
     });
     fake.add_image(newer.clone());
-    let removed = bed.cycle().await;
+    let removed = bed.removed_after_cycle().await;
     assert!(
         !removed.contains(&data.id),
         "the image the running container mounts was removed when its tag moved"

@@ -1,84 +1,45 @@
 //! Odd but possible runtime data: duplicate listings, dangling images, a tag
 //! that moves between images, containers naming images that do not exist,
 //! sizes of zero or of absurd magnitude, a filesystem reporting no capacity.
-//! The planner cases are table-driven; the rest run whole cycles over a
-//! scripted runtime that can list whatever a test says (the fake gRPC runtime
-//! keys images by id, so it cannot list one twice).
+//! The planner cases are table-driven; the rest run whole cycles over the
+//! fake runtime, listing whatever a test says (an id twice included).
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use imagegc::cri::Snapshot;
-use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use imagegc::cri::{Container, Image};
 use imagegc::engine::Outcome;
 use imagegc::policy::{self, GcPolicy, KeepReason, Reason};
 use imagegc::records::Records;
 use imagegc::store::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
-use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, ServedOnThread, SimDisk, container_using, describe, image, imagegc};
+use crate::support::{self, Bed, DiskEffects, ServedOnThread, SimDisk, container_using, describe, image, imagegc};
 
-/// A runtime answering from lists the test controls. A removal takes every
-/// listed image with that id and frees its bytes on the [`SimDisk`].
-#[derive(Clone)]
-struct Scripted(Arc<Mutex<Script>>);
-
-struct Script {
+/// The fake runtime listing `images` as they are (an id listed twice
+/// included), with `containers`, each removal freeing on `disk` what the
+/// image occupies there; served, with a collector over it (see [`Bed`]).
+async fn scripted(
     images: Vec<Image>,
     containers: Vec<Container>,
-    removals: Vec<String>,
-    disk: SimDisk,
-}
-
-impl Scripted {
-    fn new(images: Vec<Image>, containers: Vec<Container>, disk: &SimDisk) -> Self {
-        Scripted(Arc::new(Mutex::new(Script {
-            images,
-            containers,
-            removals: Vec::new(),
-            disk: disk.clone(),
-        })))
+    disk: &SimDisk,
+    configure: impl FnOnce(&mut imagegc::config::Config),
+) -> Bed {
+    let fake = FakeRuntime::new();
+    let mut ids: Vec<String> = Vec::new();
+    for image in images {
+        if ids.contains(&image.id) {
+            fake.add_listing(image);
+        } else {
+            ids.push(image.id.clone());
+            fake.add_image(image);
+        }
     }
-
-    fn with<T>(&self, f: impl FnOnce(&mut Script) -> T) -> T {
-        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    for container in containers {
+        fake.add_container(container);
     }
-
-    fn removals(&self) -> Vec<String> {
-        self.with(|s| s.removals.clone())
-    }
-}
-
-impl Runtime for Scripted {
-    fn endpoint(&self) -> &str {
-        "unix:///scripted.sock"
-    }
-    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
-        Ok(RuntimeVersion::default())
-    }
-    async fn status(&self) -> Result<RuntimeStatus, RuntimeError> {
-        Ok(RuntimeStatus {
-            sandbox_image: Some("registry.k8s.io/pause:3.9".to_string()),
-        })
-    }
-    async fn list_images(&self) -> Result<Vec<Image>, RuntimeError> {
-        Ok(self.with(|s| s.images.clone()))
-    }
-    async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
-        Ok(self.with(|s| s.containers.clone()))
-    }
-    async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
-        Ok(Vec::new())
-    }
-    async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
-        self.with(|s| {
-            s.removals.push(id.to_string());
-            s.images.retain(|i| i.id != id);
-            s.disk.release(id);
-        });
-        Ok(Removed::Done)
-    }
+    fake.on_remove(Some(disk.free_on_remove()));
+    Bed::serve(fake, disk.clone(), support::PATIENCE, configure).await
 }
 
 fn dangling(name: &str, size: u64) -> Image {
@@ -215,17 +176,17 @@ async fn an_image_listed_twice_is_removed_once() {
     for name in ["a", "b"] {
         disk.occupy(&image(name, 0).id, 100);
     }
-    let runtime = Scripted::new(
+    let mut bed = scripted(
         vec![image("a", 100), with_tags("a", &["other:1"]), image("b", 100)],
         vec![],
         &disk,
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
-    let report = collector.cycle(&CancellationToken::new()).await;
+        |_| {},
+    )
+    .await;
+    let report = bed.cycle().await;
     // 200 bytes come back, 200 were needed.
     assert_eq!(report.outcome, Outcome::Success);
-    assert_eq!(runtime.removals(), ids(&["a", "b"]));
+    assert_eq!(bed.fake.removed(), ids(&["a", "b"]));
     assert_eq!(report.removed.len(), 2);
 }
 
@@ -234,39 +195,39 @@ async fn a_tag_moving_to_a_new_image_keeps_records_by_id_and_the_container_keeps
     let disk = SimDisk::new(1000, 900);
     let old = with_tags("old", &["registry.example.com/team/app:v1"]);
     disk.occupy(&old.id, 400);
-    let runtime = Scripted::new(vec![old.clone()], vec![container_using("c1", &old)], &disk);
-    let dir = tempfile::tempdir().unwrap();
-    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
-    collector.cycle(&CancellationToken::new()).await;
-    let old_first_seen = collector.records().get(&old.id).unwrap().first_seen;
+    let mut bed = scripted(vec![old.clone()], vec![container_using("c1", &old)], &disk, |_| {}).await;
+    bed.cycle().await;
+    let old_first_seen = bed.collector.records().get(&old.id).unwrap().first_seen;
 
     // `app:v1` is pulled again and now names a new image; the old one is
     // dangling but its container (by image_ref, the id) still exists. The
     // disk is full.
     let new = with_tags("new", &["registry.example.com/team/app:v1"]);
     disk.occupy(&new.id, 400);
-    runtime.with(|s| s.images = vec![dangling("old", 100), new.clone()]);
+    bed.fake.remove_image_by_id(&old.id);
+    bed.fake.add_image(dangling("old", 100));
+    bed.fake.add_image(new.clone());
     disk.set_available(0);
     // The container names the old image by id: that one stays; the tag's
     // new image is not in use, and is enough to free.
-    let report = collector.cycle(&CancellationToken::new()).await;
+    let report = bed.cycle().await;
     assert_eq!(report.outcome, Outcome::Success);
     assert_eq!(
-        runtime.removals(),
+        bed.fake.removed(),
         std::slice::from_ref(&new.id),
         "the container's image (by id) stays; the tag's new image, unused, goes"
     );
-    let old_record = collector.records().get(&old.id).unwrap();
+    let old_record = bed.collector.records().get(&old.id).unwrap();
     assert_eq!(old_record.first_seen, old_first_seen, "the record stays keyed by id");
     assert!(old_record.tags.is_empty(), "the record follows the tag move");
-    assert!(collector.records().get(&new.id).is_none());
+    assert!(bed.collector.records().get(&new.id).is_none());
 
     // The pod goes: the old image goes too.
-    runtime.with(|s| s.containers.clear());
+    bed.fake.remove_container("c1");
     disk.set_available(0);
-    let report = collector.cycle(&CancellationToken::new()).await;
+    let report = bed.cycle().await;
     assert_eq!(report.outcome, Outcome::Success);
-    assert_eq!(runtime.removals(), [new.id.clone(), old.id.clone()]);
+    assert_eq!(bed.fake.removed(), [new.id.clone(), old.id.clone()]);
 }
 
 #[tokio::test]
@@ -280,7 +241,7 @@ async fn containers_naming_unknown_images_do_not_disturb_a_cycle() {
         image_id: r.to_string(),
         ..Default::default()
     };
-    let runtime = Scripted::new(
+    let mut bed = scripted(
         vec![image("a", 100), image("held", 100)],
         vec![
             weird("c1", "sha256:does-not-exist"),
@@ -289,12 +250,12 @@ async fn containers_naming_unknown_images_do_not_disturb_a_cycle() {
             container_using("c4", &image("held", 0)),
         ],
         &disk,
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
-    let report = collector.cycle(&CancellationToken::new()).await;
+        |_| {},
+    )
+    .await;
+    let report = bed.cycle().await;
     assert_eq!(report.outcome, Outcome::Success);
-    assert_eq!(runtime.removals(), ids(&["a"]));
+    assert_eq!(bed.fake.removed(), ids(&["a"]));
 }
 
 #[tokio::test]
@@ -302,16 +263,14 @@ async fn a_size_of_zero_still_frees_what_the_disk_measures() {
     // The runtime reports 0 bytes; the image really holds 300.
     let disk = SimDisk::new(1000, 0);
     disk.occupy(&image("z", 0).id, 300);
-    let runtime = Scripted::new(vec![image("z", 0)], vec![], &disk);
-    let dir = tempfile::tempdir().unwrap();
-    let mut collector = support::collector(runtime.clone(), &disk, support::config(dir.path()));
-    let report = collector.cycle(&CancellationToken::new()).await;
+    let mut bed = scripted(vec![image("z", 0)], vec![], &disk, |_| {}).await;
+    let report = bed.cycle().await;
     assert_eq!(
         report.outcome,
         Outcome::Success,
         "the measured disk says low is reached"
     );
-    assert_eq!(runtime.removals(), ids(&["z"]));
+    assert_eq!(bed.fake.removed(), ids(&["z"]));
     assert_eq!(report.removed[0].size, 0);
     assert_eq!(report.removed[0].freed_bytes, Some(300));
 }
@@ -325,15 +284,14 @@ async fn past_the_eviction_line_a_size_of_zero_stops_the_walk_on_what_the_disk_s
     let disk = SimDisk::new(1000, 0);
     disk.occupy(&image("a", 0).id, 300);
     disk.occupy(&image("b", 0).id, 100);
-    let runtime = Scripted::new(vec![image("a", 0), image("b", 0)], vec![], &disk);
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = support::config(dir.path());
-    config.eviction_imagefs_available = Some(imagegc::config::EvictionThreshold::Percent(15.0));
-    let mut collector = support::collector(runtime.clone(), &disk, config);
-    let report = collector.cycle(&CancellationToken::new()).await;
+    let mut bed = scripted(vec![image("a", 0), image("b", 0)], vec![], &disk, |config| {
+        config.eviction_imagefs_available = Some(imagegc::config::EvictionThreshold::Percent(15.0));
+    })
+    .await;
+    let report = bed.cycle().await;
     assert!(report.hurried);
     assert_eq!(report.outcome, Outcome::Success);
-    assert_eq!(runtime.removals(), ids(&["a"]), "b was not needed");
+    assert_eq!(bed.fake.removed(), ids(&["a"]), "b was not needed");
     assert_eq!(report.removed[0].freed_bytes, None, "not measured one by one");
     assert_eq!(report.after.unwrap().available_bytes, 300);
 }
@@ -343,26 +301,32 @@ async fn a_filesystem_of_zero_capacity_fails_the_cycle_and_nothing_goes_for_spac
     let disk = SimDisk::new(1000, 0);
     disk.report_zero_capacity();
     let old = image("old", 100);
-    let runtime = Scripted::new(vec![old.clone(), image("a", 100), image("b", 100)], vec![], &disk);
-    let dir = tempfile::tempdir().unwrap();
     // One image unused for two hours by a history the collector trusts.
+    let state = tempfile::tempdir().unwrap();
     let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
-    StateStore::new(dir.path())
+    StateStore::new(state.path())
         .save(
             &support::records([support::history(&old, two_hours_ago, two_hours_ago)]),
             SystemTime::now(),
         )
         .unwrap();
-    let mut config = support::config(dir.path());
-    config.gc.max_age = Duration::from_secs(3600);
-    let mut collector = support::collector(runtime.clone(), &disk, config);
-    let report = collector.cycle(&CancellationToken::new()).await;
+    let mut bed = scripted(
+        vec![old.clone(), image("a", 100), image("b", 100)],
+        vec![],
+        &disk,
+        |config| {
+            config.state.dir = state.path().to_path_buf();
+            config.gc.max_age = Duration::from_secs(3600);
+        },
+    )
+    .await;
+    let report = bed.cycle().await;
     match &report.outcome {
         Outcome::Failed(err) => assert!(err.to_string().contains("capacity of 0"), "{err}"),
         other => panic!("expected a failed cycle, got {other:?}"),
     }
     // Age removal does not depend on the disk; space removal does.
-    assert_eq!(runtime.removals(), std::slice::from_ref(&old.id));
+    assert_eq!(bed.fake.removed(), std::slice::from_ref(&old.id));
     assert!(report.removed.iter().all(|r| r.reason == Reason::Age));
     assert!(!report.space_pass);
 }

@@ -9,74 +9,11 @@ use std::time::{Duration, SystemTime};
 
 use imagegc::cri::{Container, Image, connect};
 use imagegc::engine::Outcome;
-use imagegc::store::journal::Journal;
 use imagegc::store::state::StateStore;
 use imagegc_testkit::fake::FakeRuntime;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, DiskEffects, SimDisk, history, image, metric, records};
-
-/// A fake runtime serving `images` (each occupying its size on `disk`) and
-/// a collector over it; the server lives as long as the returned guard.
-struct Bed {
-    fake: FakeRuntime,
-    disk: SimDisk,
-    dir: tempfile::TempDir,
-    _server: imagegc_testkit::fake::FakeServer,
-    collector: imagegc::engine::Collector<imagegc::cri::CriClient>,
-}
-
-impl Bed {
-    async fn start(
-        images: &[Image],
-        disk: SimDisk,
-        timeout: Duration,
-        configure: impl FnOnce(&mut imagegc::config::Config),
-    ) -> Bed {
-        let fake = FakeRuntime::new();
-        for image in images {
-            disk.occupy(&image.id, image.size);
-            fake.add_image(image.clone());
-        }
-        fake.on_remove(Some(disk.free_on_remove()));
-        let dir = tempfile::tempdir().unwrap();
-        let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
-        let mut config = support::config(&dir.path().join("state"));
-        config.runtime.timeout = timeout;
-        configure(&mut config);
-        let client = connect(&server.endpoint(), timeout).unwrap();
-        let collector = support::collector(client, &disk, config);
-        Bed {
-            fake,
-            disk,
-            dir,
-            _server: server,
-            collector,
-        }
-    }
-
-    /// [`Bed::start`] on a full 1000-byte disk, with the default settings.
-    async fn full(images: &[Image]) -> Bed {
-        Bed::start(images, SimDisk::new(1000, 0), support::PATIENCE, |_| {}).await
-    }
-
-    async fn cycle(&mut self) -> imagegc::engine::CycleReport {
-        self.collector.cycle(&CancellationToken::new()).await
-    }
-
-    fn journaled(&self) -> Vec<String> {
-        Journal::new(&self.dir.path().join("state"))
-            .read(None)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.image)
-            .collect()
-    }
-
-    fn metric(&self, series: &str) -> Option<f64> {
-        metric(&self.collector.metrics().encode(), series)
-    }
-}
+use crate::support::{self, Bed, SimDisk, history, image, records};
 
 fn ids(names: &[&str]) -> Vec<String> {
     names.iter().map(|n| image(n, 0).id).collect()

@@ -14,13 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use imagegc::config::Config;
-use imagegc::cri::Runtime;
-use imagegc::engine::Collector;
+use imagegc::cri::{CriClient, Image, Runtime, connect};
+use imagegc::engine::{Collector, CycleReport};
 use imagegc::outputs::metrics::Metrics;
 pub use imagegc::sim::SimDisk;
+use imagegc::store::journal::Journal;
 use imagegc::time::Clock;
 pub use imagegc_testkit::fake::DiskEffects;
-use imagegc_testkit::fake::FakeRuntime;
+use imagegc_testkit::fake::{FakeRuntime, FakeServer};
 pub use imagegc_testkit::{container_using, history, image, image_id, metric, records};
 
 /// Long enough for a slow CI machine, short enough to notice a hang.
@@ -56,6 +57,96 @@ pub fn collector_with_clock<R: Runtime>(runtime: R, disk: &SimDisk, config: Conf
         Arc::new(Metrics::new()),
         clock,
     )
+}
+
+/// The fake runtime served over gRPC on a socket of its own, and a
+/// collector talking to it with the real client, on a [`SimDisk`]: the bed
+/// of the fault tests that run cycles. The server lives as long as it does.
+pub struct Bed {
+    pub fake: FakeRuntime,
+    pub disk: SimDisk,
+    pub dir: tempfile::TempDir,
+    _server: FakeServer,
+    pub collector: Collector<CriClient>,
+}
+
+impl Bed {
+    /// `fake`, served, and a collector over it on `disk` with [`config`]
+    /// changed by `configure`, each call bounded by `timeout`.
+    pub async fn serve(
+        fake: FakeRuntime,
+        disk: SimDisk,
+        timeout: Duration,
+        configure: impl FnOnce(&mut Config),
+    ) -> Bed {
+        let dir = tempfile::tempdir().unwrap();
+        let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+        let mut config = config(&dir.path().join("state"));
+        config.runtime.timeout = timeout;
+        configure(&mut config);
+        let client = connect(&server.endpoint(), timeout).unwrap();
+        let collector = collector(client, &disk, config);
+        Bed {
+            fake,
+            disk,
+            dir,
+            _server: server,
+            collector,
+        }
+    }
+
+    /// A fake runtime listing `images`, each occupying its size on `disk`
+    /// and freeing it when removed, served (see [`Bed::serve`]).
+    pub async fn start(images: &[Image], disk: SimDisk, timeout: Duration, configure: impl FnOnce(&mut Config)) -> Bed {
+        let fake = FakeRuntime::new();
+        for image in images {
+            disk.occupy(&image.id, image.size);
+            fake.add_image(image.clone());
+        }
+        fake.on_remove(Some(disk.free_on_remove()));
+        Bed::serve(fake, disk, timeout, configure).await
+    }
+
+    /// [`Bed::start`] on a full 1000-byte disk, with the default settings.
+    pub async fn full(images: &[Image]) -> Bed {
+        Bed::start(images, SimDisk::new(1000, 0), PATIENCE, |_| {}).await
+    }
+
+    pub async fn cycle(&mut self) -> CycleReport {
+        self.collector.cycle(&tokio_util::sync::CancellationToken::new()).await
+    }
+
+    /// The ids the runtime removed so far, after one more cycle.
+    pub async fn removed_after_cycle(&mut self) -> Vec<String> {
+        self.cycle().await;
+        self.fake.removed()
+    }
+
+    /// The ids the cycle's plan keeps now, with why.
+    pub async fn kept(&mut self) -> Vec<(String, String)> {
+        let listing = self.collector.observe().await.unwrap();
+        let cycle = self.collector.cycle_plan(&listing);
+        cycle
+            .plan
+            .kept
+            .iter()
+            .map(|k| (k.id.to_string(), k.why.label().to_string()))
+            .collect()
+    }
+
+    /// The images the journal has, in order.
+    pub fn journaled(&self) -> Vec<String> {
+        Journal::new(&self.dir.path().join("state"))
+            .read(None)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.image)
+            .collect()
+    }
+
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        metric(&self.collector.metrics().encode(), series)
+    }
 }
 
 /// The fake runtime served on a thread of its own, so that a test can run
