@@ -135,8 +135,8 @@ pub struct Records {
     /// save: an image appeared or went, or its size, pin or names changed.
     changed: bool,
     /// What was learnt of the use of images removed (by imagegc or anyone)
-    /// that were ever used. Kept in memory only, for
-    /// [`REMOVED_MEMORY_FOR`], at most [`REMOVED_MEMORY`] of them.
+    /// that were ever used, for [`REMOVED_MEMORY_FOR`], at most
+    /// [`REMOVED_MEMORY`] of them; saved with the records.
     removed: HashMap<String, Removed>,
     /// Since when this process has observed the runtime without a break:
     /// set by the first listing after the process started or after
@@ -212,6 +212,47 @@ impl Records {
     /// kind (no rehashing of every id).
     pub(crate) fn from_loaded(map: HashMap<String, Record>) -> Self {
         Records { map, ..Self::default() }
+    }
+
+    /// What is remembered of the images removed after they were used (see
+    /// [`Records::remove`]), for the state file: id, last used, removed at,
+    /// usual break.
+    pub fn removed_memory(&self) -> impl Iterator<Item = (&str, SystemTime, SystemTime, Option<Break>)> {
+        self.removed
+            .iter()
+            .map(|(id, r)| (id.as_str(), r.last_used, r.removed_at, r.usual_break))
+    }
+
+    /// Takes back what the state file remembered of removed images, as of
+    /// `now`: entries older than [`REMOVED_MEMORY_FOR`] are dropped, at most
+    /// [`REMOVED_MEMORY`] of the newest are kept, and an image with a
+    /// record is not a removed one.
+    pub(crate) fn restore_removed(
+        &mut self,
+        memory: impl IntoIterator<Item = (String, SystemTime, SystemTime, Option<Break>)>,
+        now: SystemTime,
+    ) {
+        let mut memory: Vec<_> = memory
+            .into_iter()
+            .filter(|(id, ..)| !self.map.contains_key(id))
+            .filter(|(_, _, removed_at, _)| now.duration_since(*removed_at).unwrap_or_default() < REMOVED_MEMORY_FOR)
+            .collect();
+        memory.sort_by_key(|(_, _, removed_at, _)| std::cmp::Reverse(*removed_at));
+        memory.truncate(REMOVED_MEMORY);
+        self.removed = memory
+            .into_iter()
+            .map(|(id, last_used, removed_at, usual_break)| {
+                let removed_at = removed_at.min(now);
+                (
+                    id,
+                    Removed {
+                        usual_break,
+                        last_used: last_used.min(removed_at),
+                        removed_at,
+                    },
+                )
+            })
+            .collect();
     }
 
     /// The record of the image with this id, when it is listed (records of

@@ -24,7 +24,16 @@ pub(super) struct Head {
     /// written before it was kept, or before any cycle succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_success: Option<u64>,
+    /// Version 5: what is remembered of images removed after they were
+    /// used (see [`Records::removed_memory`]), `[id, last used, removed
+    /// at, usual break]` each (unix ms; a break of 0: none known); absent
+    /// when there is none, and in older files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    removed: Vec<RemovedLine>,
 }
+
+/// What is remembered of one removed image, as stored.
+pub(super) type RemovedLine = (String, u64, u64, u64);
 
 /// A record line of version 4 as read (as [`encode`] writes it): id, first
 /// seen, last used, size, pinned, tags, digests, ever used, usual break
@@ -62,6 +71,8 @@ pub(super) struct Decoded {
     pub(super) last_success: Option<u64>,
     /// Keyed the records' own way, so loading builds the map once.
     pub(super) records: crate::collections::HashMap<String, Record>,
+    /// What is remembered of removed images (version 5).
+    pub(super) removed: Vec<RemovedLine>,
 }
 
 /// The header line, which is written last, over a placeholder of the same
@@ -114,10 +125,23 @@ pub(super) fn encode_payload(
         io::Result::Ok(())
     };
     let json = "records serialize to JSON";
+    let mut removed: Vec<RemovedLine> = records
+        .removed_memory()
+        .map(|(id, last_used, removed_at, usual_break)| {
+            (
+                id.to_string(),
+                to_unix_millis(last_used),
+                to_unix_millis(removed_at),
+                break_millis(usual_break),
+            )
+        })
+        .collect();
+    removed.sort_unstable();
     let head = Head {
         saved_at: to_unix_millis(now),
         records: sorted.len(),
         last_success: last_success.map(to_unix_millis),
+        removed,
     };
     serde_json::to_writer(&mut chunk, &head).expect(json);
     chunk.push(b'\n');
@@ -168,9 +192,18 @@ fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
         out.push(b']');
     }
     out.extend_from_slice(if r.ever_used { b",true," } else { b",false," });
-    let usual_break = r.usual_break.map_or(0, |b| b.duration().as_secs().saturating_mul(1000));
-    out.extend_from_slice(numbers.format(usual_break).as_bytes());
+    out.extend_from_slice(numbers.format(break_millis(r.usual_break)).as_bytes());
     out.extend_from_slice(b"]\n");
+}
+
+/// A usual break as stored: whole seconds in milliseconds, 0 for none.
+fn break_millis(usual_break: Option<crate::records::Break>) -> u64 {
+    usual_break.map_or(0, |b| b.duration().as_secs().saturating_mul(1000))
+}
+
+/// A usual break as read back.
+pub(super) fn break_from_millis(ms: u64) -> Option<crate::records::Break> {
+    (ms > 0).then(|| crate::records::Break::from_duration(std::time::Duration::from_millis(ms)))
 }
 
 /// A JSON string, as `serde_json` writes it. Names and ids need no escape
@@ -212,6 +245,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
         "v2" => 2,
         "v3" => 3,
         "v4" => 4,
+        "v5" => 5,
         _ => return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string())),
     };
     let crc = fields
@@ -262,8 +296,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
             body,
             |(id, first_seen, last_used, size, pinned, tags, digests, ever_used, usual_break): Line| {
                 let mut record = record(first_seen, last_used, size, pinned, &tags, &digests, ever_used);
-                record.usual_break = (usual_break > 0)
-                    .then(|| crate::records::Break::from_duration(std::time::Duration::from_millis(usual_break)));
+                record.usual_break = break_from_millis(usual_break);
                 (id, record)
             },
         ),
@@ -317,6 +350,7 @@ fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
         saved_at: payload.saved_at,
         last_success: None,
         records,
+        removed: Vec::new(),
     })
 }
 
@@ -366,6 +400,7 @@ fn decode_lines<L: serde::de::DeserializeOwned>(
         saved_at: head.saved_at,
         last_success: head.last_success,
         records,
+        removed: head.removed,
     })
 }
 

@@ -1,10 +1,10 @@
 //! Persistence of the records, crash-safe.
 //!
-//! One file, `<state dir>/records.state`, in this format (version 4):
+//! One file, `<state dir>/records.state`, in this format (version 5):
 //!
 //! ```text
-//! imagegc-state v4 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
-//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>]}\n
+//! imagegc-state v5 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
+//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]]}\n
 //! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>,<usual break, ms>]\n
 //! ...
 //! ```
@@ -15,10 +15,14 @@
 //! counting as ever used when its stored last use is after its first
 //! sighting, as version 2 inferred. `usual break` is the image's
 //! [`crate::records::Record::usual_break`], 0 when none is known; version 3
-//! files (lines without it) are still read, no break known. An imagegc
-//! older than version 4 sets a version 4 file aside as unreadable (named
-//! `records.state.corrupt-...`, see below) and starts afresh: a downgrade
-//! loses the records' history, not an image.
+//! files (lines without it) are still read, no break known. `removed`
+//! (version 5) is what imagegc remembers of images removed after they were
+//! used (at most 10,000, for 30 days), so that one pulled again after a
+//! restart has its usual break back; version 4 files (without it) are
+//! still read, nothing remembered. An imagegc older than a file's version
+//! sets it aside as unreadable (named `records.state.corrupt-...`, see
+//! below) and starts afresh: a downgrade loses the records' history, not
+//! an image (every image is new to it, and `gc.min_age` keeps it).
 //!
 //! The payload is one JSON value a line: the time of the save, the number
 //! of records and, when one is known, the time of the last successful cycle
@@ -93,7 +97,7 @@ pub const FILE_NAME: &str = "records.state";
 pub const LOCK_FILE_NAME: &str = ".lock";
 const MAGIC: &str = "imagegc-state";
 /// The version [`encode`] writes; versions 1 to 3 are still read.
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 /// A state file larger than this is not a state file imagegc wrote
 /// (a million images take about 300 MiB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -337,6 +341,7 @@ impl StateStore {
                 saved_at,
                 last_success,
                 mut records,
+                removed,
             }) => {
                 let saved_at = from_unix_millis(saved_at).min(now);
                 let last_success = last_success.map(|ms| from_unix_millis(ms).min(now));
@@ -348,8 +353,20 @@ impl StateStore {
                     record.first_seen = record.first_seen.min(now);
                     record.last_used = (record.last_used + shift).min(now).max(record.first_seen);
                 }
+                let mut records = Records::from_loaded(records);
+                records.restore_removed(
+                    removed.into_iter().map(|(id, last_used, removed_at, usual_break)| {
+                        (
+                            id,
+                            from_unix_millis(last_used),
+                            from_unix_millis(removed_at),
+                            format::break_from_millis(usual_break),
+                        )
+                    }),
+                    now,
+                );
                 Loaded::Records {
-                    records: Records::from_loaded(records),
+                    records,
                     saved_at,
                     last_success,
                 }
@@ -682,7 +699,7 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&bytes[..newline]).unwrap(),
             format!(
-                "imagegc-state v4 crc32={:08x} len={:010}",
+                "imagegc-state v5 crc32={:08x} len={:010}",
                 crc32fast::hash(body),
                 body.len()
             )
@@ -783,7 +800,7 @@ mod tests {
         let store = StateStore::new(dir.path());
         store.save(&varied(), t(60)).unwrap();
         let bytes = fs::read(store.path()).unwrap();
-        assert!(bytes.starts_with(b"imagegc-state v4 "));
+        assert!(bytes.starts_with(b"imagegc-state v5 "));
         // One line for the header, one for the save time, one a record:
         // the escapes keep every newline in a name out of the file.
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 2 + 4);
@@ -1063,6 +1080,93 @@ mod tests {
             Loaded::Records { records, .. } => records,
             _ => panic!("a version {version} file loads"),
         }
+    }
+
+    /// What imagegc learnt of an image it removed (its usual break) is
+    /// saved with the records: pulled again after a restart, the image
+    /// has it back.
+    #[test]
+    fn what_a_removed_image_taught_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let job = image("job", 10);
+        let mut records = Records::new();
+        // A job run every 2000 s, then removed.
+        for at in [0, 2000, 4000] {
+            records.observe(
+                std::slice::from_ref(&job),
+                &[crate::testing::container_naming("c", &job.id)],
+                t(at),
+            );
+            records.observe(std::slice::from_ref(&job), &[], t(at + 60));
+        }
+        let learnt = records.get(&job.id).unwrap().usual_break;
+        assert!(learnt.is_some());
+        records.remove(&job.id, t(4100));
+        store.save(&records, t(4100)).unwrap();
+        let bytes = fs::read(store.path()).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains(&format!("\"removed\":[[\"{}\",", job.id)), "{text}");
+
+        // The next process: the job's image comes back for its next run.
+        let Loaded::Records { mut records, .. } = store.load(t(6000), Duration::from_secs(300)) else {
+            panic!("not loaded")
+        };
+        assert_eq!(records.removed_memory().count(), 1);
+        records.observe(
+            std::slice::from_ref(&job),
+            &[crate::testing::container_naming("c", &job.id)],
+            t(6000),
+        );
+        let back = records.get(&job.id).unwrap();
+        assert_eq!(back.usual_break, learnt, "what its uses taught came back");
+        assert!(back.ever_used);
+        assert_eq!(records.removed_memory().count(), 0);
+
+        // A memory older than 30 days is not taken back.
+        let mut records = Records::new();
+        records.observe(
+            std::slice::from_ref(&job),
+            &[crate::testing::container_naming("c", &job.id)],
+            t(0),
+        );
+        records.remove(&job.id, t(10));
+        store.save(&records, t(10)).unwrap();
+        let Loaded::Records { records, .. } = store.load(t(31 * 86_400), Duration::from_secs(300)) else {
+            panic!("not loaded")
+        };
+        assert_eq!(records.removed_memory().count(), 0);
+    }
+
+    /// A version 4 file (before the memory of removed images) loads as it
+    /// did, with nothing remembered of removed images.
+    #[test]
+    fn a_version_4_file_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let body = concat!(
+            "{\"saved_at\":1700000005000,\"records\":1}\n",
+            r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[],true,120000]"#,
+            "\n",
+        );
+        let file = format!(
+            "imagegc-state v4 crc32={:08x} len={:010}\n{body}",
+            crc32fast::hash(body.as_bytes()),
+            body.len()
+        );
+        fs::write(store.path(), file).unwrap();
+        let Loaded::Records { records, .. } = store.load(t(10), Duration::MAX) else {
+            panic!("not loaded")
+        };
+        assert_eq!(
+            records
+                .get("a")
+                .unwrap()
+                .usual_break
+                .map(crate::records::Break::duration),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(records.removed_memory().count(), 0);
     }
 
     #[test]
