@@ -118,18 +118,7 @@ impl<R: Runtime> Collector<R> {
             age_guarded: plan.age_guarded,
             max_age: gc_policy.max_age,
         });
-        let (path, image_bytes) = match image_fs {
-            Ok(fs) => (Some(fs.path).filter(|p| !p.as_os_str().is_empty()), fs.image_bytes),
-            Err(err) => {
-                self.sinks.emit(&Event::ImageFsUnknown(&err.to_string()));
-                (None, None)
-            }
-        };
-        let disk = Disk {
-            probe: Arc::clone(&self.probe),
-            path,
-            image_bytes,
-        };
+        let disk = self.disk(image_fs);
         // Usage before the cycle removes anything: what the summary's
         // `usage_before` reports, also when the age pass frees space.
         report.before = disk.measure().ok();
@@ -156,6 +145,23 @@ impl<R: Runtime> Collector<R> {
         // Made, or there already.
         self.inventory.room_made_for(&coming);
         Ok(())
+    }
+
+    /// The image filesystem a listing found, to measure (nothing to
+    /// measure when the runtime did not say where it is).
+    fn disk(&self, image_fs: Result<ImageFs, crate::cri::RuntimeError>) -> Disk {
+        let (path, image_bytes) = match image_fs {
+            Ok(fs) => (Some(fs.path).filter(|p| !p.as_os_str().is_empty()), fs.image_bytes),
+            Err(err) => {
+                self.sinks.emit(&Event::ImageFsUnknown(&err.to_string()));
+                (None, None)
+            }
+        };
+        Disk {
+            probe: Arc::clone(&self.probe),
+            path,
+            image_bytes,
+        }
     }
 
     /// The age pass: each age candidate re-checked and removed (in dry run,
