@@ -15,8 +15,9 @@
 #                           (target/cluster-venv)
 #
 # apt installs what is missing: runc, the CNI plugins, busybox-static,
-# iptables, openssl, e2fsprogs, python3-venv, musl-tools, and for a CRI-O
-# node (IMAGEGC_CLUSTER_RUNTIME=crio) conmon, skopeo and docker-registry. Run
+# iptables, openssl, e2fsprogs, python3-venv, musl-tools, skopeo and
+# docker-registry (the private registry both nodes pull from), and for a
+# CRI-O node (IMAGEGC_CLUSTER_RUNTIME=crio) conmon. Run
 # as root from the repository's top directory.
 
 PROMETHEUS_VERSION=v0.316.0
@@ -37,10 +38,10 @@ prepare_cluster_suite() {
     dpkg -s python3-venv >/dev/null 2>&1 || missing+=(python3-venv)
     # The Kubernetes client's TLS (rustls with ring) compiles C: musl's gcc.
     command -v musl-gcc >/dev/null || missing+=(musl-tools)
+    command -v skopeo >/dev/null || missing+=(skopeo)
+    command -v docker-registry >/dev/null || missing+=(docker-registry)
     if [ "${IMAGEGC_CLUSTER_RUNTIME:-containerd}" = crio ]; then
         command -v conmon >/dev/null || missing+=(conmon)
-        command -v skopeo >/dev/null || missing+=(skopeo)
-        command -v docker-registry >/dev/null || missing+=(docker-registry)
     fi
     if [ ${#missing[@]} -gt 0 ]; then
         echo "==> installing ${missing[*]}"

@@ -7,11 +7,15 @@ containerd 2.x (`runtime="containerd"`, the default), whose root is its own
 loop-mounted 1 GiB ext4 filesystem, or CRI-O (`runtime="crio"`) with a split
 image store (KEP-4191): its images on one loop-mounted 1 GiB ext4
 (`imagestore`), its root, where the containers' writable layers go, on
-another of 512 MiB. CRI-O pulls the test images from a private registry on
-127.0.0.1 that `build_and_import` pushes them to, as the end-to-end test bed
-does. `down()` stops it all and removes what the kubelet and the runtime
-leave outside that directory (see TESTBED.md, "A real Kubernetes node"):
-kubepods cgroups, the bridge, iptables chains, the kubelet's fixed paths.
+another of 512 MiB. A private registry runs on 127.0.0.1 (`registry`:
+host:port) for either runtime: CRI-O pulls the test images from it, which
+`build_and_import` pushes them to, as the end-to-end test bed does;
+containerd gets them by `ctr images import`, and pulls over the network
+what `push_oci` put there (the pull scenarios), through a hosts.toml that
+names the registry's plain-http address. `down()` stops it all and removes
+what the kubelet and the runtime leave outside that directory (see
+TESTBED.md, "A real Kubernetes node"): kubepods cgroups, the bridge,
+iptables chains, the kubelet's fixed paths.
 Paths that existed before are left alone.
 
 Binaries come from scripts/testbed-kubernetes.sh and testbed-runtimes.sh
@@ -222,9 +226,10 @@ class Cluster:
         os.chmod(self.dir, 0o755)
         self._record_host()
         runtime_dirs = (("containers/storage", "containers/images", "crio/run", "crio/ns", "crio/runc", "crio/exits",
-                         "crio/attach", "crio/logs", "crio/conf.d", "crio/registries.d", "registry")
-                        if self.runtime == "crio" else ("ctd/root", "ctd/state", "ctd/opt", "ctd/runc", "ctd/s"))
-        for sub in ("pki", "etcd", "logs", "run", *runtime_dirs,
+                         "crio/attach", "crio/logs", "crio/conf.d", "crio/registries.d")
+                        if self.runtime == "crio" else ("ctd/root", "ctd/state", "ctd/opt", "ctd/runc", "ctd/s",
+                                                        "ctd/hosts"))
+        for sub in ("pki", "etcd", "logs", "run", "registry", *runtime_dirs,
                     "cni/net.d", "cni/ipam", "kubelet", "kubelet-certs", "kubelet-plugins", "pod-logs",
                     "manifests", "images", "work"):
             os.makedirs(self.path(sub), exist_ok=True)
@@ -244,8 +249,7 @@ class Cluster:
         self._start("kube-scheduler", [
             self.bin("kube-scheduler"), f"--kubeconfig={self.path('pki', 'scheduler.kubeconfig')}",
             "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0"])
-        if self.runtime == "crio":
-            self._start_registry()
+        self._start_registry()
         self._start_containerd()
         self._import_base_images()
         self._start_kubelet()
@@ -441,6 +445,8 @@ class Cluster:
               snapshotter = "overlayfs"
               [plugins."io.containerd.cri.v1.images".pinned_images]
                 sandbox = "{PAUSE_IMAGE}"
+              [plugins."io.containerd.cri.v1.images".registry]
+                config_path = "{d}/ctd/hosts"
 
             [plugins."io.containerd.cri.v1.runtime"]
               disable_apparmor = true
@@ -463,6 +469,17 @@ class Cluster:
             assert len(self.path("ctd", "s")) <= 42, "the shim socket directory path is too long"
             with open(self.path("containerd.toml"), "w") as f:
                 f.write(self.containerd_config())
+            # The private registry over plain http (TESTBED.md): a directory
+            # named host:port under config_path, holding its hosts.toml.
+            hosts = self.path("ctd", "hosts", self.registry)
+            os.makedirs(hosts, exist_ok=True)
+            with open(os.path.join(hosts, "hosts.toml"), "w") as f:
+                f.write(textwrap.dedent(f"""\
+                    server = "http://{self.registry}"
+
+                    [host."http://{self.registry}"]
+                      capabilities = ["pull", "resolve"]
+                    """))
         else:
             self._write_crio_config()
         with open(self.path("cni", "net.d", "10-igck.conflist"), "w") as f:
@@ -574,6 +591,8 @@ class Cluster:
         for prefix in REGISTRIES:
             lines += ["[[registry]]", f'prefix = "{prefix}"',
                       f'location = "127.0.0.1:{self.ports["registry"]}/{prefix}"', "insecure = true", ""]
+        # And the registry by its own address (what `push_oci` names).
+        lines += ["[[registry]]", f'location = "{self.registry}"', "insecure = true", ""]
         with open(self.path("crio", "registries.conf"), "w") as f:
             f.write("\n".join(lines))
 
@@ -583,9 +602,15 @@ class Cluster:
                 "--registries-conf", f"{c}/registries.conf", "--registries-conf-dir", f"{c}/registries.d",
                 "--signature-policy", f"{c}/policy.json"]
 
+    @property
+    def registry(self):
+        """The private registry's host:port, as image names give it."""
+        return f"127.0.0.1:{self.ports['registry']}"
+
     def _start_registry(self):
         """Debian's docker-registry on 127.0.0.1, storing on the machine's disk
-        (the test bed's directory): where CRI-O pulls the suite's images from."""
+        (the test bed's directory): where CRI-O pulls the suite's images
+        from, and either runtime what the pull scenarios push."""
         self.ports["registry"] = free_port()
         with open(self.path("registry.yml"), "w") as f:
             f.write(textwrap.dedent(f"""\
@@ -717,6 +742,14 @@ class Cluster:
         run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false", f"oci-archive:{tar}",
              f"docker://127.0.0.1:{self.ports['registry']}/{name}"], timeout=300)
         self.crictl("pull", name, timeout=300)
+
+    def push_oci(self, tar, ref):
+        """Pushes the OCI archive `tar` to the private registry as `ref`
+        (named `registry`/...), its layers as built (uncompressed, digests
+        kept): the node then pulls it over the network, as a pod asks."""
+        assert ref.startswith(self.registry + "/"), f"{ref} is not in the private registry {self.registry}"
+        run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false", f"oci-archive:{tar}",
+             f"docker://{ref}"], timeout=300)
 
     def images(self):
         """{repo tag: image id} of every image CRI lists."""

@@ -133,6 +133,17 @@ class Deployment:
                  "patch": json.dumps([{"op": "replace", "path": "/data/imagegc.toml", "value": toml}])},
             ],
         }
+        if "kubelet-config" in self.components:
+            # The kubelet's file where the test cluster has it (the component
+            # names kubeadm's path); mounted at the component's path in the
+            # pod. Components apply before these patches: merged by name.
+            kustomization["patches"].append({
+                "target": {"kind": "DaemonSet", "name": "imagegc"},
+                "patch": json.dumps({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "imagegc"},
+                                     "spec": {"template": {"spec": {"volumes": [
+                                         {"name": "kubelet-config",
+                                          "hostPath": {"path": self.cluster.path("kubelet.yaml"),
+                                                       "type": "File"}}]}}}})})
         with open(os.path.join(self.overlay, "kustomization.yaml"), "w") as f:
             yaml.safe_dump(kustomization, f)
 

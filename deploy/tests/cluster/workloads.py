@@ -1,5 +1,6 @@
 """Images and pods of the scenarios: workload pods running their own image,
-unused images to collect, and filler images of incompressible data."""
+unused images to collect, filler images of incompressible data, and images
+in the private registry that pods pull over the network."""
 
 import json
 import os
@@ -25,7 +26,26 @@ def unused_image(cluster, name, size=MIB):
     return ref
 
 
-def run_pod(cluster, name, image, namespace="default"):
+def registry_image(cluster, repository, tag, size, layers=1):
+    """Pushes to the private registry (not onto the node) an image
+    `cluster.registry`/pull/`repository`:`tag` of busybox and `layers`
+    layers of random bytes, `size` in all (incompressible: what it takes
+    on the node is what it weighs). Returns its name, for a pod to pull."""
+    ref = f"{cluster.registry}/pull/{repository}:{tag}"
+    tar = cluster.path("images", f"pull_{repository}_{tag}.tar")
+    payload = [oci.random_layer(size // layers, f"{repository}-{tag}-{i}") for i in range(layers)]
+    oci.write_image(tar, ref, [cluster.busybox_layer, *payload], entrypoint=["/bin/sleep", "2147483647"])
+    del payload
+    try:
+        cluster.push_oci(tar, ref)
+    finally:
+        os.unlink(tar)
+    return ref
+
+
+def run_pod(cluster, name, image, namespace="default", pull="Never"):
+    """A pod on `image`; `pull` is its imagePullPolicy (Never: the image
+    was put on the node; IfNotPresent: the kubelet pulls it)."""
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {"imagegc-test": "workload"}},
@@ -33,12 +53,21 @@ def run_pod(cluster, name, image, namespace="default"):
             "terminationGracePeriodSeconds": 1,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+            "containers": [{"name": "main", "image": image, "imagePullPolicy": pull,
                             "command": ["/bin/sleep", "2147483647"]}],
         },
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
     return name
+
+
+def pod_phase(cluster, name, namespace="default"):
+    """(phase, reason) of a pod, or (None, None) once it is gone."""
+    p = cluster.kubectl("-n", namespace, "get", "pod", name, "-o", "json", check=False)
+    if p.returncode != 0:
+        return None, None
+    status = json.loads(p.stdout)["status"]
+    return status.get("phase"), status.get("reason")
 
 
 def wait_running(cluster, names, namespace="default", timeout=60):
@@ -155,6 +184,13 @@ def cri_images(cluster):
     reports them over CRI."""
     listed = json.loads(cluster.crictl("images", "-o", "json").stdout)["images"]
     return {bare(image["id"]): int(image.get("size") or 0) for image in listed}
+
+
+def cri_images_by_tag(cluster):
+    """{repo tag (or bare id, untagged): size in bytes} over CRI."""
+    listed = json.loads(cluster.crictl("images", "-o", "json").stdout)["images"]
+    return {name: int(image.get("size") or 0) for image in listed
+            for name in (image.get("repoTags") or [bare(image["id"])])}
 
 
 def images_once_settled(cluster, timeout=120):
