@@ -22,7 +22,7 @@ use crate::policy::{
     self, Candidate, ComingPull, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, LargestPull, Plan, Protections,
     Reason, SpaceOutlook, SpaceTarget,
 };
-use crate::store::state::Known;
+use crate::store::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
 
 #[derive(Serialize)]
@@ -103,7 +103,8 @@ pub async fn plan(
     // its cycle's plan. What the daemon learnt of each container and pod
     // costs no call.
     let pull_history = GcPolicy::from(&*config).pull_history();
-    let restored = Restored::load_read_only(
+    let restored = Restored::load_from(
+        StateStore::new(&config.state.dir).read_only(),
         &config.state.dir,
         &clock,
         config.gc.interval,

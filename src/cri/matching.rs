@@ -245,13 +245,7 @@ pub fn images_named<'a, 'r>(images: &'a [Image], references: impl IntoIterator<I
 /// [`InUse`] matches containers' references: its place in `images` and the
 /// place in `references` of the first reference that names it.
 pub fn named_by(images: &[Image], references: &[&str]) -> Vec<(usize, usize)> {
-    let forms = Forms::new(
-        references
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (i, Kind::Always, *r))
-            .collect(),
-    );
+    let forms = Forms::of(references);
     let mut named = Vec::new();
     for (place, image) in images.iter().enumerate() {
         let mut first: Option<u32> = None;
@@ -270,13 +264,7 @@ pub fn named_by(images: &[Image], references: &[&str]) -> Vec<(usize, usize)> {
 /// the way [`InUse`] matches containers' references: images not on the
 /// node (yet).
 pub fn naming_none(images: &[Image], references: &[&str]) -> Vec<usize> {
-    let forms = Forms::new(
-        references
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (i, Kind::Always, *r))
-            .collect(),
-    );
+    let forms = Forms::of(references);
     let mut named = vec![false; references.len()];
     for image in images {
         forms.hits(image, |entry| {
@@ -321,6 +309,17 @@ struct Owners {
 const NO_MORE: u32 = u32::MAX;
 
 impl<'a> Forms<'a> {
+    /// From `references`, each its own owner (its place), of [`Kind::Always`].
+    fn of(references: &[&'a str]) -> Self {
+        Forms::new(
+            references
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (i, Kind::Always, *r))
+                .collect(),
+        )
+    }
+
     /// From `(owner, kind, reference)`; empty references are skipped.
     fn new(mut references: Vec<(usize, Kind, &'a str)>) -> Self {
         // Owners in ascending order, so a repeat is always the last noted.

@@ -183,27 +183,11 @@ impl Restored {
         Self::load_from(StateStore::new(dir), dir, clock, interval, thrash_window, pull_history)
     }
 
-    /// The same, for a collector that writes nothing (`imagegc plan`): a
-    /// corrupt state file is left where it is, and the collector saves,
-    /// settles and journals nothing (see [`super::Collector::observe`]).
-    pub fn load_read_only(
-        dir: &Path,
-        clock: &Clock,
-        interval: Duration,
-        thrash_window: Duration,
-        pull_history: bool,
-    ) -> Self {
-        Self::load_from(
-            StateStore::new(dir).read_only(),
-            dir,
-            clock,
-            interval,
-            thrash_window,
-            pull_history,
-        )
-    }
-
-    fn load_from(
+    /// [`Restored::load`] from `store` (a read-only one for a collector
+    /// that writes nothing, `imagegc plan`: a corrupt state file is left
+    /// where it is, and the collector saves, settles and journals nothing,
+    /// see [`super::Collector::observe`]).
+    pub fn load_from(
         store: StateStore,
         dir: &Path,
         clock: &Clock,
