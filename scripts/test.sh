@@ -81,7 +81,7 @@ big_pull=deploy/tests/cluster/test_9_big_pull.py
 IMAGEGC_CLUSTER_RUNTIME=crio scripts/test-cluster.sh --ignore=deploy/tests/cluster/test_0_render.py \
     --ignore=deploy/tests/cluster/test_8_upgrade.py \
     --deselect=$big_pull::test_headroom_keeps_room_for_the_largest_recent_pull \
-    --deselect=$big_pull::test_without_imagegc_the_kubelet_evicts \
+    --deselect=$big_pull::test_without_imagegc_the_big_pull_evicts \
     --deselect=$big_pull::test_the_slower_shape_is_caught_by_reacting_at_high
 echo "==> cluster suite on CRI-O time: $((SECONDS - started))s"
 if [ -x scripts/check-deploy.sh ]; then

@@ -391,7 +391,7 @@ def test_headroom_keeps_room_for_the_largest_recent_pull(cluster):
     imagegc_case(cluster, "headroom", WITH_HEADROOM, QUARTER)
 
 
-def test_without_imagegc_the_kubelet_evicts(cluster):
+def test_without_imagegc_the_big_pull_evicts(cluster):
     """(c) The control: the issue's node and pull, no imagegc."""
     events_before = {e["metadata"]["uid"] for e in w.eviction_events(cluster)}
     try:
