@@ -218,7 +218,14 @@ fn a_corrupt_state_file_is_set_aside_and_believed_in_nothing_while_space_collect
         ),
         (
             "wrong version",
-            Fault::Bytes(|valid| with_header(valid, |h| h.replacen(" v4 ", " v5 ", 1))),
+            // A version no imagegc wrote yet.
+            Fault::Bytes(|valid| {
+                with_header(valid, |h| {
+                    let mut fields: Vec<&str> = h.split(' ').collect();
+                    fields[1] = "v999";
+                    fields.join(" ")
+                })
+            }),
         ),
         (
             "checksum mismatch, payload intact",
