@@ -209,7 +209,7 @@ pub async fn run<R: Runtime>(
                     space_due = due;
                 }
             }
-            Ok(()) = pods.changed(), if collector.config().kubernetes.room_before_pulls => {
+            Ok(()) = pods.changed(), if collector.makes_room_before_pulls() => {
                 next_check = Instant::now();
             }
             // Wakes the loop to open the event stream (at its top).

@@ -290,6 +290,12 @@ impl<R: Runtime> Collector<R> {
         self
     }
 
+    /// Whether this collector makes room before the pulls of pods bound to
+    /// the node (`kubernetes.room_before_pulls`, with the pods watched).
+    pub fn makes_room_before_pulls(&self) -> bool {
+        self.policy.room_before_pulls
+    }
+
     /// A receiver of the keep rules from outside the listing, to wake on
     /// their changes (a pod bound to the node may bring a pull).
     pub fn protections_changes(&self) -> watch::Receiver<Arc<Protections>> {
