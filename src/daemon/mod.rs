@@ -42,14 +42,17 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_CAP: Duration = Duration::from_secs(60);
 
 /// The least time between two cycles that usage crossing the high threshold
-/// starts, while the last of them left usage at or above high: usage
-/// oscillating around high that images cannot bring down (another writer
-/// filling and freeing the disk) starts at most one cycle per spacing, and a
-/// crossing inside it schedules a cycle at its end rather than being
-/// dropped. A cycle that brought usage below high answered its crossing:
-/// the next crossing is a new fill, answered at once (a disk filling in
-/// steps must not wait while eviction nears). Three times the kubelet's
-/// eviction period.
+/// starts, while the last of them left usage at or above high and no image
+/// arrived since: usage oscillating around high that images cannot bring
+/// down (another writer filling and freeing the disk) starts at most one
+/// cycle per spacing, and a crossing inside it schedules a cycle at its end
+/// rather than being dropped. A cycle that brought usage below high
+/// answered its crossing: the next crossing is a new fill, answered at
+/// once (a disk filling in steps must not wait while eviction nears).
+/// Images listed since the last cycle are something it did not see: at or
+/// above high, they start a cycle at once, crossing or not (see
+/// `Collector::arrivals`; at most one per listing that shows new images).
+/// Three times the kubelet's eviction period.
 pub const CROSSING_SPACING: Duration = Duration::from_secs(30);
 
 /// The node's name for `imagegc_node_info`: `NODE_NAME` (the DaemonSet sets
@@ -108,6 +111,9 @@ pub async fn run<R: Runtime>(
     // When the last cycle a crossing started was due to start (see
     // `CROSSING_SPACING`).
     let mut crossing_cycle: Option<Instant> = None;
+    // `collector.arrivals()` when the last cycle ended: more since means
+    // images arrived that no cycle has seen (see `CROSSING_SPACING`).
+    let mut arrivals_seen = collector.arrivals();
     let mut retry = RETRY_FIRST;
     let mut runtime_up: Option<bool> = None;
     let mut usage = UsageTracker::new(tracking(&config));
@@ -149,6 +155,7 @@ pub async fn run<R: Runtime>(
                     break;
                 }
                 let reached = *ok.as_ref().unwrap_or(&false);
+                arrivals_seen = collector.arrivals();
                 note_runtime(&mut runtime_up, ok.as_ref().err(), &health, collector.runtime().endpoint());
                 if ok.is_ok() {
                     retry = RETRY_FIRST;
@@ -194,14 +201,28 @@ pub async fn run<R: Runtime>(
                 next_check = Instant::now() + usage_check_interval(&config);
                 if let Some(due) = collector.check_usage() {
                     let now = Instant::now();
-                    let at = crossing_cycle.map_or(now, |last| (last + CROSSING_SPACING).max(now));
-                    if due && !space_due && next_cycle > at {
-                        info!(
-                            high_threshold_percent = config.gc.high_threshold_percent,
-                            starts_in_ms = (at - now).as_millis() as u64,
-                            "image filesystem usage crossed the high threshold: starting a cycle (while cycles \
-                             cannot bring usage below high, crossings start at most one every 30s)"
-                        );
+                    let arrived = collector.arrivals() != arrivals_seen;
+                    let at = if arrived {
+                        now
+                    } else {
+                        crossing_cycle.map_or(now, |last| (last + CROSSING_SPACING).max(now))
+                    };
+                    if due && (!space_due || arrived) && next_cycle > at {
+                        if space_due {
+                            info!(
+                                high_threshold_percent = config.gc.high_threshold_percent,
+                                "images arrived since the last cycle while usage is at or above the high \
+                                 threshold: starting a cycle"
+                            );
+                        } else {
+                            info!(
+                                high_threshold_percent = config.gc.high_threshold_percent,
+                                starts_in_ms = (at - now).as_millis() as u64,
+                                "image filesystem usage crossed the high threshold: starting a cycle (while cycles \
+                                 cannot bring usage below high and no image arrives, crossings start at most one \
+                                 every 30s)"
+                            );
+                        }
                         next_cycle = at;
                         crossing_cycle = Some(at);
                         interval_from = None;

@@ -57,6 +57,9 @@ pub(super) struct Inventory {
     /// The coming pulls room was made for (or found): not counted again
     /// while their blobs arrive. Only pulls still coming are kept.
     pub(super) room_made: Vec<String>,
+    /// How many listings showed images first seen then (see
+    /// [`super::Collector::arrivals`]).
+    pub(super) arrivals: u64,
 }
 
 impl Inventory {
@@ -67,6 +70,7 @@ impl Inventory {
             largest_pull,
             repo_sizes,
             room_made: Vec::new(),
+            arrivals: 0,
             records: Arc::new(records),
             store,
             last_saved: None,
@@ -85,6 +89,9 @@ impl Inventory {
     /// Notes the images a listing found for the first time (`new`, their
     /// places in `images`) as pulls at `now`.
     pub(super) fn note_pulls(&mut self, images: &[Image], new: &[usize], now: SystemTime) {
+        if !new.is_empty() {
+            self.arrivals += 1;
+        }
         for image in new.iter().filter_map(|&i| images.get(i)) {
             LargestPull::note(&mut self.largest_pull, LargestPull::of(image, now), now);
             self.repo_sizes.note_image(image, now);

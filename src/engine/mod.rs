@@ -255,6 +255,15 @@ impl<R: Runtime> Collector<R> {
         self.look_again_at
     }
 
+    /// How many listings (a cycle's or a poll's) showed images first seen
+    /// then: grows when images arrive on the node. A cycle that could not
+    /// bring usage below high is worth running again once it did, since
+    /// the new images may be removable (or may go once older than
+    /// `gc.min_age`).
+    pub fn arrivals(&self) -> u64 {
+        self.inventory.arrivals
+    }
+
     /// What an image takes on disk per reported byte, as this collector
     /// knows it.
     pub fn footprint(&self) -> DiskFootprint {

@@ -88,6 +88,91 @@ async fn usage_oscillating_across_high_starts_at_most_one_cycle_per_spacing() {
     daemon.stop().await;
 }
 
+/// A cycle that could not bring usage below high (nothing removable)
+/// holds the next crossing back for `CROSSING_SPACING`, but not when images
+/// arrived since: the cluster's big pull, where a cycle during the earlier
+/// pull (its image in use) found nothing, the old images then arrived and
+/// took usage past high again, and the cycle that would remove them waited
+/// 22 s, long enough for the next pull to cross the eviction line. Here the
+/// second crossing comes 8 s after the first and is answered within
+/// seconds. On tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_crossing_after_images_arrived_is_answered_at_once_within_the_spacing() {
+    let (fake, disk, mut daemon) = images_on_a_1000_byte_disk(&[], 900, |c| c.gc.usage_poll_interval = secs(2)).await;
+    // Something fills the disk that no image can free: the crossing's
+    // cycle finds nothing to remove.
+    disk.set_available(100);
+    let first = tokio::time::Instant::now();
+    eventually(secs(10), "the crossing's cycle", || {
+        (fake.count("ImageFsInfo") == 2).then_some(())
+    })
+    .await;
+    // It goes; an unused image arrives and a pull takes usage past high
+    // again, well inside the spacing.
+    disk.set_available(900);
+    tokio::time::sleep(secs(3)).await;
+    let old = image("old", 300);
+    fake.add_image(old.clone());
+    disk.occupy(&old.id, old.size);
+    disk.set_available(100);
+    let second = tokio::time::Instant::now();
+    eventually(
+        imagegc::daemon::CROSSING_SPACING * 2,
+        "the image that arrived removed",
+        || (!fake.removed().is_empty()).then_some(()),
+    )
+    .await;
+    assert_eq!(fake.removed(), vec![old.id.clone()]);
+    let took = second.elapsed();
+    assert!(
+        took < secs(6) && second.duration_since(first) < imagegc::daemon::CROSSING_SPACING,
+        "the crossing {:?} after the first, with an image arrived since, was answered {took:?} after it",
+        second.duration_since(first)
+    );
+    daemon.stop().await;
+}
+
+/// Usage that stays at or above high after a cycle that could not bring it
+/// down is no crossing, but images arriving meanwhile are something that
+/// cycle did not see: they start a cycle without waiting for the interval.
+#[tokio::test(start_paused = true)]
+async fn images_arriving_while_usage_stays_above_high_start_a_cycle() {
+    let (fake, disk, mut daemon) = images_on_a_1000_byte_disk(&[], 900, |c| c.gc.usage_poll_interval = secs(2)).await;
+    disk.set_available(100);
+    eventually(secs(10), "the crossing's cycle", || {
+        (fake.count("ImageFsInfo") == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(secs(60)).await;
+    assert_eq!(
+        fake.count("ImageFsInfo"),
+        2,
+        "no cycle while usage merely stays above high"
+    );
+    let old = image("old", 300);
+    fake.add_image(old.clone());
+    disk.occupy(&old.id, old.size);
+    let arrived = tokio::time::Instant::now();
+    eventually(secs(60), "the image that arrived removed", || {
+        (!fake.removed().is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        arrived.elapsed() < secs(6),
+        "removed {:?} after it arrived",
+        arrived.elapsed()
+    );
+    // Nothing more arrives: usage still above high starts no more cycles.
+    let cycles = fake.count("ImageFsInfo");
+    tokio::time::sleep(secs(60)).await;
+    assert_eq!(
+        fake.count("ImageFsInfo"),
+        cycles,
+        "no cycle spins once the arrivals are seen"
+    );
+    daemon.stop().await;
+}
+
 /// A cycle that could not reach low because the images it could free were
 /// younger than `gc.min_age` runs again as soon as the first of them may
 /// go, not at the next interval: usage staying above high is no crossing.
