@@ -322,7 +322,7 @@ def values(render, values_file, deploy):
         "gc": {"interval": gc["interval"], "usage_poll_interval": "30s",
                "high_threshold_percent": gc["highThresholdPercent"], "low_threshold_percent": gc["lowThresholdPercent"],
                "min_age": gc["minAge"], "max_age": gc["maxAge"], "dry_run": gc["dryRun"],
-               "thrash_window": "1h", "order": gc.get("order", "superseded-first"),
+               "thrash_window": "1h", "order": gc.get("order", "reuse"),
                "headroom": gc.get("headroom", False),
                "high_inodes_percent": gc["highInodesPercent"],
                "low_inodes_percent": gc["lowInodesPercent"]},

@@ -145,19 +145,21 @@ pub struct RuntimeConfig {
 pub enum Order {
     /// The kubelet's: least recently used first, ties by first seen.
     Lru,
-    /// Images a newer image of the same repository superseded first (an
-    /// older tag after a rollout), each group least recently used first:
-    /// the default, since it pulled fewer bytes again than `Lru` on every
-    /// simulated workload (BENCHMARKS.md).
-    #[default]
+    /// Images whose repository ran a newer image since they last ran first
+    /// (an older tag after a rollout), each group least recently used
+    /// first.
     SupersededFirst,
     /// As `SupersededFirst`, then each group by when each image is expected
     /// back, farthest first: an image used again after breaks
     /// ([`crate::records::Record::usual_break`]) one usual break after its
-    /// last use (now, when that is past; as `Lru` guesses, once it is twice
-    /// past), any other as long from now as it has been unused (`Lru`'s
-    /// guess). It keeps a periodic job's image that is due soon over one
-    /// used more recently but not needed for longer.
+    /// last use (one usual break from now, when that is past; as `Lru`
+    /// guesses, once it is twice past), any other as long from now as it
+    /// has been unused (`Lru`'s guess). It keeps a periodic job's image that
+    /// is due soon over one used more recently but not needed for longer.
+    /// The default: of the three, it pulled least again over the simulated
+    /// workloads, and was behind the kubelet or `Lru` on fewest of them
+    /// (BENCHMARKS.md).
+    #[default]
     Reuse,
 }
 
@@ -218,8 +220,7 @@ pub struct GcConfig {
     /// An image removed and pulled again within this window counts as a re-pull
     /// (`gc.thrash_window`, default 1h).
     pub thrash_window: Duration,
-    /// The order of the space candidates (`gc.order`, default
-    /// `superseded-first`).
+    /// The order of the space candidates (`gc.order`, default `reuse`).
     pub order: Order,
     /// Keep room above the kubelet's eviction line for the largest recent
     /// pull (`gc.headroom`, default false: it costs re-pulls; see
@@ -374,7 +375,7 @@ impl Default for Config {
                 dry_run: false,
                 image_fs_path: None,
                 thrash_window: DEFAULT_THRASH_WINDOW,
-                order: Order::SupersededFirst,
+                order: Order::Reuse,
                 headroom: false,
                 high_inodes_percent: None,
                 low_inodes_percent: None,
@@ -899,7 +900,7 @@ mod tests {
         );
         let (_, result) = load_named("b.toml", "[gc]\norder = \"superseded-first\"\n", &overrides);
         assert_eq!(result.unwrap().gc.order, Order::SupersededFirst);
-        assert_eq!(Config::default().gc.order, Order::SupersededFirst);
+        assert_eq!(Config::default().gc.order, Order::Reuse);
         let (_, result) = load_named("c.toml", "[gc]\norder = \"reuse\"\n", &overrides);
         assert_eq!(result.unwrap().gc.order, Order::Reuse);
     }

@@ -816,7 +816,7 @@ mod tests {
             repo_tags: vec![tag.to_string()].into(),
             ..image(id, 1)
         };
-        // `other` last used at 0; app v1 used until 10, then v2 rolled out.
+        // `other` last used at 0; app v1 used until 10, then v2 pulled.
         let mut w = World::new(vec![
             tagged("other", "ghcr.io/o/other:1"),
             tagged("v1", "ghcr.io/o/app:1"),
@@ -827,14 +827,32 @@ mod tests {
         w.snapshot.containers.clear();
         w.snapshot.images.push(tagged("v2", "ghcr.io/o/app:2"));
         w.observe(t(20));
+        w.config.gc.order = Order::SupersededFirst;
+        assert_eq!(
+            ids(&w.plan(t(300)).space),
+            ["other", "v1", "v2"],
+            "v2 never ran: it supersedes nothing yet (a pre-pull, a rollout not made)"
+        );
+        // v2 rolled out: it runs after v1 last did.
+        w.snapshot.containers = vec![container("c2", "v2")];
+        w.observe(t(30));
+        w.snapshot.containers.clear();
+        w.observe(t(40));
         w.config.gc.order = Order::Lru;
         assert_eq!(ids(&w.plan(t(300)).space), ["other", "v1", "v2"], "least recently used");
         w.config.gc.order = Order::SupersededFirst;
         let p = w.plan(t(300));
         assert_eq!(ids(&p.space), ["v1", "other", "v2"], "v2 superseded v1");
+        // Rolled back: v1 runs again after v2 did. The newer tag is the one
+        // abandoned, and v1 is the current image: nothing is superseded.
+        w.snapshot.containers = vec![container("c3", "v1")];
+        w.observe(t(50));
+        w.snapshot.containers.clear();
+        w.observe(t(60));
+        assert_eq!(ids(&w.plan(t(300)).space), ["other", "v2", "v1"], "after a rollback");
         // Nothing superseded: the order is least recently used.
         w.snapshot.images.pop();
-        w.observe(t(30));
+        w.observe(t(70));
         assert_eq!(ids(&w.plan(t(300)).space), ["other", "v1"]);
     }
 
@@ -895,8 +913,10 @@ mod tests {
     fn expected_back_is_never_before_now_and_never_overflows() {
         let hour = Duration::from_secs(3600);
         let now = t(100 * 3600);
-        // Due an hour ago, within twice its break: due now.
-        assert_eq!(expected_back(now - hour * 3, Some(hour * 2), now), now);
+        // Due an hour ago, within twice its break: one break from now.
+        assert_eq!(expected_back(now - hour * 3, Some(hour * 2), now), now + hour * 2);
+        // Due right now: now.
+        assert_eq!(expected_back(now - hour * 2, Some(hour * 2), now), now);
         // A clock behind the record: no time unused.
         assert_eq!(expected_back(now + hour, None, now), now);
         assert_eq!(expected_back(now + hour, Some(hour), now), now + hour * 2);

@@ -247,6 +247,12 @@ async fn plan_names_its_order_and_with_reuse_when_each_image_is_expected_back() 
 
     let output = support::imagegc_command(&config, &server.endpoint(), &state, &["plan"]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("gc.order = \"reuse\""), "the default: {stdout}");
+    assert!(stdout.contains("EXPECTED BACK"), "{stdout}");
+
+    std::fs::write(&config, toml.replace("[gc]\n", "[gc]\norder = \"superseded-first\"\n")).unwrap();
+    let output = support::imagegc_command(&config, &server.endpoint(), &state, &["plan"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("gc.order = \"superseded-first\""), "{stdout}");
     assert!(!stdout.contains("EXPECTED BACK"), "{stdout}");
 
