@@ -336,7 +336,10 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
         ];
         if reuse {
             row.push(match c.reason {
-                Reason::Space => from_now(c.expected_back(now), now),
+                Reason::Space => {
+                    let (at, basis) = c.expectation(now);
+                    format!("{} ({})", from_now(at, now), basis.describe())
+                }
                 Reason::Age => "-".to_string(),
             });
         }
@@ -400,10 +403,12 @@ fn candidate_json(candidate: &Candidate<'_>, order: Order, now: SystemTime) -> s
         && candidate.reason == Reason::Space
         && let Some(object) = value.as_object_mut()
     {
-        object.insert(
-            "expected_back".to_string(),
-            serde_json::json!(rfc3339(candidate.expected_back(now))),
-        );
+        let (at, basis) = candidate.expectation(now);
+        object.insert("expected_back".to_string(), serde_json::json!(rfc3339(at)));
+        object.insert("expected_back_by".to_string(), serde_json::json!(basis.as_str()));
+        if let policy::order::Basis::Due { usual } | policy::order::Basis::Late { usual } = basis {
+            object.insert("usual_break_seconds".to_string(), serde_json::json!(usual.as_secs()));
+        }
     }
     value
 }

@@ -92,6 +92,11 @@ impl Candidate<'_> {
     pub fn expected_back(&self, now: SystemTime) -> SystemTime {
         expected_back(self.last_used, self.usual_break.map(Break::duration), now)
     }
+
+    /// [`Candidate::expected_back`], with what it went by (for `plan`).
+    pub fn expectation(&self, now: SystemTime) -> (SystemTime, order::Basis) {
+        order::expectation(self.last_used, self.usual_break.map(Break::duration), now)
+    }
 }
 
 /// An image the cycle keeps, with why.
@@ -907,6 +912,19 @@ mod tests {
         assert_eq!(back("job"), t(10 * hour + 30 * 60));
         assert_eq!(back("once"), t(11 * hour));
         assert_eq!(back("stopped"), t(10 * hour + 50 * 60));
+        // What `plan` says each went by.
+        let basis = |id: &str| {
+            p.space
+                .iter()
+                .find(|c| c.id == id)
+                .unwrap()
+                .expectation(now)
+                .1
+                .describe()
+        };
+        assert_eq!(basis("job"), "runs every 2h");
+        assert_eq!(basis("once"), "unused 1h");
+        assert_eq!(basis("stopped"), "unused 50m");
     }
 
     #[test]
@@ -915,6 +933,12 @@ mod tests {
         let now = t(100 * 3600);
         // Due an hour ago, within twice its break: one break from now.
         assert_eq!(expected_back(now - hour * 3, Some(hour * 2), now), now + hour * 2);
+        assert_eq!(
+            crate::policy::order::expectation(now - hour * 3, Some(hour * 2), now)
+                .1
+                .describe(),
+            "runs every 2h, late"
+        );
         // Due right now: now.
         assert_eq!(expected_back(now - hour * 2, Some(hour * 2), now), now);
         // A clock behind the record: no time unused.

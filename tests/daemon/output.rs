@@ -274,5 +274,7 @@ async fn plan_names_its_order_and_with_reuse_when_each_image_is_expected_back() 
     for removal in removals {
         // Never used: as long from now as it has been unused, so now.
         parse_time(&removal["expected_back"]);
+        assert_eq!(removal["expected_back_by"], "unused", "{plan:#}");
     }
+    assert!(stdout.contains("(unused "), "what the expectation went by: {stdout}");
 }

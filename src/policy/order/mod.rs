@@ -18,7 +18,7 @@ mod lru;
 mod reuse;
 mod superseded_first;
 
-pub use reuse::expected_back;
+pub use reuse::{Basis, expectation, expected_back};
 
 /// What an order may read besides the candidates: the listing they come
 /// from, what the records made of it, and the plan's `now`.

@@ -49,11 +49,59 @@ impl SpaceOrder for Reuse {
 /// images of irregular jobs over ones due soon (4 of 56 runs behind the
 /// kubelet or least recently used, against 1).
 pub fn expected_back(last_used: SystemTime, usual_break: Option<Duration>, now: SystemTime) -> SystemTime {
+    expectation(last_used, usual_break, now).0
+}
+
+/// What [`expected_back`] went by, for a person (`plan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    /// One usual break after its last use.
+    Due {
+        /// The usual break.
+        usual: Duration,
+    },
+    /// Past that: one usual break from now.
+    Late {
+        /// The usual break.
+        usual: Duration,
+    },
+    /// No usual break, or twice it passed: as long from now as unused.
+    Unused {
+        /// How long it has been unused.
+        unused: Duration,
+    },
+}
+
+impl Basis {
+    /// "runs every 2h", "runs every 2h, late", "unused 3h".
+    pub fn describe(self) -> String {
+        match self {
+            Basis::Due { usual } => format!("runs every {}", crate::time::short(usual)),
+            Basis::Late { usual } => format!("runs every {}, late", crate::time::short(usual)),
+            Basis::Unused { unused } => format!("unused {}", crate::time::short(unused)),
+        }
+    }
+
+    /// The JSON name: `due`, `late` or `unused`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Basis::Due { .. } => "due",
+            Basis::Late { .. } => "late",
+            Basis::Unused { .. } => "unused",
+        }
+    }
+}
+
+/// [`expected_back`], with what it went by.
+pub fn expectation(last_used: SystemTime, usual_break: Option<Duration>, now: SystemTime) -> (SystemTime, Basis) {
     let unused = elapsed(last_used, now);
     let later = |d: Duration| now.checked_add(d).unwrap_or(now);
     match usual_break {
-        Some(usual) if unused <= usual => last_used.checked_add(usual).map_or(now, |at| at.max(now)),
-        Some(usual) if unused <= usual.saturating_mul(2) => later(usual),
-        _ => later(unused),
+        Some(usual) if unused <= usual => (
+            last_used.checked_add(usual).map_or(now, |at| at.max(now)),
+            Basis::Due { usual },
+        ),
+        Some(usual) if unused <= usual.saturating_mul(2) => (later(usual), Basis::Late { usual }),
+        _ => (later(unused), Basis::Unused { unused }),
     }
 }
