@@ -2,7 +2,7 @@
 """Every gc.order against the kubelet, least recently used and the offline
 schedule, over the simulated workloads (BENCHMARKS.md, "The default
 order"): four workloads, the seeds of SEEDS (default 1-5), two disks each,
-and the sweeps of CI popularity and rollbacks on seed 1.
+and, when SEEDS has seed 1, the sweeps of CI popularity and rollbacks.
 
     cargo build --release
     scripts/bench-orders.py [target/release/imagegc]      # 17 s on 2 cores
@@ -21,8 +21,10 @@ QUIET = os.environ.get("QUIET")
 BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/imagegc"
 SEEDS = [int(x) for x in os.environ.get("SEEDS", "1,2,3,4,5").split(",")]
 runs = [(w, s, []) for w in ["service", "ci", "batch", "mixed"] for s in SEEDS]
-runs += [(w, 1, ["--zipf-alpha", a]) for w in ["ci", "mixed"] for a in ["0.6", "1.2"]]
-runs += [(w, 1, ["--rollback", r]) for w in ["service", "mixed"] for r in ["0", "0.1"]]
+# The sweeps run on seed 1 only: with the block that has it.
+if 1 in SEEDS:
+    runs += [(w, 1, ["--zipf-alpha", a]) for w in ["ci", "mixed"] for a in ["0.6", "1.2"]]
+    runs += [(w, 1, ["--rollback", r]) for w in ["service", "mixed"] for r in ["0", "0.1"]]
 def one(run):
     w, s, extra = run
     out = subprocess.run([BIN, "simulate", "--workload", w, "--seed", str(s), "--output", "json", *extra],
@@ -44,8 +46,8 @@ for name, gb, p in rows:
     for o in orders:
         v = p[o]["repulled_bytes"] / 1e9
         mark = ""
-        if v > k * 1.0 + 1e-9 and v - k > 0.001: mark += "k" if k < off else "K"
-        if v > l + 1e-9 and v - l > 0.001: mark += "L"
+        if v - k > 0.001: mark += "k" if k < off else "K"
+        if v - l > 0.001: mark += "L"
         if p[o]["hours_above_high"] > min(p["kubelet"]["hours_above_high"], p["imagegc lru"]["hours_above_high"]) + 0.01: mark += "H"
         if mark: behind[o].append(f"{name}@{gb}:{mark}")
         if l - off > 0.5: closed[o].append((l - v) / (l - off))
@@ -54,4 +56,5 @@ for name, gb, p in rows:
 for o in orders:
     c = closed[o]
     hard = [b for b in behind[o] if any(ch in b.split(":")[-1] for ch in "KLH")]
-    print(f"{o}: behind on {len(hard)}/{len(rows)} (k: kubelet below offline, not counted): {behind[o]}; closes mean {sum(c)/len(c):.2f} of LRU-offline gap over {len(c)} runs")
+    closes = f"{sum(c) / len(c):.2f}" if c else "-"
+    print(f"{o}: behind on {len(hard)}/{len(rows)} (k: kubelet below offline, not counted): {behind[o]}; closes mean {closes} of LRU-offline gap over {len(c)} runs")

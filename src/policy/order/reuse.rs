@@ -2,7 +2,7 @@
 //! by when each image is expected back ([`expected_back`]), farthest
 //! first. Of the orders, it is the one that pulled least again over the
 //! simulated workloads: behind the kubelet or least recently used on 4 of
-//! 168 runs, where `superseded-first` was on 45 (BENCHMARKS.md, "The
+//! 136 runs, where `superseded-first` was on 41 (BENCHMARKS.md, "The
 //! default order").
 
 use std::time::{Duration, SystemTime};
@@ -47,7 +47,7 @@ impl SpaceOrder for Reuse {
 /// again on the batch node, whose jobs are periodic, than least recently
 /// used or the kubelet; expecting an overdue image at once instead kept
 /// images of irregular jobs over ones due soon (4 of 56 runs behind the
-/// kubelet or least recently used, against 1).
+/// kubelet or least recently used, against 2).
 pub fn expected_back(last_used: SystemTime, usual_break: Option<Duration>, now: SystemTime) -> SystemTime {
     expectation(last_used, usual_break, now).0
 }
