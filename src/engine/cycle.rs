@@ -50,6 +50,7 @@ impl<R: Runtime> Collector<R> {
         if let Err(err) = self.run_cycle(cancel, &mut report).await {
             report.outcome = Outcome::Failed(Arc::new(err));
         }
+        self.settle_notes();
         self.save_if_due().await;
         report.duration = started.elapsed();
         self.sinks.emit(&Event::CycleFinished(&report));
@@ -183,11 +184,12 @@ impl<R: Runtime> Collector<R> {
                 cx.report.outcome = Outcome::Interrupted;
                 return Ok(ControlFlow::Break(()));
             }
-            match self.remove(candidate, rechecked.take(), cx).await? {
+            let next = age.get(i + 1);
+            match self.remove(candidate, rechecked.take(), next, cx).await? {
                 Removing::Finished(Step::Unknown) => return Ok(ControlFlow::Break(())),
                 Removing::Finished(_) => {}
                 Removing::Confirming(confirming) => {
-                    let next = age.get(i + 1).filter(|_| !cx.cancel.is_cancelled());
+                    let next = next.filter(|_| !cx.cancel.is_cancelled());
                     rechecked = self.confirm(confirming, next, false, cx).await;
                 }
             }
@@ -308,7 +310,7 @@ impl<R: Runtime> Collector<R> {
                         return Ok(None);
                     }
                     let ahead = rechecked.take().map(|(_, r)| r);
-                    let step = match self.remove(candidate, ahead, cx).await? {
+                    let step = match self.remove(candidate, ahead, None, cx).await? {
                         Removing::Finished(step) => step,
                         Removing::Confirming(confirming) => {
                             let next = next_if_all_back(&walk, &confirming, |c| self.holds_back(now, c))

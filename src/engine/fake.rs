@@ -85,6 +85,13 @@ pub(super) struct Sim {
     pub(super) events_break: bool,
     /// How many times the event stream was opened.
     pub(super) event_opens: usize,
+    /// `RemoveImage` of these answers OK and the image stays listed (a
+    /// runtime not to be believed), though its space comes back.
+    keep_on_remove: Vec<String>,
+    /// A file read at each `RemoveImage` call, with what it held then (the
+    /// pending notes, as a process killed during the call leaves them).
+    pub(super) read_at_remove: Option<std::path::PathBuf>,
+    pub(super) read_at_remove_found: Vec<(String, String)>,
 }
 
 /// Where the split store's container filesystem is mounted in [`Sim`].
@@ -95,6 +102,12 @@ pub(super) type PodsSender = tokio::sync::watch::Sender<Arc<crate::policy::Prote
 impl Sim {
     /// An unused image of `size` reported bytes that takes `on_disk` bytes
     /// of the filesystem (what its removal gives back).
+    /// `RemoveImage` of `id` answers OK from now on and keeps the image
+    /// listed, though its space comes back.
+    pub(super) fn keeps_on_remove(&mut self, id: &str) {
+        self.keep_on_remove.push(id.to_string());
+    }
+
     pub(super) fn unused(&mut self, id: &str, size: u64, on_disk: u64) {
         self.images.push(crate::testing::library_image(id, size));
         self.on_disk.insert(id.to_owned(), on_disk);
@@ -249,6 +262,17 @@ impl Runtime for SimHandle {
     }
     async fn remove_image(&self, id: &str) -> Result<Removed, RuntimeError> {
         let mut sim = self.0.lock().unwrap();
+        if let Some(path) = &sim.read_at_remove {
+            let held = std::fs::read_to_string(path).unwrap_or_default();
+            sim.read_at_remove_found.push((id.to_string(), held));
+        }
+        if sim.keep_on_remove.iter().any(|k| k == id) {
+            // Its space comes back all the same (something else freed as
+            // much, or the runtime deleted the content and kept the image).
+            let freed = sim.on_disk.remove(id).unwrap_or(0);
+            sim.available = (sim.available + freed).min(sim.capacity);
+            return Ok(Removed::Done);
+        }
         if sim.fail_remove.iter().any(|f| f == id) {
             return Err(RuntimeError::Rpc {
                 rpc: "RemoveImage",

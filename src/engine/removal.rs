@@ -99,6 +99,9 @@ pub(super) enum Returned {
 /// runtime holds it now, `None` to keep it.
 pub(super) type Rechecked = Result<Option<Image>, CycleError>;
 
+/// What `ImageStatus` answered.
+type Status = Result<Option<Image>, RuntimeError>;
+
 /// How old the re-check a removal relies on may be when `RemoveImage` is
 /// sent, counted from its answer (tokio's clock): a few milliseconds, the
 /// time of a reading of the filesystem and a log line. An older one (made
@@ -133,6 +136,9 @@ pub(super) struct Confirming {
     before: FsStats,
     first: FsStats,
     in_flight: InFlight,
+    /// Whether the runtime is still to be asked if the image really went
+    /// (see [`Collector::confirm`]).
+    unverified: bool,
 }
 
 impl Confirming {
@@ -258,6 +264,9 @@ pub(super) struct Remover {
     pub(super) in_flight: RemovalInFlight,
     /// Images a listing omitted, not yet known removed by someone else.
     pub(super) others: super::others::Unconfirmed,
+    /// The candidate whose pending note was written beside the call before
+    /// its removal (see [`Collector::remove`]), until its removal uses it.
+    pub(super) noted_ahead: Option<String>,
 }
 
 impl Remover {
@@ -284,6 +293,7 @@ impl Remover {
             thrash,
             in_flight: RemovalInFlight::default(),
             others: super::others::Unconfirmed::default(),
+            noted_ahead: None,
         }
     }
 }
@@ -327,21 +337,51 @@ impl<R: Runtime> Collector<R> {
     ///
     /// [`Rules::why_kept`]: crate::policy::Rules::why_kept
     async fn recheck(&mut self, candidate: &Candidate<'_>, cx: &mut CycleContext<'_>) -> Rechecked {
+        self.recheck_and_ask(candidate, None, cx).await.0
+    }
+
+    /// [`Collector::recheck`], with `ImageStatus` of `also` asked beside
+    /// it (a removal before, to verify; see [`Collector::confirm`]).
+    async fn recheck_and_ask(
+        &mut self,
+        candidate: &Candidate<'_>,
+        also: Option<&str>,
+        cx: &mut CycleContext<'_>,
+    ) -> (Rechecked, Option<Status>) {
         let snapshot = cx.snapshot;
         let images = &snapshot.images;
         self.sinks.emit(&Event::Rechecking(candidate.id));
+        // Both at once: each reads the runtime as it is now, and a
+        // container is created only from an image already pulled (and
+        // tagged), so neither order sees more than the other.
+        let runtime = &self.runtime;
+        let (containers, current, also) = tokio::join!(
+            self.inventory.observer.containers(runtime, images),
+            runtime.image_status(candidate.id),
+            async {
+                match also {
+                    Some(id) => Some(runtime.image_status(id).await),
+                    None => None,
+                }
+            }
+        );
+        (self.rechecked(candidate, containers, current, cx), also)
+    }
+
+    /// What the re-check's answers come to.
+    fn rechecked(
+        &mut self,
+        candidate: &Candidate<'_>,
+        containers: Result<Vec<Container>, RuntimeError>,
+        current: Status,
+        cx: &mut CycleContext<'_>,
+    ) -> Rechecked {
+        let snapshot = cx.snapshot;
         let recheck_error = |what, source| CycleError::Recheck {
             what,
             image: candidate.id.to_string(),
             source,
         };
-        // Both at once: each reads the runtime as it is now, and a
-        // container is created only from an image already pulled (and
-        // tagged), so neither order sees more than the other.
-        let (containers, current) = tokio::join!(
-            self.inventory.observer.containers(&self.runtime, images),
-            self.runtime.image_status(candidate.id)
-        );
         let containers = containers.map_err(|source| recheck_error("containers", source))?;
         let current = current.map_err(|source| recheck_error("the image", source))?;
         let Some(current) = current else {
@@ -406,10 +446,16 @@ impl<R: Runtime> Collector<R> {
     /// and a call that timed out or broke is watched until the image is gone
     /// or the outcome stays unknown (see [`Step::Unknown`]), and then stays
     /// pending (see [`crate::store::pending`]) until a listing settles it.
+    ///
+    /// `next`, the candidate removed next whatever this removal comes to
+    /// (the age pass's), has its pending note written beside this call, off
+    /// the runtime's thread: the fsync costs no time of its own, and it is
+    /// still made before that candidate's re-check.
     pub(super) async fn remove(
         &mut self,
         candidate: &Candidate<'_>,
         ahead: Option<Ahead>,
+        next: Option<&Candidate<'_>>,
         cx: &mut CycleContext<'_>,
     ) -> Result<Removing, CycleError> {
         // Noted before the re-check it relies on (the note is an fsync, and
@@ -418,7 +464,7 @@ impl<R: Runtime> Collector<R> {
         // between leaves it for the next one to settle (as not done, when
         // the image is still there). A re-check made ahead was noted
         // before it was made.
-        if !cx.report.dry_run && ahead.is_none() {
+        if !cx.report.dry_run && ahead.is_none() && !self.noted_ahead_for(candidate.id) {
             self.note_pending(candidate);
         }
         let checked = self.recheck_fresh(candidate, ahead, cx).await;
@@ -451,8 +497,23 @@ impl<R: Runtime> Collector<R> {
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
         let in_flight = self.remover.in_flight.start(candidate.id);
-        let result = self.runtime.remove_image(candidate.id).await;
-        let (step, after) = self.outcome(candidate, result, before, cx).await;
+        let result = match next {
+            Some(next) => {
+                let write = self.remover.pending.request_ahead(self.pending_entry(next));
+                let (result, written) = tokio::join!(
+                    self.runtime.remove_image(candidate.id),
+                    tokio::task::spawn_blocking(move || write.run())
+                );
+                if written.is_ok() {
+                    self.remover.noted_ahead = Some(next.id.to_string());
+                } else {
+                    self.remover.pending.forget(next.id);
+                }
+                result
+            }
+            None => self.runtime.remove_image(candidate.id).await,
+        };
+        let (step, after, unverified) = self.outcome(candidate, result, before, next.is_some(), cx).await;
         match (step, after) {
             (Step::Removed, Some(Returned::Back { before, first })) => {
                 return Ok(Removing::Confirming(Box::new(Confirming {
@@ -460,6 +521,7 @@ impl<R: Runtime> Collector<R> {
                     before,
                     first,
                     in_flight,
+                    unverified,
                 })));
             }
             (Step::Removed, after) => {
@@ -477,6 +539,36 @@ impl<R: Runtime> Collector<R> {
 
     /// The pending note of a removal about to be asked for (durable).
     fn note_pending(&mut self, candidate: &Candidate<'_>) {
+        let entry = self.pending_entry(candidate);
+        self.remover.pending.request(entry);
+    }
+
+    /// Whether the pending note of `id`'s removal was written ahead, beside
+    /// the call before (see [`Collector::remove`]). A note written ahead
+    /// for another image, which no removal will use, goes.
+    fn noted_ahead_for(&mut self, id: &str) -> bool {
+        match self.remover.noted_ahead.take() {
+            Some(noted) if noted == id => true,
+            Some(noted) => {
+                self.drop_ahead(&noted);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// At the end of a cycle: a note written ahead that no removal used
+    /// goes, and the file follows what was journaled.
+    pub(super) fn settle_notes(&mut self) {
+        if let Some(noted) = self.remover.noted_ahead.take() {
+            self.drop_ahead(&noted);
+        }
+        self.remover.pending.flush();
+    }
+
+    /// The pending note of `candidate`'s removal, as written before it is
+    /// asked for.
+    fn pending_entry(&self, candidate: &Candidate<'_>) -> JournalEntry {
         let removal = Removal {
             id: candidate.id.to_string(),
             tags: candidate.tags.to_vec(),
@@ -492,7 +584,7 @@ impl<R: Runtime> Collector<R> {
         // Its own time, to the nanosecond: what names this removal in the
         // journal line it becomes (see `JournalEntry::asked`).
         entry.time = humantime::format_rfc3339_nanos(self.clock.now()).to_string();
-        self.remover.pending.request(entry);
+        entry
     }
 
     /// The re-check `RemoveImage` may be sent on at once: the image as the
@@ -589,34 +681,57 @@ impl<R: Runtime> Collector<R> {
     ) -> Option<Ahead> {
         let (before, first) = (confirming.before, confirming.first);
         let disk = cx.disk;
-        let (after, ahead) = match next {
-            None => (disk.confirm(before, first).await, None),
+        let Confirming {
+            mut removal,
+            in_flight,
+            unverified,
+            ..
+        } = *confirming;
+        let verify = unverified.then_some(removal.id.as_str());
+        let (after, ahead, status) = match next {
+            None => match verify {
+                Some(id) => {
+                    let (after, status) = tokio::join!(disk.confirm(before, first), self.runtime.image_status(id));
+                    (after, None, Some(status))
+                }
+                None => (disk.confirm(before, first).await, None, None),
+            },
             Some(next) => {
                 // Noted before its re-check, as in [`Collector::remove`].
-                if !cx.report.dry_run {
+                if !cx.report.dry_run && !self.noted_ahead_for(next.id) {
                     self.note_pending(next);
                 }
                 let ahead = tokio::time::timeout(RECHECK_AHEAD_LIMIT, async {
-                    let found = self.recheck(next, cx).await;
-                    Ahead {
-                        found,
-                        answered: tokio::time::Instant::now(),
-                    }
+                    let (found, status) = self.recheck_and_ask(next, verify, cx).await;
+                    let answered = tokio::time::Instant::now();
+                    (Ahead { found, answered }, status)
                 });
-                if decides {
-                    let (after, ahead) = tokio::join!(disk.confirm(before, first), ahead);
-                    (after, ahead.ok())
+                let (after, ahead) = if decides {
+                    tokio::join!(disk.confirm(before, first), ahead)
                 } else {
-                    let ahead = ahead.await.ok();
+                    let ahead = ahead.await;
                     (disk.confirm_now(before, first).await, ahead)
+                };
+                match ahead {
+                    Ok((ahead, status)) => (after, Some(ahead), status),
+                    Err(_) => (after, None, None),
                 }
             }
         };
-        let Confirming {
-            mut removal, in_flight, ..
-        } = *confirming;
-        removal.freed_bytes = Disk::freed(Some(before), after.ok());
-        self.journal_removal(removal, cx.report).await;
+        // Asked as the call returned, or beside the next re-check; once
+        // more when that re-check ran out of time.
+        let status = match (verify, status) {
+            (Some(id), None) => Some(self.runtime.image_status(id).await),
+            (_, status) => status,
+        };
+        if let Some(status) = status
+            && self.still_there(&removal.id, &status, cx.report)
+        {
+            self.remover.pending.forget(&removal.id);
+        } else {
+            removal.freed_bytes = Disk::freed(Some(before), after.ok());
+            self.journal_removal(removal, cx.report).await;
+        }
         drop(in_flight);
         if ahead.is_none()
             && let Some(next) = next
@@ -646,14 +761,18 @@ impl<R: Runtime> Collector<R> {
     /// What `RemoveImage` answered comes to: removed (with the filesystem
     /// once its space came back, or as it returned, to confirm; `None`
     /// when it could not be measured), kept (refused, gone already, or OK
-    /// but still listed), or unknown.
+    /// but still listed), or unknown. With `verify_later` (a next removal
+    /// follows whatever this one comes to), a removal whose space was back
+    /// as the call returned is not yet asked about (the third value):
+    /// [`Collector::confirm`] asks beside the next re-check.
     async fn outcome(
         &mut self,
         candidate: &Candidate<'_>,
         result: Result<Removed, RuntimeError>,
         before: Option<FsStats>,
+        verify_later: bool,
         cx: &mut CycleContext<'_>,
-    ) -> (Step, Option<Returned>) {
+    ) -> (Step, Option<Returned>, bool) {
         let (disk, cancel) = (cx.disk, cx.cancel);
         let step = match result {
             Ok(Removed::AlreadyGone) => {
@@ -664,6 +783,17 @@ impl<R: Runtime> Collector<R> {
                 // Whether the image is really gone is asked while the
                 // space comes back, not after; in a hurry, not waited for.
                 let hurried = cx.hurried;
+                if verify_later && !hurried {
+                    let returned = disk.returned(before).await.ok();
+                    if let Some(Returned::Back { .. }) = returned {
+                        return (Step::Removed, returned, true);
+                    }
+                    let status = self.runtime.image_status(candidate.id).await;
+                    if self.still_there(candidate.id, &status, cx.report) {
+                        return (Step::Kept, None, false);
+                    }
+                    return (Step::Removed, returned, false);
+                }
                 let returned = async {
                     if hurried {
                         None
@@ -672,20 +802,10 @@ impl<R: Runtime> Collector<R> {
                     }
                 };
                 let (returned, status) = tokio::join!(returned, self.runtime.image_status(candidate.id));
-                if let Ok(Some(_)) = status {
-                    let first = !std::mem::replace(&mut self.said.lying_runtime, true);
-                    self.sinks.emit(&Event::RemovalNotDone {
-                        id: candidate.id,
-                        endpoint: self.runtime.endpoint(),
-                        first,
-                    });
-                    cx.report.failed.push((
-                        candidate.id.to_string(),
-                        "RemoveImage answered OK, but the image is still listed".to_string(),
-                    ));
-                    return (Step::Kept, None);
+                if self.still_there(candidate.id, &status, cx.report) {
+                    return (Step::Kept, None, false);
                 }
-                return (Step::Removed, returned);
+                return (Step::Removed, returned, false);
             }
             // The call failed, but the runtime may have removed the image
             // all the same (a deadline that passed while it worked, a
@@ -697,7 +817,11 @@ impl<R: Runtime> Collector<R> {
                         id: candidate.id,
                         error: &error,
                     });
-                    return (Step::Removed, disk.settled(before).await.ok().map(Returned::Settled));
+                    return (
+                        Step::Removed,
+                        disk.settled(before).await.ok().map(Returned::Settled),
+                        false,
+                    );
                 }
                 Some(false) => {
                     let error = err.to_string();
@@ -721,7 +845,33 @@ impl<R: Runtime> Collector<R> {
                 }
             },
         };
-        (step, None)
+        (step, None, false)
+    }
+
+    /// Whether `ImageStatus` (`status`), asked after `RemoveImage` of `id`
+    /// answered OK, still finds the image: a runtime that says "removed"
+    /// and keeps it is not believed (said once, and the removal counted as
+    /// failed).
+    fn still_there(
+        &mut self,
+        id: &str,
+        status: &Result<Option<Image>, RuntimeError>,
+        report: &mut CycleReport,
+    ) -> bool {
+        if !matches!(status, Ok(Some(_))) {
+            return false;
+        }
+        let first = !std::mem::replace(&mut self.said.lying_runtime, true);
+        self.sinks.emit(&Event::RemovalNotDone {
+            id,
+            endpoint: self.runtime.endpoint(),
+            first,
+        });
+        report.failed.push((
+            id.to_string(),
+            "RemoveImage answered OK, but the image is still listed".to_string(),
+        ));
+        true
     }
 
     /// After a `RemoveImage` that failed with `err`: `Some(true)` when the
@@ -836,6 +986,7 @@ impl<R: Runtime> Collector<R> {
             self.account(&removal_of(&entry), Some(note), Some(entry.time.clone()))
                 .await;
         }
+        self.remover.pending.flush();
     }
 }
 

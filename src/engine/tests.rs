@@ -513,6 +513,131 @@ async fn the_age_pass_waits_no_look_of_its_own_but_the_last() {
     assert!(took <= delay * 11 + look, "{took:?}");
 }
 
+/// The phase each removal of the pending file `held` has.
+fn phases(held: &str) -> Vec<(String, String)> {
+    let file: serde_json::Value = serde_json::from_str(held).unwrap_or_default();
+    file["removals"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let field = |f: &str| r[f].as_str().unwrap_or_default().to_string();
+            (
+                r["entry"]["image"].as_str().unwrap_or_default().to_string(),
+                field("phase"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn in_the_age_pass_each_note_is_written_beside_the_call_before_and_on_disk_at_its_own_call() {
+    let sim = SimHandle::default();
+    let (mut c, dir) = collector_with_old_images(&sim, 4);
+    let file = dir.path().join(crate::store::pending::FILE_NAME);
+    sim.with(|s| s.read_at_remove = Some(file.clone()));
+    let report = cycle(&mut c).await;
+    assert_eq!(report.outcome, Outcome::Success);
+    assert_eq!(sim.removed(), ["old00", "old01", "old02", "old03"]);
+    let found = sim.0.lock().unwrap().read_at_remove_found.clone();
+    assert_eq!(found.len(), 4);
+    for (id, held) in &found {
+        // A process killed during this call leaves the note that claims
+        // it: written (and synced) before the call, marked sent before it.
+        assert!(
+            phases(held).contains(&(id.clone(), "requested".to_string())),
+            "{id}: {held}"
+        );
+        // Nothing else is claimed: an earlier removal is journaled before
+        // this call, and a later one is at most noted, not sent.
+        for (other, phase) in phases(held).iter().filter(|(other, _)| other != id) {
+            assert!(
+                phase == "checking" || journaled(&dir).iter().any(|e| &e.image == other),
+                "{id}: {other} {phase}"
+            );
+        }
+    }
+    let journal = journaled(&dir);
+    let ids: Vec<&str> = journal.iter().map(|e| e.image.as_str()).collect();
+    assert_eq!(ids, ["old00", "old01", "old02", "old03"]);
+    assert!(journal.iter().all(|e| e.asked.is_some()), "{journal:?}");
+    // Done: nothing pending, in memory or on disk.
+    assert!(c.remover.pending.entries().is_empty());
+    assert!(!file.exists());
+}
+
+#[tokio::test]
+async fn in_the_age_pass_a_removal_the_runtime_keeps_is_not_believed_and_the_pass_goes_on() {
+    let sim = SimHandle::default();
+    let (mut c, dir) = collector_with_old_images(&sim, 3);
+    // The first two answer OK and stay: each is asked about beside the
+    // next re-check (the second) or its own look (the last would be).
+    sim.with(|s| {
+        s.keeps_on_remove("old00");
+        s.keeps_on_remove("old01");
+    });
+    let report = cycle(&mut c).await;
+    let failed: Vec<&str> = report.failed.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(failed, ["old00", "old01"], "{report:?}");
+    assert!(report.failed.iter().all(|(_, why)| why.contains("still listed")));
+    let removed: Vec<&str> = report.removed.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(removed, ["old02"]);
+    let journal = journaled(&dir);
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    assert_eq!(journal[0].image, "old02");
+    assert_eq!(
+        sample(&c, "image_garbage_collected_total{reason=\"age\"}").as_deref(),
+        Some("1")
+    );
+    assert!(
+        c.remover.pending.entries().is_empty(),
+        "{:?}",
+        c.remover.pending.entries()
+    );
+    assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
+}
+
+#[tokio::test]
+async fn the_last_age_removal_the_runtime_keeps_is_not_believed_either() {
+    let sim = SimHandle::default();
+    let (mut c, dir) = collector_with_old_images(&sim, 2);
+    sim.with(|s| s.keeps_on_remove("old01"));
+    let report = cycle(&mut c).await;
+    let failed: Vec<&str> = report.failed.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(failed, ["old01"], "{report:?}");
+    assert_eq!(journaled(&dir).len(), 1);
+    assert!(c.remover.pending.entries().is_empty());
+}
+
+#[tokio::test]
+async fn a_removal_of_unknown_outcome_ends_the_age_pass_and_the_note_written_beside_it_goes() {
+    let sim = SimHandle::default();
+    let records = old_images(&sim, 3);
+    let (mut c, dir) = collector_with_history(
+        &sim,
+        |c| {
+            c.gc.max_age = Duration::from_secs(3600);
+            c.runtime.timeout = Duration::from_millis(50);
+        },
+        records,
+    );
+    sim.with(|s| s.hang_remove = vec!["old00".to_string()]);
+    let report = cycle(&mut c).await;
+    assert_eq!(report.unsettled, ["old00"]);
+    assert!(sim.removed().is_empty());
+    // `old01`'s note, written beside the call, named a call never sent.
+    let pending: Vec<(&str, crate::store::pending::Phase)> = c
+        .remover
+        .pending
+        .entries()
+        .iter()
+        .map(|p| (p.entry.image.as_str(), p.phase))
+        .collect();
+    assert_eq!(pending, [("old00", crate::store::pending::Phase::Unknown)]);
+    let held = std::fs::read_to_string(dir.path().join(crate::store::pending::FILE_NAME)).unwrap();
+    assert_eq!(phases(&held), [("old00".to_string(), "unknown".to_string())]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_age_pass_counts_in_full_what_comes_back_after_the_first_reading() {
     let sim = SimHandle::default();

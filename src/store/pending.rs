@@ -175,6 +175,24 @@ struct FileRef<'a> {
 pub struct Pending {
     path: PathBuf,
     entries: Vec<PendingRemoval>,
+    /// Whether entries were forgotten since the file was last written
+    /// (journaled removals, see [`Pending::journaled`]).
+    behind: bool,
+}
+
+/// A write of the file, to make off the runtime's thread (see
+/// [`Pending::request_ahead`]).
+#[must_use = "the note is not written until the write runs"]
+pub struct Write {
+    path: PathBuf,
+    entries: Vec<PendingRemoval>,
+}
+
+impl Write {
+    /// Writes the file, durably.
+    pub fn run(self) {
+        persist(&self.path, &self.entries, Durability::Synced);
+    }
 }
 
 impl Pending {
@@ -196,7 +214,11 @@ impl Pending {
                 Vec::new()
             }
         };
-        Pending { path, entries }
+        Pending {
+            path,
+            entries,
+            behind: false,
+        }
     }
 
     /// The removals pending now.
@@ -210,6 +232,12 @@ impl Pending {
     /// An earlier removal of the image whose outcome is unknown is carried
     /// along (see [`Pending::forget`]).
     pub fn request(&mut self, entry: JournalEntry) {
+        self.note(entry);
+        self.persist(Durability::Synced);
+    }
+
+    /// [`Pending::request`] in memory.
+    fn note(&mut self, entry: JournalEntry) {
         let earlier = self
             .entries
             .iter()
@@ -228,7 +256,19 @@ impl Pending {
             earlier,
             this_process: true,
         });
-        self.persist(Durability::Synced);
+    }
+
+    /// [`Pending::request`], with the write handed back to be made beside
+    /// something else (the `RemoveImage` call before this removal's).
+    /// Nothing else may write the file until it is made: the writes are
+    /// renames, and the last one wins.
+    pub fn request_ahead(&mut self, entry: JournalEntry) -> Write {
+        self.note(entry);
+        self.behind = false;
+        Write {
+            path: self.path.clone(),
+            entries: self.entries.clone(),
+        }
     }
 
     /// The removal of `image` noted by [`Pending::request`] passed its
@@ -296,11 +336,21 @@ impl Pending {
     }
 
     /// The removal of `image` was journaled: forgotten, with any earlier
-    /// one it carried (the image went once).
+    /// one it carried (the image went once). In memory only: the file
+    /// follows at its next write or [`Pending::flush`]. A process that ends
+    /// before leaves the entry, which the next start settles as any other:
+    /// it finds the journal line and journals it no second time (see
+    /// `Collector::settle_pending`), as after a power loss that undid an
+    /// unsynced write.
     pub fn journaled(&mut self, image: &str) {
         let before = self.entries.len();
         self.entries.retain(|p| p.entry.image != image);
-        if self.entries.len() != before {
+        self.behind |= self.entries.len() != before;
+    }
+
+    /// Writes what [`Pending::journaled`] left in memory only.
+    pub fn flush(&mut self) {
+        if self.behind {
             self.persist(Durability::Unsynced);
         }
     }
@@ -392,24 +442,28 @@ impl Pending {
     /// one that was journaled or settled is not: lost, it comes back at the
     /// next start, which finds its journal line and journals it no second
     /// time (see `Collector::settle_pending`).
-    fn persist(&self, durability: Durability) {
-        let synced = durability == Durability::Synced;
-        let result = if self.entries.is_empty() {
-            match fs::remove_file(&self.path) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-                _ if synced => safe_file::sync_parent(&self.path),
-                _ => Ok(()),
-            }
-        } else {
-            serde_json::to_vec(&FileRef {
-                removals: &self.entries,
-            })
-            .map_err(io::Error::other)
-            .and_then(|bytes| safe_file::replace(&self.path, &bytes, synced))
-        };
-        if let Err(err) = result {
-            tracing::warn!(path = %self.path.display(), error = %err, "could not note the removals in flight");
+    fn persist(&mut self, durability: Durability) {
+        self.behind = false;
+        persist(&self.path, &self.entries, durability);
+    }
+}
+
+/// Writes `entries` to `path` (see [`Pending::persist`]).
+fn persist(path: &Path, entries: &[PendingRemoval], durability: Durability) {
+    let synced = durability == Durability::Synced;
+    let result = if entries.is_empty() {
+        match fs::remove_file(path) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+            _ if synced => safe_file::sync_parent(path),
+            _ => Ok(()),
         }
+    } else {
+        serde_json::to_vec(&FileRef { removals: entries })
+            .map_err(io::Error::other)
+            .and_then(|bytes| safe_file::replace(path, &bytes, synced))
+    };
+    if let Err(err) = result {
+        tracing::warn!(path = %path.display(), error = %err, "could not note the removals in flight");
     }
 }
 
@@ -454,6 +508,30 @@ mod tests {
         assert_eq!(settled.len(), 1);
         assert_eq!(settled[0].1, Settled::NotSent);
         assert!(pending.entries().is_empty());
+    }
+
+    #[test]
+    fn a_journaled_removal_leaves_the_file_at_the_next_write_or_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pending = Pending::load(dir.path());
+        sent(&mut pending, entry("a"));
+        pending.journaled("a");
+        assert!(pending.entries().is_empty());
+        // What a process killed now leaves: the note, which the next start
+        // settles by the journal line it finds.
+        assert_eq!(Pending::load(dir.path()).entries().len(), 1);
+        // The next note's write takes it along...
+        let write = pending.request_ahead(entry("b"));
+        assert_eq!(Pending::load(dir.path()).entries().len(), 1, "not written until run");
+        write.run();
+        let on_disk = Pending::load(dir.path());
+        let images: Vec<&str> = on_disk.entries().iter().map(|p| p.entry.image.as_str()).collect();
+        assert_eq!(images, ["b"]);
+        assert_eq!(on_disk.entries()[0].phase, Phase::Checking);
+        // ...and once that one is journaled too, a flush removes the file.
+        pending.journaled("b");
+        pending.flush();
+        assert!(!dir.path().join(FILE_NAME).exists());
     }
 
     fn entry(image: &str) -> JournalEntry {
@@ -508,6 +586,7 @@ mod tests {
         assert!(dir.path().join(FILE_NAME).exists());
         pending.journaled("a");
         assert!(pending.settle(false, now, |_| Seen::Gone).is_empty(), "settled once");
+        pending.flush();
         assert!(!dir.path().join(FILE_NAME).exists(), "nothing left on disk");
     }
 
@@ -618,6 +697,7 @@ mod tests {
         sent(&mut pending, entry_at("a", later));
         pending.journaled("a");
         assert!(pending.entries().is_empty());
+        pending.flush();
         assert!(!dir.path().join(FILE_NAME).exists());
 
         // Asked again over an unknown one, and unknown again: one entry,
