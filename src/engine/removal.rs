@@ -463,7 +463,8 @@ impl<R: Runtime> Collector<R> {
         // forgotten once journaled or failed: a process that ends in
         // between leaves it for the next one to settle (as not done, when
         // the image is still there). A re-check made ahead was noted
-        // before it was made.
+        // before it was made, and a note written ahead (beside the call
+        // before this one) is on disk already.
         if !cx.report.dry_run && ahead.is_none() && !self.noted_ahead_for(candidate.id) {
             self.note_pending(candidate);
         }
