@@ -347,15 +347,16 @@ async fn removals(a: &TestBed, b: &TestBed, ids: &[String]) {
             bare += started.elapsed();
         }
         let (c, r) = (ms(report.duration), ms(bare));
+        let over_own = c / own;
         println!(
             "  batch {}: cycle {c:7.1} ms, RemoveImage x{BATCH} {r:7.1} ms ({:.1} ms each), ratio {:.3}x; \
              the cycle's own RemoveImage calls {own:7.1} ms, cycle / own calls {:.3}x",
             batch + 1,
             r / BATCH as f64,
             c / r,
-            c / own
+            over_own
         );
-        own_ratios.push(c / own);
+        own_ratios.push(over_own);
         cycles.push(c);
         bares.push(r);
         ratios.push(c / r);

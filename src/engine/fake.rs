@@ -100,14 +100,14 @@ pub(super) const CONTAINER_FS: &str = "/sim-containers";
 pub(super) type PodsSender = tokio::sync::watch::Sender<Arc<crate::policy::Protections>>;
 
 impl Sim {
-    /// An unused image of `size` reported bytes that takes `on_disk` bytes
-    /// of the filesystem (what its removal gives back).
     /// `RemoveImage` of `id` answers OK from now on and keeps the image
     /// listed, though its space comes back.
     pub(super) fn keeps_on_remove(&mut self, id: &str) {
         self.keep_on_remove.push(id.to_string());
     }
 
+    /// An unused image of `size` reported bytes that takes `on_disk` bytes
+    /// of the filesystem (what its removal gives back).
     pub(super) fn unused(&mut self, id: &str, size: u64, on_disk: u64) {
         self.images.push(crate::testing::library_image(id, size));
         self.on_disk.insert(id.to_owned(), on_disk);

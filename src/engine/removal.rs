@@ -95,6 +95,11 @@ pub(super) enum Returned {
     Back { before: FsStats, first: FsStats },
 }
 
+/// [`Returned::Back`] when the space grew from `before` to `first`.
+fn back(before: FsStats, first: FsStats) -> Option<Returned> {
+    (first.available() > before.available()).then_some(Returned::Back { before, first })
+}
+
 /// What the re-check right before a removal found: the image as the
 /// runtime holds it now, `None` to keep it.
 pub(super) type Rechecked = Result<Option<Image>, CycleError>;
@@ -192,10 +197,16 @@ impl Disk {
         let Some(before) = before else {
             return Ok(Returned::Settled(first));
         };
-        if first.available() > before.available() {
-            return Ok(Returned::Back { before, first });
+        if let Some(back) = back(before, first) {
+            return Ok(back);
         }
         self.watch(before, first, SETTLE_STEP).await.map(Returned::Settled)
+    }
+
+    /// [`Returned::Back`] when one reading now finds the space back
+    /// already; `None` when it does not, or cannot tell.
+    pub(super) fn back_at_once(&self, before: Option<FsStats>) -> Option<Returned> {
+        back(before?, self.measure().ok()?)
     }
 
     /// The look that confirms a removal's space, back at `first` as the
@@ -680,13 +691,13 @@ impl<R: Runtime> Collector<R> {
         decides: bool,
         cx: &mut CycleContext<'_>,
     ) -> Option<Ahead> {
-        let (before, first) = (confirming.before, confirming.first);
         let disk = cx.disk;
         let Confirming {
             mut removal,
+            before,
+            first,
             in_flight,
             unverified,
-            ..
         } = *confirming;
         let verify = unverified.then_some(removal.id.as_str());
         let (after, ahead, status) = match next {
@@ -784,16 +795,13 @@ impl<R: Runtime> Collector<R> {
                 // Whether the image is really gone is asked while the
                 // space comes back, not after; in a hurry, not waited for.
                 let hurried = cx.hurried;
-                if verify_later && !hurried {
-                    let returned = disk.returned(before).await.ok();
-                    if let Some(Returned::Back { .. }) = returned {
-                        return (Step::Removed, returned, true);
-                    }
-                    let status = self.runtime.image_status(candidate.id).await;
-                    if self.still_there(candidate.id, &status, cx.report) {
-                        return (Step::Kept, None, false);
-                    }
-                    return (Step::Removed, returned, false);
+                // Back already at the first reading, with a next removal
+                // to come: asked beside its re-check instead.
+                if verify_later
+                    && !hurried
+                    && let Some(back) = disk.back_at_once(before)
+                {
+                    return (Step::Removed, Some(back), true);
                 }
                 let returned = async {
                     if hurried {
@@ -853,12 +861,7 @@ impl<R: Runtime> Collector<R> {
     /// answered OK, still finds the image: a runtime that says "removed"
     /// and keeps it is not believed (said once, and the removal counted as
     /// failed).
-    fn still_there(
-        &mut self,
-        id: &str,
-        status: &Result<Option<Image>, RuntimeError>,
-        report: &mut CycleReport,
-    ) -> bool {
+    fn still_there(&mut self, id: &str, status: &Status, report: &mut CycleReport) -> bool {
         if !matches!(status, Ok(Some(_))) {
             return false;
         }

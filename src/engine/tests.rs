@@ -521,11 +521,8 @@ fn phases(held: &str) -> Vec<(String, String)> {
         .into_iter()
         .flatten()
         .map(|r| {
-            let field = |f: &str| r[f].as_str().unwrap_or_default().to_string();
-            (
-                r["entry"]["image"].as_str().unwrap_or_default().to_string(),
-                field("phase"),
-            )
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+            (text(&r["entry"]["image"]), text(&r["phase"]))
         })
         .collect()
 }
