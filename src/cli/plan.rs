@@ -121,7 +121,25 @@ pub async fn plan(
     )
     .knowing(Known::read(&config.state.dir));
     collector.set_protections(pods.clone());
+    // `kubernetes.registry_manifests`: the pulls coming for pods of
+    // repositories the node never had, sized as the daemon would size them.
+    #[cfg(feature = "kubernetes")]
+    let stop_sizes = tokio_util::sync::CancellationToken::new();
+    #[cfg(feature = "kubernetes")]
+    let sizes = crate::kubernetes::registry::start(&config.kubernetes, &stop_sizes);
+    #[cfg(feature = "kubernetes")]
+    if let Some(sizes) = &sizes {
+        collector = collector.with_pull_sizes(Arc::clone(sizes) as Arc<dyn crate::engine::PullSizes>);
+    }
     let listing = collector.observe().await?;
+    #[cfg(feature = "kubernetes")]
+    if let Some(sizes) = &sizes {
+        // Asks for each size not known; then the plan knows them.
+        let _ = collector.pulls_waiting(&listing);
+        sizes.settled(crate::kubernetes::registry::LOOKUP_TIMEOUT).await;
+    }
+    #[cfg(feature = "kubernetes")]
+    let _stop_sizes = stop_sizes.drop_guard();
     let listing = match listing.image_fs {
         Ok(_) => listing,
         Err(err) => return Err(err.into()),
@@ -249,7 +267,7 @@ fn headroom_line(view: &HeadroomView, config: &Config, now: SystemTime) -> Strin
     }
     for coming in &view.coming_pulls {
         let like = coming.pull.like.as_ref().map_or_else(String::new, |seen| {
-            format!(", sized like {}", super::table::cell(&seen.tag))
+            format!(", sized {}", super::table::cell(&seen.says()))
         });
         pulls.push(format!(
             "pod {} names {}, not on the node: a pull of about {} on disk{like}",
@@ -510,6 +528,7 @@ mod tests {
                 tag: "registry.test/app:1".to_string(),
                 size_bytes: 420 << 20,
                 at: now,
+                from: policy::coming::SizedBy::History,
             }),
         };
         let view = HeadroomView {

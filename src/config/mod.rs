@@ -280,6 +280,15 @@ pub struct KubernetesConfig {
     /// How long the last known pods keep protecting their images while the
     /// API server cannot be watched.
     pub pods_stale_after: Duration,
+    /// Size a coming pull of a repository the node never had by its
+    /// registry's manifest (anonymous access; off: Docker Hub counts a
+    /// manifest GET against the node's pull limit).
+    pub registry_manifests: bool,
+    /// Where a registry's manifests are read instead of
+    /// `https://<registry>` (a mirror, a registry on the node's loopback):
+    /// registry as image names write it (`localhost:5001`) → its address
+    /// (`http://kind-registry:5000`), validated.
+    pub registry_endpoints: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for KubernetesConfig {
@@ -292,6 +301,8 @@ impl Default for KubernetesConfig {
             room_before_pulls: true,
             node_events: true,
             pods_stale_after: DEFAULT_PODS_STALE_AFTER,
+            registry_manifests: false,
+            registry_endpoints: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -458,6 +469,8 @@ protect_pods = {protect_pods}
 room_before_pulls = {room_before_pulls}
 node_events = {node_events}
 pods_stale_after = "{pods_stale_after}"
+registry_manifests = {registry_manifests}
+registry_endpoints = {registry_endpoints}
 "#,
             endpoint = toml_string(runtime.endpoint.as_deref().unwrap_or("")),
             timeout = format_duration(runtime.timeout),
@@ -490,8 +503,22 @@ pods_stale_after = "{pods_stale_after}"
             room_before_pulls = self.kubernetes.room_before_pulls,
             node_events = self.kubernetes.node_events,
             pods_stale_after = format_duration(self.kubernetes.pods_stale_after),
+            registry_manifests = self.kubernetes.registry_manifests,
+            registry_endpoints = inline_table(&self.kubernetes.registry_endpoints),
         )
     }
+}
+
+/// A TOML inline table of strings: `{ "a" = "b" }`.
+fn inline_table(map: &std::collections::BTreeMap<String, String>) -> String {
+    if map.is_empty() {
+        return "{}".to_owned();
+    }
+    let pairs: Vec<String> = map
+        .iter()
+        .map(|(key, value)| format!("{} = {}", toml_string(key), toml_string(value)))
+        .collect();
+    format!("{{ {} }}", pairs.join(", "))
 }
 
 /// A TOML basic string, quoted and escaped.
@@ -875,6 +902,15 @@ mod tests {
         custom.protect.images.push("quote \" and backslash \\".to_owned());
         custom.gc.min_age = Duration::from_millis(1500);
         custom.metrics.listen = Some("[::1]:9105".parse().unwrap());
+        custom.kubernetes.registry_manifests = true;
+        custom
+            .kubernetes
+            .registry_endpoints
+            .insert("localhost:5001".to_owned(), "http://kind-registry:5000".to_owned());
+        custom
+            .kubernetes
+            .registry_endpoints
+            .insert("[fd00::1]:5000".to_owned(), "https://[fd00::1]:5443".to_owned());
         let mut off = Config::default();
         off.metrics.listen = None;
         for config in [Config::default(), without_source(custom), off] {
@@ -915,7 +951,7 @@ mod tests {
                 keys.push(format!("{section}.{key}"));
             }
         }
-        assert_eq!(keys.len(), 32, "{keys:?}");
+        assert_eq!(keys.len(), 34, "{keys:?}");
         assert!(text.contains("container_events = false\n"));
         assert!(text.contains("sandbox_image = \"\"\n"));
         assert!(text.contains("endpoint = \"\"\n"));

@@ -98,6 +98,8 @@ pub(super) struct RawKubernetes {
     pub(super) room_before_pulls: Option<bool>,
     pub(super) node_events: Option<bool>,
     pub(super) pods_stale_after: Option<RawDuration>,
+    pub(super) registry_manifests: Option<bool>,
+    pub(super) registry_endpoints: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The fields of a KubeletConfiguration that imagegc reads; every other

@@ -355,7 +355,66 @@ fn kubernetes_section(raw: RawKubernetes, problems: &mut Problems) -> Kubernetes
         room_before_pulls: raw.room_before_pulls.unwrap_or(defaults.room_before_pulls),
         node_events: raw.node_events.unwrap_or(defaults.node_events),
         pods_stale_after,
+        registry_manifests: raw.registry_manifests.unwrap_or(defaults.registry_manifests),
+        registry_endpoints: registry_endpoints(raw.registry_endpoints.unwrap_or_default(), problems),
     }
+}
+
+/// `kubernetes.registry_endpoints`: each key a registry as image names
+/// write it (`host` or `host:port`), each value an `http://` or
+/// `https://` address with no path, query or credentials.
+fn registry_endpoints(
+    endpoints: std::collections::BTreeMap<String, String>,
+    problems: &mut Problems,
+) -> std::collections::BTreeMap<String, String> {
+    let mut valid = std::collections::BTreeMap::new();
+    for (registry, address) in endpoints {
+        let field = format!("kubernetes.registry_endpoints.\"{registry}\"");
+        let host_like = !registry.is_empty()
+            && registry.len() <= 255
+            && registry
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+        if !host_like {
+            problems.push(
+                &field,
+                "the key must be a registry as image names write it (`registry.example` or `localhost:5001`)",
+            );
+            continue;
+        }
+        match endpoint_problem(&address) {
+            Some(problem) => problems.push(&field, &problem),
+            None => {
+                valid.insert(registry, address.trim_end_matches('/').to_owned());
+            }
+        }
+    }
+    valid
+}
+
+/// What is wrong with a registry's address, if anything.
+fn endpoint_problem(address: &str) -> Option<String> {
+    let uri: hyper::Uri = match address.parse() {
+        Ok(uri) => uri,
+        Err(e) => return Some(format!("{address:?} is not an address: {e}")),
+    };
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Some(format!("{address:?} must start with http:// or https://"));
+    }
+    let Some(authority) = uri.authority() else {
+        return Some(format!("{address:?} names no host"));
+    };
+    if authority.as_str().contains('@') {
+        return Some(format!(
+            "{address:?} must not carry credentials (only anonymous access is used)"
+        ));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Some(format!(
+            "{address:?} must be the registry's address alone (its /v2/ API is read there), without a path"
+        ));
+    }
+    None
 }
 
 /// A DNS subdomain (RFC 1123), what Kubernetes requires of a node's name.
@@ -564,6 +623,49 @@ mod tests {
             problem_keys("k.toml", "[kubernetes]\nenabled = \"yes\"\n"),
             ["kubernetes.enabled"]
         );
+    }
+
+    #[test]
+    fn registry_endpoints_are_registries_and_bare_http_addresses() {
+        let config = load_ok(
+            "k.toml",
+            "[kubernetes]\nregistry_manifests = true\n[kubernetes.registry_endpoints]\n\
+             \"localhost:5001\" = \"http://kind-registry:5000/\"\n\"registry.example\" = \"https://mirror.example\"\n",
+        );
+        assert!(config.kubernetes.registry_manifests);
+        assert_eq!(
+            config.kubernetes.registry_endpoints.iter().collect::<Vec<_>>(),
+            [
+                (&"localhost:5001".to_string(), &"http://kind-registry:5000".to_string()),
+                (&"registry.example".to_string(), &"https://mirror.example".to_string()),
+            ]
+        );
+        let problems = |body: &str| {
+            rejected("k.toml", &format!("[kubernetes.registry_endpoints]\n{body}\n"))
+                .iter()
+                .map(|p| format!("{}: {}", p.key, p.message))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        for (body, says) in [
+            (
+                "\"r.example\" = \"ftp://mirror\"",
+                "must start with http:// or https://",
+            ),
+            ("\"r.example\" = \"https://mirror/v2/\"", "without a path"),
+            ("\"r.example\" = \"https://u:p@mirror\"", "must not carry credentials"),
+            (
+                "\"r.example\" = \"mirror.example\"",
+                "must start with http:// or https://",
+            ),
+            ("\"r.example\" = \"https://mirror?x=1\"", "without a path"),
+            ("\"r example\" = \"https://mirror\"", "the key must be a registry"),
+            ("\"r.example\" = 5", "invalid type"),
+        ] {
+            let text = problems(body);
+            assert!(text.contains("kubernetes.registry_endpoints"), "{body}: {text}");
+            assert!(text.contains(says), "{body}: {text}");
+        }
     }
 
     #[test]

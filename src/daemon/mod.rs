@@ -123,6 +123,9 @@ pub async fn run<R: Runtime>(
     // A pod bound to the node may bring a pull: usage is checked against
     // the room it needs at once (see `kubernetes.room_before_pulls`).
     let mut pods = collector.protections_changes();
+    // A coming pull's size read from its registry (see
+    // `kubernetes.registry_manifests`): usage is checked against it at once.
+    let mut sized = collector.pull_size_answers();
 
     loop {
         health.heartbeat();
@@ -233,6 +236,9 @@ pub async fn run<R: Runtime>(
             Ok(()) = pods.changed(), if collector.makes_room_before_pulls() => {
                 next_check = Instant::now();
             }
+            Some(Ok(())) = changed(sized.as_mut()) => {
+                next_check = Instant::now();
+            }
             // Wakes the loop to open the event stream (at its top).
             () = sleep_until_some(reopen_at) => {}
             () = sleep_until(heartbeat_at) => {}
@@ -241,6 +247,16 @@ pub async fn run<R: Runtime>(
     sd_notify("STOPPING=1");
     info!("shutting down: saving state");
     collector.save().await;
+}
+
+/// The next change of `receiver`; never, without one.
+async fn changed(
+    receiver: Option<&mut tokio::sync::watch::Receiver<u64>>,
+) -> Option<Result<(), tokio::sync::watch::error::RecvError>> {
+    match receiver {
+        Some(receiver) => Some(receiver.changed().await),
+        None => std::future::pending().await,
+    }
 }
 
 /// What the usage tracker follows of `config`.

@@ -132,6 +132,9 @@ impl Daemon {
                 }
                 if let Some(mut pods) = started.pods {
                     collector.protections_from(pods.protections.clone());
+                    if let Some(sizes) = crate::kubernetes::registry::start(&collector.config().kubernetes, &shutdown) {
+                        collector = collector.with_pull_sizes(sizes);
+                    }
                     wait_for_pods(&mut pods, &shutdown).await;
                 }
             }

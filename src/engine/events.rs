@@ -518,9 +518,9 @@ impl Sink for LogSink {
                     info!(
                         image = %pull.image,
                         pod = %pull.pod,
-                        like = pull.like.as_ref().map_or("", |seen| seen.tag.as_str()),
+                        sized = pull.like.as_ref().map_or_else(String::new, crate::policy::coming::Seen::says),
                         bytes_on_disk = pull.bytes_on_disk(*footprint),
-                        "a pod bound to this node names an image the node lacks: making room before the kubelet pulls it (sized by the node's largest image of its repository)"
+                        "a pod bound to this node names an image the node lacks: making room before the kubelet pulls it"
                     );
                 }
             }

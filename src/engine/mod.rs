@@ -110,6 +110,23 @@ pub struct Collector<R> {
     /// When the last cycle ended above low: when the next one comes
     /// ([`crate::policy::CyclePlan::look_again`]).
     look_again_at: Option<tokio::time::Instant>,
+    /// Sizes of coming pulls the node's history cannot size
+    /// (`kubernetes.registry_manifests`).
+    pull_sizes: Option<Arc<dyn PullSizes>>,
+}
+
+/// Sizes of images the node never had a repository of, from elsewhere than
+/// the node's history (their registry's manifest, see
+/// `crate::kubernetes::registry`), for room before the pull.
+pub trait PullSizes: Send + Sync {
+    /// The size `reference` will be reported at once pulled, when known;
+    /// otherwise asks for it (never waiting), so that a later call may
+    /// know it.
+    fn size_of(&self, reference: &str) -> Option<u64>;
+
+    /// A receiver that changes when a size asked for is known (or given
+    /// up on): the daemon checks usage again then.
+    fn answers(&self) -> Option<watch::Receiver<u64>>;
 }
 
 impl<R: Runtime> Collector<R> {
@@ -165,7 +182,21 @@ impl<R: Runtime> Collector<R> {
             said: Said::default(),
             look_again_at: None,
             protections: watch::channel(Arc::default()).1,
+            pull_sizes: None,
         }
+    }
+
+    /// Sizes the coming pulls of repositories the node never had by
+    /// `sizes` (`kubernetes.registry_manifests`).
+    pub fn with_pull_sizes(mut self, sizes: Arc<dyn PullSizes>) -> Self {
+        self.pull_sizes = Some(sizes);
+        self
+    }
+
+    /// A receiver that changes when a coming pull's size asked for is
+    /// known, when pulls are sized that way.
+    pub fn pull_size_answers(&self) -> Option<watch::Receiver<u64>> {
+        self.pull_sizes.as_ref().and_then(|sizes| sizes.answers())
     }
 
     /// Adds an output for the engine's events (see [`events`]).
@@ -281,15 +312,44 @@ impl<R: Runtime> Collector<R> {
 
     /// The pulls that pods bound to the node (`protections`) are about to
     /// make of images not among `images`, each sized by the node's largest
-    /// image of its repository (those never seen are not counted), when
+    /// image of its repository or, for a repository the node never had, by
+    /// its registry's manifest when `kubernetes.registry_manifests` is on
+    /// (those sized by neither are not counted), when
     /// `kubernetes.room_before_pulls` is on.
     fn coming_pulls(&self, images: &[Image], protections: &Protections) -> Vec<ComingPull> {
         if !self.policy.room_before_pulls {
             return Vec::new();
         }
         let mut coming = crate::policy::coming::coming_pulls(images, protections, &self.inventory.repo_sizes);
+        if let Some(sizes) = &self.pull_sizes {
+            let mut capacity = None;
+            for pull in coming.iter_mut().filter(|pull| pull.like.is_none()) {
+                let Some(size) = sizes.size_of(&pull.image) else {
+                    continue;
+                };
+                // A pull larger than the whole image filesystem cannot be
+                // made room for: a registry that says so is not believed.
+                let total = *capacity.get_or_insert_with(|| self.image_fs_bytes());
+                if total.is_some_and(|total| self.inventory.footprint.on_disk(size) > total) {
+                    tracing::debug!(image = %pull.image, size_bytes = size, "a manifest's size larger than the image filesystem is not believed");
+                    continue;
+                }
+                pull.like = Some(crate::policy::coming::Seen {
+                    tag: pull.image.clone(),
+                    size_bytes: size,
+                    at: self.clock.now(),
+                    from: crate::policy::coming::SizedBy::Manifest,
+                });
+            }
+        }
         coming.retain(|pull| pull.like.is_some());
         coming
+    }
+
+    /// The image filesystem's size, when it can be measured.
+    fn image_fs_bytes(&self) -> Option<u64> {
+        let path = self.inventory.disk_path.as_ref()?;
+        self.probe.stats(path).ok().map(|stats| stats.capacity_bytes)
     }
 
     /// The same collector, knowing what `known` notes of containers and

@@ -1845,3 +1845,82 @@ async fn a_pull_of_a_repository_the_node_never_had_is_not_sized_and_starts_nothi
     cycle(&mut c).await;
     assert!(sim.removed().is_empty());
 }
+
+/// Sizes given by a test, as a registry's manifests would give them: the
+/// references asked for are noted.
+#[derive(Default)]
+struct GivenSizes {
+    sizes: Mutex<HashMap<String, u64>>,
+    asked: Mutex<Vec<String>>,
+}
+
+impl super::PullSizes for GivenSizes {
+    fn size_of(&self, reference: &str) -> Option<u64> {
+        self.asked.lock().unwrap().push(reference.to_string());
+        self.sizes.lock().unwrap().get(reference).copied()
+    }
+
+    fn answers(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_pull_of_a_repository_the_node_never_had_is_sized_by_its_manifest_when_one_is_read() {
+    const MB: u64 = 1_000_000;
+    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let sizes = Arc::new(GivenSizes::default());
+    let mut c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
+    c.set_protections(crate::policy::Protections {
+        references: vec![
+            ("registry.test/other:1".to_string(), "default/new".to_string()),
+            ("old-0".to_string(), "default/cron".to_string()),
+        ],
+    });
+    // Not read yet: asked for, nothing made room for.
+    assert_eq!(c.check_usage(), Some(false));
+    assert_eq!(sizes.asked.lock().unwrap().as_slice(), ["registry.test/other:1"]);
+    cycle(&mut c).await;
+    assert!(sim.removed().is_empty());
+    // Read: the same pull the history would have sized.
+    sizes
+        .sizes
+        .lock()
+        .unwrap()
+        .insert("registry.test/other:1".to_string(), 420 * MB);
+    assert_eq!(c.check_usage(), Some(true), "a space pass is due before the pull");
+    let report = cycle(&mut c).await;
+    assert_eq!(
+        sim.removed(),
+        ["old-1", "old-2", "old-3", "old-4", "old-5"],
+        "down to the low in force, never the image a pod names: {report:?}"
+    );
+    assert_eq!(sample(&c, "imagegc_room_before_pulls_total").as_deref(), Some("1"));
+    // A pull the node's history sizes is never asked of the registry.
+    c.set_protections(crate::policy::Protections {
+        references: vec![("registry.test/app:3".to_string(), "default/app".to_string())],
+    });
+    sizes.asked.lock().unwrap().clear();
+    c.check_usage();
+    assert!(sizes.asked.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_manifest_larger_than_the_image_filesystem_is_not_believed() {
+    const MB: u64 = 1_000_000;
+    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let sizes = Arc::new(GivenSizes::default());
+    // More than the whole 1000 MB disk.
+    sizes
+        .sizes
+        .lock()
+        .unwrap()
+        .insert("registry.test/other:1".to_string(), 1001 * MB);
+    let mut c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
+    c.set_protections(crate::policy::Protections {
+        references: vec![("registry.test/other:1".to_string(), "default/new".to_string())],
+    });
+    assert_eq!(c.check_usage(), Some(false));
+    cycle(&mut c).await;
+    assert!(sim.removed().is_empty(), "a lying registry removes nothing");
+}

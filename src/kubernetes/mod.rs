@@ -24,6 +24,7 @@ pub(crate) mod fake_api;
 pub mod node;
 pub mod node_events;
 pub mod pods;
+pub mod registry;
 
 use std::future::Future;
 use std::path::Path;

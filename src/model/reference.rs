@@ -177,6 +177,31 @@ pub fn repository(reference: &str) -> &str {
     split_name(reference).0
 }
 
+/// Where a tag or digest reference is pulled from: its registry as written
+/// (`docker.io`, `127.0.0.1:5000`), the repository's path in it
+/// (`library/nginx`) and the tag or digest (`1.27`, `sha256:…`; `latest`
+/// when none is given). `None` for an image id.
+#[cfg(any(feature = "kubernetes", test))]
+pub fn pull_parts(reference: &str) -> Option<(String, String, String)> {
+    let reference = reference.trim();
+    if reference.is_empty() || is_id(reference) {
+        return None;
+    }
+    let normalized = normalized(reference);
+    let (mut name, suffix) = split_name(&normalized);
+    // `app:1@sha256:…`: the digest is what is pulled, the tag goes.
+    let last_slash = name.rfind('/').map_or(0, |i| i + 1);
+    if let Some(colon) = name[last_slash..].rfind(':') {
+        name = &name[..last_slash + colon];
+    }
+    let (registry, path) = name.split_once('/')?;
+    let tag_or_digest = match suffix {
+        Some(suffix) => suffix[1..].to_owned(),
+        None => "latest".to_owned(),
+    };
+    Some((registry.to_owned(), path.to_owned(), tag_or_digest))
+}
+
 /// A compiled `protect.images` pattern: `*` matches any run of characters
 /// (slashes and colons included), `?` exactly one; everything else literally.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,6 +401,28 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pull_parts_name_the_registry_the_path_and_what_is_pulled() {
+        let parts = |r: &str| pull_parts(r).map(|(a, b, c)| format!("{a} {b} {c}"));
+        assert_eq!(parts("nginx").as_deref(), Some("docker.io library/nginx latest"));
+        assert_eq!(parts("user/app:1").as_deref(), Some("docker.io user/app 1"));
+        assert_eq!(
+            parts("127.0.0.1:5000/pull/big:2").as_deref(),
+            Some("127.0.0.1:5000 pull/big 2")
+        );
+        assert_eq!(
+            parts("localhost:5001/app").as_deref(),
+            Some("localhost:5001 app latest")
+        );
+        let digest = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        assert_eq!(
+            parts(&format!("ghcr.io/o/app:1@{digest}")),
+            Some(format!("ghcr.io o/app {digest}"))
+        );
+        assert_eq!(parts(digest), None);
+        assert_eq!(parts(""), None);
+    }
+
     use super::*;
     use crate::cri::Names;
 

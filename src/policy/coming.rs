@@ -31,16 +31,42 @@ pub struct RepoSizes {
     by_repository: HashMap<String, Seen>,
 }
 
-/// An image of a repository the node had.
+/// What a coming pull is sized by: an image of the same repository the
+/// node had, or the manifest its registry gave.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Seen {
-    /// Its tag, as listed.
+    /// The node's image's tag, as listed; for a manifest, the reference
+    /// itself.
     pub tag: String,
-    /// Its reported size.
+    /// Its reported size (for a manifest, what containerd reports once
+    /// the image is pulled: config and layers as stored).
     pub size_bytes: u64,
-    /// When it was first seen.
+    /// When it was first seen, or the manifest read.
     #[serde(serialize_with = "crate::time::serialize")]
     pub at: SystemTime,
+    /// Where the size comes from.
+    pub from: SizedBy,
+}
+
+/// Where a coming pull's size comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SizedBy {
+    /// The node's largest image of the same repository.
+    History,
+    /// The registry's manifest (`kubernetes.registry_manifests`).
+    Manifest,
+}
+
+impl Seen {
+    /// What `plan` and the logs say of it: "like registry.test/app:1" or
+    /// "by its registry's manifest".
+    pub fn says(&self) -> String {
+        match self.from {
+            SizedBy::History => format!("like {}", self.tag),
+            SizedBy::Manifest => "by its registry's manifest".to_owned(),
+        }
+    }
 }
 
 impl RepoSizes {
@@ -53,6 +79,7 @@ impl RepoSizes {
                 tag: tag.to_owned(),
                 size_bytes: size,
                 at,
+                from: SizedBy::History,
             };
             match self.by_repository.get_mut(&repository) {
                 Some(known) if known.size_bytes >= size => {}
