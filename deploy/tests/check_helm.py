@@ -332,6 +332,7 @@ def values(render, values_file, deploy):
         "metrics": {"listen": v["metrics"].get("listen") or f"0.0.0.0:{port}"},
         "kubernetes": {"enabled": v["kubernetes"]["enabled"], "protect_pods": v["kubernetes"]["protectPods"],
                        "room_before_pulls": v["kubernetes"]["roomBeforePulls"],
+                       "registry_manifests": v["kubernetes"].get("registryManifests", False),
                        "node_events": v["kubernetes"]["nodeEvents"],
                        "pods_stale_after": v["kubernetes"]["podsStaleAfter"]},
     }
@@ -340,6 +341,8 @@ def values(render, values_file, deploy):
     for key, value in (("node_name", v["kubernetes"].get("nodeName")), ("kubeconfig", v["kubernetes"].get("kubeconfig"))):
         if value:
             want["kubernetes"][key] = value
+    if v["kubernetes"].get("registryEndpoints"):
+        want["kubernetes"]["registry_endpoints"] = v["kubernetes"]["registryEndpoints"]
     for extra in v.get("extraVolumes", []):
         problems.same(f"extra volume {extra['name']}", volumes.get(extra["name"]), extra)
     for extra in v.get("extraVolumeMounts", []):

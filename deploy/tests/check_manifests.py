@@ -48,7 +48,8 @@ CONFIG_KEYS = {
     "state": {"dir"},
     "metrics": {"listen"},
     "kubelet": {"config", "config_dir", "args_file"},
-    "kubernetes": {"enabled", "protect_pods", "room_before_pulls", "node_events", "pods_stale_after"},
+    "kubernetes": {"enabled", "protect_pods", "room_before_pulls", "registry_manifests", "node_events",
+                   "pods_stale_after"},
 }
 OPERATOR_EXTRAS = {"prometheusrule.yaml", "podmonitor.yaml"}
 IMAGE = "ghcr.io/imagegc/imagegc"

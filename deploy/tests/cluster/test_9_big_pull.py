@@ -42,6 +42,14 @@ after the crossing; whether the kubelet then evicts depends on where its
     old 25 MiB images as take it there), which without collection would
     end at about 76%. Measured: imagegc freed to 30% before the pod came,
     the pull peaked at 55%.
+(d) `[kubernetes]` on with `kubernetes.registry_manifests`, no history:
+    the pod's image is of a repository this node never had, so only its
+    registry's manifest can size it. The test bed's registry listens on
+    127.0.0.1, where containerd pulls from; imagegc's pod reaches the node
+    at the bridge's gateway, where the test forwards a port to it
+    (`kubernetes.registry_endpoints` names it: a registry the runtime reaches
+    on the node's loopback, as kind's local registry is). The room is made
+    before the pull, as in (a).
 (c) The control, the kubelet alone (no imagegc), the issue's shape: the
     pull takes usage to 77% and the kubelet evicts a pod (the first within
     10 s; measured: one workload pod within the test's wait).
@@ -81,11 +89,12 @@ Cost (pytest --durations, 2 cores): containerd (a) 51-55 s, (b) 47-51 s,
 the slower shape 62 s (CI runs (a) alone there: scripts/test.sh).
 """
 
+import socket
 import threading
 import time
 
 import workloads as w
-from cluster import IMAGEGC_IMAGE, MIB, PAUSE_IMAGE, wait_for
+from cluster import GATEWAY, IMAGEGC_IMAGE, MIB, PAUSE_IMAGE, wait_for
 from conftest import record
 from deploy import Deployment, metric
 
@@ -292,7 +301,7 @@ def deploy(cluster, tag, settings):
     return d
 
 
-def big_pull(cluster, tag, d, shape, kubelet_min_age=None):
+def big_pull(cluster, tag, d, shape, kubelet_min_age=None, with_history=True):
     """The scenario of `shape` (ISSUE, QUARTER) with imagegc deployed (`d`, see `deploy`), or
     none (None: the kubelet alone, no history): the history, the node, the
     pod on big:2, WATCH seconds more. With `kubelet_min_age`, the kubelet
@@ -304,7 +313,7 @@ def big_pull(cluster, tag, d, shape, kubelet_min_age=None):
     events_before = {e["metadata"]["uid"] for e in w.eviction_events(cluster)}
     phases = [("pushed", time.monotonic())]
     share = None
-    if d is not None:
+    if d is not None and with_history:
         took = history(cluster, d, big1)
         share = -(-took * 100 // max(1, cluster.usage()[1]))
         phases.append(("history", time.monotonic()))
@@ -366,12 +375,12 @@ def check_no_eviction(cluster, tag, figures, pods, d):
         assert w.pod_phase(cluster, pod)[0] == "Running", pod
 
 
-def imagegc_case(cluster, tag, settings, shape):
+def imagegc_case(cluster, tag, settings, shape, with_history=True):
     """The scenario with imagegc deployed with `settings`: no pod evicted,
     usage never past the line. Returns the figures."""
     d = deploy(cluster, tag, settings)
     try:
-        figures, _, pods = big_pull(cluster, tag, d, shape)
+        figures, _, pods = big_pull(cluster, tag, d, shape, with_history=with_history)
         record(f"{tag}: pod on big:2 created to Running", figures["to_running_s"])
         check_no_eviction(cluster, tag, figures, pods, d)
         return figures
@@ -384,6 +393,70 @@ def test_a_pod_watching_imagegc_makes_room_before_the_pull(cluster):
     """(a): the room made for the pull the pod brings, before it."""
     figures = imagegc_case(cluster, "podroom", WITH_PODS, ISSUE)
     assert (figures["room_before_pulls"] or 0) >= 1, figures
+
+
+class Forward:
+    """Forwards TCP connections to `address`:`port` (the bridge's gateway,
+    which pods reach) to 127.0.0.1:`to` (the registry), until stopped."""
+
+    def __init__(self, address, to):
+        self.listener = socket.create_server((address, 0))
+        self.port = self.listener.getsockname()[1]
+        self.to = to
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            upstream = socket.create_connection(("127.0.0.1", self.to))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self):
+        self.listener.close()
+
+
+def test_a_repository_never_seen_is_sized_by_its_registrys_manifest(cluster):
+    """(d): no history of the repository; the manifest sizes the pull."""
+    # The bridge (and its gateway address) exists once a pod ran on it:
+    # the earlier cases' pods, or else one started here.
+    forward = None
+    try:
+        try:
+            forward = Forward(GATEWAY, cluster.ports["registry"])
+        except OSError:
+            # No bridge yet: a pod brings it up.
+            w.run_pod(cluster, "bridge", w.workload_image(cluster, "bridge"))
+            w.wait_running(cluster, ["bridge"])
+            forward = Forward(GATEWAY, cluster.ports["registry"])
+        settings = ({**BASE, "kubernetes.registry_manifests": True,
+                     "kubernetes.registry_endpoints": {cluster.registry: f"http://{GATEWAY}:{forward.port}"}},
+                    ["kubernetes", "kubelet-config"])
+        figures = imagegc_case(cluster, "manifest", settings, ISSUE, with_history=False)
+        assert (figures["room_before_pulls"] or 0) >= 1, figures
+        assert forward.connections >= 1, "imagegc never read the registry"
+    finally:
+        if forward:
+            forward.stop()
 
 
 def test_headroom_keeps_room_for_the_largest_recent_pull(cluster):

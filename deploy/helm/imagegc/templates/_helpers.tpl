@@ -156,6 +156,10 @@ kubeconfig = {{ . | toJson }}
 {{- end }}
 protect_pods = {{ .Values.kubernetes.protectPods }}
 room_before_pulls = {{ .Values.kubernetes.roomBeforePulls }}
+registry_manifests = {{ .Values.kubernetes.registryManifests | default false }}
+{{- with .Values.kubernetes.registryEndpoints }}
+registry_endpoints = { {{- range $registry, $address := . }} {{ $registry | toJson }} = {{ $address | toJson }},{{- end }} }
+{{- end }}
 node_events = {{ .Values.kubernetes.nodeEvents }}
 pods_stale_after = {{ .Values.kubernetes.podsStaleAfter | toJson }}
 {{- end -}}
