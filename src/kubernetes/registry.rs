@@ -149,7 +149,9 @@ impl Registry {
     }
 
     async fn lookup(&self, reference: &str) -> Result<u64, LookupError> {
-        let (registry, path, wanted) = reference::pull_parts(reference).ok_or(LookupError::NotAReference)?;
+        let (registry, path, wanted) = reference::pull_parts(reference)
+            .filter(|(registry, path, wanted)| pullable(registry, path, wanted))
+            .ok_or(LookupError::NotAReference)?;
         let base = self.endpoint(&registry);
         let mut token = None;
         let body = self.manifest(&base, &path, &wanted, &mut token).await?;
@@ -375,6 +377,32 @@ fn query(text: &str) -> String {
     out
 }
 
+/// Whether a reference's parts are what the distribution spec allows: a
+/// pod's image is not validated by the API server, and its text goes into
+/// a URL here (no `..`, `?`, `#` or `%`).
+fn pullable(registry: &str, path: &str, wanted: &str) -> bool {
+    let component = |c: &str| {
+        let bytes = c.as_bytes();
+        !bytes.is_empty()
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+            && bytes
+                .iter()
+                .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    };
+    let host = !registry.is_empty()
+        && registry
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b));
+    let tag = || {
+        let bytes = wanted.as_bytes();
+        (1..=128).contains(&bytes.len())
+            && (bytes[0].is_ascii_alphanumeric() || bytes[0] == b'_')
+            && bytes.iter().all(|&b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    };
+    host && path.len() <= 255 && path.split('/').all(component) && (is_digest(wanted) || tag())
+}
+
 fn is_digest(text: &str) -> bool {
     text.strip_prefix("sha256:")
         .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -474,16 +502,26 @@ pub fn start(config: &crate::config::KubernetesConfig, shutdown: &CancellationTo
 /// What is known of one reference.
 #[derive(Debug, Clone, Copy)]
 enum Known {
+    /// Asked for at that instant, no size known.
     Asked(Instant),
+    /// Read at that instant.
     Size(u64, Instant),
+    /// Read longer than [`KNOWN_FOR`] ago and asked again at that instant:
+    /// the size read is still given meanwhile.
+    Refreshing(u64, Instant),
+    /// The lookup failed at that instant.
     Failed(Instant),
 }
 
 impl Known {
     fn at(self) -> Instant {
         match self {
-            Known::Asked(at) | Known::Size(_, at) | Known::Failed(at) => at,
+            Known::Asked(at) | Known::Size(_, at) | Known::Refreshing(_, at) | Known::Failed(at) => at,
         }
+    }
+
+    fn waits(self) -> bool {
+        matches!(self, Known::Asked(_) | Known::Refreshing(..))
     }
 }
 
@@ -562,7 +600,7 @@ impl ManifestSizes {
             loop {
                 let asked = {
                     let map = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    map.values().any(|known| matches!(known, Known::Asked(_)))
+                    map.values().any(|known| known.waits())
                 };
                 if !asked || answers.changed().await.is_err() {
                     return;
@@ -587,25 +625,26 @@ impl ManifestSizes {
 impl crate::engine::PullSizes for ManifestSizes {
     fn size_of(&self, reference: &str) -> Option<u64> {
         let now = Instant::now();
-        let ask = {
+        let known = {
             let map = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match map.get(reference).copied() {
-                Some(Known::Size(size, at)) if now.duration_since(at) < KNOWN_FOR => return Some(size),
-                Some(Known::Failed(at)) if now.duration_since(at) < RETRY_AFTER => false,
-                // A lookup lasts at most LOOKUP_TIMEOUT, but may wait in the
-                // queue behind others: asked again only well after.
-                Some(Known::Asked(at)) if now.duration_since(at) < RETRY_AFTER => false,
-                _ => true,
-            }
+            map.get(reference).copied()
         };
-        if ask {
-            // Full: asked at a later check. Closed: shutting down.
-            if self.asks.try_send(reference.to_owned()).is_ok() {
-                debug!(image = %reference, "asking the registry for a coming pull's manifest");
-                self.remember(reference, Known::Asked(now));
-            }
+        // A lookup lasts at most LOOKUP_TIMEOUT, but may wait in the queue
+        // behind others: one unanswered is asked again only well after.
+        let (size, asking) = match known {
+            Some(Known::Size(size, at)) if now.duration_since(at) < KNOWN_FOR => return Some(size),
+            Some(Known::Size(size, _)) => (Some(size), Known::Refreshing(size, now)),
+            Some(Known::Refreshing(size, at)) if now.duration_since(at) < RETRY_AFTER => return Some(size),
+            Some(Known::Refreshing(size, _)) => (Some(size), Known::Refreshing(size, now)),
+            Some(Known::Failed(at) | Known::Asked(at)) if now.duration_since(at) < RETRY_AFTER => return None,
+            Some(Known::Failed(_) | Known::Asked(_)) | None => (None, Known::Asked(now)),
+        };
+        // Full: asked at a later check. Closed: shutting down.
+        if self.asks.try_send(reference.to_owned()).is_ok() {
+            debug!(image = %reference, "asking the registry for a coming pull's manifest");
+            self.remember(reference, asking);
         }
-        None
+        size
     }
 
     fn answers(&self) -> Option<watch::Receiver<u64>> {

@@ -193,6 +193,26 @@ async fn a_plain_manifest_by_tag_or_digest_is_its_config_and_layers() {
             .await,
         Err(LookupError::NotAReference)
     ));
+    // A pod's image is any text: none that would change the URL is read.
+    for hostile in [
+        "127.0.0.1:5000/pull/../../v2/_catalog:1",
+        "127.0.0.1:5000/pull/big?x=1:2",
+        "127.0.0.1:5000/pull/big#x:2",
+        "127.0.0.1:5000/pull/big:2?n=1",
+        "127.0.0.1:5000/pull/Big:2",
+        "127.0.0.1:5000/pull/big:%2e%2e",
+        "127.0.0.1:5000/pull//big:2",
+    ] {
+        assert!(
+            matches!(registry.size_of(hostile).await, Err(LookupError::NotAReference)),
+            "{hostile}"
+        );
+    }
+    assert_eq!(
+        served.seen.lock().unwrap().len(),
+        3,
+        "only the three lookups above were read"
+    );
 }
 
 #[tokio::test]
@@ -342,4 +362,29 @@ fn what_is_remembered_is_bounded() {
         sizes.remember(&format!("r.test/app{i}:1"), Known::Failed(Instant::now()));
     }
     assert_eq!(sizes.known.lock().unwrap().len(), MAX_REMEMBERED);
+}
+
+#[test]
+fn a_size_read_long_ago_is_still_given_while_it_is_read_again_and_a_failure_waits() {
+    let (sizes, mut asks) = ManifestSizes::new();
+    let long_ago = Instant::now() - KNOWN_FOR - Duration::from_secs(1);
+    sizes.remember("r.test/app:1", Known::Size(1_000, long_ago));
+    sizes.remember("r.test/fresh:1", Known::Size(2_000, Instant::now()));
+    sizes.remember("r.test/failed:1", Known::Failed(Instant::now()));
+    sizes.remember("r.test/failed-long-ago:1", Known::Failed(long_ago));
+    assert_eq!(sizes.size_of("r.test/app:1"), Some(1_000), "given while read again");
+    assert_eq!(sizes.size_of("r.test/app:1"), Some(1_000));
+    assert_eq!(sizes.size_of("r.test/fresh:1"), Some(2_000));
+    assert_eq!(sizes.size_of("r.test/failed:1"), None);
+    assert_eq!(sizes.size_of("r.test/failed-long-ago:1"), None);
+    let mut asked = Vec::new();
+    while let Ok(reference) = asks.try_recv() {
+        asked.push(reference);
+    }
+    assert_eq!(asked, ["r.test/app:1", "r.test/failed-long-ago:1"], "each asked once");
+    // The answer replaces the size; a failure of the new read drops it.
+    sizes.answer("r.test/app:1", Ok(1_500));
+    assert_eq!(sizes.size_of("r.test/app:1"), Some(1_500));
+    sizes.answer("r.test/app:1", Err(LookupError::TimedOut));
+    assert_eq!(sizes.size_of("r.test/app:1"), None);
 }
