@@ -310,6 +310,13 @@ def values(render, values_file, deploy):
     problems.same("runtime root hostPath", volumes.get("runtime-root", {}).get("hostPath", {}).get("path"), root)
     problems.same("runtime root mount", mounts.get("runtime-root", {}).get("mountPath"), root)
     problems.check(mounts.get("runtime-root", {}).get("readOnly") is True, "the runtime's root is mounted writable")
+    registries = v["kubernetes"]["enabled"] and v["kubernetes"].get("registryManifests", False)
+    problems.same("node certificates hostPath", volumes.get("node-certificates", {}).get("hostPath"),
+                  {"path": v["kubernetes"].get("registryCertificates", "/etc/ssl/certs"), "type": "Directory"}
+                  if registries else None)
+    problems.same("node certificates mount", mounts.get("node-certificates"),
+                  {"name": "node-certificates", "mountPath": "/etc/ssl/certs", "readOnly": True}
+                  if registries else None)
     problems.same("runtime root propagation", mounts.get("runtime-root", {}).get("mountPropagation"), "HostToContainer")
     for d in [x for kind in docs.values() for x in kind]:
         for key, value in v["commonLabels"].items():
@@ -385,11 +392,16 @@ def values(render, values_file, deploy):
                   {"kubernetes.io/metadata.name": v["networkPolicy"]["scrapeNamespace"]})
     problems.same("scrape pods", peer.get("podSelector", {}).get("matchLabels"), v["networkPolicy"]["scrapePodLabels"])
     problems.same("NetworkPolicy port", np["spec"]["ingress"][0]["ports"], [{"protocol": "TCP", "port": port}])
+    registries = v["kubernetes"]["enabled"] and v["kubernetes"].get("registryManifests", False)
     if v["kubernetes"]["enabled"]:
         cidrs = v["networkPolicy"].get("apiServerCIDRs", ["0.0.0.0/0", "::/0"])
-        problems.same("NetworkPolicy egress", np["spec"]["egress"],
-                      [{"to": [{"ipBlock": {"cidr": c}} for c in cidrs],
-                        "ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}])
+        egress = [{"to": [{"ipBlock": {"cidr": c}} for c in cidrs],
+                   "ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}]
+        if registries:
+            egress.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}],
+                           "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53},
+                                     {"protocol": "TCP", "port": 443}]})
+        problems.same("NetworkPolicy egress", np["spec"]["egress"], egress)
     else:
         problems.same("NetworkPolicy egress", np["spec"]["egress"], [])
 

@@ -63,6 +63,11 @@ pub struct Cli {
     /// kubernetes.enabled on; IMAGEGC_KUBERNETES=false leaves the file's).
     #[arg(long, global = true, env = "IMAGEGC_KUBERNETES")]
     pub kubernetes: bool,
+    /// Size coming pulls of repositories this node never had by their
+    /// registry's manifest (turns kubernetes.registry_manifests on;
+    /// IMAGEGC_REGISTRY_MANIFESTS=false leaves the file's).
+    #[arg(long, global = true, env = "IMAGEGC_REGISTRY_MANIFESTS")]
+    pub registry_manifests: bool,
     /// Where image history and the removal journal are kept.
     #[arg(long, global = true, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -204,11 +209,17 @@ pub type ExitStatus = u8;
 
 /// Loads the configuration from the flags.
 pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
+    config::load(cli.config.as_deref(), &overrides(cli))
+}
+
+/// What the flags (and their environment variables) override of the file;
+/// a reload applies them again.
+pub fn overrides(cli: &Cli) -> Overrides {
     let dry_run = matches!(
         cli.command,
         Command::Run { dry_run: true } | Command::Once { dry_run: true, .. }
     );
-    let overrides = Overrides {
+    Overrides {
         runtime_endpoint: cli.runtime_endpoint.clone(),
         state_dir: cli.state_dir.clone(),
         dry_run,
@@ -216,8 +227,8 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         kubelet_config_dir: cli.kubelet_config_dir.clone(),
         kubelet_args_file: cli.kubelet_args_file.clone(),
         kubernetes: cli.kubernetes,
-    };
-    config::load(cli.config.as_deref(), &overrides)
+        registry_manifests: cli.registry_manifests,
+    }
 }
 
 /// Runs a command other than `run` (the daemon lives in [`crate::daemon`]).

@@ -12,7 +12,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Cli, CliError, Command, ExitStatus, lock_state};
+use super::{Cli, CliError, ExitStatus, lock_state};
 use crate::config::{self, Config, Overrides};
 use crate::daemon::Daemon;
 use crate::store::state::Running;
@@ -57,15 +57,7 @@ pub async fn run_daemon(cli: &Cli, config: Config) -> Result<ExitStatus, CliErro
     }
     let shutdown = CancellationToken::new();
     let (reload_tx, reload_rx) = mpsc::unbounded_channel();
-    let overrides = Overrides {
-        runtime_endpoint: cli.runtime_endpoint.clone(),
-        state_dir: cli.state_dir.clone(),
-        dry_run: matches!(cli.command, Command::Run { dry_run: true }),
-        kubelet_config: cli.kubelet_config.clone(),
-        kubelet_config_dir: cli.kubelet_config_dir.clone(),
-        kubelet_args_file: cli.kubelet_args_file.clone(),
-        kubernetes: cli.kubernetes,
-    };
+    let overrides = super::overrides(cli);
     let signals = handle_signals(shutdown.clone(), cli.config.clone(), overrides, reload_tx)?;
     daemon.run(shutdown, reload_rx).await;
     signals.abort();

@@ -555,6 +555,11 @@ pub struct Overrides {
     /// (false leaves the file's value). The kustomize component and the
     /// chart set it with the RBAC they add.
     pub kubernetes: bool,
+    /// `--registry-manifests` (`IMAGEGC_REGISTRY_MANIFESTS`): turns
+    /// `kubernetes.registry_manifests` on (false leaves the file's value).
+    /// deploy/components/registry-manifests sets it with the egress and the
+    /// certificates it adds.
+    pub registry_manifests: bool,
 }
 
 /// One configuration problem: the file, the key as the user wrote it, and
@@ -765,6 +770,15 @@ fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Pr
         }
         config.kubernetes.enabled = true;
     }
+    if overrides.registry_manifests {
+        if !cfg!(feature = "kubernetes") {
+            problems.push(
+                "--registry-manifests",
+                "this imagegc was built without Kubernetes support (cargo feature `kubernetes`)",
+            );
+        }
+        config.kubernetes.registry_manifests = true;
+    }
 }
 
 #[cfg(test)]
@@ -939,6 +953,22 @@ mod tests {
         assert_eq!(Config::default().gc.order, Order::Reuse);
         let (_, result) = load_named("c.toml", "[gc]\norder = \"reuse\"\n", &overrides);
         assert_eq!(result.unwrap().gc.order, Order::Reuse);
+    }
+
+    #[test]
+    fn the_command_line_turns_kubernetes_and_registry_manifests_on_never_off() {
+        let on = Overrides {
+            kubernetes: true,
+            registry_manifests: true,
+            ..Overrides::default()
+        };
+        let (_, config) = load_named("a.toml", "", &on);
+        let config = config.unwrap();
+        assert!(config.kubernetes.enabled && config.kubernetes.registry_manifests);
+        let file = "[kubernetes]\nenabled = true\nregistry_manifests = true\n";
+        let (_, config) = load_named("b.toml", file, &Overrides::default());
+        let config = config.unwrap();
+        assert!(config.kubernetes.enabled && config.kubernetes.registry_manifests);
     }
 
     #[test]

@@ -158,7 +158,11 @@ protect_pods = {{ .Values.kubernetes.protectPods }}
 room_before_pulls = {{ .Values.kubernetes.roomBeforePulls }}
 registry_manifests = {{ .Values.kubernetes.registryManifests | default false }}
 {{- with .Values.kubernetes.registryEndpoints }}
-registry_endpoints = { {{- range $registry, $address := . }} {{ $registry | toJson }} = {{ $address | toJson }},{{- end }} }
+{{- $pairs := list }}
+{{- range $registry, $address := . }}
+{{- $pairs = append $pairs (printf "%s = %s" ($registry | toJson) ($address | toJson)) }}
+{{- end }}
+registry_endpoints = { {{ join ", " $pairs }} }
 {{- end }}
 node_events = {{ .Values.kubernetes.nodeEvents }}
 pods_stale_after = {{ .Values.kubernetes.podsStaleAfter | toJson }}
