@@ -42,7 +42,8 @@ after the crossing; whether the kubelet then evicts depends on where its
     old 25 MiB images as take it there), which without collection would
     end at about 76%. Measured: imagegc freed to 30% before the pod came,
     the pull peaked at 55%.
-(d) `[kubernetes]` on with `kubernetes.registry_manifests`, no history:
+(d) `[kubernetes]` on with `kubernetes.registry_manifests` (the component
+    deploy/components/registry-manifests), no history:
     the pod's image is of a repository this node never had, so only its
     registry's manifest can size it. The test bed's registry listens on
     127.0.0.1, where containerd pulls from; imagegc's pod reaches the node
@@ -448,9 +449,10 @@ def test_a_repository_never_seen_is_sized_by_its_registrys_manifest(cluster):
             w.run_pod(cluster, "bridge", w.workload_image(cluster, "bridge"))
             w.wait_running(cluster, ["bridge"])
             forward = Forward(GATEWAY, cluster.ports["registry"])
-        settings = ({**BASE, "kubernetes.registry_manifests": True,
-                     "kubernetes.registry_endpoints": {cluster.registry: f"http://{GATEWAY}:{forward.port}"}},
-                    ["kubernetes", "kubelet-config"])
+        # The component turns registry_manifests on (with the node's
+        # certificates and egress); the ConfigMap names the endpoint.
+        settings = ({**BASE, "kubernetes.registry_endpoints": {cluster.registry: f"http://{GATEWAY}:{forward.port}"}},
+                    ["kubernetes", "kubelet-config", "registry-manifests"])
         figures = imagegc_case(cluster, "manifest", settings, ISSUE, with_history=False)
         assert (figures["room_before_pulls"] or 0) >= 1, figures
         assert forward.connections >= 1, "imagegc never read the registry"
