@@ -58,6 +58,11 @@ prepare_cluster_suite() {
     crio_bin=${IMAGEGC_RUNTIMES_DIR:-$ROOT/target/runtimes}/crio-$CRIO_VERSION/bin
     if [ ! -x "$containerd_bin/containerd" ] || [ ! -x "$containerd_bin/ctr" ] || [ ! -x "$crio_bin/crio" ] \
         || [ ! -x "$crio_bin/pinns" ]; then
+        # What building them needs (gcc, pkg-config, libseccomp-dev), which
+        # scripts/test.sh installs before and a machine that runs this
+        # suite alone may lack.
+        . scripts/testbed-deps.sh
+        install_testbed_deps
         build_testbed_runtimes
     fi
 
