@@ -557,7 +557,33 @@ mod tests {
         assert_eq!(json["coming_pulls"][0]["image"], "registry.test/app:2");
         assert_eq!(json["coming_pulls"][0]["like"]["tag"], "registry.test/app:1");
         assert_eq!(json["coming_pulls"][0]["bytes_on_disk"], 840u64 << 20);
+        assert_eq!(json["coming_pulls"][0]["like"]["from"], "history");
         assert!(json.get("largest_pull").is_none());
+        // A repository the node never had, sized by its registry.
+        let pull = ComingPull {
+            image: "registry.test/new:1".to_string(),
+            pod: "default/new".to_string(),
+            like: Some(policy::coming::Seen {
+                tag: "registry.test/new:1".to_string(),
+                size_bytes: 420 << 20,
+                at: now,
+                from: policy::coming::SizedBy::Manifest,
+            }),
+        };
+        let view = HeadroomView {
+            coming_pulls: vec![ComingView {
+                pull: &pull,
+                bytes_on_disk: 840 << 20,
+            }],
+            ..view
+        };
+        let line = headroom_line(&view, &Config::default(), now);
+        assert!(
+            line.contains("a pull of about 840.0 MiB on disk, sized by its registry's manifest"),
+            "{line}"
+        );
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["coming_pulls"][0]["like"]["from"], "manifest");
     }
 
     #[test]
