@@ -194,6 +194,20 @@ impl Registry {
         }
     }
 
+    /// Sends a GET without a body; its answer's status and headers.
+    async fn send(
+        &self,
+        request: hyper::http::request::Builder,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, LookupError> {
+        let request = request
+            .body(Empty::new())
+            .map_err(|e| LookupError::Request(e.to_string()))?;
+        self.client
+            .request(request)
+            .await
+            .map_err(|e| LookupError::Request(error_chain(&e)))
+    }
+
     /// GETs a manifest, with the anonymous token flow when the registry
     /// asks for a bearer token (`token` keeps it for the next request).
     async fn manifest(
@@ -209,14 +223,7 @@ impl Registry {
             if let Some(token) = token.as_deref() {
                 request = request.header(AUTHORIZATION, format!("Bearer {token}"));
             }
-            let request = request
-                .body(Empty::new())
-                .map_err(|e| LookupError::Request(e.to_string()))?;
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| LookupError::Request(error_chain(&e)))?;
+            let response = self.send(request).await?;
             let status = response.status();
             if status == StatusCode::UNAUTHORIZED && attempt == 0 {
                 let challenge = response
@@ -269,14 +276,7 @@ impl Registry {
             url.push_str("&service=");
             url.push_str(&query(service));
         }
-        let request = Request::get(url.as_str())
-            .body(Empty::new())
-            .map_err(|e| LookupError::Request(e.to_string()))?;
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|e| LookupError::Request(error_chain(&e)))?;
+        let response = self.send(Request::get(url.as_str())).await?;
         match response.status() {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => return Err(LookupError::Credentials),
             status if !status.is_success() => return Err(LookupError::Status(status)),
