@@ -152,6 +152,26 @@ def test_kubernetes_component_reaches_the_api_server_on_its_usual_ports_and_micr
     }]
 
 
+def test_registry_manifests_component_turns_it_on_with_the_nodes_certificates_and_dns_and_https_out(work):
+    docs, error = kustomize_overlay(work, "registries", ["kubernetes", "registry-manifests"])
+    assert error is None, error
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["IMAGEGC_KUBERNETES"] == "true" and env["IMAGEGC_REGISTRY_MANIFESTS"] == "true", env
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "node-certificates"]
+    assert volume["hostPath"] == {"path": "/etc/ssl/certs", "type": "Directory"}
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "node-certificates"]
+    assert mount == {"name": "node-certificates", "mountPath": "/etc/ssl/certs", "readOnly": True}
+    anywhere = [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    assert network_policy(docs)["egress"] == [
+        {"to": anywhere, "ports": [{"protocol": "TCP", "port": p} for p in (443, 6443, 16443)]},
+        {"to": anywhere, "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53},
+                                   {"protocol": "TCP", "port": 443}]},
+    ]
+
+
 SCRAPE_NAMESPACE = """\
 apiVersion: v1
 kind: ConfigMap
