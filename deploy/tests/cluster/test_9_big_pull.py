@@ -360,6 +360,15 @@ def big_pull(cluster, tag, d, shape, kubelet_min_age=None, with_history=True):
     return figures, p, pods
 
 
+def said(d):
+    """imagegc's log lines about coming pulls, their sizes and its passes."""
+    words = ("registry", "coming pull", "making room", "eviction line", "starting a cycle")
+    try:
+        return [line for line in d.logs().splitlines() if any(w in line for w in words)][-30:]
+    except Exception as e:  # a failure message must not fail itself
+        return [f"(no log: {e})"]
+
+
 def check_no_eviction(cluster, tag, figures, pods, d):
     """No pod evicted, and room made BEFORE the pull: usage never past the
     eviction line (statvfs every 0.1 s; a pull's bytes stay until
@@ -369,7 +378,8 @@ def check_no_eviction(cluster, tag, figures, pods, d):
     assert figures["evicted"] == [], f"pods evicted: {figures['evicted']} ({figures}; {d.diagnostics()[-3000:]})"
     assert figures["peak"] <= EVICTION_USED, (
         f"the pull took usage to {figures['peak']}%, past the eviction line ({EVICTION_USED}%) for "
-        f"{figures['past_line_s']}s: no room was made before it ({figures})")
+        f"{figures['past_line_s']}s: no room was made before it ({figures}; imagegc said: {said(d)}; "
+        f"{d.diagnostics()[-4000:]})")
     assert "Evicted" not in figures["events"], figures
     assert w.pod_phase(cluster, f"{tag}-big")[0] == "Running"
     for pod in pods:
