@@ -392,6 +392,8 @@ def imagegc_case(cluster, tag, settings, shape, with_history=True):
     d = deploy(cluster, tag, settings)
     try:
         figures, _, pods = big_pull(cluster, tag, d, shape, with_history=with_history)
+        # For any failure message below: what imagegc said of the pull.
+        figures["said"] = said(d)
         record(f"{tag}: pod on big:2 created to Running", figures["to_running_s"])
         check_no_eviction(cluster, tag, figures, pods, d)
         return figures
