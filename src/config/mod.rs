@@ -761,23 +761,24 @@ fn apply_overrides(config: &mut Config, overrides: &Overrides, problems: &mut Pr
     {
         config.kubelet_args_file = Some(path.clone());
     }
-    if overrides.kubernetes {
+    for (flag, on, key) in [
+        ("--kubernetes", overrides.kubernetes, &mut config.kubernetes.enabled),
+        (
+            "--registry-manifests",
+            overrides.registry_manifests,
+            &mut config.kubernetes.registry_manifests,
+        ),
+    ] {
+        if !on {
+            continue;
+        }
         if !cfg!(feature = "kubernetes") {
             problems.push(
-                "--kubernetes",
+                flag,
                 "this imagegc was built without Kubernetes support (cargo feature `kubernetes`)",
             );
         }
-        config.kubernetes.enabled = true;
-    }
-    if overrides.registry_manifests {
-        if !cfg!(feature = "kubernetes") {
-            problems.push(
-                "--registry-manifests",
-                "this imagegc was built without Kubernetes support (cargo feature `kubernetes`)",
-            );
-        }
-        config.kubernetes.registry_manifests = true;
+        *key = true;
     }
 }
 
