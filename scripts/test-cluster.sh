@@ -5,6 +5,7 @@
 #
 #   scripts/test-cluster.sh [PYTEST ARGS...]    e.g. -k eviction
 #   IMAGEGC_CLUSTER_RUNTIME=crio scripts/test-cluster.sh ...   the node on CRI-O
+#   IMAGEGC_CLUSTER_SCENARIOS="FILE::TEST ..." scripts/test-cluster.sh   those alone
 #   IMAGEGC_CLUSTER_LONG=1 scripts/test-cluster.sh ...   also the scenarios
 #       that wait out the kubelet's 5-minute image GC period
 #       (deploy/tests/cluster/long_*.py; not run by CI)
@@ -37,9 +38,15 @@ prepare_cluster_suite
 suite_started=$SECONDS
 status=0
 paths=(deploy/tests/cluster)
+# IMAGEGC_CLUSTER_SCENARIOS: the scenarios to run (pytest node ids), instead
+# of them all.
+if [ -n "${IMAGEGC_CLUSTER_SCENARIOS:-}" ]; then
+    read -r -d '' -a paths <<<"$IMAGEGC_CLUSTER_SCENARIOS" || true
+fi
 if [ -n "${IMAGEGC_CLUSTER_LONG:-}" ]; then
     paths+=(deploy/tests/cluster/long_*.py)
 fi
+# (A scenario still running after 15 minutes fails: conftest.py.)
 "$CLUSTER_PYTHON" -m pytest -p no:cacheprovider -v -rA --durations=0 "${paths[@]}" "$@" || status=$?
 echo "==> cluster suite: $((SECONDS - suite_started))s (exit $status); with prerequisites $((SECONDS - started))s"
 exit "$status"

@@ -12,7 +12,9 @@ A missing prerequisite fails the scenarios with the reason; nothing is
 skipped silently.
 """
 
+import faulthandler
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +106,43 @@ def _scenario_time(request):
     started = time.monotonic()
     yield
     record(request.node.nodeid.split("::", 1)[-1], time.monotonic() - started)
+
+
+_SESSION_START = time.monotonic()
+_TEST_START = {}
+# A scenario (setup, call and teardown) still running after this fails,
+# every thread's stack printed first: the longest takes about 4 minutes, so
+# a hang (a runtime or API server that stopped answering) costs CI 15
+# minutes and shows where it was, not the whole run.
+SCENARIO_LIMIT = 900
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    def expired(signum, frame):
+        faulthandler.dump_traceback(all_threads=True)
+        raise TimeoutError(f"{item.nodeid} still running after {SCENARIO_LIMIT}s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(SCENARIO_LIMIT)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """Each scenario's wall-clock time as it ends, and the suite's so far: a
+    run cut short (CI's time limit) still shows where its time went."""
+    started = _TEST_START.pop(nodeid, None)
+    took = "" if started is None else f"{time.monotonic() - started:.0f}s, "
+    sys.stdout.write(f" [{took}suite at {time.monotonic() - _SESSION_START:.0f}s]\n")
+    sys.stdout.flush()
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _TEST_START[nodeid] = time.monotonic()
 
 
 def pytest_terminal_summary(terminalreporter):
