@@ -25,7 +25,7 @@
 //! [`crate::engine::PullSizes`], which ignores an estimate larger than the
 //! image filesystem).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,6 +63,12 @@ pub const MAX_REMEMBERED: usize = 1024;
 
 /// How many lookups may wait: more are asked at a later check.
 const QUEUE: usize = 64;
+
+/// How many lookups run at once. A registry that does not answer holds a
+/// lookup for [`LOOKUP_TIMEOUT`]: a pod stuck on such an image must not hold
+/// up the size of the pull the kubelet is starting now. Each lookup reads
+/// at most [`MAX_BODY`] at a time: 16 MiB at worst for the four.
+const AT_ONCE: usize = 4;
 
 /// What is asked for: an index (or a Docker manifest list), or a manifest.
 const ACCEPTED: &str = "application/vnd.oci.image.index.v1+json, \
@@ -527,7 +533,7 @@ impl Known {
 
 /// The sizes read so far and the lookups asked for: what the collector
 /// consults at each usage check ([`crate::engine::PullSizes`]); a task
-/// ([`ManifestSizes::serve`]) does the lookups one at a time.
+/// ([`ManifestSizes::serve`]) does the lookups, a few at a time.
 pub struct ManifestSizes {
     known: Mutex<HashMap<String, Known>>,
     asks: mpsc::Sender<String>,
@@ -547,26 +553,55 @@ impl ManifestSizes {
         (Arc::new(sizes), receiver)
     }
 
-    /// Does the lookups asked for, one at a time, until `shutdown`.
+    /// Does the lookups asked for, [`AT_ONCE`] at a time, the newest asked
+    /// first, until `shutdown`. The pod bound last is the pull the kubelet
+    /// is starting now; one asked earlier and still waiting is most likely
+    /// on a registry that is slow to answer, or does not.
     pub async fn serve(
         self: Arc<Self>,
         registry: Registry,
         mut asks: mpsc::Receiver<String>,
         shutdown: CancellationToken,
     ) {
+        // Dropped on return: the lookups still running are aborted.
+        let mut running = tokio::task::JoinSet::new();
+        let mut waiting: VecDeque<String> = VecDeque::new();
+        let mut open = true;
         loop {
-            let reference = tokio::select! {
+            while running.len() < AT_ONCE
+                && let Some(reference) = waiting.pop_back()
+            {
+                let registry = registry.clone();
+                running.spawn(async move {
+                    let result = registry.size_of(&reference).await;
+                    (reference, result)
+                });
+            }
+            if !open && running.is_empty() {
+                return;
+            }
+            tokio::select! {
                 () = shutdown.cancelled() => return,
-                asked = asks.recv() => match asked {
-                    Some(reference) => reference,
-                    None => return,
+                asked = asks.recv(), if open => match asked {
+                    Some(reference) => {
+                        waiting.push_back(reference);
+                        // The oldest waiting is forgotten, to be asked again
+                        // at a later check.
+                        if waiting.len() > QUEUE
+                            && let Some(oldest) = waiting.pop_front()
+                        {
+                            self.forget(&oldest);
+                        }
+                    }
+                    None => open = false,
                 },
-            };
-            let result = tokio::select! {
-                () = shutdown.cancelled() => return,
-                result = registry.size_of(&reference) => result,
-            };
-            self.answer(&reference, result);
+                Some(done) = running.join_next(), if !running.is_empty() => match done {
+                    Ok((reference, result)) => self.answer(&reference, result),
+                    // A lookup that panicked: its reference stays asked, and
+                    // is asked again after RETRY_AFTER.
+                    Err(error) => warn!(error = %error, "a registry lookup failed"),
+                },
+            }
         }
     }
 
@@ -608,6 +643,11 @@ impl ManifestSizes {
             }
         };
         let _ = tokio::time::timeout(within, waiting).await;
+    }
+
+    fn forget(&self, reference: &str) {
+        let mut map = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.remove(reference);
     }
 
     fn remember(&self, reference: &str, known: Known) {

@@ -346,13 +346,69 @@ async fn sizes_are_asked_once_answered_in_the_background_and_failures_wait() {
     let body = image_manifest(100, &[900]).len() as u64;
     assert_eq!(sizes.size_of("r.test/app:1"), Some(1_000 + body));
     assert_eq!(sizes.size_of("r.test/none:1"), None, "failed: not asked again at once");
+    let mut seen = served.seen.lock().unwrap().clone();
+    seen.sort();
     assert_eq!(
-        served.seen.lock().unwrap().as_slice(),
+        seen,
         ["/v2/app/manifests/1", "/v2/none/manifests/1"],
         "each reference read once"
     );
     stop.cancel();
     task.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_registry_that_never_answers_does_not_hold_up_another_pods_size() {
+    // A pod stuck on an image of a registry that accepts connections and
+    // never answers (its lookup waits LOOKUP_TIMEOUT), then a pod whose
+    // pull the kubelet starts now, on a registry that answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_address = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            connections.push(stream);
+        }
+    });
+    let served = serve(Arc::new(|target: &str, _: Option<&str>| match target {
+        "/v2/app/manifests/2" => answer(200, image_manifest(100, &[900])),
+        _ => answer(404, "{}"),
+    }))
+    .await;
+    let registry = Registry::new(HashMap::from([
+        ("silent.test".to_owned(), silent_address.parse().unwrap()),
+        ("r.test".to_owned(), served.address.parse().unwrap()),
+    ]))
+    .unwrap();
+    let (sizes, asks) = ManifestSizes::new();
+    let mut answers = PullSizes::answers(&*sizes).unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(Arc::clone(&sizes).serve(registry, asks, stop.clone()));
+    assert_eq!(sizes.size_of("silent.test/stuck:1"), None);
+    // The stuck lookup has started (the silent registry took its connection).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(sizes.size_of("r.test/app:2"), None);
+    let started = Instant::now();
+    answers.changed().await.unwrap();
+    let body = image_manifest(100, &[900]).len() as u64;
+    assert_eq!(
+        sizes.size_of("r.test/app:2"),
+        Some(1_000 + body),
+        "the first answer is the registry that answers, not the one that never does"
+    );
+    assert!(
+        started.elapsed() < LOOKUP_TIMEOUT,
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        sizes.size_of("silent.test/stuck:1"),
+        None,
+        "still waiting on the silent registry"
+    );
+    stop.cancel();
+    task.await.unwrap();
+    held.abort();
 }
 
 #[test]
