@@ -1218,6 +1218,7 @@ async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
             ("a".to_string(), "ns/starting".to_string()),
             ("web:1".to_string(), "ns/web".to_string()),
         ],
+        ..Default::default()
     });
     let report = cycle(&mut c).await;
     assert_eq!(sim.removed(), ["c"], "a kept by the plan, b by the re-check");
@@ -1305,6 +1306,7 @@ async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
         // before b's re-check.
         let pods = crate::policy::Protections {
             references: vec![("b".to_string(), "ns/late".to_string())],
+            ..Default::default()
         };
         s.pods_at_list = Some((2, sender, pods));
     });
@@ -1789,6 +1791,7 @@ async fn a_pod_on_a_node_that_had_its_repository(
             // An image a pod names is never removed to make room.
             ("old-0".to_string(), "default/cron".to_string()),
         ],
+        ..Default::default()
     });
     (sim, c, dir)
 }
@@ -1840,6 +1843,7 @@ async fn a_pull_of_a_repository_the_node_never_had_is_not_sized_and_starts_nothi
     let (sim, mut c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
     c.set_protections(crate::policy::Protections {
         references: vec![("registry.test/other:1".to_string(), "default/new".to_string())],
+        ..Default::default()
     });
     assert_eq!(c.check_usage(), Some(false));
     cycle(&mut c).await;
@@ -1876,6 +1880,7 @@ async fn a_pull_of_a_repository_the_node_never_had_is_sized_by_its_manifest_when
             ("registry.test/other:1".to_string(), "default/new".to_string()),
             ("old-0".to_string(), "default/cron".to_string()),
         ],
+        ..Default::default()
     });
     // Not read yet: asked for, nothing made room for.
     assert_eq!(c.check_usage(), Some(false));
@@ -1899,6 +1904,7 @@ async fn a_pull_of_a_repository_the_node_never_had_is_sized_by_its_manifest_when
     // A pull the node's history sizes is never asked of the registry.
     c.set_protections(crate::policy::Protections {
         references: vec![("registry.test/app:3".to_string(), "default/app".to_string())],
+        ..Default::default()
     });
     sizes.asked.lock().unwrap().clear();
     c.check_usage();
@@ -1919,6 +1925,7 @@ async fn a_manifest_larger_than_the_image_filesystem_is_not_believed() {
     let mut c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
     c.set_protections(crate::policy::Protections {
         references: vec![("registry.test/other:1".to_string(), "default/new".to_string())],
+        ..Default::default()
     });
     assert_eq!(c.check_usage(), Some(false));
     cycle(&mut c).await;

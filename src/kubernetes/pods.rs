@@ -14,7 +14,7 @@
 //! protecting for `kubernetes.pods_stale_after`, then only the runtime's
 //! containers do, until the watch lists again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +35,15 @@ use crate::time::sleep_until_some;
 /// The images every pod bound to this node names, by `namespace/name`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PodImages {
-    pods: BTreeMap<String, Vec<String>>,
+    pods: BTreeMap<String, Named>,
+}
+
+/// What one pod names: every image, and those of them the kubelet may pull
+/// for it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Named {
+    images: Vec<String>,
+    pulled: Vec<String>,
 }
 
 impl PodImages {
@@ -43,11 +51,14 @@ impl PodImages {
     /// Returns whether anything changed.
     pub fn apply(&mut self, pod: &Pod) -> bool {
         let Some(key) = key(pod) else { return false };
-        let images = images_of(pod);
-        if self.pods.get(&key) == Some(&images) {
+        let named = Named {
+            images: images_of(pod),
+            pulled: pulled_by(pod),
+        };
+        if self.pods.get(&key) == Some(&named) {
             return false;
         }
-        self.pods.insert(key, images);
+        self.pods.insert(key, named);
         true
     }
 
@@ -71,13 +82,26 @@ impl PodImages {
         self.pods.keys().map(String::as_str)
     }
 
-    /// The keep rules: each image a pod names, with the pod.
+    /// The keep rules: each image a pod names, with the pod; and which of
+    /// them no pod will pull.
     pub fn protections(&self) -> Protections {
+        let pulled: BTreeSet<&str> = self
+            .pods
+            .values()
+            .flat_map(|named| named.pulled.iter().map(String::as_str))
+            .collect();
         Protections {
             references: self
                 .pods
                 .iter()
-                .flat_map(|(pod, images)| images.iter().map(move |image| (image.clone(), pod.clone())))
+                .flat_map(|(pod, named)| named.images.iter().map(move |image| (image.clone(), pod.clone())))
+                .collect(),
+            never_pulled: self
+                .pods
+                .values()
+                .flat_map(|named| named.images.iter())
+                .filter(|image| !pulled.contains(image.as_str()))
+                .cloned()
                 .collect(),
         }
     }
@@ -147,6 +171,41 @@ pub fn images_of(pod: &Pod) -> Vec<String> {
         }
     }
     images
+}
+
+/// The images the kubelet may pull for `pod`: those its containers and
+/// image volumes name without `imagePullPolicy: Never`, while it has not
+/// ended (a Succeeded or Failed pod starts no container again).
+pub fn pulled_by(pod: &Pod) -> Vec<String> {
+    let ended = pod
+        .status
+        .as_ref()
+        .and_then(|status| status.phase.as_deref())
+        .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
+    let Some(spec) = pod.spec.as_ref().filter(|_| !ended) else {
+        return Vec::new();
+    };
+    let mut pulled: Vec<String> = Vec::new();
+    let mut add = |image: Option<&String>, policy: Option<&String>| {
+        if let Some(image) = image.map(|i| i.trim()).filter(|i| !i.is_empty())
+            && policy.map(String::as_str) != Some("Never")
+            && !pulled.iter().any(|known| known == image)
+        {
+            pulled.push(image.to_owned());
+        }
+    };
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    containers.for_each(|c| add(c.image.as_ref(), c.image_pull_policy.as_ref()));
+    spec.ephemeral_containers
+        .iter()
+        .flatten()
+        .for_each(|c| add(c.image.as_ref(), c.image_pull_policy.as_ref()));
+    spec.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.image.as_ref())
+        .for_each(|i| add(i.reference.as_ref(), i.pull_policy.as_ref()));
+    pulled
 }
 
 /// The pods bound to `node`, listed once.
@@ -484,6 +543,47 @@ status:
         assert_eq!(
             named,
             [(0, "shop/web"), (1, "shop/web"), (2, "shop/web"), (3, "shop/web")]
+        );
+    }
+
+    #[test]
+    fn images_no_pod_will_pull_are_kept_and_named_so() {
+        let mut pods = PodImages::default();
+        // Put on the node by hand (the test bed's workloads, air-gapped
+        // nodes): the kubelet never pulls them.
+        pods.apply(&pod(r#"
+metadata: {name: local, namespace: ci}
+spec:
+  containers:
+    - {name: a, image: "local/app:1", imagePullPolicy: Never}
+    - {name: b, image: "shared:1", imagePullPolicy: Never}
+    - {name: c, image: "pulled:1"}
+  volumes:
+    - {name: v, image: {reference: "local/model:1", pullPolicy: Never}}
+"#));
+        // Another pod pulls shared:1.
+        pods.apply(&pod(r#"
+metadata: {name: other, namespace: ci}
+spec:
+  containers: [{name: a, image: "shared:1", imagePullPolicy: IfNotPresent}]
+"#));
+        // A Job's pod that ended starts no container again.
+        pods.apply(&pod(r#"
+metadata: {name: job-1, namespace: ci}
+spec:
+  containers: [{name: a, image: "job:1", imagePullPolicy: Always}]
+status: {phase: Succeeded}
+"#));
+        let protections = pods.protections();
+        let kept: BTreeSet<&str> = protections.references.iter().map(|(r, _)| r.as_str()).collect();
+        assert_eq!(
+            kept,
+            BTreeSet::from(["local/app:1", "shared:1", "pulled:1", "local/model:1", "job:1"]),
+            "every image named is kept"
+        );
+        assert_eq!(
+            protections.never_pulled,
+            BTreeSet::from(["local/app:1".to_owned(), "local/model:1".to_owned(), "job:1".to_owned()])
         );
     }
 

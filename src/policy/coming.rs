@@ -161,7 +161,9 @@ impl ComingPull {
 
 /// The pulls `protections` (the images the pods bound to the node name)
 /// imply: each image named that none of `images` is, once, with its first
-/// pod. Image ids a pod's status reports are not pulls (the image it ran).
+/// pod. Image ids a pod's status reports are not pulls (the image it ran),
+/// nor are images no pod will pull (`imagePullPolicy: Never`, or a pod that
+/// ended).
 pub fn coming_pulls(images: &[Image], protections: &Protections, sizes: &RepoSizes) -> Vec<ComingPull> {
     if protections.references.is_empty() {
         return Vec::new();
@@ -170,7 +172,7 @@ pub fn coming_pulls(images: &[Image], protections: &Protections, sizes: &RepoSiz
         .references
         .iter()
         .map(|(r, _)| r.as_str())
-        .filter(|r| !reference::is_id(r))
+        .filter(|r| !reference::is_id(r) && !protections.never_pulled.contains(*r))
         .collect();
     let mut coming: Vec<ComingPull> = Vec::new();
     for place in matching::naming_none(images, &references) {
@@ -217,6 +219,7 @@ mod tests {
     fn pods(references: &[(&str, &str)]) -> Protections {
         Protections {
             references: references.iter().map(|(r, p)| (r.to_string(), p.to_string())).collect(),
+            ..Default::default()
         }
     }
 
@@ -271,6 +274,20 @@ mod tests {
             "twice the reported sizes; unknown counts 0"
         );
         assert!(coming_pulls(&images, Protections::none(), &sizes).is_empty());
+    }
+
+    #[test]
+    fn an_image_no_pod_will_pull_is_no_coming_pull() {
+        let mut sizes = RepoSizes::default();
+        sizes.note(["registry.example/app:1"], 200, at(0));
+        let mut protections = pods(&[
+            ("registry.example/app:2", "default/never"),
+            ("registry.example/app:3", "default/pulls"),
+        ]);
+        protections.never_pulled.insert("registry.example/app:2".to_owned());
+        let coming = coming_pulls(&[], &protections, &sizes);
+        let found: Vec<&str> = coming.iter().map(|c| c.image.as_str()).collect();
+        assert_eq!(found, ["registry.example/app:3"]);
     }
 
     #[test]

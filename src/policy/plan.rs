@@ -9,6 +9,7 @@
 //! seen ascending (then id, so plans are deterministic); the space
 //! candidates then in the order `gc.order` names (see [`super::order`]).
 
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
@@ -34,6 +35,11 @@ use super::order::{self, expected_back};
 pub struct Protections {
     /// `(image reference, pod)` pairs.
     pub references: Vec<(String, String)>,
+    /// The references of `references` the kubelet will not pull: every
+    /// pod naming one names it with `imagePullPolicy: Never`, or has ended
+    /// (Succeeded or Failed). Kept like the others; no room is made before
+    /// a pull of them (see [`crate::policy::coming`]), which never comes.
+    pub never_pulled: BTreeSet<String>,
 }
 
 impl Protections {
@@ -52,7 +58,10 @@ impl Protections {
 
     /// Nothing held from outside: what a pure CRI agent plans with.
     pub fn none() -> &'static Protections {
-        static NONE: Protections = Protections { references: Vec::new() };
+        static NONE: Protections = Protections {
+            references: Vec::new(),
+            never_pulled: BTreeSet::new(),
+        };
         &NONE
     }
 }
@@ -741,6 +750,7 @@ mod tests {
         // `docker.io/library/nginx:latest`.
         let pods = Protections {
             references: vec![("nginx".to_string(), "default/web".to_string())],
+            ..Default::default()
         };
         let listed = w.records.listed(&w.snapshot);
         let policy = GcPolicy::from(&w.config);

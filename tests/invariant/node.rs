@@ -249,7 +249,10 @@ impl World {
 
     fn publish_pods(&mut self) {
         let references = self.pods.iter().map(|b| (b.reference.clone(), b.pod.clone())).collect();
-        self.pods_tx.send_replace(Arc::new(Protections { references }));
+        self.pods_tx.send_replace(Arc::new(Protections {
+            references,
+            ..Default::default()
+        }));
     }
 
     /// Whether the node holds the image `id`.
