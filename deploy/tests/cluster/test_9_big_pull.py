@@ -50,7 +50,11 @@ after the crossing; whether the kubelet then evicts depends on where its
     at the bridge's gateway, where the test forwards a port to it
     (`kubernetes.registry_endpoints` names it: a registry the runtime reaches
     on the node's loopback, as kind's local registry is). The room is made
-    before the pull, as in (a).
+    before the pull, as in (a). A second before the pod on big:2, a pod
+    is created on an image of a registry that takes connections and never
+    answers (a second endpoint): imagegc's lookup of it waits its 10 s,
+    and the lookup of big:2 must not wait behind it (a node after a
+    while has such pods; it did, once lookups were one at a time).
 (c) The control, the kubelet alone (no imagegc), the issue's shape: the
     pull takes usage to 77% and the kubelet evicts a pod (the first within
     10 s; measured: one workload pod within the test's wait).
@@ -302,12 +306,14 @@ def deploy(cluster, tag, settings):
     return d
 
 
-def big_pull(cluster, tag, d, shape, kubelet_min_age=None, with_history=True):
+def big_pull(cluster, tag, d, shape, kubelet_min_age=None, with_history=True, stuck=None):
     """The scenario of `shape` (ISSUE, QUARTER) with imagegc deployed (`d`, see `deploy`), or
     none (None: the kubelet alone, no history): the history, the node, the
     pod on big:2, WATCH seconds more. With `kubelet_min_age`, the kubelet
     is restarted with that imageMinimumGCAge once the old images are
-    there, so that its reclaim may remove them. Returns the figures, the Pull and the workload pods;
+    there, so that its reclaim may remove them. With `stuck` (an image
+    reference), a pod on it is created a second before the pod on big:2.
+    Returns the figures, the Pull and the workload pods;
     leaves the node as it is (see `cleanup`)."""
     big1 = w.registry_image(cluster, f"{tag}-big", 1, shape["big"] * scale(cluster))
     big2 = w.registry_image(cluster, f"{tag}-big", 2, shape["big"] * scale(cluster))
@@ -331,6 +337,9 @@ def big_pull(cluster, tag, d, shape, kubelet_min_age=None, with_history=True):
     assert share is None or planned + share > EVICTION_USED, (
         f"usage {planned}% once prepared and big:1 took {share}%: big:2 would not cross the line")
     phases.append(("settled", time.monotonic()))
+    if stuck:
+        w.run_pod(cluster, f"{tag}-stuck", stuck, pull="IfNotPresent")
+        time.sleep(1)
     p = Pull(cluster)
     try:
         to_running, phase, reason = p.pod(f"{tag}-big", big2)
@@ -386,14 +395,15 @@ def check_no_eviction(cluster, tag, figures, pods, d):
         assert w.pod_phase(cluster, pod)[0] == "Running", pod
 
 
-def imagegc_case(cluster, tag, settings, shape, with_history=True):
+def imagegc_case(cluster, tag, settings, shape, with_history=True, stuck=None):
     """The scenario with imagegc deployed with `settings`: no pod evicted,
     usage never past the line. Returns the figures."""
     d = deploy(cluster, tag, settings)
     try:
-        figures, _, pods = big_pull(cluster, tag, d, shape, with_history=with_history)
+        figures, _, pods = big_pull(cluster, tag, d, shape, with_history=with_history, stuck=stuck)
         # For any failure message below: what imagegc said of the pull.
         figures["said"] = said(d)
+        print(f"{tag}: imagegc said: {figures['said']}")
         record(f"{tag}: pod on big:2 created to Running", figures["to_running_s"])
         check_no_eviction(cluster, tag, figures, pods, d)
         return figures
@@ -408,15 +418,22 @@ def test_a_pod_watching_imagegc_makes_room_before_the_pull(cluster):
     assert (figures["room_before_pulls"] or 0) >= 1, figures
 
 
+# A registry name no resolver knows (the kubelet's pull of it fails at
+# once); imagegc reaches it at the silent listener its endpoint names.
+SILENT_REGISTRY = "silent.invalid"
+
+
 class Forward:
     """Forwards TCP connections to `address`:`port` (the bridge's gateway,
-    which pods reach) to 127.0.0.1:`to` (the registry), until stopped."""
+    which pods reach) to 127.0.0.1:`to` (the registry), until stopped.
+    With `to` None, a registry that takes connections and never answers."""
 
     def __init__(self, address, to):
         self.listener = socket.create_server((address, 0))
         self.port = self.listener.getsockname()[1]
         self.to = to
         self.connections = 0
+        self.held = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -426,6 +443,9 @@ class Forward:
             except OSError:
                 return
             self.connections += 1
+            if self.to is None:
+                self.held.append(client)
+                continue
             upstream = socket.create_connection(("127.0.0.1", self.to))
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
@@ -446,13 +466,15 @@ class Forward:
 
     def stop(self):
         self.listener.close()
+        for client in self.held:
+            client.close()
 
 
 def test_a_repository_never_seen_is_sized_by_its_registrys_manifest(cluster):
     """(d): no history of the repository; the manifest sizes the pull."""
     # The bridge (and its gateway address) exists once a pod ran on it:
     # the earlier cases' pods, or else one started here.
-    forward = None
+    forward = silent = None
     try:
         try:
             forward = Forward(GATEWAY, cluster.ports["registry"])
@@ -461,16 +483,25 @@ def test_a_repository_never_seen_is_sized_by_its_registrys_manifest(cluster):
             w.run_pod(cluster, "bridge", w.workload_image(cluster, "bridge"))
             w.wait_running(cluster, ["bridge"])
             forward = Forward(GATEWAY, cluster.ports["registry"])
+        # A pod stuck on an image of a registry that never answers (imagegc's
+        # lookup of it waits its 10 s) is created a second before the pod on
+        # big:2: the lookup of big:2 must not wait behind it.
+        silent = Forward(GATEWAY, None)
         # The component turns registry_manifests on (with the node's
-        # certificates and egress); the ConfigMap names the endpoint.
-        settings = ({**BASE, "kubernetes.registry_endpoints": {cluster.registry: f"http://{GATEWAY}:{forward.port}"}},
+        # certificates and egress); the ConfigMap names the endpoints.
+        endpoints = {cluster.registry: f"http://{GATEWAY}:{forward.port}",
+                     SILENT_REGISTRY: f"http://{GATEWAY}:{silent.port}"}
+        settings = ({**BASE, "kubernetes.registry_endpoints": endpoints},
                     ["kubernetes", "kubelet-config", "registry-manifests"])
-        figures = imagegc_case(cluster, "manifest", settings, ISSUE, with_history=False)
+        figures = imagegc_case(cluster, "manifest", settings, ISSUE, with_history=False,
+                               stuck=f"{SILENT_REGISTRY}/stuck/app:1")
         assert (figures["room_before_pulls"] or 0) >= 1, figures
         assert forward.connections >= 1, "imagegc never read the registry"
+        assert silent.connections >= 1, "imagegc never asked the silent registry: the case shows nothing"
     finally:
-        if forward:
-            forward.stop()
+        for f in (forward, silent):
+            if f:
+                f.stop()
 
 
 def test_headroom_keeps_room_for_the_largest_recent_pull(cluster):
