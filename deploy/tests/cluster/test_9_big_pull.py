@@ -53,8 +53,12 @@ after the crossing; whether the kubelet then evicts depends on where its
     before the pull, as in (a). A second before the pod on big:2, a pod
     is created on an image of a registry that takes connections and never
     answers (a second endpoint): imagegc's lookup of it waits its 10 s,
-    and the lookup of big:2 must not wait behind it (a node after a
-    while has such pods; it did, once lookups were one at a time).
+    and the lookup of big:2 must not wait behind it. (Measured before
+    lookups ran side by side: the suite's workload pods, imported with
+    imagePullPolicy Never, were looked up too, their registry's name
+    unresolvable from the pod, 10 s and 5 s; a pull that came within them
+    waited its turn and was not sized in time, the failure seen after the
+    whole suite on CRI-O and once on containerd.)
 (c) The control, the kubelet alone (no imagegc), the issue's shape: the
     pull takes usage to 77% and the kubelet evicts a pod (the first within
     10 s; measured: one workload pod within the test's wait).
@@ -90,8 +94,9 @@ them and evicted no pod (3 of 3 runs, 7 s past the line), which the
 issue's "evicted every workload pod" does not match.
 
 Cost (pytest --durations, 2 cores): containerd (a) 51-55 s, (b) 47-51 s,
-(c) 25-30 s, the slower shape 56 s; CRI-O (a) 60 s, (b) 61 s, (c) 41 s,
-the slower shape 62 s (CI runs (a) alone there: scripts/test.sh).
+(c) 25-30 s, (d) 45 s, the slower shape 56 s; CRI-O (a) 60 s, (b) 61 s, (c) 41 s,
+the slower shape 62 s, (d) 56 s (CI runs (a) and (d) there:
+scripts/test.sh).
 """
 
 import socket
