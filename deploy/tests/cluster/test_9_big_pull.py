@@ -57,7 +57,7 @@ after the crossing; whether the kubelet then evicts depends on where its
     lookups ran side by side: the suite's workload pods, imported with
     imagePullPolicy Never, were looked up too, their registry's name
     unresolvable from the pod, 10 s and 5 s; a pull that came within them
-    waited its turn and was not sized in time, the failure seen after the
+    waited its turn and was not sized in time: most likely the failures seen after the
     whole suite on CRI-O and once on containerd.)
 (c) The control, the kubelet alone (no imagegc), the issue's shape: the
     pull takes usage to 77% and the kubelet evicts a pod (the first within
