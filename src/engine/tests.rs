@@ -1852,10 +1852,28 @@ async fn a_pull_of_a_repository_the_node_never_had_is_not_sized_and_starts_nothi
 
 /// Sizes given by a test, as a registry's manifests would give them: the
 /// references asked for are noted.
-#[derive(Default)]
 struct GivenSizes {
     sizes: Mutex<HashMap<String, u64>>,
     asked: Mutex<Vec<String>>,
+    answered: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for GivenSizes {
+    fn default() -> Self {
+        GivenSizes {
+            sizes: Mutex::default(),
+            asked: Mutex::default(),
+            answered: tokio::sync::watch::channel(0).0,
+        }
+    }
+}
+
+impl GivenSizes {
+    /// `reference` read at `size`; who waits on answers is woken.
+    fn answer(&self, reference: &str, size: u64) {
+        self.sizes.lock().unwrap().insert(reference.to_string(), size);
+        self.answered.send_modify(|n| *n += 1);
+    }
 }
 
 impl super::PullSizes for GivenSizes {
@@ -1865,8 +1883,103 @@ impl super::PullSizes for GivenSizes {
     }
 
     fn answers(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        None
+        Some(self.answered.subscribe())
     }
+}
+
+/// The daemon loop on `c` (a [`a_pod_on_a_node_that_had_its_repository`]
+/// node), its pods' images given by the returned sender, until the token
+/// is cancelled; returned after its first cycle (10 s of virtual time).
+async fn daemon_on(
+    mut c: Collector<SimHandle>,
+) -> (
+    tokio::sync::watch::Sender<Arc<crate::policy::Protections>>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let (pods, watched) = tokio::sync::watch::channel(Arc::new(crate::policy::Protections::default()));
+    c.protections_from(watched);
+    let health = Arc::new(crate::outputs::health::Health::new(Duration::from_secs(600)));
+    let shutdown = CancellationToken::new();
+    let (reloads, reload_rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Config>>();
+    let stop = shutdown.clone();
+    let daemon = tokio::spawn(async move {
+        let _reloads = reloads;
+        crate::daemon::run(c, health, stop, reload_rx).await;
+    });
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    (pods, shutdown, daemon)
+}
+
+/// The virtual time from `since` to the first removal on `sim` (the
+/// daemon's own usage check runs every 2 s).
+async fn first_removal_after(sim: &SimHandle, since: tokio::time::Instant) -> Duration {
+    while sim.removed().is_empty() {
+        assert!(since.elapsed() < Duration::from_secs(60), "nothing removed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    since.elapsed()
+}
+
+fn pods_naming(references: &[(&str, &str)]) -> Arc<crate::policy::Protections> {
+    Arc::new(crate::policy::Protections {
+        references: references.iter().map(|(r, p)| (r.to_string(), p.to_string())).collect(),
+        ..Default::default()
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_daemon_makes_room_as_soon_as_a_pod_is_bound() {
+    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (pods, shutdown, daemon) = daemon_on(c).await;
+    assert!(sim.removed().is_empty());
+    // Between two of the daemon's own usage checks.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let bound = tokio::time::Instant::now();
+    pods.send_replace(pods_naming(&[
+        ("registry.test/app:2", "default/app-5f4"),
+        ("old-0", "default/cron"),
+    ]));
+    let after = first_removal_after(&sim, bound).await;
+    assert!(
+        after < Duration::from_millis(500),
+        "the first removal {after:?} after the binding"
+    );
+    shutdown.cancel();
+    daemon.await.unwrap();
+    assert_eq!(sim.removed(), ["old-1", "old-2", "old-3", "old-4", "old-5"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_daemon_makes_room_as_soon_as_a_pulls_size_is_read() {
+    const MB: u64 = 1_000_000;
+    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let sizes = Arc::new(GivenSizes::default());
+    let c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
+    let (pods, shutdown, daemon) = daemon_on(c).await;
+    // A pod bound with an image of a repository the node never had: asked
+    // of the registry at once, nothing made room for yet.
+    pods.send_replace(pods_naming(&[
+        ("registry.test/other:1", "default/new"),
+        ("old-0", "default/cron"),
+    ]));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        sizes.asked.lock().unwrap().first().map(String::as_str),
+        Some("registry.test/other:1")
+    );
+    assert!(sim.removed().is_empty());
+    // The size is read: the usage check runs at once, not at its next turn.
+    let answered = tokio::time::Instant::now();
+    sizes.answer("registry.test/other:1", 420 * MB);
+    let after = first_removal_after(&sim, answered).await;
+    assert!(
+        after < Duration::from_millis(500),
+        "the first removal {after:?} after the answer"
+    );
+    shutdown.cancel();
+    daemon.await.unwrap();
+    assert_eq!(sim.removed(), ["old-1", "old-2", "old-3", "old-4", "old-5"]);
 }
 
 #[tokio::test]
