@@ -35,6 +35,9 @@ pub(super) struct Inventory {
     /// What an image takes on disk per reported byte, from the runtime's
     /// name and this process's measured removals.
     pub(super) footprint: DiskFootprint,
+    /// What the runtime reports per byte of a registry's manifest, from
+    /// its name and the images manifests sized once they arrived.
+    pub(super) manifest_scale: crate::policy::ManifestScale,
     /// Whether the runtime's name was learnt (for [`DiskFootprint`]).
     pub(super) runtime_named: bool,
     /// Why the measured filesystem is not the runtime's image filesystem,
@@ -77,6 +80,7 @@ impl Inventory {
             observer: observe::Observer::default(),
             last_images: Vec::new(),
             footprint: DiskFootprint::default(),
+            manifest_scale: crate::policy::ManifestScale::default(),
             runtime_named: false,
             image_fs_mismatch: None,
             disk_path: None,

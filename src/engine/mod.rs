@@ -124,6 +124,10 @@ pub trait PullSizes: Send + Sync {
     /// know it.
     fn size_of(&self, reference: &str) -> Option<u64>;
 
+    /// The size read for a reference that names `image`, when one was
+    /// read; never asks.
+    fn read_for(&self, image: &Image) -> Option<u64>;
+
     /// A receiver that changes when a size asked for is known (or given
     /// up on): the daemon checks usage again then.
     fn answers(&self) -> Option<watch::Receiver<u64>>;
@@ -336,7 +340,8 @@ impl<R: Runtime> Collector<R> {
                 }
                 pull.like = Some(crate::policy::coming::Seen {
                     tag: pull.image.clone(),
-                    size_bytes: size,
+                    // What the runtime will report for it (see ManifestScale).
+                    size_bytes: self.inventory.manifest_scale.reported(size),
                     at: self.clock.now(),
                     from: crate::policy::coming::SizedBy::Manifest,
                 });

@@ -1882,6 +1882,11 @@ impl super::PullSizes for GivenSizes {
         self.sizes.lock().unwrap().get(reference).copied()
     }
 
+    fn read_for(&self, image: &Image) -> Option<u64> {
+        let sizes = self.sizes.lock().unwrap();
+        image.repo_tags.iter().find_map(|tag| sizes.get(tag).copied())
+    }
+
     fn answers(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.answered.subscribe())
     }
@@ -2022,6 +2027,45 @@ async fn a_pull_of_a_repository_the_node_never_had_is_sized_by_its_manifest_when
     sizes.asked.lock().unwrap().clear();
     c.check_usage();
     assert!(sizes.asked.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_manifests_size_is_scaled_to_what_the_runtime_reports_and_each_arrival_teaches_the_scale() {
+    const MB: u64 = 1_000_000;
+    // The simulated runtime reports unpacked sizes, as CRI-O does (its
+    // footprint is 1): a manifest's 150 MB of compressed layers are 390 MB
+    // reported at the median compression ratio, past the line from 35 %.
+    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    assert!(!c.inventory.footprint.reports_compressed());
+    let sizes = Arc::new(GivenSizes::default());
+    sizes.answer("registry.test/other:1", 150 * MB);
+    let mut c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
+    c.set_protections(crate::policy::Protections {
+        references: vec![
+            ("registry.test/other:1".to_string(), "default/new".to_string()),
+            ("old-0".to_string(), "default/cron".to_string()),
+        ],
+        ..Default::default()
+    });
+    assert_eq!(
+        c.check_usage(),
+        Some(true),
+        "150 MB read as 150 MB would not cross the line"
+    );
+    cycle(&mut c).await;
+    assert!(!sim.removed().is_empty());
+    // It arrives reported at its manifest's size (incompressible layers):
+    // the ratio moves halfway, from 2.6 to 1.8.
+    sim.with(|s| {
+        s.available -= 150 * MB;
+        s.images.push(Image {
+            repo_tags: vec!["registry.test/other:1".to_string()].into(),
+            ..image("other-1", 150 * MB)
+        });
+    });
+    cycle(&mut c).await;
+    assert_eq!(c.inventory.manifest_scale.factor(), 1.8);
+    assert_eq!(c.inventory.manifest_scale.reported(100 * MB), 180 * MB);
 }
 
 #[tokio::test]

@@ -67,6 +67,7 @@ impl<R: Runtime> Collector<R> {
             // Measured removals raise it from here on.
             self.inventory.runtime_named = true;
             self.inventory.footprint = footprint;
+            self.inventory.manifest_scale = crate::policy::ManifestScale::for_footprint(footprint);
         }
         self.note_image_fs(image_fs.as_ref().ok());
         self.note_sources(&snapshot, sandbox_configured_unmatched, mounts_unread.as_deref());
@@ -155,6 +156,16 @@ impl<R: Runtime> Collector<R> {
     /// re-pulls, and the pending removals it settles.
     async fn note_listing(&mut self, observed: &Observed, images: &[Image]) {
         self.inventory.note_pulls(images, &observed.new, self.clock.now());
+        if let Some(sizes) = &self.pull_sizes {
+            // Images a registry's manifest sized, arrived: what the runtime
+            // reports per manifest byte.
+            for image in observed.new.iter().filter_map(|&i| images.get(i)) {
+                if let Some(manifest) = sizes.read_for(image) {
+                    self.inventory.manifest_scale.learn(manifest, image.size);
+                    tracing::debug!(image = %image.id, manifest_bytes = manifest, reported_bytes = image.size, factor = self.inventory.manifest_scale.factor(), "a pull a manifest sized arrived");
+                }
+            }
+        }
         self.sinks.emit(&Event::Listed {
             observed,
             images: images.len(),

@@ -687,6 +687,21 @@ impl crate::engine::PullSizes for ManifestSizes {
         size
     }
 
+    fn read_for(&self, image: &crate::cri::Image) -> Option<u64> {
+        let map = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let read: Vec<(&str, u64)> = map
+            .iter()
+            .filter_map(|(reference, known)| match *known {
+                Known::Size(size, _) | Known::Refreshing(size, _) => Some((reference.as_str(), size)),
+                Known::Asked(_) | Known::Failed(_) => None,
+            })
+            .collect();
+        let references: Vec<&str> = read.iter().map(|(reference, _)| *reference).collect();
+        crate::cri::matching::named_by(std::slice::from_ref(image), &references)
+            .first()
+            .map(|&(_, r)| read[r].1)
+    }
+
     fn answers(&self) -> Option<watch::Receiver<u64>> {
         Some(self.answers.subscribe())
     }

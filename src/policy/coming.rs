@@ -159,6 +159,69 @@ impl ComingPull {
     }
 }
 
+/// What a runtime reports for an image, per byte its registry's manifest
+/// gives (config, layers as stored, manifests: compressed). containerd
+/// reports its compressed content: the same. CRI-O and cri-dockerd report
+/// the unpacked layers they store: the manifest's bytes times the layers'
+/// compression ratio, 2.6 at the median of Docker Hub's layers (Zhao et
+/// al., 2019), until this node's own pulls show theirs: each image a
+/// manifest sized, once it arrives, moves the ratio halfway to what it
+/// showed. [`DiskFootprint`] then gives what the reported size takes on
+/// disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManifestScale {
+    /// Reported bytes per manifest byte, in thousandths.
+    permille: u64,
+}
+
+/// The median compression ratio of Docker Hub's layers, in thousandths.
+const MEDIAN_COMPRESSION_PERMILLE: u64 = 2_600;
+
+/// The most a pull may show (8 reported bytes per manifest byte): text
+/// compresses about that well, and a wrong match must not make every
+/// manifest look huge.
+const SCALE_CAP_PERMILLE: u64 = 8_000;
+
+impl ManifestScale {
+    /// The ratio for a runtime whose footprint is `footprint` (see
+    /// [`DiskFootprint::reports_compressed`]).
+    pub fn for_footprint(footprint: DiskFootprint) -> Self {
+        let permille = if footprint.reports_compressed() {
+            1_000
+        } else {
+            MEDIAN_COMPRESSION_PERMILLE
+        };
+        ManifestScale { permille }
+    }
+
+    /// An image its manifest gave `manifest` bytes arrived, reported at
+    /// `reported`: the ratio moves halfway to what it showed.
+    pub fn learn(&mut self, manifest: u64, reported: u64) {
+        if manifest == 0 {
+            return;
+        }
+        let seen =
+            (u128::from(reported) * 1000 / u128::from(manifest)).clamp(1_000, u128::from(SCALE_CAP_PERMILLE)) as u64;
+        self.permille = (self.permille + seen) / 2;
+    }
+
+    /// What an image its manifest gives `manifest` bytes will be reported at.
+    pub fn reported(&self, manifest: u64) -> u64 {
+        (u128::from(manifest) * u128::from(self.permille) / 1000).min(u128::from(u64::MAX)) as u64
+    }
+
+    /// Reported bytes per manifest byte.
+    pub fn factor(&self) -> f64 {
+        self.permille as f64 / 1000.0
+    }
+}
+
+impl Default for ManifestScale {
+    fn default() -> Self {
+        ManifestScale::for_footprint(DiskFootprint::default())
+    }
+}
+
 /// The pulls `protections` (the images the pods bound to the node name)
 /// imply: each image named that none of `images` is, once, with its first
 /// pod. Image ids a pod's status reports are not pulls (the image it ran),
@@ -274,6 +337,30 @@ mod tests {
             "twice the reported sizes; unknown counts 0"
         );
         assert!(coming_pulls(&images, Protections::none(), &sizes).is_empty());
+    }
+
+    #[test]
+    fn a_manifest_is_read_as_the_runtime_reports_and_learnt_from_what_arrives() {
+        let containerd = ManifestScale::for_footprint(DiskFootprint::for_runtime("containerd"));
+        assert_eq!(containerd.reported(100), 100, "containerd reports compressed content");
+        let mut crio = ManifestScale::for_footprint(DiskFootprint::for_runtime("cri-o"));
+        assert_eq!(crio.reported(100), 260, "the median compression ratio");
+        // Halfway to each arrival: 3.0 shown, then 1.0 (incompressible).
+        crio.learn(100, 300);
+        assert_eq!(crio.reported(1000), 2800);
+        crio.learn(100, 100);
+        assert_eq!(crio.reported(1000), 1900);
+        // Less than its manifest (a wrong match) counts as 1; 80 as 8.
+        crio.learn(100, 10);
+        assert_eq!(crio.reported(1000), 1450);
+        crio.learn(100, 8_000);
+        assert_eq!(crio.reported(1000), 4725);
+        crio.learn(0, 100);
+        assert_eq!(crio.reported(1000), 4725, "no manifest size, nothing learnt");
+        assert_eq!(
+            ManifestScale::default(),
+            ManifestScale::for_footprint(DiskFootprint::default())
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub mod order;
 pub mod plan;
 pub mod space;
 
-pub use coming::{ComingPull, RepoSizes};
+pub use coming::{ComingPull, ManifestScale, RepoSizes};
 pub use cycle::{AgePass, CyclePlan, KeptImages, SpacePass};
 pub use headroom::{Headroom, LargestPull};
 pub use keep::{KeepReason, Rules, Uses};

@@ -143,6 +143,13 @@ impl DiskFootprint {
         self.permille = self.permille.max(seen).max(self.floor);
     }
 
+    /// Whether the runtime reports an image's compressed content
+    /// (containerd), not the unpacked layers it stores (CRI-O,
+    /// cri-dockerd).
+    pub fn reports_compressed(&self) -> bool {
+        self.floor >= 2_000
+    }
+
     /// The bytes an image of `reported` bytes may take on disk.
     pub fn on_disk(&self, reported: u64) -> u64 {
         (u128::from(reported) * u128::from(self.permille) / 1000).min(u128::from(u64::MAX)) as u64
