@@ -130,6 +130,29 @@ class Filler:
         return self.cluster.usage()[0]
 
 
+def remove_dead_sandboxes(cluster):
+    """Removes, over CRI, the sandboxes of pods that ended or were deleted
+    (NotReady) with their containers, as the kubelet's container GC does
+    within its minute: an exited container holds its image's unpacked
+    layers on disk after the image itself is removed (containerd lets the
+    image go; its space comes back with the container)."""
+    for sandbox in cluster.crictl("pods", "--state", "NotReady", "-q").stdout.split():
+        cluster.crictl("rmp", "--force", sandbox, check=False)
+
+
+def wait_space_settled(cluster, timeout=60):
+    """Until the image filesystem's usage holds still (two looks 2 s apart
+    agree): a runtime that frees space in the background is done."""
+    looks = [cluster.usage()[2]]
+
+    def settled():
+        time.sleep(2)
+        looks.append(cluster.usage()[2])
+        return abs(looks[-1] - looks[-2]) < 1 << 20
+
+    wait_for("the image filesystem's usage to hold still", settled, timeout, 0)
+
+
 def clear_images(cluster, keep):
     """Removes every image over CRI but those named in `keep` (and those in use)."""
     for ref in cluster.images():
