@@ -123,31 +123,8 @@ fn key(pod: &Pod) -> Option<String> {
 /// container was created: the tag may have moved since).
 pub fn images_of(pod: &Pod) -> Vec<String> {
     let mut images: Vec<String> = Vec::new();
-    let mut add = |image: Option<&String>| {
-        if let Some(image) = image.map(|i| i.trim()).filter(|i| !i.is_empty())
-            && !images.iter().any(|known| known == image)
-        {
-            images.push(image.to_owned());
-        }
-    };
-    if let Some(PodSpec {
-        containers,
-        init_containers,
-        ephemeral_containers,
-        volumes,
-        ..
-    }) = &pod.spec
-    {
-        containers.iter().for_each(|c| add(c.image.as_ref()));
-        init_containers.iter().flatten().for_each(|c| add(c.image.as_ref()));
-        ephemeral_containers
-            .iter()
-            .flatten()
-            .for_each(|c| add(c.image.as_ref()));
-        volumes
-            .iter()
-            .flatten()
-            .for_each(|v| add(v.image.as_ref().and_then(|i| i.reference.as_ref())));
+    if let Some(spec) = &pod.spec {
+        spec_images(spec, |image, _| add_once(&mut images, image));
     }
     if let Some(PodStatus {
         container_statuses,
@@ -167,7 +144,7 @@ pub fn images_of(pod: &Pod) -> Vec<String> {
         {
             // Docker-era statuses write `docker-pullable://` before it.
             let id = status.image_id.trim_start_matches("docker-pullable://").to_owned();
-            add(Some(&id));
+            add_once(&mut images, Some(&id));
         }
     }
     images
@@ -182,30 +159,49 @@ pub fn pulled_by(pod: &Pod) -> Vec<String> {
         .as_ref()
         .and_then(|status| status.phase.as_deref())
         .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
-    let Some(spec) = pod.spec.as_ref().filter(|_| !ended) else {
-        return Vec::new();
-    };
     let mut pulled: Vec<String> = Vec::new();
-    let mut add = |image: Option<&String>, policy: Option<&String>| {
-        if let Some(image) = image.map(|i| i.trim()).filter(|i| !i.is_empty())
-            && policy.map(String::as_str) != Some("Never")
-            && !pulled.iter().any(|known| known == image)
-        {
-            pulled.push(image.to_owned());
-        }
-    };
-    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    containers.for_each(|c| add(c.image.as_ref(), c.image_pull_policy.as_ref()));
-    spec.ephemeral_containers
+    if let Some(spec) = pod.spec.as_ref().filter(|_| !ended) {
+        spec_images(spec, |image, policy| {
+            if policy.map(String::as_str) != Some("Never") {
+                add_once(&mut pulled, image);
+            }
+        });
+    }
+    pulled
+}
+
+/// Calls `visit` with each image `spec` names (containers', init and
+/// ephemeral containers', image volumes' references) and its pull policy.
+fn spec_images(spec: &PodSpec, mut visit: impl FnMut(Option<&String>, Option<&String>)) {
+    let PodSpec {
+        containers,
+        init_containers,
+        ephemeral_containers,
+        volumes,
+        ..
+    } = spec;
+    containers
+        .iter()
+        .chain(init_containers.iter().flatten())
+        .for_each(|c| visit(c.image.as_ref(), c.image_pull_policy.as_ref()));
+    ephemeral_containers
         .iter()
         .flatten()
-        .for_each(|c| add(c.image.as_ref(), c.image_pull_policy.as_ref()));
-    spec.volumes
+        .for_each(|c| visit(c.image.as_ref(), c.image_pull_policy.as_ref()));
+    volumes
         .iter()
         .flatten()
         .filter_map(|v| v.image.as_ref())
-        .for_each(|i| add(i.reference.as_ref(), i.pull_policy.as_ref()));
-    pulled
+        .for_each(|i| visit(i.reference.as_ref(), i.pull_policy.as_ref()));
+}
+
+/// Adds `image`, trimmed, to `images` unless it is empty or already there.
+fn add_once(images: &mut Vec<String>, image: Option<&String>) {
+    if let Some(image) = image.map(|i| i.trim()).filter(|i| !i.is_empty())
+        && !images.iter().any(|known| known == image)
+    {
+        images.push(image.to_owned());
+    }
 }
 
 /// The pods bound to `node`, listed once.
