@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use crate::cri::{Image, matching};
 use crate::model::reference;
+use crate::policy::space::{permille_of, times_permille};
 use crate::policy::{DiskFootprint, Protections};
 
 /// How many repositories [`RepoSizes`] remembers: a node that has seen more
@@ -197,17 +198,15 @@ impl ManifestScale {
     /// An image its manifest gave `manifest` bytes arrived, reported at
     /// `reported`: the ratio moves halfway to what it showed.
     pub fn learn(&mut self, manifest: u64, reported: u64) {
-        if manifest == 0 {
+        let Some(seen) = permille_of(reported, manifest) else {
             return;
-        }
-        let seen =
-            (u128::from(reported) * 1000 / u128::from(manifest)).clamp(1_000, u128::from(SCALE_CAP_PERMILLE)) as u64;
-        self.permille = (self.permille + seen) / 2;
+        };
+        self.permille = (self.permille + seen.clamp(1_000, SCALE_CAP_PERMILLE)) / 2;
     }
 
     /// What an image its manifest gives `manifest` bytes will be reported at.
     pub fn reported(&self, manifest: u64) -> u64 {
-        (u128::from(manifest) * u128::from(self.permille) / 1000).min(u128::from(u64::MAX)) as u64
+        times_permille(manifest, self.permille)
     }
 
     /// Reported bytes per manifest byte.

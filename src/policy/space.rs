@@ -136,11 +136,10 @@ impl DiskFootprint {
     /// A measured removal of an image the runtime reported at `reported`
     /// bytes freed `freed` bytes: the factor rises to what it shows.
     pub fn learn(&mut self, reported: u64, freed: u64) {
-        if reported == 0 {
+        let Some(seen) = permille_of(freed, reported) else {
             return;
-        }
-        let seen = (u128::from(freed) * 1000 / u128::from(reported)).min(u128::from(FOOTPRINT_CAP_PERMILLE)) as u64;
-        self.permille = self.permille.max(seen).max(self.floor);
+        };
+        self.permille = self.permille.max(seen.min(FOOTPRINT_CAP_PERMILLE)).max(self.floor);
     }
 
     /// Whether the runtime reports an image's compressed content
@@ -152,13 +151,24 @@ impl DiskFootprint {
 
     /// The bytes an image of `reported` bytes may take on disk.
     pub fn on_disk(&self, reported: u64) -> u64 {
-        (u128::from(reported) * u128::from(self.permille) / 1000).min(u128::from(u64::MAX)) as u64
+        times_permille(reported, self.permille)
     }
 
     /// On-disk bytes per reported byte.
     pub fn factor(&self) -> f64 {
         self.permille as f64 / 1000.0
     }
+}
+
+/// `bytes` times `permille` thousandths, saturating.
+pub(crate) fn times_permille(bytes: u64, permille: u64) -> u64 {
+    (u128::from(bytes) * u128::from(permille) / 1000).min(u128::from(u64::MAX)) as u64
+}
+
+/// How many thousandths of `per` `of` is, saturating; `None` when `per`
+/// is 0.
+pub(crate) fn permille_of(of: u64, per: u64) -> Option<u64> {
+    (per != 0).then(|| (u128::from(of) * 1000 / u128::from(per)).min(u128::from(u64::MAX)) as u64)
 }
 
 impl Default for DiskFootprint {
