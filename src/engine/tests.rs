@@ -1916,14 +1916,29 @@ async fn daemon_on(
     (pods, shutdown, daemon)
 }
 
-/// The virtual time from `since` to the first removal on `sim` (the
-/// daemon's own usage check runs every 2 s).
-async fn first_removal_after(sim: &SimHandle, since: tokio::time::Instant) -> Duration {
+/// Asserts that the first removal on `sim` came within 0.5 s of `since`
+/// (virtual time: the daemon's own usage check runs every 2 s, so only a
+/// wake-up on `what` is that quick), stops the daemon, and asserts that
+/// every old image went but the one a pod names.
+async fn room_made_at_once_after(
+    what: &str,
+    since: tokio::time::Instant,
+    sim: &SimHandle,
+    shutdown: CancellationToken,
+    daemon: tokio::task::JoinHandle<()>,
+) {
     while sim.removed().is_empty() {
         assert!(since.elapsed() < Duration::from_secs(60), "nothing removed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    since.elapsed()
+    let after = since.elapsed();
+    assert!(
+        after < Duration::from_millis(500),
+        "the first removal {after:?} after {what}"
+    );
+    shutdown.cancel();
+    daemon.await.unwrap();
+    assert_eq!(sim.removed(), ["old-1", "old-2", "old-3", "old-4", "old-5"]);
 }
 
 fn pods_naming(references: &[(&str, &str)]) -> Arc<crate::policy::Protections> {
@@ -1945,14 +1960,7 @@ async fn the_daemon_makes_room_as_soon_as_a_pod_is_bound() {
         ("registry.test/app:2", "default/app-5f4"),
         ("old-0", "default/cron"),
     ]));
-    let after = first_removal_after(&sim, bound).await;
-    assert!(
-        after < Duration::from_millis(500),
-        "the first removal {after:?} after the binding"
-    );
-    shutdown.cancel();
-    daemon.await.unwrap();
-    assert_eq!(sim.removed(), ["old-1", "old-2", "old-3", "old-4", "old-5"]);
+    room_made_at_once_after("the binding", bound, &sim, shutdown, daemon).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -1977,14 +1985,7 @@ async fn the_daemon_makes_room_as_soon_as_a_pulls_size_is_read() {
     // The size is read: the usage check runs at once, not at its next turn.
     let answered = tokio::time::Instant::now();
     sizes.answer("registry.test/other:1", 420 * MB);
-    let after = first_removal_after(&sim, answered).await;
-    assert!(
-        after < Duration::from_millis(500),
-        "the first removal {after:?} after the answer"
-    );
-    shutdown.cancel();
-    daemon.await.unwrap();
-    assert_eq!(sim.removed(), ["old-1", "old-2", "old-3", "old-4", "old-5"]);
+    room_made_at_once_after("the answer", answered, &sim, shutdown, daemon).await;
 }
 
 #[tokio::test]
