@@ -140,17 +140,25 @@ def remove_dead_sandboxes(cluster):
         cluster.crictl("rmp", "--force", sandbox, check=False)
 
 
-def wait_space_settled(cluster, timeout=60):
-    """Until the image filesystem's usage holds still (two looks 2 s apart
-    agree): a runtime that frees space in the background is done."""
-    looks = [cluster.usage()[2]]
+def until_still(what, look, apart, timeout, same=lambda a, b: a == b):
+    """Looks with `look()` every `apart` seconds until two looks in a row
+    are the `same`; returns the last."""
+    looks = [look()]
 
     def settled():
-        time.sleep(2)
-        looks.append(cluster.usage()[2])
-        return abs(looks[-1] - looks[-2]) < 1 << 20
+        time.sleep(apart)
+        looks.append(look())
+        return same(looks[-2], looks[-1])
 
-    wait_for("the image filesystem's usage to hold still", settled, timeout, 0)
+    wait_for(what, settled, timeout, 0)
+    return looks[-1]
+
+
+def wait_space_settled(cluster, timeout=60):
+    """Until the image filesystem's usage holds still (two looks 2 s apart
+    within 1 MiB): a runtime that frees space in the background is done."""
+    until_still("the image filesystem's usage to hold still", lambda: cluster.usage()[2], 2, timeout,
+                lambda a, b: abs(a - b) < 1 << 20)
 
 
 def clear_images(cluster, keep):
@@ -220,15 +228,7 @@ def images_once_settled(cluster, timeout=120):
     """The image ids on the node once another collector's removals have
     ended: two looks 5 s apart agree (the kubelet removes its batch in one
     pass)."""
-    looks = [set(cri_images(cluster))]
-
-    def settled():
-        time.sleep(5)
-        looks.append(set(cri_images(cluster)))
-        return looks[-1] == looks[-2]
-
-    wait_for("the removals to end", settled, timeout, 0)
-    return looks[-1]
+    return until_still("the removals to end", lambda: set(cri_images(cluster)), 5, timeout)
 
 
 def monotonic_ms():
