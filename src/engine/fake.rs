@@ -1,8 +1,10 @@
 //! One fake node for the engine's tests: a runtime and its image
 //! filesystem in one ([`SimHandle`]), with hooks to fail, hang, delay or
 //! script each call, and the moves of other writers (a container created
-//! between two calls, space coming back in the background, an image
-//! someone else removes).
+//! between two calls, an image someone else removes). The filesystem is
+//! [`SimDisk`], the one the test kit's gRPC fake runtime measures too
+//! (space coming back in the background, other writers, scripted or
+//! failing readings, a split store).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,17 +13,18 @@ use std::time::Duration;
 
 use crate::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use crate::fs::{FsError, FsProbe, FsStats};
+use crate::sim::SimDisk;
 
 /// A runtime and a disk in one: removing an image gives back the bytes
 /// the test says it occupies on disk (0 for an image whose layers are
 /// all shared with another image still present).
 #[derive(Default)]
 pub(super) struct Sim {
+    /// The image filesystem (and, for a split store, the container
+    /// filesystem at [`CONTAINER_FS`]).
+    pub(super) disk: SimDisk,
     pub(super) images: Vec<Image>,
     pub(super) containers: Vec<Container>,
-    pub(super) on_disk: HashMap<String, u64>,
-    pub(super) capacity: u64,
-    pub(super) available: u64,
     pub(super) fail_remove: Vec<String>,
     /// `RemoveImage` of these times out and removes nothing.
     pub(super) hang_remove: Vec<String>,
@@ -38,18 +41,12 @@ pub(super) struct Sim {
     pub(super) fail_image_status: bool,
     /// `ImageStatus` of these fails.
     pub(super) fail_image_status_of: Vec<String>,
-    pub(super) fail_stats: bool,
     /// ListContainers fails while set: the runtime is down.
     pub(super) fail_lists: bool,
     pub(super) fail_status: bool,
     pub(super) removed: Vec<String>,
     /// When each removal was made (tokio's clock).
     pub(super) removed_at: Vec<tokio::time::Instant>,
-    /// Bytes of an image's removal that come back one reading after the
-    /// first one that follows the call (a deletion still under way).
-    pub(super) later: HashMap<String, u64>,
-    /// Bytes coming back, after how many more readings.
-    pub(super) coming: Option<(u32, u64)>,
     /// How long ListContainers takes (tokio's clock).
     pub(super) list_delay: Duration,
     /// Containers that appear right before the n-th ListContainers call.
@@ -57,10 +54,6 @@ pub(super) struct Sim {
     /// A container that appears right after the n-th ListContainers call
     /// answered (a container created on an image just re-checked).
     pub(super) appear_after_list: Option<(usize, Container)>,
-    /// Bytes something else on the filesystem writes between two
-    /// readings (a container's log, an emptyDir, a pull): free space never
-    /// holds still.
-    pub(super) writer: u64,
     /// An image someone else removes right before the n-th
     /// ListContainers call (after the listing of images that had it).
     pub(super) vanish_at_list: Option<(usize, String)>,
@@ -74,12 +67,8 @@ pub(super) struct Sim {
     pub(super) pods_at_list: Option<(usize, PodsSender, crate::policy::Protections)>,
     pub(super) lists: usize,
     /// A split store (KEP-4191): `ImageFsInfo` names a container
-    /// filesystem at [`CONTAINER_FS`], another filesystem of this capacity
-    /// and available bytes, which removing images never changes.
-    pub(super) container_fs: Option<(u64, u64)>,
-    /// Available bytes read in turn, the last repeated, in place of the
-    /// simulated disk's (a filesystem whose space comes back on a script).
-    pub(super) readings: std::collections::VecDeque<u64>,
+    /// filesystem at [`CONTAINER_FS`] (see [`Sim::split_store`]).
+    split_store: bool,
     /// The container event stream breaks as soon as it is opened (a
     /// runtime that accepts the call and fails it at once).
     pub(super) events_break: bool,
@@ -110,7 +99,20 @@ impl Sim {
     /// of the filesystem (what its removal gives back).
     pub(super) fn unused(&mut self, id: &str, size: u64, on_disk: u64) {
         self.images.push(crate::testing::library_image(id, size));
-        self.on_disk.insert(id.to_owned(), on_disk);
+        self.disk.occupy(id, on_disk);
+    }
+
+    /// A disk of `capacity` bytes, `available` of them available.
+    pub(super) fn disk(&mut self, capacity: u64, available: u64) {
+        self.disk.set(capacity, available);
+    }
+
+    /// A split store (KEP-4191): `ImageFsInfo` names a container
+    /// filesystem at [`CONTAINER_FS`], another filesystem of this capacity
+    /// and available bytes, which removing images never changes.
+    pub(super) fn split_store(&mut self, capacity: u64, available: u64) {
+        self.split_store = true;
+        self.disk.other_filesystem_sized(CONTAINER_FS, capacity, available);
     }
 }
 
@@ -121,14 +123,7 @@ impl Sim {
     /// The runtime removes an image.
     pub(super) fn remove(&mut self, id: &str) {
         self.images.retain(|i| i.id != id);
-        let freed = self.on_disk.remove(id).unwrap_or(0);
-        self.available = (self.available + freed).min(self.capacity);
-        // Background deletions add up (containerd 2.x frees what several
-        // removals left behind at once).
-        if let Some(bytes) = self.later.remove(id) {
-            let still = self.coming.map_or(0, |(_, b)| b);
-            self.coming = Some((1, still + bytes));
-        }
+        self.disk.release(id);
         self.removed.push(id.to_string());
         self.removed_at.push(tokio::time::Instant::now());
     }
@@ -251,12 +246,13 @@ impl Runtime for SimHandle {
         let images = self.image_fs_info().await?;
         // Without a split store the container filesystem is the image one,
         // as CRI-O names it.
-        let containers = match self.0.lock().unwrap().container_fs {
-            Some(_) => vec![ImageFsUsage {
+        let containers = if self.0.lock().unwrap().split_store {
+            vec![ImageFsUsage {
                 mount_point: CONTAINER_FS.to_string(),
                 ..Default::default()
-            }],
-            None => images.clone(),
+            }]
+        } else {
+            images.clone()
         };
         Ok(crate::cri::Filesystems { images, containers })
     }
@@ -269,8 +265,7 @@ impl Runtime for SimHandle {
         if sim.keep_on_remove.iter().any(|k| k == id) {
             // Its space comes back all the same (something else freed as
             // much, or the runtime deleted the content and kept the image).
-            let freed = sim.on_disk.remove(id).unwrap_or(0);
-            sim.available = (sim.available + freed).min(sim.capacity);
+            sim.disk.release(id);
             return Ok(Removed::Done);
         }
         if sim.fail_remove.iter().any(|f| f == id) {
@@ -316,54 +311,7 @@ impl Runtime for SimHandle {
 
 impl FsProbe for SimHandle {
     fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
-        let mut sim = self.0.lock().unwrap();
-        let sim = &mut *sim;
-        if let Some(&last) = sim.readings.back() {
-            let available = if sim.readings.len() > 1 {
-                sim.readings.pop_front().unwrap_or(last)
-            } else {
-                last
-            };
-            return Ok(FsStats {
-                capacity_bytes: sim.capacity,
-                available_bytes: available,
-                ..Default::default()
-            });
-        }
-        // Read once as they were, then with the bytes still coming.
-        match sim.coming {
-            Some((0, bytes)) => {
-                sim.available = (sim.available + bytes).min(sim.capacity);
-                sim.coming = None;
-            }
-            Some((left, bytes)) => sim.coming = Some((left - 1, bytes)),
-            None => {}
-        }
-        sim.available = sim.available.saturating_sub(sim.writer);
-        if sim.fail_stats {
-            return Err(FsError::Io {
-                path: path.display().to_string(),
-                source: std::io::Error::other("injected"),
-            });
-        }
-        if let Some((capacity, available)) = sim.container_fs {
-            // Two filesystems told apart by their ids.
-            let (capacity_bytes, available_bytes, filesystem_id) = if path == Path::new(CONTAINER_FS) {
-                (capacity, available, 2)
-            } else {
-                (sim.capacity, sim.available, 1)
-            };
-            return Ok(FsStats {
-                capacity_bytes,
-                available_bytes,
-                filesystem_id,
-                ..Default::default()
-            });
-        }
-        Ok(FsStats {
-            capacity_bytes: sim.capacity,
-            available_bytes: sim.available,
-            ..Default::default()
-        })
+        let disk = self.0.lock().unwrap().disk.clone();
+        disk.stats(path)
     }
 }

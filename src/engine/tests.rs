@@ -87,8 +87,8 @@ async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
 async fn settle(readings: &[u64]) -> (u64, Duration) {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.capacity = 1000;
-        s.readings = readings.iter().copied().collect();
+        s.disk.set(1000, 0);
+        s.disk.script_readings(readings.iter().copied());
     });
     let disk = Disk {
         probe: Arc::new(sim),
@@ -175,7 +175,7 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     sim.with(|s| {
         s.images = vec![image("a", 10), image("b", 10)];
         s.containers = vec![crate::testing::container_naming("c", "a")];
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let path = c.inventory.store.path().to_path_buf();
@@ -215,7 +215,7 @@ async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pa
         s.containers = vec![crate::testing::container_naming("c", "a")];
         // 69.55 % used: the exact ratio is under 70 %, the kubelet's
         // whole percent is 70.
-        (s.capacity, s.available) = (10_000, 3_045);
+        s.disk(10_000, 3_045);
     });
     let (mut c, _dir) = collector(&sim, |config| {
         config.gc.high_threshold_percent = 70;
@@ -226,7 +226,7 @@ async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pa
     assert_eq!(sample(&c, "imagegc_space_pass_due").as_deref(), Some("1"));
 
     // Freed to 69 % (rounded up): no pass due any more.
-    sim.with(|s| s.available = 3_150);
+    sim.with(|s| s.disk.set_available(3_150));
     cycle(&mut c).await;
     assert_eq!(sample(&c, "imagegc_space_pass_due").as_deref(), Some("0"));
 }
@@ -234,7 +234,7 @@ async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pa
 #[tokio::test]
 async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
     let sim = SimHandle::default();
-    sim.with(|s| (s.capacity, s.available) = (1000, 900));
+    sim.with(|s| s.disk(1000, 900));
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
     assert_eq!(report.outcome, Outcome::Success);
@@ -260,8 +260,8 @@ async fn below_threshold_removes_nothing() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100)];
-        s.on_disk.insert("a".into(), 100);
-        (s.capacity, s.available) = (1000, 600);
+        s.disk.occupy("a", 100);
+        s.disk(1000, 600);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -276,8 +276,8 @@ async fn over_high_frees_enough_or_reports_failure() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 450)];
-        s.on_disk.insert("a".into(), 450);
-        (s.capacity, s.available) = (1000, 50);
+        s.disk.occupy("a", 450);
+        s.disk(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -288,8 +288,8 @@ async fn over_high_frees_enough_or_reports_failure() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 50)];
-        s.on_disk.insert("a".into(), 50);
-        (s.capacity, s.available) = (1000, 50);
+        s.disk.occupy("a", 50);
+        s.disk(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -308,7 +308,7 @@ async fn unmeasurable_filesystem_fails_the_cycle_and_removes_nothing() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 450)];
-        s.fail_stats = true;
+        s.disk.fail(true);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -343,8 +343,8 @@ async fn on_a_split_store_only_the_image_filesystem_decides_and_the_container_on
             for id in ["a", "b", "c", "d"] {
                 s.unused(id, 100, 100);
             }
-            (s.capacity, s.available) = (1000, image_available);
-            s.container_fs = Some((1000, container_available));
+            s.disk(1000, image_available);
+            s.split_store(1000, container_available);
         });
         let (mut c, _dir) = collector(&sim, |_| {});
         let report = cycle(&mut c).await;
@@ -384,7 +384,7 @@ async fn without_a_split_store_no_container_filesystem_is_reported() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.unused("a", 100, 100);
-        (s.capacity, s.available) = (1000, 500);
+        s.disk(1000, 500);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     assert_eq!(cycle(&mut c).await.outcome, Outcome::Success);
@@ -409,7 +409,7 @@ async fn shared_layers_reach_low_in_one_cycle_and_no_further() {
         for (id, disk) in [("a", 50), ("b", 50), ("c", 150), ("d", 300), ("e", 300)] {
             s.unused(id, 200, disk);
         }
-        (s.capacity, s.available) = (1000, 50);
+        s.disk(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     // Give a strict LRU order a..e.
@@ -432,8 +432,8 @@ async fn space_still_coming_back_after_the_first_reading_ends_the_walk_before_th
             s.unused(id, 200, 100);
         }
         // "a": 100 at once, 100 more a moment after the call returns.
-        s.later.insert("a".into(), 100);
-        (s.capacity, s.available) = (1000, 50);
+        s.disk.frees_late("a", 100);
+        s.disk(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -460,7 +460,7 @@ fn old_images(sim: &SimHandle, count: usize) -> Records {
         for id in &ids {
             s.unused(id, 10, 10);
         }
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     Records::from_map(ids.iter().map(|id| crate::testing::history(&image(id, 10), old, old)))
 }
@@ -492,7 +492,7 @@ async fn the_space_walk_confirms_each_removal_beside_the_next_candidates_recheck
                 s.unused(&format!("i{i:02}"), 200, 20);
             }
             // Low (80 %) is 200 available: ten removals.
-            (s.capacity, s.available) = (1000, 0);
+            s.disk(1000, 0);
         });
         Records::new()
     })
@@ -641,7 +641,7 @@ async fn the_age_pass_counts_in_full_what_comes_back_after_the_first_reading() {
     let (mut c, dir) = collector_with_old_images(&sim, 3);
     // 10 at once, 30 more a moment later.
     sim.with(|s| {
-        s.later.insert("old00".into(), 30);
+        s.disk.frees_late("old00", 30);
     });
     let report = cycle(&mut c).await;
     assert_eq!(sim.removed(), ["old00", "old01", "old02"]);
@@ -661,7 +661,7 @@ async fn container_created_after_the_recheck_ahead(node: impl FnOnce(&SimHandle)
     // The listing is the first ListContainers, the first candidate's
     // re-check the second, the second candidate's re-check ahead the third.
     sim.with(|s| {
-        s.writer = 1;
+        s.disk.writer(1);
         s.appear_after_list = Some((3, crate::testing::container_naming("new", "old01")));
     });
     cycle(&mut c).await;
@@ -685,7 +685,7 @@ async fn the_space_walk_never_removes_on_a_recheck_gone_stale_while_another_writ
                 s.unused(&format!("old{i:02}"), 200, 100);
             }
             // Low (80 %) is 200 available: two removals.
-            (s.capacity, s.available) = (1000, 0);
+            s.disk(1000, 0);
         });
         Records::new()
     })
@@ -713,9 +713,9 @@ async fn an_image_that_comes_into_use_before_removal_is_kept() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.on_disk.insert("a".into(), 100);
-        s.on_disk.insert("b".into(), 100);
-        (s.capacity, s.available) = (1000, 0);
+        s.disk.occupy("a", 100);
+        s.disk.occupy("b", 100);
+        s.disk(1000, 0);
         // Cycle lists once, then re-checks before each removal: the
         // container appears right before "a" would go.
         s.appear_at_list = Some((2, crate::testing::container_naming("late", "a")));
@@ -731,8 +731,8 @@ async fn nothing_is_removed_while_status_never_answered() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("pause", 100)];
-        s.on_disk.insert("pause".into(), 100);
-        (s.capacity, s.available) = (1000, 0);
+        s.disk.occupy("pause", 100);
+        s.disk(1000, 0);
         s.fail_status = true;
     });
     let (mut c, _dir) = collector(&sim, |_| {});
@@ -754,9 +754,9 @@ async fn a_failed_removal_is_counted_and_the_walk_goes_on() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 300)];
-        s.on_disk.insert("a".into(), 100);
-        s.on_disk.insert("b".into(), 300);
-        (s.capacity, s.available) = (1000, 0);
+        s.disk.occupy("a", 100);
+        s.disk.occupy("b", 300);
+        s.disk(1000, 0);
         s.fail_remove = vec!["a".into()];
     });
     let (mut c, _dir) = collector(&sim, |_| {});
@@ -778,7 +778,7 @@ async fn dry_run_removes_nothing_and_estimates_by_size() {
         for id in ["a", "b", "c"] {
             s.unused(id, 100, 100);
         }
-        (s.capacity, s.available) = (1000, 50);
+        s.disk(1000, 50);
     });
     let (mut c, dir) = collector(&sim, |c| c.gc.dry_run = true);
     let report = cycle(&mut c).await;
@@ -801,7 +801,7 @@ async fn cancellation_stops_between_removals_and_saves_state() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100)];
-        (s.capacity, s.available) = (1000, 0);
+        s.disk(1000, 0);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     let cancel = CancellationToken::new();
@@ -817,8 +817,8 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.on_disk.insert("a".into(), 200);
-        (s.capacity, s.available) = (1000, 50);
+        s.disk.occupy("a", 200);
+        s.disk(1000, 50);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -828,7 +828,7 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     newer.id = "a2".to_string();
     sim.with(|s| {
         s.images.push(newer);
-        s.available = 900;
+        s.disk.set_available(900);
     });
     cycle(&mut c).await;
     assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 0"));
@@ -856,8 +856,8 @@ async fn age_pass_runs_before_space_and_counts_by_reason() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("old", 100)];
-        s.on_disk.insert("old".into(), 100);
-        (s.capacity, s.available) = (1000, 900);
+        s.disk.occupy("old", 100);
+        s.disk(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(60));
     // First seen now: not old yet.
@@ -899,8 +899,8 @@ async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100)];
-        s.on_disk.insert("a".into(), 100);
-        (s.capacity, s.available) = (1000, 50);
+        s.disk.occupy("a", 100);
+        s.disk(1000, 50);
         s.hang_remove = vec!["a".to_string()];
     });
     let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
@@ -913,7 +913,7 @@ async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted
     // The runtime finished the removal meanwhile.
     sim.with(|s| {
         s.images = vec![image("b", 100)];
-        s.available = 900;
+        s.disk.set_available(900);
     });
     cycle(&mut next).await;
     cycle(&mut next).await;
@@ -935,14 +935,14 @@ async fn a_removal_that_timed_out_and_went_is_journaled_by_the_same_process() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        (s.capacity, s.available) = (1000, 50);
+        s.disk(1000, 50);
         s.hang_remove = vec!["a".to_string()];
     });
     let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
     assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
     sim.with(|s| {
         s.images.retain(|i| i.id != "a");
-        s.available = 900;
+        s.disk.set_available(900);
     });
     assert!(c.poll_usage().await.is_ok());
     let entries = journaled(&dir);
@@ -980,7 +980,7 @@ fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfi
 #[tokio::test]
 async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
     let sim = SimHandle::default();
-    sim.with(|s| (s.capacity, s.available) = (1000, 900));
+    sim.with(|s| s.disk(1000, 900));
     let (mut c, dir) = collector(&sim, |_| {});
     an_earlier_process_asked_to_remove(&mut c, &dir, "a");
     // The runtime is restarting: it lists nothing.
@@ -1011,7 +1011,7 @@ async fn a_partial_listing_never_settles_a_removal_the_runtime_did_not_make_as_d
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1056,8 +1056,8 @@ async fn a_removal_of_a_that_times_out(
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
         s.containers = vec![crate::testing::container_naming("c", "app")];
-        s.on_disk.insert("a".into(), 100);
-        (s.capacity, s.available) = (1000, 50);
+        s.disk.occupy("a", 100);
+        s.disk(1000, 50);
         s.hang_remove = vec!["a".to_string()];
         if let Some(lists) = finish_after_lists {
             s.finish_after_lists.insert("a".into(), lists);
@@ -1141,7 +1141,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("old", 100), image("a", 100), image("b", 100), image("c", 100)];
-        (s.capacity, s.available) = (1000, 50);
+        s.disk(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |c| {
         c.gc.dry_run = true;
@@ -1207,7 +1207,7 @@ async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100), image("c", 100)];
-        (s.capacity, s.available) = (1000, 0);
+        s.disk(1000, 0);
         // b gains, between the listing and its removal, the name a pod
         // bound to the node runs.
         s.tag_at_list = Some((2, "b".to_string(), "docker.io/library/web:1".to_string()));
@@ -1225,7 +1225,7 @@ async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
     assert_eq!(report.removed.len(), 1);
     // Once the pods are gone, so is the protection.
     c.set_protections(crate::policy::Protections::default());
-    sim.with(|s| s.available = 0);
+    sim.with(|s| s.disk.set_available(0));
     cycle(&mut c).await;
     assert_eq!(sim.removed()[..2], ["c", "a"]);
 }
@@ -1237,7 +1237,7 @@ async fn a_keep_rule_added_to_the_rules_holds_in_the_plan_and_at_the_recheck() {
         let mut a = image("a", 100);
         a.repo_tags = vec!["docker.io/library/keep:1".to_string()].into();
         s.images = vec![a, image("b", 100), image("c", 100)];
-        (s.capacity, s.available) = (1000, 0);
+        s.disk(1000, 0);
         // b gains, between the listing and its removal, the name the rule
         // keeps.
         // (Listings of containers: `observe` below, the cycle's, then b's re-check.)
@@ -1279,7 +1279,7 @@ async fn an_image_someone_else_removed_before_its_recheck_is_gone_already_not_ke
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        (s.capacity, s.available) = (1000, 0);
+        s.disk(1000, 0);
         // Removed by another collector between the listing and a's re-check.
         s.gone_at_list = Some((2, "a".to_string()));
     });
@@ -1301,7 +1301,7 @@ async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
     let (sender, pods) = tokio::sync::watch::channel(Arc::new(crate::policy::Protections::default()));
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        (s.capacity, s.available) = (1000, 0);
+        s.disk(1000, 0);
         // The watch learns of a pod naming b after the cycle's listing,
         // before b's re-check.
         let pods = crate::policy::Protections {
@@ -1328,7 +1328,7 @@ fn after_an_earlier_process_removed_a() -> (
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("b", 100)];
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     an_earlier_process_asked_to_remove(&mut c, &dir, "a");
@@ -1397,7 +1397,7 @@ async fn an_image_someone_else_removes_is_counted_once_with_its_last_known_size(
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 250), image("c", 40)];
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1430,7 +1430,7 @@ async fn an_image_a_partial_listing_omits_is_not_removed_by_others() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1464,9 +1464,9 @@ async fn a_candidate_someone_else_removed_before_its_recheck_is_counted() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.on_disk.insert("a".into(), 100);
-        s.on_disk.insert("b".into(), 100);
-        (s.capacity, s.available) = (1000, 50);
+        s.disk.occupy("a", 100);
+        s.disk.occupy("b", 100);
+        s.disk(1000, 50);
         // Listed by the cycle, gone by its re-check.
         s.vanish_at_list = Some((1, "a".to_string()));
     });
@@ -1514,7 +1514,7 @@ async fn a_removal_journaled_before_a_kill_that_left_its_record_is_not_removed_b
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1548,7 +1548,7 @@ async fn images_whose_status_cannot_be_read_do_not_keep_the_others_from_being_as
             .map(|id| image(id, 10))
             .chain([image("x", 7), image("kept", 1)])
             .collect();
-        (s.capacity, s.available) = (1000, 900);
+        s.disk(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1604,7 +1604,7 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
             crate::testing::container_naming("c4", "4"),
             crate::testing::container_naming("c5", "5"),
         ];
-        (s.capacity, s.available) = (1000 * MB, 100 * MB);
+        s.disk(1000 * MB, 100 * MB);
     });
     let (c, _dir) = collector(&sim, configure);
     let now = SystemTime::now();
@@ -1646,9 +1646,9 @@ async fn full_disk_removed_in_the_background(line: crate::config::EvictionThresh
     sim.with(|s| {
         for id in ["a", "b", "c", "d"] {
             s.unused(id, 100, 0);
-            s.later.insert(id.into(), 100);
+            s.disk.frees_late(id, 100);
         }
-        (s.capacity, s.available) = (1000, 0);
+        s.disk(1000, 0);
     });
     let (mut c, _dir) = collector(&sim, |c| c.eviction_imagefs_available = Some(line));
     let report = cycle(&mut c).await;
@@ -1691,9 +1691,9 @@ async fn a_hurry_that_expected_more_than_came_back_goes_on_from_the_measurement(
     sim.with(|s| {
         for id in ["a", "b", "c", "d", "e"] {
             s.unused(id, 100, 0);
-            s.later.insert(id.into(), 50);
+            s.disk.frees_late(id, 50);
         }
-        (s.capacity, s.available) = (1000, 0);
+        s.disk(1000, 0);
     });
     let (mut c, _dir) = collector(&sim, |c| {
         c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(15.0));
@@ -1721,7 +1721,7 @@ async fn below_high_after_a_pull(big: Option<u64>) -> (SimHandle, CycleReport) {
             s.images.push(image("big", size));
             s.containers = vec![crate::testing::container_naming("job", "big")];
         }
-        (s.capacity, s.available) = (10_000, 2_200);
+        s.disk(10_000, 2_200);
     });
     let (mut c, _dir) = collector(&sim, |c| {
         c.gc.high_threshold_percent = 80;
@@ -1765,7 +1765,7 @@ async fn a_pod_on_a_node_that_had_its_repository(
         for i in 0..6 {
             s.unused(&format!("old-{i}"), 25 * MB, 25 * MB);
         }
-        (s.capacity, s.available) = (1000 * MB, 650 * MB);
+        s.disk(1000 * MB, 650 * MB);
     });
     // The node had app:1 when the last process saved its records (it went
     // since); its next process remembers its size.
@@ -1812,13 +1812,18 @@ async fn a_pull_coming_for_a_pod_that_would_cross_the_eviction_line_gets_its_roo
     assert!(report.hurried, "the pull would cross the line: no settle waits");
     assert_eq!(sample(&c, "imagegc_room_before_pulls_total").as_deref(), Some("1"));
     // The pull's blobs arrive: the room was made for them, nothing more goes.
-    sim.with(|s| s.available -= 300 * MB);
-    assert_eq!(c.check_usage(), Some(false), "{:?}", sim.0.lock().unwrap().available);
+    sim.with(|s| s.disk.set_available(s.disk.available() - 300 * MB));
+    assert_eq!(
+        c.check_usage(),
+        Some(false),
+        "{:?}",
+        sim.0.lock().unwrap().disk.available()
+    );
     cycle(&mut c).await;
     assert_eq!(sim.removed().len(), 5);
     // The image lands under the line.
     sim.with(|s| {
-        s.available -= 120 * MB;
+        s.disk.set_available(s.disk.available() - 120 * MB);
         s.images.push(Image {
             repo_tags: vec!["registry.test/app:2".to_string()].into(),
             ..image("app-2", 420 * MB)
@@ -2058,7 +2063,7 @@ async fn a_manifests_size_is_scaled_to_what_the_runtime_reports_and_each_arrival
     // It arrives reported at its manifest's size (incompressible layers):
     // the ratio moves halfway, from 2.6 to 1.8.
     sim.with(|s| {
-        s.available -= 150 * MB;
+        s.disk.set_available(s.disk.available() - 150 * MB);
         s.images.push(Image {
             repo_tags: vec!["registry.test/other:1".to_string()].into(),
             ..image("other-1", 150 * MB)

@@ -1,7 +1,12 @@
 //! [`SimDisk`]: an image filesystem in memory, measured through
-//! [`FsProbe`] like a real one.
+//! [`FsProbe`] like a real one. The engine's fake node and the test kit's
+//! fake runtime both measure this one disk, with
+//! the ways real filesystems surprise a reader: space that comes back a
+//! moment after a removal (containerd 2.x deletes in the background),
+//! something else writing between two readings, a scripted series of
+//! readings, a failing `statvfs`, another filesystem mounted below.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -21,9 +26,21 @@ struct DiskState {
     on_disk: HashMap<String, u64>,
     zero_capacity: bool,
     measurements: usize,
-    /// Paths under which another filesystem is mounted (see
-    /// [`SimDisk::other_filesystem_at`]).
-    elsewhere: Vec<PathBuf>,
+    /// Paths under which another filesystem is mounted, with its capacity
+    /// and available bytes (see [`SimDisk::other_filesystem_at`]).
+    elsewhere: Vec<(PathBuf, u64, u64)>,
+    /// What an image's removal gives back in the background, on top of
+    /// what it [occupied](SimDisk::occupy) (see [`SimDisk::frees_late`]).
+    late: HashMap<String, u64>,
+    /// Bytes coming back, after how many more readings.
+    coming: Option<(u32, u64)>,
+    /// Bytes something else writes before each reading.
+    writer: u64,
+    /// Available bytes read in turn, the last repeated (see
+    /// [`SimDisk::script_readings`]).
+    readings: VecDeque<u64>,
+    /// `statvfs` fails while set.
+    failing: bool,
 }
 
 /// The simulated disk's filesystem id, and that of the filesystem mounted
@@ -77,7 +94,49 @@ impl SimDisk {
     /// Another filesystem (roomy, empty) is mounted at `path`: a path under
     /// it is measured there, with another filesystem id.
     pub fn other_filesystem_at(&self, path: impl AsRef<Path>) {
-        self.lock().elsewhere.push(path.as_ref().to_path_buf());
+        self.other_filesystem_sized(path, OTHER_FILESYSTEM_BYTES, OTHER_FILESYSTEM_BYTES);
+    }
+
+    /// Another filesystem of `capacity` bytes, `available` of them
+    /// available, is mounted at `path` (a split store's container
+    /// filesystem): removing images never changes it.
+    pub fn other_filesystem_sized(&self, path: impl AsRef<Path>, capacity: u64, available: u64) {
+        let mut state = self.lock();
+        let path = path.as_ref().to_path_buf();
+        state.elsewhere.retain(|(p, _, _)| *p != path);
+        state.elsewhere.push((path, capacity, available));
+    }
+
+    /// The image's removal gives `bytes` back in the background: not at
+    /// the first reading after it, at the one after that. Removals close
+    /// together add up (containerd 2.x frees what several removals left
+    /// behind at once).
+    pub fn frees_late(&self, image_id: &str, bytes: u64) {
+        self.lock().late.insert(image_id.to_string(), bytes);
+    }
+
+    /// Something else writes `bytes` before each reading (a container's
+    /// log, an emptyDir, a pull): free space never holds still.
+    pub fn writer(&self, bytes: u64) {
+        self.lock().writer = bytes;
+    }
+
+    /// `bytes` come back after `readings` more readings (a deletion under
+    /// way that is no image's).
+    pub fn coming(&self, readings: u32, bytes: u64) {
+        self.lock().coming = Some((readings, bytes));
+    }
+
+    /// The readings answer these available bytes in turn, the last one
+    /// repeated, whatever is removed (a filesystem whose space comes back
+    /// on a script).
+    pub fn script_readings(&self, available: impl IntoIterator<Item = u64>) {
+        self.lock().readings = available.into_iter().collect();
+    }
+
+    /// `statvfs` fails while `failing` is set.
+    pub fn fail(&self, failing: bool) {
+        self.lock().failing = failing;
     }
 
     /// How many times the filesystem was measured.
@@ -86,10 +145,16 @@ impl SimDisk {
     }
 
     /// The image is gone: what it [occupied](Self::occupy) is available
-    /// again; nothing if it occupied nothing.
+    /// again; nothing if it occupied nothing. What it [frees
+    /// late](Self::frees_late) comes back a reading later.
     pub fn release(&self, image_id: &str) {
-        let freed = self.lock().on_disk.remove(image_id).unwrap_or(0);
-        self.free(freed);
+        let mut state = self.lock();
+        let freed = state.on_disk.remove(image_id).unwrap_or(0);
+        state.available = state.available.saturating_add(freed).min(state.capacity);
+        if let Some(bytes) = state.late.remove(image_id) {
+            let still = state.coming.map_or(0, |(_, b)| b);
+            state.coming = Some((1, still.saturating_add(bytes)));
+        }
     }
 
     /// `bytes` more are available, up to the capacity.
@@ -102,14 +167,45 @@ impl SimDisk {
 impl FsProbe for SimDisk {
     fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
         let mut state = self.lock();
+        let state = &mut *state;
         state.measurements += 1;
-        if state.elsewhere.iter().any(|other| path.starts_with(other)) {
+        if let Some(&(_, capacity, available)) = state.elsewhere.iter().find(|(other, _, _)| path.starts_with(other)) {
             return Ok(FsStats {
-                capacity_bytes: OTHER_FILESYSTEM_BYTES,
-                available_bytes: OTHER_FILESYSTEM_BYTES,
-                free_bytes: OTHER_FILESYSTEM_BYTES,
+                capacity_bytes: capacity,
+                available_bytes: available,
+                free_bytes: available,
                 filesystem_id: OTHER_FILESYSTEM_ID,
                 ..Default::default()
+            });
+        }
+        if let Some(&last) = state.readings.back() {
+            let available = if state.readings.len() > 1 {
+                state.readings.pop_front().unwrap_or(last)
+            } else {
+                last
+            };
+            return Ok(FsStats {
+                capacity_bytes: state.capacity,
+                available_bytes: available,
+                free_bytes: available,
+                filesystem_id: SIM_FILESYSTEM_ID,
+                ..Default::default()
+            });
+        }
+        // Read once as they were, then with the bytes still coming.
+        match state.coming {
+            Some((0, bytes)) => {
+                state.available = state.available.saturating_add(bytes).min(state.capacity);
+                state.coming = None;
+            }
+            Some((left, bytes)) => state.coming = Some((left - 1, bytes)),
+            None => {}
+        }
+        state.available = state.available.saturating_sub(state.writer);
+        if state.failing {
+            return Err(FsError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::other("injected"),
             });
         }
         if state.zero_capacity || state.capacity == 0 {
@@ -158,5 +254,41 @@ mod tests {
             disk.stats(Path::new("/var/lib/containerd")),
             Err(FsError::ZeroCapacity { .. })
         ));
+    }
+
+    #[test]
+    fn space_freed_in_the_background_comes_back_one_reading_late_and_adds_up() {
+        let disk = SimDisk::new(1_000, 0);
+        let here = Path::new("/var/lib/containerd");
+        for (image, late) in [("a", 100), ("b", 50)] {
+            disk.occupy(image, 10);
+            disk.frees_late(image, late);
+        }
+        disk.release("a");
+        disk.release("b");
+        let available = |disk: &SimDisk| disk.stats(here).unwrap().available_bytes;
+        assert_eq!(available(&disk), 20, "what each occupied comes back at once");
+        assert_eq!(available(&disk), 170, "what each freed late, together, a reading later");
+        assert_eq!(available(&disk), 170);
+        disk.writer(5);
+        assert_eq!(available(&disk), 165, "something else writes before each reading");
+        assert_eq!(available(&disk), 160);
+    }
+
+    #[test]
+    fn scripted_readings_answer_in_turn_and_a_failing_statvfs_errs() {
+        let disk = SimDisk::new(1_000, 0);
+        let here = Path::new("/var/lib/containerd");
+        disk.script_readings([300, 200]);
+        let readings: Vec<u64> = (0..3).map(|_| disk.stats(here).unwrap().available_bytes).collect();
+        assert_eq!(readings, [300, 200, 200], "the last one repeated");
+        disk.other_filesystem_sized("/containers", 500, 50);
+        let there = disk.stats(Path::new("/containers/x")).unwrap();
+        assert_eq!((there.capacity_bytes, there.available_bytes), (500, 50));
+        disk.script_readings([]);
+        disk.fail(true);
+        assert!(matches!(disk.stats(here), Err(FsError::Io { .. })));
+        disk.fail(false);
+        assert_eq!(disk.stats(here).unwrap().available_bytes, 0);
     }
 }

@@ -4,8 +4,8 @@
 //! - [`SimDisk`] is an image filesystem that implements [`FsProbe`]: a
 //!   capacity, available bytes, and what each image really occupies,
 //!   changed by whoever holds it and measured by the collector like a real
-//!   one. The integration tests and the benches measure it instead of a
-//!   real disk.
+//!   one. The engine's tests, the integration tests and the benches
+//!   measure it instead of a real disk.
 //! - [`trace`]: a node's usage over time (layers, images, container starts
 //!   and stops), synthetic or read from a file of JSON lines.
 //! - [`workload`]: four seeded generators of synthetic traces (a service
