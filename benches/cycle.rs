@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime};
 use common::{median, ms, selected_cases, spread};
 use imagegc::config::Config;
 use imagegc::cri::{self, CriClient, Runtime, proto};
-use imagegc::engine::{Collector, Outcome};
+use imagegc::engine::{Collector, Outcome, Settings};
 use imagegc::fs::Statvfs;
 use imagegc::outputs::metrics::Metrics;
 use imagegc::records::Records;
@@ -179,14 +179,21 @@ fn config(state_dir: &Path, high: u8, max_age: Duration) -> Arc<Config> {
     Arc::new(config)
 }
 
-fn collector(client: CriClient, config: Arc<Config>) -> Collector<CriClient> {
+fn collector(client: CriClient, config: &Config) -> Collector<CriClient> {
     collector_with(client, config, Arc::new(Metrics::new()))
 }
 
 /// [`collector`], its calls timed in `metrics`.
-fn collector_with(client: CriClient, config: Arc<Config>, metrics: Arc<Metrics>) -> Collector<CriClient> {
+fn collector_with(client: CriClient, config: &Config, metrics: Arc<Metrics>) -> Collector<CriClient> {
     let client = client.observed_by(Arc::clone(&metrics));
-    Collector::load(client, config, Arc::new(Statvfs), metrics, Clock::start())
+    Collector::load(
+        client,
+        Settings::from(config),
+        &config.state.dir,
+        Arc::new(Statvfs),
+        metrics,
+        Clock::start(),
+    )
 }
 
 /// The time the cycle's own `RemoveImage` calls took, in milliseconds:
@@ -236,7 +243,7 @@ async fn bare_calls(client: &CriClient) -> Duration {
 async fn idle(bed: &TestBed) {
     let client = cri::connect(bed.endpoint(), CALL_TIMEOUT).expect("an endpoint");
     let state = state_dir(bed, "state-idle");
-    let mut collector = collector(client.clone(), config(&state, 100, Duration::ZERO));
+    let mut collector = collector(client.clone(), &config(&state, 100, Duration::ZERO));
     let cancel = CancellationToken::new();
     for _ in 0..WARMUP {
         collector.cycle(&cancel).await;
@@ -324,7 +331,7 @@ async fn removals(a: &TestBed, b: &TestBed, ids: &[String]) {
         write_state(&state, &a.list_images().await, &victims);
         let metrics = Arc::new(Metrics::new());
         let config = config(&state, 100, Duration::from_secs(3600));
-        let mut collector = collector_with(client_a.clone(), config, Arc::clone(&metrics));
+        let mut collector = collector_with(client_a.clone(), &config, Arc::clone(&metrics));
         let report = collector.cycle(&CancellationToken::new()).await;
         let own = own_remove_calls_ms(&metrics);
         assert_eq!(report.outcome, Outcome::Success);

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use imagegc::config::Config;
 use imagegc::cri::{Container, ContainerState, Image};
-use imagegc::engine::Collector;
+use imagegc::engine::{Collector, Settings};
 use imagegc::outputs::metrics::Metrics;
 use imagegc::sim::SimDisk;
 use imagegc::time::Clock;
@@ -90,7 +90,8 @@ fn main() {
             config.state.dir = dir.path().join("state");
             let mut collector = Collector::load(
                 client,
-                Arc::new(config),
+                Settings::from(&config),
+                &config.state.dir,
                 // 1 TiB, half of it free: never a space pass.
                 Arc::new(SimDisk::new(1 << 40, 1 << 39)),
                 Arc::new(Metrics::new()),

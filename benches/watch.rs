@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use common::{free_local_addr, imagegc_binary, median, ms, selected_cases, spread};
 use imagegc::config::{Config, DEFAULT_INTERVAL, DEFAULT_USAGE_POLL_INTERVAL};
 use imagegc::cri::{self, Runtime};
-use imagegc::engine::Collector;
+use imagegc::engine::{Collector, Settings};
 use imagegc::fs::Statvfs;
 use imagegc::outputs::metrics::Metrics;
 use imagegc::time::Clock;
@@ -117,7 +117,8 @@ async fn poll_cost(bed: &TestBed) {
     config.metrics.listen = None;
     let mut collector = Collector::load(
         client.clone(),
-        Arc::new(config),
+        Settings::from(&config),
+        &config.state.dir,
         Arc::new(Statvfs),
         Arc::new(Metrics::new()),
         Clock::start(),

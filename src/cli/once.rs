@@ -9,8 +9,8 @@ use super::table::{Table, human_bytes, printable, short_id, tags_cell};
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
 use crate::cri::CriClient;
-use crate::engine::Collector;
 use crate::engine::report::{CycleReport, Outcome, Removal};
+use crate::engine::{Collector, Settings};
 use crate::fs::Statvfs;
 use crate::outputs::metrics::Metrics;
 use crate::policy::{Protections, SpaceOutlook};
@@ -60,7 +60,8 @@ pub async fn once(
 ) -> Result<ExitStatus, CliError> {
     let mut collector = Collector::load(
         runtime,
-        Arc::new(config),
+        Settings::from(&config),
+        &config.state.dir,
         Arc::new(Statvfs),
         Arc::new(Metrics::new()),
         Clock::start(),

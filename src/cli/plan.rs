@@ -14,13 +14,13 @@ use super::table::{ContainerFsView, Table, fs_line, human_bytes, image_bytes_lin
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::{Config, Order};
 use crate::cri::CriClient;
-use crate::engine::{Collector, Restored};
+use crate::engine::{Collector, Restored, Settings};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::outputs::metrics::Metrics;
 use crate::policy::headroom::HEADROOM_WINDOW;
 use crate::policy::{
-    self, Candidate, ComingPull, Forecast, GcPolicy, ImageBytes, KeepReason, Kept, LargestPull, Plan, Protections,
-    Reason, SpaceOutlook, SpaceTarget,
+    self, Candidate, ComingPull, Forecast, ImageBytes, KeepReason, Kept, LargestPull, Plan, Protections, Reason,
+    SpaceOutlook, SpaceTarget,
 };
 use crate::store::state::{Known, StateStore};
 use crate::time::{Clock, ago, rfc3339};
@@ -102,18 +102,18 @@ pub async fn plan(
     // The daemon's collector, writing nothing: its observe, its records,
     // its cycle's plan. What the daemon learnt of each container and pod
     // costs no call.
-    let pull_history = GcPolicy::from(&*config).pull_history();
+    let settings = Settings::from(&*config);
     let restored = Restored::load_from(
         StateStore::new(&config.state.dir).read_only(),
         &config.state.dir,
         &clock,
-        config.gc.interval,
-        config.gc.thrash_window,
-        pull_history,
+        settings.interval,
+        settings.thrash_window,
+        settings.policy.pull_history(),
     );
     let mut collector = Collector::new(
         runtime,
-        Arc::clone(&config),
+        settings,
         restored,
         Arc::new(Statvfs),
         Arc::new(Metrics::new()),
@@ -607,7 +607,7 @@ mod tests {
             capacity_bytes: 100,
             ..Default::default()
         };
-        let target = GcPolicy::from(&Config::default()).target;
+        let target = crate::policy::GcPolicy::from(&Config::default()).target;
         let forecast = Forecast::of(Walk::estimated(target, fs, &plan.space, total_size(&plan.age)), |_| {
             false
         });
@@ -632,7 +632,7 @@ mod tests {
         config.gc.high_inodes_percent = Some(90);
         config.gc.low_inodes_percent = Some(80);
         let plan = Plan::default();
-        let target = GcPolicy::from(&config).target;
+        let target = crate::policy::GcPolicy::from(&config).target;
         let forecast = Forecast::of(Walk::estimated(target, fs, &plan.space, 0), |_| false);
         let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass, "a cycle would run a space pass on inodes");

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
-use crate::engine::{Collector, Tracking, UsageTracker};
+use crate::engine::{Collector, Settings, Tracking, UsageTracker};
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::store::state::StartOnly;
 use crate::time::sleep_until_some;
@@ -89,11 +89,11 @@ fn host_name() -> Option<String> {
 // what is read in one place; its steps are the functions below.
 pub async fn run<R: Runtime>(
     mut collector: Collector<R>,
+    mut config: Arc<Config>,
     health: Arc<Health>,
     shutdown: CancellationToken,
     mut reloads: mpsc::UnboundedReceiver<Arc<Config>>,
 ) {
-    let config = Arc::clone(collector.config());
     if config.collection_disabled() {
         info!(
             "gc.high_threshold_percent is 100 and gc.max_age is 0: nothing will ever be removed; \
@@ -129,7 +129,6 @@ pub async fn run<R: Runtime>(
 
     loop {
         health.heartbeat();
-        let config = Arc::clone(collector.config());
         if runtime_up == Some(true) {
             usage.open_stream_if_due(collector.runtime());
         }
@@ -141,16 +140,15 @@ pub async fn run<R: Runtime>(
             biased;
             () = shutdown.cancelled() => break,
             Some(new_config) = reloads.recv() => {
-                let old_interval = collector.config().gc.interval;
-                apply_reload(&mut collector, &health, new_config);
-                let config = collector.config();
+                let old_interval = config.gc.interval;
+                apply_reload(&mut collector, &health, &mut config, new_config);
                 if let Some(ended) = interval_from
                     && config.gc.interval != old_interval
                 {
                     next_cycle = ended + config.gc.interval;
                     debug!(next_in_ms = next_cycle.saturating_duration_since(Instant::now()).as_millis() as u64, "next cycle rescheduled for the new interval");
                 }
-                usage.reconfigure(tracking(config));
+                usage.reconfigure(tracking(&config));
             }
             () = sleep_until(next_cycle) => {
                 let ok = run_cycle(&mut collector, &shutdown).await;
@@ -439,8 +437,8 @@ async fn poll<R: Runtime>(collector: &mut Collector<R>, runtime_up: &mut Option<
 /// [`restart_keys`]): those are named in one warning, and the running
 /// values stay. `runtime.timeout` reaches the runtime client's deadline and
 /// the liveness window at once; the interval is rescheduled by the caller.
-fn apply_reload<R: Runtime>(collector: &mut Collector<R>, health: &Health, new: Arc<Config>) {
-    let restart = restart_keys(collector.config(), &new);
+fn apply_reload<R: Runtime>(collector: &mut Collector<R>, health: &Health, config: &mut Arc<Config>, new: Arc<Config>) {
+    let restart = restart_keys(config, &new);
     if !restart.is_empty() {
         warn!(
             keys = %restart.join(", "),
@@ -453,7 +451,8 @@ fn apply_reload<R: Runtime>(collector: &mut Collector<R>, health: &Health, new: 
     collector.runtime().set_timeout(new.runtime.timeout);
     health.set_liveness_window(start::liveness_window(&new));
     info!("configuration reloaded; it applies from the next cycle");
-    collector.set_config(new);
+    collector.set_settings(Settings::from(&*new));
+    *config = new;
 }
 
 /// The keys changed from `old` to `new` that apply only at start: the

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::{Health, RETRY_CAP, RETRY_FIRST};
 use crate::config::Config;
 use crate::cri::{self, CriClient};
-use crate::engine::Collector;
+use crate::engine::{Collector, Settings};
 use crate::fs::{FsProbe, Statvfs};
 use crate::outputs::metrics::Metrics;
 use crate::time::Clock;
@@ -114,9 +114,11 @@ impl Daemon {
                 .then(|| start_usage_log(&self.config.state.dir, clock))
                 .flatten();
             // The state directory, read once, before anything else runs.
+            let config = Arc::new(self.config);
             let mut collector = Collector::load(
                 runtime,
-                Arc::new(self.config),
+                Settings::from(&*config),
+                &config.state.dir,
                 self.probe,
                 Arc::clone(&self.metrics),
                 clock,
@@ -132,13 +134,13 @@ impl Daemon {
                 }
                 if let Some(mut pods) = started.pods {
                     collector.protections_from(pods.protections.clone());
-                    if let Some(sizes) = crate::kubernetes::registry::start(&collector.config().kubernetes, &shutdown) {
+                    if let Some(sizes) = crate::kubernetes::registry::start(&config.kubernetes, &shutdown) {
                         collector = collector.with_pull_sizes(sizes);
                     }
                     wait_for_pods(&mut pods, &shutdown).await;
                 }
             }
-            super::run(collector, self.health, shutdown.clone(), reloads).await;
+            super::run(collector, config, self.health, shutdown.clone(), reloads).await;
             if let Some(log) = usage_log {
                 log.close();
             }

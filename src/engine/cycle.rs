@@ -43,7 +43,7 @@ impl<R: Runtime> Collector<R> {
         self.look_again_at = None;
         self.sinks.emit(&Event::CycleStarted);
         let started = std::time::Instant::now();
-        let dry_run = self.config.gc.dry_run;
+        let dry_run = self.settings.dry_run;
         let mut report = CycleReport::new(dry_run);
         let span = tracing::info_span!("cycle", dry_run);
         let _enter = span.enter();
@@ -95,7 +95,7 @@ impl<R: Runtime> Collector<R> {
         // The latest; shared, not borrowed: the plan holds on to it through
         // removals.
         let protections = self.protections();
-        let gc_policy = Arc::clone(&self.policy);
+        let gc_policy = Arc::clone(&self.settings.policy);
         // The pulls pods bound to the node are about to make, and of them
         // those room is not made for yet.
         let coming = self.coming_pulls(&snapshot.images, &protections);
@@ -263,7 +263,7 @@ impl<R: Runtime> Collector<R> {
             self.note_outlook(None);
             cx.report.space_unreachable = None;
         } else {
-            self.look_again_at = Some(tokio::time::Instant::now() + cycle.look_again(self.config.gc.interval, false));
+            self.look_again_at = Some(tokio::time::Instant::now() + cycle.look_again(self.settings.interval, false));
             let freed = cx
                 .report
                 .before
@@ -368,14 +368,14 @@ impl<R: Runtime> Collector<R> {
     fn hurry_if_past_the_line(&mut self, walk: &mut Walk<'_, '_>, cx: &mut CycleContext<'_>) {
         let stats = walk.stats();
         let coming = crate::policy::coming::total_on_disk(cx.coming, self.inventory.footprint);
-        if walk.estimating() || cx.report.dry_run || !self.policy.past_eviction_line(&stats, coming) {
+        if walk.estimating() || cx.report.dry_run || !self.settings.policy.past_eviction_line(&stats, coming) {
             return;
         }
         walk.hurry(self.inventory.footprint);
         cx.report.hurried = true;
         self.sinks.emit(&Event::Hurrying {
             stats: &stats,
-            evicts_below: self.policy.eviction.min_available_bytes(stats.capacity_bytes),
+            evicts_below: self.settings.policy.eviction.min_available_bytes(stats.capacity_bytes),
         });
     }
 
@@ -398,7 +398,7 @@ impl<R: Runtime> Collector<R> {
             && self
                 .remover
                 .thrash
-                .removed_recently(now, self.config.gc.thrash_window, candidate.id, candidate.digests)
+                .removed_recently(now, self.settings.thrash_window, candidate.id, candidate.digests)
     }
 
     /// Starts or ends an episode in which images cannot bring usage to low
@@ -410,7 +410,7 @@ impl<R: Runtime> Collector<R> {
         if let Some(change) = self.remover.thrash.note_outlook(outlook) {
             self.sinks.emit(&Event::SpaceUnreachable {
                 outlook: change,
-                thrash_window: self.config.gc.thrash_window,
+                thrash_window: self.settings.thrash_window,
             });
         }
     }
@@ -419,14 +419,14 @@ impl<R: Runtime> Collector<R> {
     /// (a size, which only the measured capacity turns into a percentage)
     /// would evict pods before usage reaches the high threshold.
     fn check_eviction_threshold(&mut self, stats: &FsStats) {
-        let Some(threshold) = self.config.eviction_imagefs_available else {
+        let Some(threshold) = self.settings.eviction_imagefs_available else {
             return;
         };
         if std::mem::replace(&mut self.said.eviction_checked, true) {
             return;
         }
         let evicts_below = threshold.min_available_bytes(stats.capacity_bytes);
-        let high = self.policy.target.high_percent();
+        let high = self.settings.policy.target.high_percent();
         let collects_below = stats.capacity_bytes as u128 * (100 - u128::from(high.min(100))) / 100;
         if collects_below <= u128::from(evicts_below) {
             self.sinks.emit(&Event::EvictionBeforeHigh {

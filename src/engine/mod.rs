@@ -31,13 +31,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Config;
 use crate::cri::{Image, Runtime};
 use crate::fs::FsProbe;
 use crate::outputs::metrics::Metrics;
-use crate::policy::{ComingPull, DiskFootprint, GcPolicy, Protections};
+use crate::policy::{ComingPull, DiskFootprint, Protections};
 use crate::records::Records;
 use crate::time::Clock;
+use std::path::Path;
 use tokio::sync::watch;
 
 mod cycle;
@@ -47,6 +47,7 @@ mod observe;
 mod others;
 mod removal;
 pub mod report;
+mod settings;
 mod thrash;
 mod usage;
 
@@ -62,12 +63,23 @@ pub use observe::{ImageFs, Observation, Observer};
 pub use removal::RemovalInFlight;
 use removal::Remover;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
+pub use settings::Settings;
 pub use usage::{Listing, Tracking, UsageTracker};
 
 /// The longest the state file goes unsaved while only last-used times of
 /// images in use move: it bounds how late age removals can come after a
 /// crash (see `Collector::save_if_due`).
 pub const STATE_REFRESH: Duration = Duration::from_secs(30 * 60);
+
+/// The event that says `settings` are in force.
+fn configured(settings: &Settings) -> Event<'static> {
+    Event::Configured {
+        dry_run: settings.dry_run,
+        high: settings.policy.target.high_percent(),
+        low: settings.policy.target.low_percent(),
+        kubelet: settings.kubelet,
+    }
+}
 
 /// What is said once per episode or once per process.
 #[derive(Debug, Default)]
@@ -94,9 +106,9 @@ struct Said {
 /// listings found it) and the [`Remover`] (this process's removals).
 pub struct Collector<R> {
     runtime: R,
-    config: Arc<Config>,
-    /// The policy of `config`, made when it came (its keep rules compiled once).
-    policy: Arc<GcPolicy>,
+    /// What it reads of the configuration, the policy included (its keep
+    /// rules compiled once), made when the configuration came.
+    settings: Settings,
     probe: Arc<dyn FsProbe>,
     metrics: Arc<Metrics>,
     sinks: Sinks,
@@ -134,23 +146,30 @@ pub trait PullSizes: Send + Sync {
 }
 
 impl<R: Runtime> Collector<R> {
-    /// Loads what a collector starts from from the state directory of
-    /// `config` (see [`Restored`]), then creates it.
-    pub fn load(runtime: R, config: Arc<Config>, probe: Arc<dyn FsProbe>, metrics: Arc<Metrics>, clock: Clock) -> Self {
+    /// Loads what a collector starts from from `state_dir` (see
+    /// [`Restored`]), then creates it.
+    pub fn load(
+        runtime: R,
+        settings: Settings,
+        state_dir: &Path,
+        probe: Arc<dyn FsProbe>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> Self {
         let restored = Restored::load(
-            &config.state.dir,
+            state_dir,
             &clock,
-            config.gc.interval,
-            config.gc.thrash_window,
-            GcPolicy::from(&*config).pull_history(),
+            settings.interval,
+            settings.thrash_window,
+            settings.policy.pull_history(),
         );
-        Self::new(runtime, config, restored, probe, metrics, clock)
+        Self::new(runtime, settings, restored, probe, metrics, clock)
     }
 
     /// Creates a collector from what was loaded: no IO.
     pub fn new(
         runtime: R,
-        config: Arc<Config>,
+        settings: Settings,
         restored: Restored,
         probe: Arc<dyn FsProbe>,
         metrics: Arc<Metrics>,
@@ -167,16 +186,10 @@ impl<R: Runtime> Collector<R> {
             thrash_window,
         } = restored;
         sinks.emit(&Event::HistoryLoaded { last_success });
-        sinks.emit(&Event::Configured {
-            dry_run: config.gc.dry_run,
-            high: config.gc.high_threshold_percent,
-            low: config.gc.low_threshold_percent,
-            kubelet: config.kubelet,
-        });
+        sinks.emit(&configured(&settings));
         Collector {
             runtime,
-            policy: Arc::new(GcPolicy::from(&*config)),
-            config,
+            settings,
             probe,
             metrics,
             sinks,
@@ -232,22 +245,17 @@ impl<R: Runtime> Collector<R> {
         Arc::clone(&self.protections.borrow())
     }
 
-    /// The configuration in force: the one given at start, or the last reload
-    /// (see [`Collector::set_config`]).
-    pub fn config(&self) -> &Arc<Config> {
-        &self.config
+    /// The settings in force: the ones given at start, or the last reload
+    /// (see [`Collector::set_settings`]).
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
-    /// Applies a reloaded configuration from the next cycle on.
-    pub fn set_config(&mut self, config: Arc<Config>) {
-        self.sinks.emit(&Event::Configured {
-            dry_run: config.gc.dry_run,
-            high: config.gc.high_threshold_percent,
-            low: config.gc.low_threshold_percent,
-            kubelet: config.kubelet,
-        });
-        self.policy = Arc::new(GcPolicy::from(&*config));
-        self.config = config;
+    /// Applies the settings of a reloaded configuration from the next
+    /// cycle on.
+    pub fn set_settings(&mut self, settings: Settings) {
+        self.sinks.emit(&configured(&settings));
+        self.settings = settings;
     }
 
     /// The per-image records as of the last listing (saved to the state file).
@@ -310,7 +318,8 @@ impl<R: Runtime> Collector<R> {
     /// (`gc.headroom`) and `waiting`, the coming pulls not made room for
     /// yet.
     fn headroom(&self, waiting: &[ComingPull]) -> Option<crate::policy::Headroom> {
-        self.policy
+        self.settings
+            .policy
             .headroom_for(self.inventory.largest_pull.as_ref(), waiting, self.inventory.footprint)
     }
 
@@ -321,7 +330,7 @@ impl<R: Runtime> Collector<R> {
     /// (those sized by neither are not counted), when
     /// `kubernetes.room_before_pulls` is on.
     fn coming_pulls(&self, images: &[Image], protections: &Protections) -> Vec<ComingPull> {
-        if !self.policy.room_before_pulls {
+        if !self.settings.policy.room_before_pulls {
             return Vec::new();
         }
         let mut coming = crate::policy::coming::coming_pulls(images, protections, &self.inventory.repo_sizes);
@@ -367,7 +376,7 @@ impl<R: Runtime> Collector<R> {
     /// Whether this collector makes room before the pulls of pods bound to
     /// the node (`kubernetes.room_before_pulls`, with the pods watched).
     pub fn makes_room_before_pulls(&self) -> bool {
-        self.policy.room_before_pulls
+        self.settings.policy.room_before_pulls
     }
 
     /// A receiver of the keep rules from outside the listing, to wake on
@@ -385,7 +394,12 @@ impl<R: Runtime> Collector<R> {
         let stats = self.probe.stats(path).ok()?;
         let coming = self.coming_pulls(&self.inventory.last_images, &self.protections());
         let waiting = self.inventory.room_due(&coming);
-        let due = self.policy.target.with_headroom(self.headroom(&waiting)).due(&stats);
+        let due = self
+            .settings
+            .policy
+            .target
+            .with_headroom(self.headroom(&waiting))
+            .due(&stats);
         if !due {
             // The room is there: a pull's own blobs must not start a pass.
             self.inventory.room_made_for(&coming);
@@ -415,7 +429,7 @@ impl<R: Runtime> Collector<R> {
         // For `plan` and `images`: the containers and pods they need not
         // ask about (best effort).
         if let Some(known) = self.inventory.observer.learnt() {
-            let dir = self.config.state.dir.clone();
+            let dir = self.inventory.store.dir().to_path_buf();
             match tokio::task::spawn_blocking(move || known.write(&dir)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => tracing::debug!(error = %err, "could not note the containers' mounts for plan"),

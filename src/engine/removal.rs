@@ -408,7 +408,7 @@ impl<R: Runtime> Collector<R> {
             .map(|&(_, pod)| pod);
         let history = self.inventory.records.get(candidate.id).map(History::of);
         let now = self.clock.now();
-        let policy = Arc::clone(&self.policy);
+        let policy = Arc::clone(&self.settings.policy);
         let why = policy
             .keep
             .why_kept(&current, uses, history, pod, now)
@@ -885,7 +885,7 @@ impl<R: Runtime> Collector<R> {
     /// to [`UNSETTLED_WATCH`] or until shutdown).
     async fn watch_unsettled(&self, id: &str, err: &RuntimeError, cancel: &CancellationToken) -> Option<bool> {
         let unknown = err.outcome_unknown();
-        let deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(self.config.runtime.timeout);
+        let deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(self.settings.runtime_timeout);
         loop {
             match self.runtime.image_status(id).await {
                 Ok(None) => return Some(true),

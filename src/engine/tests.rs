@@ -1,6 +1,7 @@
 //! The engine on an in-process runtime and disk.
 
 use super::*;
+use crate::config::Config;
 use crate::cri::Image;
 use crate::fs::FsStats;
 use crate::policy::Reason;
@@ -30,33 +31,56 @@ fn collector_with_history(
     records: Records,
 ) -> (Collector<SimHandle>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
+    let config = test_config(dir.path(), configure);
+    let clock = Clock::starting_at(SystemTime::now() - Duration::from_secs(3600));
+    (start(sim, &config, clock, Some(records)), dir)
+}
+
+/// The engine tests' configuration, its state in `state_dir`, changed by
+/// `configure`: high 90, low 80, no minimum age.
+fn test_config(state_dir: &Path, configure: impl FnOnce(&mut Config)) -> Config {
     let mut config = Config::default();
     config.gc.high_threshold_percent = 90;
     config.gc.low_threshold_percent = 80;
     config.gc.min_age = Duration::ZERO;
-    config.state.dir = dir.path().to_path_buf();
+    config.state.dir = state_dir.to_path_buf();
     // No eviction line: the walk measures each removal (the tests of a
     // walk past the line set one).
     config.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Bytes(0));
     configure(&mut config);
-    let clock = Clock::starting_at(SystemTime::now() - Duration::from_secs(3600));
-    (start(sim, Arc::new(config), clock, Some(records)), dir)
+    config
 }
 
 /// A process on `sim` with `config` (its state directory included), its
 /// clock at `clock`: from what the state directory holds, with `records`
 /// in place of its records when given (as if its state file held them).
-fn start(sim: &SimHandle, config: Arc<Config>, clock: Clock, records: Option<Records>) -> Collector<SimHandle> {
-    let gc = &config.gc;
-    let pull_history = GcPolicy::from(&*config).pull_history();
-    let restored = Restored::load(&config.state.dir, &clock, gc.interval, gc.thrash_window, pull_history);
+fn start(sim: &SimHandle, config: &Config, clock: Clock, records: Option<Records>) -> Collector<SimHandle> {
+    start_with(sim, Settings::from(config), &config.state.dir, clock, records)
+}
+
+/// [`start`] with the settings made from a configuration.
+fn start_with(
+    sim: &SimHandle,
+    settings: Settings,
+    state_dir: &Path,
+    clock: Clock,
+    records: Option<Records>,
+) -> Collector<SimHandle> {
+    let pull_history = settings.policy.pull_history();
+    let restored = Restored::load(
+        state_dir,
+        &clock,
+        settings.interval,
+        settings.thrash_window,
+        pull_history,
+    );
     let restored = match records {
         Some(records) => restored.with_records(records),
         None => restored,
     };
     Collector::new(
         sim.clone(),
-        config,
+        settings,
         restored,
         Arc::new(sim.clone()),
         Arc::new(Metrics::new()),
@@ -67,13 +91,15 @@ fn start(sim: &SimHandle, config: Arc<Config>, clock: Clock, records: Option<Rec
 /// The next process, as [`next_process`], started now from `records` (as
 /// if its state file held them).
 fn next_process_with_history(c: &Collector<SimHandle>, records: Records) -> Collector<SimHandle> {
-    start(c.runtime(), Arc::clone(c.config()), *c.clock(), Some(records))
+    let dir = c.inventory.store.dir().to_path_buf();
+    start_with(c.runtime(), c.settings().clone(), &dir, *c.clock(), Some(records))
 }
 
-/// The next process on the same node, configuration and state directory
+/// The next process on the same node, settings and state directory
 /// (after `c` was killed or stopped), its clock starting at `clock`.
 fn next_process(c: &Collector<SimHandle>, clock: Clock) -> Collector<SimHandle> {
-    start(c.runtime(), Arc::clone(c.config()), clock, None)
+    let dir = c.inventory.store.dir().to_path_buf();
+    start_with(c.runtime(), c.settings().clone(), &dir, clock, None)
 }
 
 async fn cycle(c: &mut Collector<SimHandle>) -> CycleReport {
@@ -841,7 +867,7 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
     let restarted = next_process(&c, *c.clock());
     let now = restarted.clock().now();
-    let window = restarted.config().gc.thrash_window;
+    let window = restarted.settings().thrash_window;
     assert!(
         restarted
             .remover
@@ -1245,8 +1271,10 @@ async fn a_keep_rule_added_to_the_rules_holds_in_the_plan_and_at_the_recheck() {
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     // A rule that exists only in `Rules`: nothing else knows of it.
-    Arc::make_mut(&mut c.policy).keep.test_rule =
+    let mut settings = c.settings().clone();
+    Arc::make_mut(&mut settings.policy).keep.test_rule =
         Some(|image| image.repo_tags.iter().any(|t| t.starts_with("docker.io/library/keep:")));
+    c.set_settings(settings);
     let listing = c.observe().await.unwrap();
     let planned = c.cycle_plan(&listing);
     assert_eq!(
@@ -1754,7 +1782,7 @@ async fn after_a_pull_that_would_not_fit_above_the_eviction_line_the_space_pass_
 /// to 77 %, past the line.
 async fn a_pod_on_a_node_that_had_its_repository(
     room_before_pulls: bool,
-) -> (SimHandle, Collector<SimHandle>, tempfile::TempDir) {
+) -> (SimHandle, Collector<SimHandle>, tempfile::TempDir, Config) {
     const MB: u64 = 1_000_000;
     let sim = SimHandle::default();
     let tagged = |id: &str, tag: &str, size: u64| Image {
@@ -1772,17 +1800,15 @@ async fn a_pod_on_a_node_that_had_its_repository(
     let now = SystemTime::now();
     let hour_ago = now - Duration::from_secs(3600);
     let had = crate::testing::history(&tagged("app-1", "registry.test/app:1", 420 * MB), hour_ago, hour_ago);
-    let (mut c, dir) = collector_with_history(
-        &sim,
-        |c| {
-            c.gc.high_threshold_percent = 55;
-            c.gc.low_threshold_percent = 50;
-            c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(30.0));
-            c.kubernetes.enabled = true;
-            c.kubernetes.room_before_pulls = room_before_pulls;
-        },
-        Records::from_map([had]),
-    );
+    let configure = |c: &mut Config| {
+        c.gc.high_threshold_percent = 55;
+        c.gc.low_threshold_percent = 50;
+        c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(30.0));
+        c.kubernetes.enabled = true;
+        c.kubernetes.room_before_pulls = room_before_pulls;
+    };
+    let (mut c, dir) = collector_with_history(&sim, configure, Records::from_map([had]));
+    let config = test_config(dir.path(), configure);
     cycle(&mut c).await;
     assert!(sim.removed().is_empty());
     c.set_protections(crate::policy::Protections {
@@ -1793,13 +1819,13 @@ async fn a_pod_on_a_node_that_had_its_repository(
         ],
         ..Default::default()
     });
-    (sim, c, dir)
+    (sim, c, dir, config)
 }
 
 #[tokio::test]
 async fn a_pull_coming_for_a_pod_that_would_cross_the_eviction_line_gets_its_room_first_and_once() {
     const MB: u64 = 1_000_000;
-    let (sim, mut c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (sim, mut c, _dir, _) = a_pod_on_a_node_that_had_its_repository(true).await;
     // 35 % is below high (55), but not 420 MB above the line (30 %): the
     // thresholds in force are 28/23.
     assert_eq!(c.check_usage(), Some(true), "a space pass is due before the pull");
@@ -1837,7 +1863,7 @@ async fn a_pull_coming_for_a_pod_that_would_cross_the_eviction_line_gets_its_roo
 
 #[tokio::test]
 async fn without_room_before_pulls_a_coming_pull_starts_nothing() {
-    let (sim, mut c, _dir) = a_pod_on_a_node_that_had_its_repository(false).await;
+    let (sim, mut c, _dir, _) = a_pod_on_a_node_that_had_its_repository(false).await;
     assert_eq!(c.check_usage(), Some(false));
     cycle(&mut c).await;
     assert!(sim.removed().is_empty());
@@ -1845,7 +1871,7 @@ async fn without_room_before_pulls_a_coming_pull_starts_nothing() {
 
 #[tokio::test]
 async fn a_pull_of_a_repository_the_node_never_had_is_not_sized_and_starts_nothing() {
-    let (sim, mut c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (sim, mut c, _dir, _) = a_pod_on_a_node_that_had_its_repository(true).await;
     c.set_protections(crate::policy::Protections {
         references: vec![("registry.test/other:1".to_string(), "default/new".to_string())],
         ..Default::default()
@@ -1902,6 +1928,7 @@ impl super::PullSizes for GivenSizes {
 /// is cancelled; returned after its first cycle (10 s of virtual time).
 async fn daemon_on(
     mut c: Collector<SimHandle>,
+    config: Config,
 ) -> (
     tokio::sync::watch::Sender<Arc<crate::policy::Protections>>,
     CancellationToken,
@@ -1915,7 +1942,7 @@ async fn daemon_on(
     let stop = shutdown.clone();
     let daemon = tokio::spawn(async move {
         let _reloads = reloads;
-        crate::daemon::run(c, health, stop, reload_rx).await;
+        crate::daemon::run(c, Arc::new(config), health, stop, reload_rx).await;
     });
     tokio::time::sleep(Duration::from_secs(10)).await;
     (pods, shutdown, daemon)
@@ -1955,8 +1982,8 @@ fn pods_naming(references: &[(&str, &str)]) -> Arc<crate::policy::Protections> {
 
 #[tokio::test(start_paused = true)]
 async fn the_daemon_makes_room_as_soon_as_a_pod_is_bound() {
-    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
-    let (pods, shutdown, daemon) = daemon_on(c).await;
+    let (sim, c, _dir, config) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (pods, shutdown, daemon) = daemon_on(c, config).await;
     assert!(sim.removed().is_empty());
     // Between two of the daemon's own usage checks.
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -1971,10 +1998,10 @@ async fn the_daemon_makes_room_as_soon_as_a_pod_is_bound() {
 #[tokio::test(start_paused = true)]
 async fn the_daemon_makes_room_as_soon_as_a_pulls_size_is_read() {
     const MB: u64 = 1_000_000;
-    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (sim, c, _dir, config) = a_pod_on_a_node_that_had_its_repository(true).await;
     let sizes = Arc::new(GivenSizes::default());
     let c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
-    let (pods, shutdown, daemon) = daemon_on(c).await;
+    let (pods, shutdown, daemon) = daemon_on(c, config).await;
     // A pod bound with an image of a repository the node never had: asked
     // of the registry at once, nothing made room for yet.
     pods.send_replace(pods_naming(&[
@@ -1996,7 +2023,7 @@ async fn the_daemon_makes_room_as_soon_as_a_pulls_size_is_read() {
 #[tokio::test]
 async fn a_pull_of_a_repository_the_node_never_had_is_sized_by_its_manifest_when_one_is_read() {
     const MB: u64 = 1_000_000;
-    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (sim, c, _dir, _) = a_pod_on_a_node_that_had_its_repository(true).await;
     let sizes = Arc::new(GivenSizes::default());
     let mut c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
     c.set_protections(crate::policy::Protections {
@@ -2041,7 +2068,7 @@ async fn a_manifests_size_is_scaled_to_what_the_runtime_reports_and_each_arrival
     // The simulated runtime reports unpacked sizes, as CRI-O does (its
     // footprint is 1): a manifest's 150 MB of compressed layers are 390 MB
     // reported at the median compression ratio, past the line from 35 %.
-    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (sim, c, _dir, _) = a_pod_on_a_node_that_had_its_repository(true).await;
     assert!(!c.inventory.footprint.reports_compressed());
     let sizes = Arc::new(GivenSizes::default());
     sizes.answer("registry.test/other:1", 150 * MB);
@@ -2077,7 +2104,7 @@ async fn a_manifests_size_is_scaled_to_what_the_runtime_reports_and_each_arrival
 #[tokio::test]
 async fn a_manifest_larger_than_the_image_filesystem_is_not_believed() {
     const MB: u64 = 1_000_000;
-    let (sim, c, _dir) = a_pod_on_a_node_that_had_its_repository(true).await;
+    let (sim, c, _dir, _) = a_pod_on_a_node_that_had_its_repository(true).await;
     let sizes = Arc::new(GivenSizes::default());
     // More than the whole 1000 MB disk.
     sizes

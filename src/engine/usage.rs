@@ -38,14 +38,14 @@ impl<R: Runtime> Collector<R> {
     /// Lists images, containers and the sandbox image, and updates the
     /// records. Also returns the image filesystem (see [`ImageFs`]).
     pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
-        let config = &self.config;
+        let settings = &self.settings;
         let observation = self
             .inventory
             .observer
             .observe(
                 &self.runtime,
-                config.gc.image_fs_path.as_deref(),
-                config.runtime.sandbox_image.as_deref(),
+                settings.image_fs_path.as_deref(),
+                settings.sandbox_image.as_deref(),
             )
             .await;
         self.sinks.emit(&Event::RuntimeUp(observation.is_ok()));
@@ -93,7 +93,7 @@ impl<R: Runtime> Collector<R> {
         CyclePlan::new(
             &listing.snapshot,
             &listing.listed,
-            &self.policy,
+            &self.settings.policy,
             &listing.protections,
             (self.clock.now(), self.clock.started()),
             KeptImages::Listed,
@@ -111,7 +111,10 @@ impl<R: Runtime> Collector<R> {
 
     /// The largest recent pull, when `gc.headroom` keeps room for it.
     pub fn largest_recent_pull(&self) -> Option<&crate::policy::LargestPull> {
-        self.inventory.largest_pull.as_ref().filter(|_| self.policy.headroom)
+        self.inventory
+            .largest_pull
+            .as_ref()
+            .filter(|_| self.settings.policy.headroom)
     }
 
     /// Lists images and containers between cycles: images first seen now
@@ -174,7 +177,7 @@ impl<R: Runtime> Collector<R> {
             // `plan`: the daemon settles, journals and counts these.
             return;
         }
-        let window = self.config.gc.thrash_window;
+        let window = self.settings.thrash_window;
         let unreachable = self.remover.thrash.unreachable();
         for repull in self
             .remover
@@ -254,7 +257,7 @@ impl<R: Runtime> Collector<R> {
             self.sinks.emit(&Event::SandboxPodsUnread(pods_unread));
         }
         if configured_unmatched && !std::mem::replace(&mut self.said.sandbox_configured, true) {
-            let configured = self.config.runtime.sandbox_image.as_deref().unwrap_or_default();
+            let configured = self.settings.sandbox_image.as_deref().unwrap_or_default();
             self.sinks.emit(&Event::SandboxConfiguredUnmatched(configured));
         }
         if snapshot.sandbox_unknown()

@@ -49,7 +49,7 @@ async fn a_wall_clock_ten_days_ahead_of_the_collectors_clock_ages_nothing() {
     let started_at = SystemTime::now() - TEN_DAYS;
     let clock = Clock::starting_at(started_at);
     let client = connect(&server.endpoint(), support::PATIENCE).unwrap();
-    let mut collector = support::collector_with_clock(client, &disk, config.clone(), clock);
+    let mut collector = support::collector_with_clock(client, &disk, &config, clock);
     for cycle in 0..3 {
         let report = collector.cycle(&CancellationToken::new()).await;
         assert!(report.removed.is_empty(), "cycle {cycle}: {:?}", report.removed);
@@ -80,7 +80,7 @@ async fn a_wall_clock_ten_days_ahead_of_the_collectors_clock_ages_nothing() {
     // interval), so nothing is removed by age.
     drop(collector);
     let client = connect(&server.endpoint(), support::PATIENCE).unwrap();
-    let mut restarted = support::collector_with_clock(client, &disk, config, Clock::start());
+    let mut restarted = support::collector_with_clock(client, &disk, &config, Clock::start());
     let report = restarted.cycle(&CancellationToken::new()).await;
     assert_eq!(report.outcome, Outcome::Success);
     let reasons: Vec<Reason> = report.removed.iter().map(|r| r.reason).collect();

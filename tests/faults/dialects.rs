@@ -103,7 +103,7 @@ async fn without_a_named_sandbox_image_never_used_images_are_kept_across_a_resta
     config.gc.low_threshold_percent = 10;
     config.gc.interval = std::time::Duration::from_secs(60);
     let client = || connect(&server.endpoint(), support::PATIENCE).unwrap();
-    let mut first = support::collector(client(), &disk, config.clone());
+    let mut first = support::collector(client(), &disk, &config);
     first.cycle(&CancellationToken::new()).await;
     first.save().await;
     drop(first);
@@ -111,7 +111,7 @@ async fn without_a_named_sandbox_image_never_used_images_are_kept_across_a_resta
 
     // The next process starts a day later.
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(86_400);
-    let mut second = support::collector_with_clock(client(), &disk, config, imagegc::time::Clock::starting_at(later));
+    let mut second = support::collector_with_clock(client(), &disk, &config, imagegc::time::Clock::starting_at(later));
     second.cycle(&CancellationToken::new()).await;
     assert!(
         fake.removed().is_empty(),
@@ -416,7 +416,7 @@ async fn usage_before_is_measured_before_the_age_pass() {
     imagegc::store::state::StateStore::new(&config.state.dir)
         .save(&records, now)
         .unwrap();
-    let mut collector = support::collector(client, &disk, config);
+    let mut collector = support::collector(client, &disk, &config);
     let report = collector.cycle(&CancellationToken::new()).await;
     assert_eq!(fake.removed(), std::slice::from_ref(&old.id));
     assert_eq!(report.before.map(|s| s.usage_percent()), Some(50));

@@ -44,7 +44,7 @@ async fn a_hung_list_images_fails_the_cycle_within_the_timeout_and_the_next_cycl
     let client = connect(&server.endpoint(), TIMEOUT).unwrap();
     let mut config = support::config(&dir.path().join("state"));
     config.runtime.timeout = TIMEOUT;
-    let mut collector = support::collector(client, &disk, config);
+    let mut collector = support::collector(client, &disk, &config);
 
     let started = Instant::now();
     let report = collector.cycle(&CancellationToken::new()).await;
@@ -84,7 +84,7 @@ async fn a_hung_remove_image_leaves_its_outcome_unknown_and_nothing_more_goes_th
     let client = connect(&server.endpoint(), TIMEOUT).unwrap();
     let mut config = support::config(&dir.path().join("state"));
     config.runtime.timeout = TIMEOUT;
-    let mut collector = support::collector(client, &disk, config);
+    let mut collector = support::collector(client, &disk, &config);
 
     let started = Instant::now();
     let report = collector.cycle(&CancellationToken::new()).await;
@@ -205,7 +205,7 @@ async fn every_hung_call_ends_the_cycle_within_its_bound_and_removes_nothing_wro
         if case.ask_runtime_for_fs {
             config.gc.image_fs_path = None;
         }
-        let mut collector = support::collector(runtime, &disk, config);
+        let mut collector = support::collector(runtime, &disk, &config);
 
         let started = Instant::now();
         let report = collector.cycle(&CancellationToken::new()).await;
@@ -257,7 +257,7 @@ async fn the_sandbox_image_is_not_exposed_by_a_status_call_that_fails() {
         let dir = tempfile::tempdir().unwrap();
         let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
         let client = connect(&server.endpoint(), TIMEOUT).unwrap();
-        let mut collector = support::collector(client, &disk, support::config(&dir.path().join("state")));
+        let mut collector = support::collector(client, &disk, &support::config(&dir.path().join("state")));
 
         // Never learnt: nothing is removed this cycle.
         inject(true);

@@ -161,9 +161,9 @@ async fn a_configured_image_fs_path_on_another_filesystem_is_reported_and_runs_n
     assert_eq!(bed.metric("imagegc_image_fs_mismatch"), Some(1.0));
 
     // The right path: the space pass runs, and the metric clears.
-    let mut config = (**bed.collector.config()).clone();
-    config.gc.image_fs_path = Some(imagegc_testkit::fake::DEFAULT_IMAGE_FS_MOUNT.into());
-    bed.collector.set_config(std::sync::Arc::new(config));
+    let mut settings = bed.collector.settings().clone();
+    settings.image_fs_path = Some(imagegc_testkit::fake::DEFAULT_IMAGE_FS_MOUNT.into());
+    bed.collector.set_settings(settings);
     let report = bed.cycle().await;
     assert!(report.image_fs_mismatch.is_none());
     assert_eq!(bed.metric("imagegc_image_fs_mismatch"), Some(0.0));
@@ -435,11 +435,7 @@ async fn one_empty_listing_does_not_reset_the_ages_that_make_images_due_for_remo
     let disk = SimDisk::new(1_000_000, 900_000);
     let mut config = support::config(&state_dir);
     config.gc.max_age = Duration::from_secs(86_400);
-    let mut collector = support::collector(
-        connect(&server.endpoint(), support::PATIENCE).unwrap(),
-        &disk,
-        config.clone(),
-    );
+    let mut collector = support::collector(connect(&server.endpoint(), support::PATIENCE).unwrap(), &disk, &config);
 
     // The runtime answers once with no image (restarting, say), and the
     // collector saves its state.
@@ -451,7 +447,7 @@ async fn one_empty_listing_does_not_reset_the_ages_that_make_images_due_for_remo
     for image in &images {
         fake.add_image(image.clone());
     }
-    let mut collector = support::collector(connect(&server.endpoint(), support::PATIENCE).unwrap(), &disk, config);
+    let mut collector = support::collector(connect(&server.endpoint(), support::PATIENCE).unwrap(), &disk, &config);
     let report = collector.cycle(&CancellationToken::new()).await;
     assert_eq!(report.removed.len(), 50, "the age removals that were due still are");
     let a_day_ago = SystemTime::now() - Duration::from_secs(86_400);

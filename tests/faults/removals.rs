@@ -41,7 +41,7 @@ async fn refused_removals_keep_their_images_and_records_and_the_others_go() {
     let client = connect(&server.endpoint(), support::PATIENCE).unwrap();
     let mut config = support::config(&state_dir);
     config.gc.low_threshold_percent = 40;
-    let mut collector = support::collector(client, &disk, config.clone());
+    let mut collector = support::collector(client, &disk, &config);
 
     let report = collector.cycle(&CancellationToken::new()).await;
     assert_eq!(report.outcome, Outcome::Success, "a, c and e free enough");
@@ -146,7 +146,7 @@ async fn refused_age_removals_keep_their_history() {
     let client = connect(&server.endpoint(), support::PATIENCE).unwrap();
     let mut config = support::config(&state_dir);
     config.gc.max_age = Duration::from_secs(3600);
-    let mut collector = support::collector(client, &disk, config);
+    let mut collector = support::collector(client, &disk, &config);
     let report = collector.cycle(&CancellationToken::new()).await;
 
     assert_eq!(fake.removed(), std::slice::from_ref(&old.id));

@@ -125,7 +125,7 @@ fn child() {
         let dir = tempfile::tempdir().unwrap();
         let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
         let client = connect(&server.endpoint(), Duration::from_secs(120)).unwrap();
-        let mut collector = support::collector(client, &disk, support::config(&dir.path().join("state")));
+        let mut collector = support::collector(client, &disk, &support::config(&dir.path().join("state")));
         let t = Instant::now();
         let report = collector.cycle(&CancellationToken::new()).await;
         let cycle = t.elapsed();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use imagegc::config::Config;
 use imagegc::cri::{CriClient, Image, Runtime, connect};
-use imagegc::engine::{Collector, CycleReport};
+use imagegc::engine::{Collector, CycleReport, Settings};
 use imagegc::outputs::metrics::Metrics;
 pub use imagegc::sim::SimDisk;
 use imagegc::store::journal::Journal;
@@ -45,14 +45,15 @@ pub fn config(state_dir: &Path) -> Config {
 }
 
 /// A collector over `runtime` and `disk`, with the clock started now.
-pub fn collector<R: Runtime>(runtime: R, disk: &SimDisk, config: Config) -> Collector<R> {
+pub fn collector<R: Runtime>(runtime: R, disk: &SimDisk, config: &Config) -> Collector<R> {
     collector_with_clock(runtime, disk, config, Clock::start())
 }
 
-pub fn collector_with_clock<R: Runtime>(runtime: R, disk: &SimDisk, config: Config, clock: Clock) -> Collector<R> {
+pub fn collector_with_clock<R: Runtime>(runtime: R, disk: &SimDisk, config: &Config, clock: Clock) -> Collector<R> {
     Collector::load(
         runtime,
-        Arc::new(config),
+        Settings::from(config),
+        &config.state.dir,
         Arc::new(disk.clone()),
         Arc::new(Metrics::new()),
         clock,
@@ -85,7 +86,7 @@ impl Bed {
         config.runtime.timeout = timeout;
         configure(&mut config);
         let client = connect(&server.endpoint(), timeout).unwrap();
-        let collector = collector(client, &disk, config);
+        let collector = collector(client, &disk, &config);
         Bed {
             fake,
             disk,

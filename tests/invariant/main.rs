@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime};
 
 use imagegc::config::Config;
 use imagegc::daemon::Health;
-use imagegc::engine::Collector;
+use imagegc::engine::{Collector, Settings};
 use imagegc::outputs::metrics::Metrics;
 use imagegc::store::journal::Journal;
 use imagegc::time::Clock;
@@ -98,7 +98,8 @@ impl Process {
     ) -> Process {
         let mut collector = Collector::load(
             node.clone(),
-            Arc::new(config.clone()),
+            Settings::from(config),
+            &config.state.dir,
             Arc::new(node.clone()),
             Arc::new(Metrics::new()),
             Clock::starting_at(wall),
@@ -107,7 +108,13 @@ impl Process {
         let health = Arc::new(Health::new(Duration::from_secs(600)));
         let shutdown = CancellationToken::new();
         let (reloads, reload_rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(imagegc::daemon::run(collector, health, shutdown.clone(), reload_rx));
+        let task = tokio::spawn(imagegc::daemon::run(
+            collector,
+            Arc::new(config.clone()),
+            health,
+            shutdown.clone(),
+            reload_rx,
+        ));
         Process {
             task,
             shutdown,
