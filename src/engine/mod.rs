@@ -17,13 +17,15 @@
 //!   turn it into logs, metrics and health. A new metric or log line is a
 //!   sink's business, not the engine's.
 //! - [`report`]: what a cycle did ([`CycleReport`]).
-//!
+//! - `settings`: what the engine reads of the configuration
+//!   ([`Settings`]: the policy and a few settings of how it runs), made
+//!   once per configuration; no other engine code reads `Config`.
 //! - `inventory`: what the node holds as the listings found it (the
 //!   records and their saves, the image filesystem, the sandbox image, the
 //!   footprint), and [`Restored`], what a collector starts from (the only
 //!   IO of a start).
 //!
-//! [`Collector`] coordinates: the runtime, the policy and the outputs, with
+//! [`Collector`] coordinates: the runtime, its settings and the outputs, with
 //! its inventory and its `removal::Remover` (pending notes, journal,
 //! re-pull memory, the removal in flight). One cycle's removals share a
 //! `removal::CycleContext` (the listing, the disk, shutdown, the report).
