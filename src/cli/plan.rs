@@ -107,9 +107,7 @@ pub async fn plan(
         StateStore::new(&config.state.dir).read_only(),
         &config.state.dir,
         &clock,
-        settings.interval,
-        settings.thrash_window,
-        settings.policy.pull_history(),
+        &settings,
     );
     let mut collector = Collector::new(
         runtime,

@@ -102,11 +102,6 @@ impl Sim {
         self.disk.occupy(id, on_disk);
     }
 
-    /// A disk of `capacity` bytes, `available` of them available.
-    pub(super) fn disk(&mut self, capacity: u64, available: u64) {
-        self.disk.set(capacity, available);
-    }
-
     /// A split store (KEP-4191): `ImageFsInfo` names a container
     /// filesystem at [`CONTAINER_FS`], another filesystem of this capacity
     /// and available bytes, which removing images never changes.

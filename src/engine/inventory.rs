@@ -16,6 +16,7 @@ use crate::store::pending::Pending;
 use crate::store::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
+use super::Settings;
 use super::observe;
 
 /// The collector's knowledge of the node: the records and their saves,
@@ -190,25 +191,19 @@ impl Restored {
     /// count for re-pulls; `pull_history`: `gc.headroom` or
     /// `kubernetes.room_before_pulls`, with which they count for the sizes
     /// of pulls too, over [`crate::policy::headroom::HEADROOM_WINDOW`]).
-    pub fn load(dir: &Path, clock: &Clock, interval: Duration, thrash_window: Duration, pull_history: bool) -> Self {
-        Self::load_from(StateStore::new(dir), dir, clock, interval, thrash_window, pull_history)
+    pub fn load(dir: &Path, clock: &Clock, settings: &Settings) -> Self {
+        Self::load_from(StateStore::new(dir), dir, clock, settings)
     }
 
     /// [`Restored::load`] from `store` (a read-only one for a collector
     /// that writes nothing, `imagegc plan`: a corrupt state file is left
     /// where it is, and the collector saves, settles and journals nothing,
     /// see [`super::Collector::observe`]).
-    pub fn load_from(
-        store: StateStore,
-        dir: &Path,
-        clock: &Clock,
-        interval: Duration,
-        thrash_window: Duration,
-        pull_history: bool,
-    ) -> Self {
-        let (records, last_success) = load_records(&store, clock, interval);
+    pub fn load_from(store: StateStore, dir: &Path, clock: &Clock, settings: &Settings) -> Self {
+        let (records, last_success) = load_records(&store, clock, settings.interval);
         let journal = Journal::new(dir);
-        let window = if pull_history {
+        let thrash_window = settings.thrash_window;
+        let window = if settings.policy.pull_history() {
             thrash_window.max(crate::policy::headroom::HEADROOM_WINDOW)
         } else {
             thrash_window

@@ -30,6 +30,7 @@
 //! re-pull memory, the removal in flight). One cycle's removals share a
 //! `removal::CycleContext` (the listing, the disk, shutdown, the report).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +40,6 @@ use crate::outputs::metrics::Metrics;
 use crate::policy::{ComingPull, DiskFootprint, Protections};
 use crate::records::Records;
 use crate::time::Clock;
-use std::path::Path;
 use tokio::sync::watch;
 
 mod cycle;
@@ -158,13 +158,7 @@ impl<R: Runtime> Collector<R> {
         metrics: Arc<Metrics>,
         clock: Clock,
     ) -> Self {
-        let restored = Restored::load(
-            state_dir,
-            &clock,
-            settings.interval,
-            settings.thrash_window,
-            settings.policy.pull_history(),
-        );
+        let restored = Restored::load(state_dir, &clock, &settings);
         Self::new(runtime, settings, restored, probe, metrics, clock)
     }
 

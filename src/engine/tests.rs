@@ -58,7 +58,8 @@ fn start(sim: &SimHandle, config: &Config, clock: Clock, records: Option<Records
     start_with(sim, Settings::from(config), &config.state.dir, clock, records)
 }
 
-/// [`start`] with the settings made from a configuration.
+/// [`start`] from settings already made (a process's, for its next one)
+/// and its state directory.
 fn start_with(
     sim: &SimHandle,
     settings: Settings,
@@ -66,14 +67,7 @@ fn start_with(
     clock: Clock,
     records: Option<Records>,
 ) -> Collector<SimHandle> {
-    let pull_history = settings.policy.pull_history();
-    let restored = Restored::load(
-        state_dir,
-        &clock,
-        settings.interval,
-        settings.thrash_window,
-        pull_history,
-    );
+    let restored = Restored::load(state_dir, &clock, &settings);
     let restored = match records {
         Some(records) => restored.with_records(records),
         None => restored,
@@ -201,7 +195,7 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     sim.with(|s| {
         s.images = vec![image("a", 10), image("b", 10)];
         s.containers = vec![crate::testing::container_naming("c", "a")];
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let path = c.inventory.store.path().to_path_buf();
@@ -241,7 +235,7 @@ async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pa
         s.containers = vec![crate::testing::container_naming("c", "a")];
         // 69.55 % used: the exact ratio is under 70 %, the kubelet's
         // whole percent is 70.
-        s.disk(10_000, 3_045);
+        s.disk.set(10_000, 3_045);
     });
     let (mut c, _dir) = collector(&sim, |config| {
         config.gc.high_threshold_percent = 70;
@@ -260,7 +254,7 @@ async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pa
 #[tokio::test]
 async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
     let sim = SimHandle::default();
-    sim.with(|s| s.disk(1000, 900));
+    sim.with(|s| s.disk.set(1000, 900));
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
     assert_eq!(report.outcome, Outcome::Success);
@@ -287,7 +281,7 @@ async fn below_threshold_removes_nothing() {
     sim.with(|s| {
         s.images = vec![image("a", 100)];
         s.disk.occupy("a", 100);
-        s.disk(1000, 600);
+        s.disk.set(1000, 600);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -303,7 +297,7 @@ async fn over_high_frees_enough_or_reports_failure() {
     sim.with(|s| {
         s.images = vec![image("a", 450)];
         s.disk.occupy("a", 450);
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -315,7 +309,7 @@ async fn over_high_frees_enough_or_reports_failure() {
     sim.with(|s| {
         s.images = vec![image("a", 50)];
         s.disk.occupy("a", 50);
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -369,7 +363,7 @@ async fn on_a_split_store_only_the_image_filesystem_decides_and_the_container_on
             for id in ["a", "b", "c", "d"] {
                 s.unused(id, 100, 100);
             }
-            s.disk(1000, image_available);
+            s.disk.set(1000, image_available);
             s.split_store(1000, container_available);
         });
         let (mut c, _dir) = collector(&sim, |_| {});
@@ -410,7 +404,7 @@ async fn without_a_split_store_no_container_filesystem_is_reported() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.unused("a", 100, 100);
-        s.disk(1000, 500);
+        s.disk.set(1000, 500);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     assert_eq!(cycle(&mut c).await.outcome, Outcome::Success);
@@ -435,7 +429,7 @@ async fn shared_layers_reach_low_in_one_cycle_and_no_further() {
         for (id, disk) in [("a", 50), ("b", 50), ("c", 150), ("d", 300), ("e", 300)] {
             s.unused(id, 200, disk);
         }
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     // Give a strict LRU order a..e.
@@ -459,7 +453,7 @@ async fn space_still_coming_back_after_the_first_reading_ends_the_walk_before_th
         }
         // "a": 100 at once, 100 more a moment after the call returns.
         s.disk.frees_late("a", 100);
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
@@ -486,7 +480,7 @@ fn old_images(sim: &SimHandle, count: usize) -> Records {
         for id in &ids {
             s.unused(id, 10, 10);
         }
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     Records::from_map(ids.iter().map(|id| crate::testing::history(&image(id, 10), old, old)))
 }
@@ -518,7 +512,7 @@ async fn the_space_walk_confirms_each_removal_beside_the_next_candidates_recheck
                 s.unused(&format!("i{i:02}"), 200, 20);
             }
             // Low (80 %) is 200 available: ten removals.
-            s.disk(1000, 0);
+            s.disk.set(1000, 0);
         });
         Records::new()
     })
@@ -711,7 +705,7 @@ async fn the_space_walk_never_removes_on_a_recheck_gone_stale_while_another_writ
                 s.unused(&format!("old{i:02}"), 200, 100);
             }
             // Low (80 %) is 200 available: two removals.
-            s.disk(1000, 0);
+            s.disk.set(1000, 0);
         });
         Records::new()
     })
@@ -741,7 +735,7 @@ async fn an_image_that_comes_into_use_before_removal_is_kept() {
         s.images = vec![image("a", 100), image("b", 100)];
         s.disk.occupy("a", 100);
         s.disk.occupy("b", 100);
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
         // Cycle lists once, then re-checks before each removal: the
         // container appears right before "a" would go.
         s.appear_at_list = Some((2, crate::testing::container_naming("late", "a")));
@@ -758,7 +752,7 @@ async fn nothing_is_removed_while_status_never_answered() {
     sim.with(|s| {
         s.images = vec![image("pause", 100)];
         s.disk.occupy("pause", 100);
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
         s.fail_status = true;
     });
     let (mut c, _dir) = collector(&sim, |_| {});
@@ -782,7 +776,7 @@ async fn a_failed_removal_is_counted_and_the_walk_goes_on() {
         s.images = vec![image("a", 100), image("b", 300)];
         s.disk.occupy("a", 100);
         s.disk.occupy("b", 300);
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
         s.fail_remove = vec!["a".into()];
     });
     let (mut c, _dir) = collector(&sim, |_| {});
@@ -804,7 +798,7 @@ async fn dry_run_removes_nothing_and_estimates_by_size() {
         for id in ["a", "b", "c"] {
             s.unused(id, 100, 100);
         }
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
     });
     let (mut c, dir) = collector(&sim, |c| c.gc.dry_run = true);
     let report = cycle(&mut c).await;
@@ -827,7 +821,7 @@ async fn cancellation_stops_between_removals_and_saves_state() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100)];
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     let cancel = CancellationToken::new();
@@ -844,7 +838,7 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
         s.disk.occupy("a", 200);
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -883,7 +877,7 @@ async fn age_pass_runs_before_space_and_counts_by_reason() {
     sim.with(|s| {
         s.images = vec![image("old", 100)];
         s.disk.occupy("old", 100);
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |c| c.gc.max_age = Duration::from_secs(60));
     // First seen now: not old yet.
@@ -926,7 +920,7 @@ async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted
     sim.with(|s| {
         s.images = vec![image("a", 100)];
         s.disk.occupy("a", 100);
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
         s.hang_remove = vec!["a".to_string()];
     });
     let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
@@ -961,7 +955,7 @@ async fn a_removal_that_timed_out_and_went_is_journaled_by_the_same_process() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
         s.hang_remove = vec!["a".to_string()];
     });
     let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
@@ -1006,7 +1000,7 @@ fn an_earlier_process_asked_to_remove(c: &mut Collector<SimHandle>, dir: &tempfi
 #[tokio::test]
 async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
     let sim = SimHandle::default();
-    sim.with(|s| s.disk(1000, 900));
+    sim.with(|s| s.disk.set(1000, 900));
     let (mut c, dir) = collector(&sim, |_| {});
     an_earlier_process_asked_to_remove(&mut c, &dir, "a");
     // The runtime is restarting: it lists nothing.
@@ -1037,7 +1031,7 @@ async fn a_partial_listing_never_settles_a_removal_the_runtime_did_not_make_as_d
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1083,7 +1077,7 @@ async fn a_removal_of_a_that_times_out(
         s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
         s.containers = vec![crate::testing::container_naming("c", "app")];
         s.disk.occupy("a", 100);
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
         s.hang_remove = vec!["a".to_string()];
         if let Some(lists) = finish_after_lists {
             s.finish_after_lists.insert("a".into(), lists);
@@ -1167,7 +1161,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("old", 100), image("a", 100), image("b", 100), image("c", 100)];
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |c| {
         c.gc.dry_run = true;
@@ -1233,7 +1227,7 @@ async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100), image("c", 100)];
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
         // b gains, between the listing and its removal, the name a pod
         // bound to the node runs.
         s.tag_at_list = Some((2, "b".to_string(), "docker.io/library/web:1".to_string()));
@@ -1263,7 +1257,7 @@ async fn a_keep_rule_added_to_the_rules_holds_in_the_plan_and_at_the_recheck() {
         let mut a = image("a", 100);
         a.repo_tags = vec!["docker.io/library/keep:1".to_string()].into();
         s.images = vec![a, image("b", 100), image("c", 100)];
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
         // b gains, between the listing and its removal, the name the rule
         // keeps.
         // (Listings of containers: `observe` below, the cycle's, then b's re-check.)
@@ -1307,7 +1301,7 @@ async fn an_image_someone_else_removed_before_its_recheck_is_gone_already_not_ke
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
         // Removed by another collector between the listing and a's re-check.
         s.gone_at_list = Some((2, "a".to_string()));
     });
@@ -1329,7 +1323,7 @@ async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
     let (sender, pods) = tokio::sync::watch::channel(Arc::new(crate::policy::Protections::default()));
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
         // The watch learns of a pod naming b after the cycle's listing,
         // before b's re-check.
         let pods = crate::policy::Protections {
@@ -1356,7 +1350,7 @@ fn after_an_earlier_process_removed_a() -> (
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("b", 100)];
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     an_earlier_process_asked_to_remove(&mut c, &dir, "a");
@@ -1425,7 +1419,7 @@ async fn an_image_someone_else_removes_is_counted_once_with_its_last_known_size(
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 250), image("c", 40)];
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1458,7 +1452,7 @@ async fn an_image_a_partial_listing_omits_is_not_removed_by_others() {
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1494,7 +1488,7 @@ async fn a_candidate_someone_else_removed_before_its_recheck_is_counted() {
         s.images = vec![image("a", 100), image("b", 100)];
         s.disk.occupy("a", 100);
         s.disk.occupy("b", 100);
-        s.disk(1000, 50);
+        s.disk.set(1000, 50);
         // Listed by the cycle, gone by its re-check.
         s.vanish_at_list = Some((1, "a".to_string()));
     });
@@ -1542,7 +1536,7 @@ async fn a_removal_journaled_before_a_kill_that_left_its_record_is_not_removed_b
     let sim = SimHandle::default();
     sim.with(|s| {
         s.images = vec![image("a", 100), image("b", 100)];
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1576,7 +1570,7 @@ async fn images_whose_status_cannot_be_read_do_not_keep_the_others_from_being_as
             .map(|id| image(id, 10))
             .chain([image("x", 7), image("kept", 1)])
             .collect();
-        s.disk(1000, 900);
+        s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
@@ -1632,7 +1626,7 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
             crate::testing::container_naming("c4", "4"),
             crate::testing::container_naming("c5", "5"),
         ];
-        s.disk(1000 * MB, 100 * MB);
+        s.disk.set(1000 * MB, 100 * MB);
     });
     let (c, _dir) = collector(&sim, configure);
     let now = SystemTime::now();
@@ -1676,7 +1670,7 @@ async fn full_disk_removed_in_the_background(line: crate::config::EvictionThresh
             s.unused(id, 100, 0);
             s.disk.frees_late(id, 100);
         }
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
     });
     let (mut c, _dir) = collector(&sim, |c| c.eviction_imagefs_available = Some(line));
     let report = cycle(&mut c).await;
@@ -1721,7 +1715,7 @@ async fn a_hurry_that_expected_more_than_came_back_goes_on_from_the_measurement(
             s.unused(id, 100, 0);
             s.disk.frees_late(id, 50);
         }
-        s.disk(1000, 0);
+        s.disk.set(1000, 0);
     });
     let (mut c, _dir) = collector(&sim, |c| {
         c.eviction_imagefs_available = Some(crate::config::EvictionThreshold::Percent(15.0));
@@ -1749,7 +1743,7 @@ async fn below_high_after_a_pull(big: Option<u64>) -> (SimHandle, CycleReport) {
             s.images.push(image("big", size));
             s.containers = vec![crate::testing::container_naming("job", "big")];
         }
-        s.disk(10_000, 2_200);
+        s.disk.set(10_000, 2_200);
     });
     let (mut c, _dir) = collector(&sim, |c| {
         c.gc.high_threshold_percent = 80;
@@ -1793,7 +1787,7 @@ async fn a_pod_on_a_node_that_had_its_repository(
         for i in 0..6 {
             s.unused(&format!("old-{i}"), 25 * MB, 25 * MB);
         }
-        s.disk(1000 * MB, 650 * MB);
+        s.disk.set(1000 * MB, 650 * MB);
     });
     // The node had app:1 when the last process saved its records (it went
     // since); its next process remembers its size.

@@ -43,6 +43,13 @@ struct DiskState {
     failing: bool,
 }
 
+impl DiskState {
+    /// `bytes` more are available, up to the capacity.
+    fn free(&mut self, bytes: u64) {
+        self.available = self.available.saturating_add(bytes).min(self.capacity);
+    }
+}
+
 /// The simulated disk's filesystem id, and that of the filesystem mounted
 /// elsewhere.
 const SIM_FILESYSTEM_ID: u64 = 1;
@@ -121,12 +128,6 @@ impl SimDisk {
         self.lock().writer = bytes;
     }
 
-    /// `bytes` come back after `readings` more readings (a deletion under
-    /// way that is no image's).
-    pub fn coming(&self, readings: u32, bytes: u64) {
-        self.lock().coming = Some((readings, bytes));
-    }
-
     /// The readings answer these available bytes in turn, the last one
     /// repeated, whatever is removed (a filesystem whose space comes back
     /// on a script).
@@ -150,7 +151,7 @@ impl SimDisk {
     pub fn release(&self, image_id: &str) {
         let mut state = self.lock();
         let freed = state.on_disk.remove(image_id).unwrap_or(0);
-        state.available = state.available.saturating_add(freed).min(state.capacity);
+        state.free(freed);
         if let Some(bytes) = state.late.remove(image_id) {
             let still = state.coming.map_or(0, |(_, b)| b);
             state.coming = Some((1, still.saturating_add(bytes)));
@@ -159,8 +160,7 @@ impl SimDisk {
 
     /// `bytes` more are available, up to the capacity.
     pub fn free(&self, bytes: u64) {
-        let mut state = self.lock();
-        state.available = state.available.saturating_add(bytes).min(state.capacity);
+        self.lock().free(bytes);
     }
 }
 
@@ -195,7 +195,7 @@ impl FsProbe for SimDisk {
         // Read once as they were, then with the bytes still coming.
         match state.coming {
             Some((0, bytes)) => {
-                state.available = state.available.saturating_add(bytes).min(state.capacity);
+                state.free(bytes);
                 state.coming = None;
             }
             Some((left, bytes)) => state.coming = Some((left - 1, bytes)),
