@@ -325,6 +325,32 @@ async fn run_imagegc(p: &Prepared, t: Thresholds) -> Outcome {
         .save(&Records::from_map(records), now)
         .expect("writing the state file");
 
+    // `plan` first, on the same state: what it forecasts the cycle frees.
+    let planned = Command::new(imagegc_binary())
+        .args(["plan", "--output", "json", "--log-level", "warn", "--runtime-endpoint"])
+        .arg(p.bed.endpoint())
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .output()
+        .expect("running imagegc plan");
+    assert!(
+        planned.status.success(),
+        "imagegc plan failed ({}): {}",
+        planned.status,
+        String::from_utf8_lossy(&planned.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&planned.stdout).expect("imagegc plan --output json");
+    let forecast: Vec<String> = plan["removals"]
+        .as_array()
+        .expect("a removals list")
+        .iter()
+        .map(|r| r["id"].as_str().expect("an id").to_string())
+        .collect();
+    let forecast_frees = plan["expected_to_free_bytes"].as_u64().expect("expected_to_free_bytes");
+    let before = p.fs();
+
     let started = Instant::now();
     let output = Command::new(imagegc_binary())
         .args(["once", "--output", "json", "--log-level", "warn", "--runtime-endpoint"])
@@ -351,19 +377,39 @@ async fn run_imagegc(p: &Prepared, t: Thresholds) -> Outcome {
         .collect();
     let final_fs = p.fs();
     let reached_low = final_fs.bytes_to_free(t.low) == 0;
+    let freed = final_fs.available().saturating_sub(before.available());
+    let error = if freed == 0 {
+        0.0
+    } else {
+        (forecast_frees as f64 - freed as f64) / freed as f64 * 100.0
+    };
     Outcome {
         cycles_below_high: (final_fs.usage_percent() < u64::from(t.high)).then_some(1),
         cycles_to_low: reached_low.then_some(1),
         cycles_run: 1,
-        notes: vec![format!(
-            "cycle 1: {} -> {}%, {} removed, outcome {}, cycle {:.0} ms (process {:.0} ms)",
-            report["usage_percent_before"],
-            report["usage_percent_after"],
-            removed.len(),
-            report["outcome"],
-            report["duration_seconds"].as_f64().unwrap_or(0.0) * 1000.0,
-            elapsed.as_secs_f64() * 1000.0,
-        )],
+        notes: vec![
+            format!(
+                "cycle 1: {} -> {}%, {} removed, outcome {}, cycle {:.0} ms (process {:.0} ms)",
+                report["usage_percent_before"],
+                report["usage_percent_after"],
+                removed.len(),
+                report["outcome"],
+                report["duration_seconds"].as_f64().unwrap_or(0.0) * 1000.0,
+                elapsed.as_secs_f64() * 1000.0,
+            ),
+            format!(
+                "plan before it: {} removal(s){}, expected to free {} MiB; the cycle freed {} MiB \
+                 (forecast {error:+.1}%)",
+                forecast.len(),
+                if forecast == removed {
+                    ", the cycle's"
+                } else {
+                    ", not the cycle's"
+                },
+                mib(forecast_frees),
+                mib(freed),
+            ),
+        ],
         removed,
         final_fs,
         elapsed,

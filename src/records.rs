@@ -143,6 +143,10 @@ pub struct Records {
     /// [`Records::observation_broken`]; `None` until then. A gap in an
     /// image's use that began before it was not observed whole.
     observed_since: Option<SystemTime>,
+    /// What measured removals showed layers take on disk (see
+    /// [`crate::policy::layers`]): digest, bytes, when; saved with the
+    /// records.
+    layer_sizes: Vec<(String, u64, SystemTime)>,
 }
 
 /// A removed image's use, remembered in case it is pulled again.
@@ -221,6 +225,20 @@ impl Records {
         self.removed
             .iter()
             .map(|(id, r)| (id.as_str(), r.last_used, r.removed_at, r.usual_break))
+    }
+
+    /// What measured removals showed layers take on disk, for the state
+    /// file: digest, bytes, when measured.
+    pub fn layer_sizes(&self) -> impl Iterator<Item = (&str, u64, SystemTime)> {
+        self.layer_sizes
+            .iter()
+            .map(|(layer, bytes, at)| (layer.as_str(), *bytes, *at))
+    }
+
+    /// Replaces what is saved of the layers' measured sizes.
+    pub fn set_layer_sizes(&mut self, sizes: impl IntoIterator<Item = (String, u64, SystemTime)>) {
+        self.layer_sizes = sizes.into_iter().collect();
+        self.changed = true;
     }
 
     /// Takes back what the state file remembered of removed images, as of

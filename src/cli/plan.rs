@@ -49,6 +49,10 @@ struct PlanJson<'a> {
     /// bound to the node (`kubernetes.room_before_pulls`), when any.
     #[serde(skip_serializing_if = "Option::is_none")]
     headroom: Option<HeadroomView<'a>>,
+    /// What the removals are expected to free on disk together (each
+    /// removal's `frees_bytes`): reported sizes by the runtime's footprint,
+    /// shared layers counted once where the runtime names them.
+    expected_to_free_bytes: u64,
     removals: Vec<serde_json::Value>,
     further_space_candidates: Vec<serde_json::Value>,
     kept: Vec<serde_json::Value>,
@@ -178,10 +182,28 @@ pub async fn plan(
     });
     // A dry-run cycle's space pass: the age removals counted, not made (a
     // read-only `plan` remembers no removals to hold back).
-    let pass = fs.and_then(|fs| cycle.space(fs, cycle.age_would_free(), footprint, image_fs.image_bytes));
+    let pass = fs.and_then(|fs| {
+        cycle.space(
+            fs,
+            cycle.age_would_free(),
+            footprint,
+            collector.layers(),
+            image_fs.image_bytes,
+        )
+    });
     let full_outlook = pass.as_ref().map(|pass| pass.outlook);
     let forecast = pass.map(|pass| pass.forecast(|_| false));
     let view = PlanView::new(plan, forecast.as_ref(), fs.as_ref(), target);
+    // What each removal frees, in the order shown: the age removals first,
+    // as the walk counted them before its own.
+    let mut freeing = collector.layers().freeing(&snapshot.images, footprint);
+    let frees: Vec<u64> = plan
+        .age
+        .iter()
+        .map(|c| freeing.release(c.id, c.size))
+        .chain(forecast.iter().flat_map(|f| f.frees.iter().copied()))
+        .collect();
+    let expected_to_free = frees.iter().fold(0u64, |sum, b| sum.saturating_add(*b));
     let once_aged = full_outlook.and_then(|o| o.reached_once_aged());
     let outlook = full_outlook.filter(SpaceOutlook::unreachable);
     if output == Output::Json {
@@ -204,11 +226,19 @@ pub async fn plan(
             space_unreachable: outlook,
             image_fs_mismatch: mismatch.as_deref(),
             headroom: headroom_view,
+            expected_to_free_bytes: expected_to_free,
             removals: plan
                 .age
                 .iter()
                 .chain(view.space_expected(plan))
-                .map(|c| candidate_json(c, config.gc.order, now))
+                .zip(&frees)
+                .map(|(c, frees)| {
+                    let mut value = candidate_json(c, config.gc.order, now);
+                    if let Some(object) = value.as_object_mut() {
+                        object.insert("frees_bytes".to_string(), (*frees).into());
+                    }
+                    value
+                })
                 .collect(),
             further_space_candidates: view
                 .space_further(plan)
@@ -237,7 +267,7 @@ pub async fn plan(
         text.push_str(&headroom_line(view, &config, now));
     }
     text.push_str(&summary(plan, &view, outlook.as_ref(), once_aged, in_force.1, &config));
-    text.push_str(&removals_text(plan, &view, config.gc.order, now));
+    text.push_str(&removals_text(plan, &view, &frees, config.gc.order, now));
     text.push_str(&kept_text(plan));
     let unused_later = if view.space_pass { 0 } else { plan.space.len() };
     if unused_later > 0 {
@@ -333,13 +363,22 @@ fn summary(
 }
 
 /// The removals in order, and how many more a short estimate would take.
-fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) -> String {
+fn removals_text(plan: &Plan, view: &PlanView, frees: &[u64], order: Order, now: SystemTime) -> String {
     let mut text = String::new();
     let reuse = policy::order::of(order).goes_by_expected_back();
     let mut table = if reuse {
-        Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED", "EXPECTED BACK"])
+        Table::new([
+            "#",
+            "IMAGE ID",
+            "TAGS",
+            "SIZE",
+            "FREES",
+            "REASON",
+            "LAST USED",
+            "EXPECTED BACK",
+        ])
     } else {
-        Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "REASON", "LAST USED"])
+        Table::new(["#", "IMAGE ID", "TAGS", "SIZE", "FREES", "REASON", "LAST USED"])
     };
     for (n, c) in plan.age.iter().chain(view.space_expected(plan)).enumerate() {
         let mut row = vec![
@@ -347,6 +386,7 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
             short_id(c.id),
             tags_cell(c.tags),
             human_bytes(c.size),
+            frees.get(n).map_or_else(|| "-".to_string(), |b| human_bytes(*b)),
             c.reason.as_str().to_string(),
             ago(c.last_used, now),
         ];
@@ -367,7 +407,8 @@ fn removals_text(plan: &Plan, view: &PlanView, order: Order, now: SystemTime) ->
         if view.space_pass {
             text.push_str(
                 "(space removals stop as soon as the measured usage reaches the low threshold; \
-                 the estimate above adds reported sizes, which overstate what shared layers free)\n",
+                 FREES is the estimate: reported sizes by what the runtime keeps on disk per reported byte, \
+                 layers other images share counted once, where the runtime names them)\n",
             );
             text.push_str(&format!(
                 "(space removals in the order of gc.order = \"{}\": {})\n",
@@ -606,9 +647,10 @@ mod tests {
             ..Default::default()
         };
         let target = crate::policy::GcPolicy::from(&Config::default()).target;
-        let forecast = Forecast::of(Walk::estimated(target, fs, &plan.space, total_size(&plan.age)), |_| {
-            false
-        });
+        let forecast = Forecast::of(
+            Walk::estimated(target, fs, &plan.space, total_size(&plan.age), Default::default()),
+            |_| false,
+        );
         let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass);
         assert_eq!(view.expected, 0);
@@ -631,7 +673,9 @@ mod tests {
         config.gc.low_inodes_percent = Some(80);
         let plan = Plan::default();
         let target = crate::policy::GcPolicy::from(&config).target;
-        let forecast = Forecast::of(Walk::estimated(target, fs, &plan.space, 0), |_| false);
+        let forecast = Forecast::of(Walk::estimated(target, fs, &plan.space, 0, Default::default()), |_| {
+            false
+        });
         let view = PlanView::new(&plan, Some(&forecast), Some(&fs), target);
         assert!(view.space_pass, "a cycle would run a space pass on inodes");
         assert!(target.due(&fs), "and the collector's target agrees");

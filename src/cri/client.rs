@@ -354,6 +354,47 @@ pub fn pod_sandbox_image(
         .map(canonical_id)
 }
 
+/// The most layers an image's config may list for imagegc to believe it:
+/// Docker and BuildKit refuse more than 127, and a longer list is no image
+/// a runtime pulled.
+const MAX_LAYERS: usize = 1_000;
+
+/// An image's layers from its verbose `ImageStatus` info: the JSON under
+/// `info` (containerd 1.6 and 2.x: `{"chainID", "imageSpec"}`; CRI-O:
+/// `{"labels", "imageSpec"}`), `imageSpec.rootfs.diff_ids`. Each must be a
+/// digest (`<algorithm>:<lowercase hex>`); an info without them, or with
+/// anything else in their place, says nothing (`None`), so that a layer is
+/// never shared by mistake.
+pub fn layers_from_info(info: &std::collections::HashMap<String, String>) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Info {
+        #[serde(rename = "imageSpec")]
+        image_spec: Spec,
+    }
+    #[derive(serde::Deserialize)]
+    struct Spec {
+        rootfs: RootFs,
+    }
+    #[derive(serde::Deserialize)]
+    struct RootFs {
+        diff_ids: Vec<String>,
+    }
+    let info: Info = serde_json::from_str(info.get("info")?).ok()?;
+    let layers = info.image_spec.rootfs.diff_ids;
+    (layers.len() <= MAX_LAYERS && layers.iter().all(|layer| is_digest(layer))).then_some(layers)
+}
+
+/// `<algorithm>:<hex>`: sha256 with 64 lowercase hex digits, sha512 with
+/// 128, as the OCI image spec registers them.
+fn is_digest(s: &str) -> bool {
+    let hex = match s.split_once(':') {
+        Some(("sha256", hex)) if hex.len() == 64 => hex,
+        Some(("sha512", hex)) if hex.len() == 128 => hex,
+        _ => return false,
+    };
+    hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// Reads the sandbox image from the verbose `Status` info. containerd puts
 /// its CRI plugin config (JSON) under `config` with `sandboxImage`; CRI-O
 /// reports `pause_image` in some versions. Unknown shapes yield `None`.
@@ -514,6 +555,31 @@ impl Runtime for CriClient {
         }
     }
 
+    async fn image_layers(&self, id: &str) -> Result<Option<Vec<String>>, RuntimeError> {
+        let mut client = self.image.clone();
+        let asked = if self.bare_ids.load(Ordering::Relaxed) {
+            bare_id(id)
+        } else {
+            id
+        };
+        let request = proto::ImageStatusRequest {
+            image: Some(proto::ImageSpec {
+                image: asked.to_string(),
+                ..Default::default()
+            }),
+            verbose: true,
+        };
+        match self.call("ImageStatus", client.image_status(request)).await {
+            // As in `image_status`: an answer about another image is none.
+            Ok(response) => {
+                let same = response.image.map(image_from_proto).is_some_and(|image| image.id == id);
+                Ok(layers_from_info(&response.info).filter(|_| same))
+            }
+            Err(err) if err.is_not_found() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     fn container_events(&self) -> EventStream {
         let mut client = self.runtime.clone();
         let endpoint = self.endpoint.clone();
@@ -619,6 +685,78 @@ mod tests {
             let err = socket_path(bad).unwrap_err().to_string();
             assert!(err.contains(bad), "{err}");
         }
+    }
+
+    fn info(json: &str) -> std::collections::HashMap<String, String> {
+        std::collections::HashMap::from([("info".to_string(), json.to_string())])
+    }
+
+    /// containerd (1.6 and 2.x) and CRI-O put the image config under
+    /// `info`, beside a chain id or the labels: the diff ids are read from
+    /// both shapes, lowest layer first.
+    #[test]
+    fn layers_are_read_from_the_image_config_of_the_verbose_status() {
+        let (a, b) = (
+            format!("sha256:{}", "a".repeat(64)),
+            format!("sha256:{}", "0b".repeat(32)),
+        );
+        let containerd = format!(
+            r#"{{"chainID":"sha256:{c}","imageSpec":{{"created":"2026-01-01T00:00:00Z","architecture":"amd64","os":"linux","config":{{"Env":["PATH=/bin"]}},"rootfs":{{"type":"layers","diff_ids":["{a}","{b}"]}},"history":[{{"created_by":"COPY / /"}}]}}}}"#,
+            c = "c".repeat(64)
+        );
+        let crio = format!(
+            r#"{{"labels":{{"x":"y"}},"imageSpec":{{"architecture":"amd64","os":"linux","rootfs":{{"type":"layers","diff_ids":["{a}","{b}"]}}}}}}"#
+        );
+        for json in [containerd, crio] {
+            assert_eq!(
+                layers_from_info(&info(&json)),
+                Some(vec![a.clone(), b.clone()]),
+                "{json}"
+            );
+        }
+        // An image with no layer (a config alone) has none, which is known.
+        assert_eq!(
+            layers_from_info(&info(r#"{"imageSpec":{"rootfs":{"type":"layers","diff_ids":[]}}}"#)),
+            Some(vec![])
+        );
+    }
+
+    /// Anything but a list of digests says nothing: a layer shared by
+    /// mistake would make a removal look as if it freed less than it does.
+    #[test]
+    fn a_verbose_status_without_digests_in_its_rootfs_says_nothing_of_layers() {
+        let digest = format!("sha256:{}", "a".repeat(64));
+        for bad in [
+            String::new(),
+            "not json".to_string(),
+            "{}".to_string(),
+            r#"{"imageSpec":{}}"#.to_string(),
+            r#"{"imageSpec":{"rootfs":{"diff_ids":"sha256:x"}}}"#.to_string(),
+            format!(r#"{{"imageSpec":{{"rootfs":{{"diff_ids":["{digest}",7]}}}}}}"#),
+            format!(r#"{{"imageSpec":{{"rootfs":{{"diff_ids":["{digest}","sha256:ABC"]}}}}}}"#),
+            format!(
+                r#"{{"imageSpec":{{"rootfs":{{"diff_ids":["{}"]}}}}}}"#,
+                digest.to_uppercase()
+            ),
+            format!(
+                r#"{{"imageSpec":{{"rootfs":{{"diff_ids":["md5:{}"]}}}}}}"#,
+                "a".repeat(32)
+            ),
+            format!(
+                r#"{{"imageSpec":{{"rootfs":{{"diff_ids":[{}]}}}}}}"#,
+                vec![format!("\"{digest}\""); MAX_LAYERS + 1].join(",")
+            ),
+        ] {
+            assert_eq!(layers_from_info(&info(&bad)), None, "{bad}");
+        }
+        assert_eq!(layers_from_info(&std::collections::HashMap::new()), None);
+        let sha512 = format!("sha512:{}", "f".repeat(128));
+        assert_eq!(
+            layers_from_info(&info(&format!(
+                r#"{{"imageSpec":{{"rootfs":{{"diff_ids":["{sha512}"]}}}}}}"#
+            ))),
+            Some(vec![sha512])
+        );
     }
 
     #[test]

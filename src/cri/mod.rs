@@ -383,6 +383,16 @@ pub trait Runtime: Send + Sync {
             Ok(images.into_iter().find(|image| image.id == id))
         }
     }
+    /// The layers of the image with this id, lowest first: the digests of
+    /// their uncompressed content (`rootfs.diff_ids` of the image config,
+    /// which containerd and CRI-O put in the verbose `ImageStatus`). Images
+    /// that share a layer store it once. `None` when the runtime does not
+    /// say, or the image is gone; a runtime that cannot tell need not
+    /// implement it.
+    fn image_layers(&self, id: &str) -> impl Future<Output = Result<Option<Vec<String>>, RuntimeError>> + Send {
+        let _ = id;
+        async { Ok(None) }
+    }
     /// The container event stream (CRI `GetContainerEvents`). Nothing is
     /// sent before the stream is first polled, and opening it is part of
     /// polling it: runtimes send no response headers until the first event,

@@ -16,8 +16,9 @@
 //! [`super::removal`]; the next candidate's re-check is made while the
 //! removal before it is confirmed). A failed removal is logged and the walk goes on.
 //! Cancellation is honoured between removals, never inside one. In dry run
-//! everything happens except the removals; the walk then goes by the
-//! images' reported sizes, as `plan`'s forecast does.
+//! everything happens except the removals; the walk then goes by what
+//! each removal is expected to free (`crate::policy::Freeing`), as
+//! `plan`'s forecast does.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -217,17 +218,25 @@ impl<R: Runtime> Collector<R> {
         // have freed (by the images that passed their re-check) counts
         // first, and the walk goes by the estimate.
         let age = if cx.report.dry_run {
-            let would_free = cx
-                .report
-                .removed
-                .iter()
-                .filter(|r| r.reason == Reason::Age)
-                .fold(0u64, |sum, r| sum.saturating_add(r.size));
-            AgePass::Counted { would_free }
+            AgePass::Counted(
+                cx.report
+                    .removed
+                    .iter()
+                    .filter(|r| r.reason == Reason::Age)
+                    .map(|r| (r.id.as_str(), r.size))
+                    .collect(),
+            )
         } else {
             AgePass::Removed
         };
-        let Some(pass) = cycle.space(stats, age, self.inventory.footprint, disk.image_bytes) else {
+        let pass = cycle.space(
+            stats,
+            age,
+            self.inventory.footprint,
+            &self.inventory.layers,
+            disk.image_bytes,
+        );
+        let Some(pass) = pass else {
             self.sinks.emit(&Event::SpacePassNotDue {
                 usage_percent: stats.usage_percent(),
                 high: target.in_force(stats.capacity_bytes).0,
@@ -324,11 +333,11 @@ impl<R: Runtime> Collector<R> {
                         }
                     };
                     match step {
-                        Step::Removed if walk.estimating() => walk.removed(candidate.size, None),
+                        Step::Removed if walk.estimating() => _ = walk.removed(candidate.size, None),
                         // One reading, not waited on.
-                        Step::Removed if walk.hurrying() => walk.removed(candidate.size, disk.measure().ok()),
+                        Step::Removed if walk.hurrying() => _ = walk.removed(candidate.size, disk.measure().ok()),
                         Step::Removed => match disk.measure() {
-                            Ok(stats) => walk.removed(candidate.size, Some(stats)),
+                            Ok(stats) => _ = walk.removed(candidate.size, Some(stats)),
                             Err(err) => {
                                 self.sinks.emit(&Event::MeasureFailedMidWalk(&err.to_string()));
                                 walk.removed(candidate.size, None);
@@ -371,7 +380,11 @@ impl<R: Runtime> Collector<R> {
         if walk.estimating() || cx.report.dry_run || !self.settings.policy.past_eviction_line(&stats, coming) {
             return;
         }
-        walk.hurry(self.inventory.footprint);
+        walk.hurry(
+            self.inventory
+                .layers
+                .freeing(&cx.snapshot.images, self.inventory.footprint),
+        );
         cx.report.hurried = true;
         self.sinks.emit(&Event::Hurrying {
             stats: &stats,

@@ -81,6 +81,11 @@ pub(super) struct Sim {
     /// pending notes, as a process killed during the call leaves them).
     pub(super) read_at_remove: Option<std::path::PathBuf>,
     pub(super) read_at_remove_found: Vec<(String, String)>,
+    /// The layers the verbose `ImageStatus` names, by image id (none: it
+    /// names none, as a runtime that does not tell).
+    pub(super) layers: HashMap<String, Vec<String>>,
+    /// How many times layers were asked for.
+    pub(super) layer_asks: usize,
 }
 
 /// Where the split store's container filesystem is mounted in [`Sim`].
@@ -171,6 +176,14 @@ impl Runtime for SimHandle {
             .filter(|i| !sim.omit.contains(&i.id))
             .cloned()
             .collect())
+    }
+    async fn image_layers(&self, id: &str) -> Result<Option<Vec<String>>, RuntimeError> {
+        let mut sim = self.0.lock().unwrap();
+        sim.layer_asks += 1;
+        if !sim.images.iter().any(|i| i.id == id) {
+            return Ok(None);
+        }
+        Ok(sim.layers.get(id).cloned())
     }
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
         let sim = self.0.lock().unwrap();

@@ -36,6 +36,11 @@ pub(super) struct Inventory {
     /// What an image takes on disk per reported byte, from the runtime's
     /// name and this process's measured removals.
     pub(super) footprint: DiskFootprint,
+    /// The images' layers, where the runtime names them, and the layers
+    /// measured removals sized (see [`crate::policy::layers`]).
+    pub(super) layers: crate::policy::LayerBook,
+    /// Listed images whose layers the runtime did not tell: not asked again.
+    pub(super) layers_untold: std::collections::HashSet<String>,
     /// What the runtime reports per byte of a registry's manifest, from
     /// its name and the images manifests sized once they arrived.
     pub(super) manifest_scale: crate::policy::ManifestScale,
@@ -70,6 +75,13 @@ impl Inventory {
     pub(super) fn new(records: Records, store: StateStore, recent: &[JournalEntry], now: SystemTime) -> Self {
         let largest_pull = largest_pull(&records, recent, now);
         let repo_sizes = repo_sizes(&records, recent);
+        let mut layers = crate::policy::LayerBook::default();
+        layers.restore_learned(
+            records
+                .layer_sizes()
+                .map(|(layer, bytes, at)| (layer.to_string(), crate::policy::layers::Learned { bytes, at })),
+            now,
+        );
         Inventory {
             largest_pull,
             repo_sizes,
@@ -81,6 +93,8 @@ impl Inventory {
             observer: observe::Observer::default(),
             last_images: Vec::new(),
             footprint: DiskFootprint::default(),
+            layers,
+            layers_untold: std::collections::HashSet::new(),
             manifest_scale: crate::policy::ManifestScale::default(),
             runtime_named: false,
             image_fs_mismatch: None,

@@ -303,6 +303,12 @@ impl<R: Runtime> Collector<R> {
         self.inventory.arrivals
     }
 
+    /// The images' layers and the measured layers, as this collector knows
+    /// them (see [`crate::policy::layers`]).
+    pub fn layers(&self) -> &crate::policy::LayerBook {
+        &self.inventory.layers
+    }
+
     /// What an image takes on disk per reported byte, as this collector
     /// knows it.
     pub fn footprint(&self) -> DiskFootprint {
@@ -407,6 +413,15 @@ impl<R: Runtime> Collector<R> {
     /// Saves the records; a failure is logged, never fatal: the collector
     /// goes on and tries again at the next save.
     pub async fn save(&mut self) {
+        if self.inventory.layers.take_learned_change() {
+            let sizes: Vec<(String, u64, std::time::SystemTime)> = self
+                .inventory
+                .layers
+                .learned()
+                .map(|(layer, learned)| (layer.to_string(), learned.bytes, learned.at))
+                .collect();
+            Arc::make_mut(&mut self.inventory.records).set_layer_sizes(sizes);
+        }
         let store = self.inventory.store.clone();
         let records = Arc::clone(&self.inventory.records);
         let now = self.clock.now();

@@ -925,6 +925,11 @@ impl<R: Runtime> Collector<R> {
         // from it); awaited, so the journal keeps the removals' order.
         let _ = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
         if !removal.dry_run {
+            // What a measured removal freed sizes the layers it freed.
+            match removal.freed_bytes {
+                Some(freed) => self.inventory.layers.removed(&removal.id, freed, self.clock.now()),
+                None => self.inventory.layers.forget(&removal.id),
+            }
             Arc::make_mut(&mut self.inventory.records).remove(&removal.id, self.clock.now());
             self.remover
                 .thrash

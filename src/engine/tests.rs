@@ -1156,6 +1156,68 @@ async fn an_earlier_removal_that_finishes_as_it_is_asked_again_is_journaled_once
     );
 }
 
+fn layer(name: &str) -> String {
+    format!(
+        "sha256:{:0>64}",
+        name.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+/// Two images on one base and one of its own, where the runtime names
+/// their layers: `plan` counts the base once, freed by the second image
+/// on it, and so foresees the third removal the measured cycle needs; by
+/// reported sizes it would have stopped after two. The measured removals
+/// size the layers they freed, which the next estimate goes by.
+#[tokio::test]
+async fn a_shared_base_is_counted_once_by_the_forecast_and_sized_by_the_measured_removals() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        // Reported 100 each; on disk the base is 70, each own layer 30.
+        s.unused("a", 100, 30);
+        s.unused("b", 100, 100);
+        s.unused("c", 100, 100);
+        s.layers.insert("a".into(), vec![layer("base"), layer("a")]);
+        s.layers.insert("b".into(), vec![layer("base"), layer("b")]);
+        s.layers.insert("c".into(), vec![layer("c")]);
+        // 150 to free.
+        s.disk.set(1000, 50);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    let listing = c.observe().await.unwrap();
+    assert_eq!(c.layers().len(), 3, "each image's layers were asked for once");
+    let (space, frees) = {
+        let cycle = c.cycle_plan(&listing);
+        let stats = sim.stats(Path::new("/sim")).unwrap();
+        let forecast = cycle
+            .space(stats, cycle.age_would_free(), Default::default(), c.layers(), None)
+            .expect("a space pass is due")
+            .forecast(|_| false);
+        let space: Vec<String> = forecast.removals.iter().map(|c| c.id.to_string()).collect();
+        (space, forecast.frees)
+    };
+    // The base (two thirds of 100, the smallest split) comes back with b.
+    assert_eq!(space, ["a", "b", "c"]);
+    assert_eq!(frees, [33, 100, 100]);
+    let report = cycle(&mut c).await;
+    let removed: Vec<&str> = report.removed.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(removed, space, "the measured cycle removed what the forecast said");
+    let learned = |name: &str| c.layers().learned_of(&layer(name)).map(|l| l.bytes);
+    assert_eq!(learned("a"), Some(30));
+    // b freed the base with its own layer: 100 shared between the two.
+    assert_eq!((learned("base"), learned("b")), (Some(50), Some(50)));
+    assert_eq!(learned("c"), Some(100));
+    let asks = sim.0.lock().unwrap().layer_asks;
+    c.observe().await.unwrap();
+    assert_eq!(sim.0.lock().unwrap().layer_asks, asks, "nothing new to ask about");
+    // What the removals measured survives a restart (the state file).
+    let next = next_process(&c, *c.clock());
+    let restored = |name: &str| next.layers().learned_of(&layer(name)).map(|l| l.bytes);
+    assert_eq!(
+        (restored("a"), restored("base"), restored("c")),
+        (Some(30), Some(50), Some(100))
+    );
+}
+
 #[tokio::test]
 async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     let sim = SimHandle::default();
@@ -1198,7 +1260,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
         let cycle = c.cycle_plan(&listing);
         let stats = sim.stats(Path::new("/sim")).unwrap();
         let forecast = cycle
-            .space(stats, cycle.age_would_free(), Default::default(), None)
+            .space(stats, cycle.age_would_free(), Default::default(), c.layers(), None)
             .expect("a space pass is due")
             .forecast(|_| false);
         let age: Vec<String> = cycle.age().iter().map(|c| c.id.to_string()).collect();
@@ -1646,7 +1708,7 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
     let planned: Vec<String> = {
         let cycle = c.cycle_plan(&listing);
         let stats = sim.stats(Path::new("/sim")).unwrap();
-        let pass = cycle.space(stats, cycle.age_would_free(), Default::default(), None);
+        let pass = cycle.space(stats, cycle.age_would_free(), Default::default(), c.layers(), None);
         let forecast = pass.expect("a space pass is due at 90%").forecast(|_| false);
         forecast.removals.iter().map(|c| c.id.to_string()).collect()
     };

@@ -34,7 +34,49 @@ pub struct Listing {
     pub protections: Arc<Protections>,
 }
 
+/// How many images' layers one listing asks the runtime for at most (a
+/// verbose `ImageStatus` each, in turn): a node of 10,000 images has them
+/// all within 40 listings, and no listing costs the runtime more than
+/// that. `plan` asks for all at once.
+const LAYERS_PER_LISTING: usize = 256;
+
 impl<R: Runtime> Collector<R> {
+    /// Asks the runtime for the layers of listed images whose layers are
+    /// not known yet (see [`crate::policy::layers`]), at most
+    /// [`LAYERS_PER_LISTING`]; forgets those of images no longer listed.
+    /// An image the runtime says nothing of is not asked about again; a
+    /// failed call ends the asking until the next listing.
+    async fn learn_layers(&mut self, images: &[Image]) {
+        let inventory = &mut self.inventory;
+        if !inventory.layers.is_empty() || !inventory.layers_untold.is_empty() {
+            let listed: crate::collections::HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
+            inventory.layers.retain(|id| listed.contains(id));
+            inventory.layers_untold.retain(|id| listed.contains(id.as_str()));
+        }
+        let limit = if inventory.store.is_read_only() {
+            usize::MAX
+        } else {
+            LAYERS_PER_LISTING
+        };
+        let unknown: Vec<&Image> = images
+            .iter()
+            .filter(|i| !inventory.layers.knows(&i.id) && !inventory.layers_untold.contains(&i.id))
+            .take(limit)
+            .collect();
+        for image in unknown {
+            match self.runtime.image_layers(&image.id).await {
+                Ok(Some(layers)) => self.inventory.layers.insert(&image.id, layers),
+                Ok(None) => {
+                    self.inventory.layers_untold.insert(image.id.clone());
+                }
+                Err(err) => {
+                    debug!(image = %image.id, error = %err, "the runtime did not tell the image's layers");
+                    break;
+                }
+            }
+        }
+    }
+
     /// Lists images, containers and the sandbox image, and updates the
     /// records. Also returns the image filesystem (see [`ImageFs`]).
     pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
@@ -159,6 +201,7 @@ impl<R: Runtime> Collector<R> {
     /// re-pulls, and the pending removals it settles.
     async fn note_listing(&mut self, observed: &Observed, images: &[Image]) {
         self.inventory.note_pulls(images, &observed.new, self.clock.now());
+        self.learn_layers(images).await;
         if let Some(sizes) = &self.pull_sizes {
             // Images a registry's manifest sized, arrived: what the runtime
             // reports per manifest byte.

@@ -21,7 +21,8 @@ use crate::cri::Snapshot;
 use crate::fs::FsStats;
 use crate::records::Listed;
 
-use super::space::{DiskFootprint, Forecast, SpaceOutlook, SpaceTarget, Walk, total_size};
+use super::layers::LayerBook;
+use super::space::{DiskFootprint, Forecast, SpaceOutlook, SpaceTarget, Walk};
 use super::{Candidate, GcPolicy, Plan, Protections, plan};
 
 /// How often usage is measured between cycles (statvfs, no call to the
@@ -48,16 +49,15 @@ pub enum KeptImages {
 }
 
 /// What happened to the age candidates before the space pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AgePass {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgePass<'x> {
     /// Removed (or tried): the usage measured after them says what they
     /// freed.
     Removed,
-    /// Only counted (a dry run, `plan`): they are still on disk.
-    Counted {
-        /// What they would free first, by their reported sizes.
-        would_free: u64,
-    },
+    /// Only counted (a dry run, `plan`): they are still on disk. Each by
+    /// id and reported size; what they would free first is estimated as
+    /// the space walk's removals are (see [`crate::policy::Freeing`]).
+    Counted(Vec<(&'x str, u64)>),
 }
 
 /// One cycle's plan (see the module docs).
@@ -130,12 +130,14 @@ impl<'a> CyclePlan<'a> {
     /// the runtime says its images take) size what the candidates could
     /// free. When the age candidates were only counted, they count as
     /// candidates of the outlook, and the walk goes by the estimate from
-    /// what they would free.
+    /// what they would free, shared layers counted once where `layers`
+    /// knows them.
     pub fn space<'p>(
         &'p self,
         stats: FsStats,
-        age: AgePass,
+        age: AgePass<'_>,
         footprint: DiskFootprint,
+        layers: &LayerBook,
         reported: Option<u64>,
     ) -> Option<SpacePass<'p, 'a>> {
         let target = self.target;
@@ -144,7 +146,7 @@ impl<'a> CyclePlan<'a> {
         }
         let still_on_disk: &[Candidate<'a>] = match age {
             AgePass::Removed => &[],
-            AgePass::Counted { .. } => &self.plan.age,
+            AgePass::Counted(_) => &self.plan.age,
         };
         let outlook = SpaceOutlook::new(
             &stats,
@@ -157,7 +159,13 @@ impl<'a> CyclePlan<'a> {
         );
         let walk = match age {
             AgePass::Removed => Walk::measured(target, stats, &self.plan.space),
-            AgePass::Counted { would_free } => Walk::estimated(target, stats, &self.plan.space, would_free),
+            AgePass::Counted(counted) => {
+                let mut freeing = layers.freeing(&self.snapshot.images, footprint);
+                let would_free = counted
+                    .iter()
+                    .fold(0u64, |sum, (id, size)| sum.saturating_add(freeing.release(id, *size)));
+                Walk::estimated(target, stats, &self.plan.space, would_free, freeing)
+            }
         };
         Some(SpacePass {
             stats,
@@ -167,12 +175,10 @@ impl<'a> CyclePlan<'a> {
         })
     }
 
-    /// What the age pass would free by the images' reported sizes: a dry
-    /// run's and `plan`'s [`AgePass::Counted`].
-    pub fn age_would_free(&self) -> AgePass {
-        AgePass::Counted {
-            would_free: total_size(&self.plan.age),
-        }
+    /// The age pass only counted, every age candidate: `plan`'s
+    /// [`AgePass::Counted`].
+    pub fn age_would_free(&self) -> AgePass<'_> {
+        AgePass::Counted(self.plan.age.iter().map(|c| (c.id, c.size)).collect())
     }
 
     /// How long after a cycle the next one comes: `interval`, or, when the
@@ -273,12 +279,24 @@ mod tests {
         assert_eq!(ids(cycle.age()), ["old", "a", "b"]);
         assert!(
             cycle
-                .space(stats(700 * MIB), AgePass::Removed, DiskFootprint::default(), None)
+                .space(
+                    stats(700 * MIB),
+                    AgePass::Removed,
+                    DiskFootprint::default(),
+                    &LayerBook::default(),
+                    None
+                )
                 .is_none()
         );
         // At 90%: the age pass's 300 MiB, only counted, bring it to 60%.
         let pass = cycle
-            .space(stats(900 * MIB), cycle.age_would_free(), DiskFootprint::default(), None)
+            .space(
+                stats(900 * MIB),
+                cycle.age_would_free(),
+                DiskFootprint::default(),
+                &LayerBook::default(),
+                None,
+            )
             .expect("due at 90%");
         assert_eq!(pass.to_free, 300 * MIB);
         assert!(!pass.outlook.unreachable());
@@ -286,7 +304,13 @@ mod tests {
         // Removed, they are no candidates: the young one is all there is,
         // and the next look comes when it may go.
         let pass = cycle
-            .space(stats(900 * MIB), AgePass::Removed, DiskFootprint::default(), None)
+            .space(
+                stats(900 * MIB),
+                AgePass::Removed,
+                DiskFootprint::default(),
+                &LayerBook::default(),
+                None,
+            )
             .expect("due at 90%");
         assert_eq!(pass.outlook.could_free, 0);
         assert_eq!(pass.outlook.reached_once_aged(), None, "100 MiB young cannot free 300");

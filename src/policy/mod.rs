@@ -5,7 +5,8 @@
 //! remove, and why every other image is kept; [`order`], one file per
 //! `gc.order`, the order of the space candidates; [`space`],
 //! when a space pass is due and done, and the walk over the space
-//! candidates ([`Walk`]); [`cycle`], one cycle's script over them
+//! candidates ([`Walk`]); [`layers`], what a removal frees when images
+//! share layers ([`Freeing`]); [`cycle`], one cycle's script over them
 //! ([`CyclePlan`]), which the daemon's cycle, the dry run, `plan` and
 //! `simulate` all run.
 //!
@@ -21,6 +22,7 @@ pub mod coming;
 pub mod cycle;
 pub mod headroom;
 pub mod keep;
+pub mod layers;
 pub mod order;
 pub mod plan;
 pub mod space;
@@ -29,6 +31,7 @@ pub use coming::{ComingPull, ManifestScale, RepoSizes};
 pub use cycle::{AgePass, CyclePlan, KeptImages, SpacePass};
 pub use headroom::{Headroom, LargestPull};
 pub use keep::{KeepReason, Rules, Uses};
+pub use layers::{Freeing, LayerBook};
 pub use plan::{Candidate, Kept, KeptTally, Plan, Protections, Reason, plan, plan_counting_kept, plan_listed};
 pub use space::{
     DiskFootprint, Forecast, ImageBytes, ImageBytesSource, SpaceOutlook, SpaceTarget, Step, Walk, total_size,

@@ -11,6 +11,7 @@ use crate::policy::headroom::Headroom;
 
 use std::time::Duration;
 
+use super::layers::Freeing;
 use super::plan::{Candidate, KeptTally};
 
 /// Whether a space pass is due, what it must free and when it is done: the
@@ -327,9 +328,10 @@ pub enum Step<'w, 'a> {
 /// The space pass over the space candidates, in order, with the one
 /// stopping rule the cycle, its dry run and `plan` share: stop as soon as
 /// usage is at or below low, by measurement after each removal when the
-/// filesystem can be measured (the cycle), else by the estimate from the
-/// reported sizes (dry run and `plan`, or a cycle whose statvfs starts
-/// failing midway: it falls back to the estimate from the last reading).
+/// filesystem can be measured (the cycle), else by the estimate of what
+/// each removal frees ([`Freeing`]: shared layers once; dry run and
+/// `plan`, or a cycle whose statvfs starts failing midway: it falls back to
+/// the estimate from the last reading).
 /// Pure: whoever drives it does the removals and the measuring.
 #[derive(Debug, Clone)]
 pub struct Walk<'w, 'a> {
@@ -338,10 +340,12 @@ pub struct Walk<'w, 'a> {
     next: usize,
     /// The last reading.
     stats: FsStats,
-    /// Bytes still to free by reported sizes, once the walk estimates.
+    /// Bytes still to free by the estimate, once the walk estimates.
     estimate: Option<u64>,
     /// While the walk hurries (see [`Walk::hurry`]).
     hurry: Option<Hurry>,
+    /// What each removal frees by the estimate, shared layers once.
+    freeing: Freeing,
 }
 
 /// A walk in a hurry: usage is past the kubelet's eviction line, and each
@@ -351,9 +355,8 @@ pub struct Walk<'w, 'a> {
 struct Hurry {
     /// The reading the hurry started from.
     from: FsStats,
-    /// On-disk bytes expected back since, by the footprint.
+    /// On-disk bytes expected back since, by the walk's [`Freeing`].
     expected: u64,
-    footprint: DiskFootprint,
     /// The last reading taken meanwhile, not waited for: what a runtime
     /// that deletes before it answers (CRI-O, containerd 1.x) or someone
     /// else freed shows at once, images of unknown size included.
@@ -370,14 +373,22 @@ impl<'w, 'a> Walk<'w, 'a> {
             stats,
             estimate: None,
             hurry: None,
+            freeing: Freeing::default(),
         }
     }
 
     /// A walk that removes nothing for real (dry run, `plan`): it estimates
-    /// from `stats` by reported sizes, after `freed_before` bytes (the
-    /// reported sizes of the age removals before it, which a dry run does
-    /// not make either).
-    pub fn estimated(target: SpaceTarget, stats: FsStats, candidates: &'w [Candidate<'a>], freed_before: u64) -> Self {
+    /// from `stats` by what `freeing` says each removal frees, after
+    /// `freed_before` bytes (what the age removals before it free by the
+    /// same estimate: a dry run does not make them either; `freeing` has
+    /// released them).
+    pub fn estimated(
+        target: SpaceTarget,
+        stats: FsStats,
+        candidates: &'w [Candidate<'a>],
+        freed_before: u64,
+        freeing: Freeing,
+    ) -> Self {
         Walk {
             target,
             candidates,
@@ -385,21 +396,22 @@ impl<'w, 'a> Walk<'w, 'a> {
             stats,
             estimate: Some(target.bytes_to_free(&stats).saturating_sub(freed_before)),
             hurry: None,
+            freeing,
         }
     }
 
     /// From here on, until [`Walk::corrected`], each removal counts by what
-    /// `footprint` expects it to free on disk, and readings taken meanwhile
+    /// `freeing` expects it to free on disk, and readings taken meanwhile
     /// are not waited for: usage is past the kubelet's eviction line, where
     /// the kubelet evicts pods at its next look (every 10 s), and the
     /// removals must take no longer than their `RemoveImage` calls. A walk
     /// by the estimate (dry run, `plan`) does not hurry: it waits on nothing.
-    pub fn hurry(&mut self, footprint: DiskFootprint) {
+    pub fn hurry(&mut self, freeing: Freeing) {
         if self.estimate.is_none() && self.hurry.is_none() {
+            self.freeing = freeing;
             self.hurry = Some(Hurry {
                 from: self.stats,
                 expected: 0,
-                footprint,
                 seen: None,
             });
         }
@@ -480,7 +492,7 @@ impl<'w, 'a> Walk<'w, 'a> {
         self.current()
     }
 
-    /// True when the walk goes by reported sizes rather than measurements.
+    /// True when the walk goes by the estimate rather than measurements.
     pub fn estimating(&self) -> bool {
         self.estimate.is_some()
     }
@@ -507,21 +519,27 @@ impl<'w, 'a> Walk<'w, 'a> {
     /// bytes; `measured` is the filesystem after it, `None` when it could
     /// not be measured (the walk then estimates from the last reading on).
     /// In a hurry, `measured` is a reading not waited for: the removal
-    /// counts by its expected footprint, or by the reading when it shows
-    /// more back.
-    pub fn removed(&mut self, size: u64, measured: Option<FsStats>) {
+    /// counts by what it is expected to free, or by the reading when it
+    /// shows more back. Returns what it is expected to free on disk (see
+    /// [`Freeing::release`]).
+    pub fn removed(&mut self, size: u64, measured: Option<FsStats>) -> u64 {
+        let expected = match self.next.checked_sub(1).and_then(|i| self.candidates.get(i)) {
+            Some(candidate) => self.freeing.release(candidate.id, size),
+            None => self.freeing.release("", size),
+        };
         if let Some(hurry) = &mut self.hurry {
-            hurry.expected = hurry.expected.saturating_add(hurry.footprint.on_disk(size));
+            hurry.expected = hurry.expected.saturating_add(expected);
             hurry.seen = measured.or(hurry.seen);
-            return;
+            return expected;
         }
         match (&mut self.estimate, measured) {
-            (Some(left), _) => *left = left.saturating_sub(size),
+            (Some(left), _) => *left = left.saturating_sub(expected),
             (None, Some(stats)) => self.stats = stats,
             (None, None) => {
-                self.estimate = Some(self.target.bytes_to_free(&self.stats).saturating_sub(size));
+                self.estimate = Some(self.target.bytes_to_free(&self.stats).saturating_sub(expected));
             }
         }
+        expected
     }
 
     /// The candidate of the last [`Step::Remove`] was kept (in use now,
@@ -551,6 +569,9 @@ pub struct Forecast<'w, 'a> {
     pub held_back: Vec<&'w Candidate<'a>>,
     /// Bytes still to free when the walk ends (0 when it reaches low).
     pub remaining: u64,
+    /// What each removal is expected to free on disk, in the order of
+    /// [`Forecast::removals`] (shared layers counted once).
+    pub frees: Vec<u64>,
 }
 
 impl<'w, 'a> Forecast<'w, 'a> {
@@ -560,12 +581,13 @@ impl<'w, 'a> Forecast<'w, 'a> {
             removals: Vec::new(),
             held_back: Vec::new(),
             remaining: 0,
+            frees: Vec::new(),
         };
         loop {
             match walk.next(&hold_back) {
                 Step::Remove(candidate) => {
                     forecast.removals.push(candidate);
-                    walk.removed(candidate.size, None);
+                    forecast.frees.push(walk.removed(candidate.size, None));
                 }
                 Step::HoldBack(candidate) => forecast.held_back.push(candidate),
                 Step::Done => return forecast,
@@ -747,7 +769,7 @@ mod tests {
         // Low 80 %: 200 to free; containerd's footprint counts 100 a removal.
         let target = SpaceTarget::new(90, 80, None);
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(DiskFootprint::for_runtime("containerd"));
+        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")));
         assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "a"));
         // A reading taken meanwhile (nothing back yet) changes nothing.
         walk.removed(50, Some(full));
@@ -768,21 +790,21 @@ mod tests {
         // A reading taken meanwhile that shows more back than expected (a
         // runtime that deletes before it answers) counts.
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(DiskFootprint::for_runtime("containerd"));
+        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")));
         let _ = walk.next(|_| false);
         walk.removed(50, Some(after));
         assert_eq!(walk.remaining(), 50, "150 seen back, not the 100 expected");
         // Not measurable: the walk estimates from the hurry's estimate on.
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(DiskFootprint::for_runtime("containerd"));
+        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")));
         let _ = walk.next(|_| false);
         walk.removed(50, None);
         assert_eq!(walk.corrected(None), Some((100, None)));
         assert!(walk.estimating());
         assert_eq!(walk.remaining(), 100);
         // A walk by the estimate (dry run, `plan`) never hurries.
-        let mut estimated = Walk::estimated(target, full, &candidates, 0);
-        estimated.hurry(DiskFootprint::default());
+        let mut estimated = Walk::estimated(target, full, &candidates, 0, Default::default());
+        estimated.hurry(Freeing::default());
         assert!(!estimated.hurrying());
     }
 }

@@ -45,8 +45,8 @@ use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::fs::FsStats;
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::policy::{
-    AgePass, ComingPull, CyclePlan, DiskFootprint, GcPolicy, Headroom, KeptImages, LargestPull, Protections, RepoSizes,
-    SpaceTarget, Step,
+    AgePass, ComingPull, CyclePlan, DiskFootprint, GcPolicy, Headroom, KeptImages, LargestPull, LayerBook, Protections,
+    RepoSizes, SpaceTarget, Step,
 };
 use crate::records::Records;
 
@@ -560,7 +560,13 @@ impl<'c> Imagegc<'c> {
         }
         let target = cycle.target();
         let mut low_reached = true;
-        if let Some(pass) = cycle.space(node.stats(), AgePass::Removed, DiskFootprint::default(), None) {
+        if let Some(pass) = cycle.space(
+            node.stats(),
+            AgePass::Removed,
+            DiskFootprint::default(),
+            &LayerBook::default(),
+            None,
+        ) {
             node.tally.space_passes += 1;
             let mut walk = pass.walk;
             loop {

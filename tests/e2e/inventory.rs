@@ -435,8 +435,57 @@ fn assert_between(actual: u64, before: FsUsage, after: FsUsage, field: fn(&FsUsa
     );
 }
 
+/// The runtime names each image's layers in its verbose `ImageStatus`:
+/// the diff ids of its config (the digests of the uncompressed tars, not
+/// of the gzip blobs), lowest first, so that two images on one base name
+/// the same first layer; a gone image has none.
+async fn the_verbose_image_status_names_each_images_layers(kind: Kind) {
+    let bed = TestBed::start(kind, 400).await;
+    let a = bed
+        .import(
+            &ImageSpec::new("docker.io/library/layers-a:1")
+                .layer(Layer::shared_base(4 * MIB))
+                .layer(Layer::random(11, MIB))
+                .gzip(),
+        )
+        .await;
+    let b = bed
+        .import(
+            &ImageSpec::new("docker.io/library/layers-b:1")
+                .layer(Layer::shared_base(4 * MIB))
+                .layer(Layer::random(12, MIB))
+                .gzip(),
+        )
+        .await;
+    let listed = bed.list_images().await;
+    let client = bed.client();
+    for built in [&a, &b] {
+        let diff_ids: Vec<String> = built.unpacked.iter().map(|tar| tar.digest.clone()).collect();
+        assert_ne!(
+            diff_ids,
+            built.layers.iter().map(|blob| blob.digest.clone()).collect::<Vec<_>>(),
+            "gzip layers: the diff ids are not the blobs' digests"
+        );
+        let id = &listed.iter().find(|i| i.id == built.id).expect("listed").id;
+        let layers = client.image_layers(id).await.expect("ImageStatus answers");
+        assert_eq!(layers.as_ref(), Some(&diff_ids), "layers of {}", built.name());
+    }
+    let (la, lb) = (
+        client.image_layers(&a.id).await.unwrap().unwrap(),
+        client.image_layers(&b.id).await.unwrap().unwrap(),
+    );
+    // Below the base, every test image has the sleeper's layer.
+    assert_eq!(la.len(), lb.len());
+    let last = la.len() - 1;
+    assert_eq!(la[..last], lb[..last], "the shared layers are the same layers");
+    assert_ne!(la[last], lb[last]);
+    let gone = format!("sha256:{}", "e".repeat(64));
+    assert_eq!(client.image_layers(&gone).await.unwrap(), None);
+}
+
 on_every_runtime!(
     imported_images_are_listed_and_shared_layers_are_stored_once,
+    the_verbose_image_status_names_each_images_layers,
     removing_an_image_over_cri_frees_its_space,
     containers_in_every_state_are_listed_over_cri,
     images_command_marks_images_of_containers_in_every_state_in_use,

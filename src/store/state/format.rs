@@ -30,7 +30,15 @@ pub(super) struct Head {
     /// when there is none, and in older files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     removed: Vec<RemovedLine>,
+    /// Version 6: what measured removals showed layers take on disk (see
+    /// [`Records::layer_sizes`]), `[digest, bytes, measured at]` each;
+    /// absent when there is none, and in older files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    layers: Vec<LayerLine>,
 }
+
+/// A layer's measured size, as stored: digest, on-disk bytes, when (unix ms).
+pub(super) type LayerLine = (String, u64, u64);
 
 /// What is remembered of one removed image, as stored.
 pub(super) type RemovedLine = (String, u64, u64, u64);
@@ -73,6 +81,8 @@ pub(super) struct Decoded {
     pub(super) records: crate::collections::HashMap<String, Record>,
     /// What is remembered of removed images (version 5).
     pub(super) removed: Vec<RemovedLine>,
+    /// The layers' measured sizes (version 6).
+    pub(super) layers: Vec<LayerLine>,
 }
 
 /// The header line, which is written last, over a placeholder of the same
@@ -137,11 +147,17 @@ pub(super) fn encode_payload(
         })
         .collect();
     removed.sort_unstable();
+    let mut layers: Vec<LayerLine> = records
+        .layer_sizes()
+        .map(|(layer, bytes, at)| (layer.to_string(), bytes, to_unix_millis(at)))
+        .collect();
+    layers.sort_unstable();
     let head = Head {
         saved_at: to_unix_millis(now),
         records: sorted.len(),
         last_success: last_success.map(to_unix_millis),
         removed,
+        layers,
     };
     serde_json::to_writer(&mut chunk, &head).expect(json);
     chunk.push(b'\n');
@@ -246,6 +262,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
         "v3" => 3,
         "v4" => 4,
         "v5" => 5,
+        "v6" => 6,
         _ => return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string())),
     };
     let crc = fields
@@ -351,6 +368,7 @@ fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
         last_success: None,
         records,
         removed: Vec::new(),
+        layers: Vec::new(),
     })
 }
 
@@ -401,6 +419,7 @@ fn decode_lines<L: serde::de::DeserializeOwned>(
         last_success: head.last_success,
         records,
         removed: head.removed,
+        layers: head.layers,
     })
 }
 

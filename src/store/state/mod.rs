@@ -1,10 +1,10 @@
 //! Persistence of the records, crash-safe.
 //!
-//! One file, `<state dir>/records.state`, in this format (version 5):
+//! One file, `<state dir>/records.state`, in this format (version 6):
 //!
 //! ```text
-//! imagegc-state v5 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
-//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]]}\n
+//! imagegc-state v6 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
+//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]][,"layers":[["<digest>",<bytes>,<measured at>],...]]}\n
 //! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>,<usual break, ms>]\n
 //! ...
 //! ```
@@ -19,7 +19,11 @@
 //! (version 5) is what imagegc remembers of images removed after they were
 //! used (at most 10,000, for 30 days), so that one pulled again after a
 //! restart has its usual break back; version 4 files (without it) are
-//! still read, nothing remembered. An imagegc older than a file's version
+//! still read, nothing remembered. `layers` (version 6) is what measured
+//! removals showed layers take on disk (`[["<digest>",<bytes>,<measured
+//! at>],...]`, at most 10,000, for 30 days: see [`crate::policy::layers`]);
+//! version 5 files (without it) are still read, no layer sized. An imagegc
+//! older than a file's version
 //! sets it aside as unreadable (named `records.state.corrupt-...`, see
 //! below) and starts afresh: a downgrade loses the records' history, not
 //! an image (every image is new to it, and `gc.min_age` keeps it).
@@ -97,7 +101,7 @@ pub const FILE_NAME: &str = "records.state";
 pub const LOCK_FILE_NAME: &str = ".lock";
 const MAGIC: &str = "imagegc-state";
 /// The version [`encode`] writes; versions 1 to 3 are still read.
-const VERSION: u32 = 5;
+const VERSION: u32 = 6;
 /// A state file larger than this is not a state file imagegc wrote
 /// (a million images take about 300 MiB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -342,6 +346,7 @@ impl StateStore {
                 last_success,
                 mut records,
                 removed,
+                layers,
             }) => {
                 let saved_at = from_unix_millis(saved_at).min(now);
                 let last_success = last_success.map(|ms| from_unix_millis(ms).min(now));
@@ -364,6 +369,11 @@ impl StateStore {
                         )
                     }),
                     now,
+                );
+                records.set_layer_sizes(
+                    layers
+                        .into_iter()
+                        .map(|(layer, bytes, at)| (layer, bytes, from_unix_millis(at).min(now))),
                 );
                 Loaded::Records {
                     records,
@@ -699,7 +709,7 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&bytes[..newline]).unwrap(),
             format!(
-                "imagegc-state v5 crc32={:08x} len={:010}",
+                "imagegc-state v6 crc32={:08x} len={:010}",
                 crc32fast::hash(body),
                 body.len()
             )
@@ -800,7 +810,7 @@ mod tests {
         let store = StateStore::new(dir.path());
         store.save(&varied(), t(60)).unwrap();
         let bytes = fs::read(store.path()).unwrap();
-        assert!(bytes.starts_with(b"imagegc-state v5 "));
+        assert!(bytes.starts_with(b"imagegc-state v6 "));
         // One line for the header, one for the save time, one a record:
         // the escapes keep every newline in a name out of the file.
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 2 + 4);
@@ -808,6 +818,43 @@ mod tests {
             panic!("not loaded")
         };
         assert_eq!(saved_at, t(60));
+        assert_eq!(records, varied());
+    }
+
+    /// What measured removals showed layers take (version 6) survives a
+    /// save; a version 5 file, without it, loads with none.
+    #[test]
+    fn measured_layer_sizes_survive_a_save_and_a_version_5_file_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut records = varied();
+        let layer = format!("sha256:{}", "ab".repeat(32));
+        records.set_layer_sizes([(layer.clone(), 42 << 20, t(30))]);
+        store.save(&records, t(60)).unwrap();
+        let text = String::from_utf8(fs::read(store.path()).unwrap()).unwrap();
+        assert!(
+            text.contains(&format!("\"layers\":[[\"{layer}\",{},", 42u64 << 20)),
+            "{text}"
+        );
+        let Loaded::Records { records, .. } = store.load(t(60), Duration::MAX) else {
+            panic!("not loaded")
+        };
+        let sizes: Vec<(String, u64, SystemTime)> =
+            records.layer_sizes().map(|(l, b, at)| (l.to_string(), b, at)).collect();
+        assert_eq!(sizes, [(layer, 42 << 20, t(30))]);
+        // The same file as version 5 wrote it: no layers in its head.
+        store.save(&varied(), t(60)).unwrap();
+        let v6 = fs::read(store.path()).unwrap();
+        let body = &v6[HEADER_BYTES..];
+        let mut v5 = header(crc32fast::hash(body), body.len())
+            .replace(" v6 ", " v5 ")
+            .into_bytes();
+        v5.extend_from_slice(body);
+        fs::write(store.path(), v5).unwrap();
+        let Loaded::Records { records, .. } = store.load(t(60), Duration::MAX) else {
+            panic!("a version 5 file loads")
+        };
+        assert_eq!(records.layer_sizes().count(), 0);
         assert_eq!(records, varied());
     }
 

@@ -1,0 +1,568 @@
+//! Shared layers, counted once: what removing an image frees when other
+//! images hold some of its layers.
+//!
+//! The runtime reports each image's size with its shared layers counted in
+//! every image that has them (containerd and CRI-O alike), so reported
+//! sizes add up to more than the disk holds, and removing an image whose
+//! base another image keeps frees only its own layers. Where the runtime
+//! names an image's layers (the diff ids of its config, in the verbose
+//! `ImageStatus`: see [`crate::cri::Runtime::image_layers`]), the
+//! [`LayerBook`] keeps them, and [`Freeing`] estimates what each removal
+//! frees: the layers no image left on disk holds.
+//!
+//! The runtime names the layers, not their sizes. The layers held by the
+//! same images are freed together (a *block*); each image's on-disk bytes
+//! (its reported size by the [`DiskFootprint`]) are the sum of its
+//! blocks, and the blocks' sizes are the smallest that add up so (the
+//! minimum-norm solution of those sums, by Kaczmarz's projections, none
+//! negative). Where imagegc measured what a removal freed, the layers it
+//! freed keep that measure ([`LayerBook::removed`]): a layer pulled again
+//! counts by it. An image whose layers are not known counts whole, as
+//! before layers were read.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::collections::{HashMap, HashSet};
+use crate::cri::Image;
+
+use super::space::DiskFootprint;
+
+/// A layer: the digest of its uncompressed content, one allocation shared
+/// by every image that has it.
+pub type Layer = Arc<str>;
+
+/// How many measured layers are remembered at most (the oldest go first).
+pub const LEARNED_MAX: usize = 10_000;
+
+/// How long a measured layer is remembered.
+pub const LEARNED_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// What a measured removal showed a layer takes on disk, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Learned {
+    /// On-disk bytes.
+    pub bytes: u64,
+    /// When it was measured.
+    pub at: SystemTime,
+}
+
+/// The layers of the images the runtime named them for, and the layers
+/// measured removals sized.
+#[derive(Debug, Clone, Default)]
+pub struct LayerBook {
+    /// Image id to its layers, lowest first.
+    images: HashMap<String, Arc<[Layer]>>,
+    /// How many known images hold each layer; its keys are the one
+    /// allocation of each layer.
+    holders: HashMap<Layer, u32>,
+    /// Layers a measured removal freed.
+    learned: HashMap<Layer, Learned>,
+    /// Whether `learned` changed since [`LayerBook::take_learned_change`].
+    learned_changed: bool,
+}
+
+impl LayerBook {
+    /// Whether the layers of image `id` are known.
+    pub fn knows(&self, id: &str) -> bool {
+        self.images.contains_key(id)
+    }
+
+    /// The layers of image `id`, when known.
+    pub fn layers(&self, id: &str) -> Option<&[Layer]> {
+        self.images.get(id).map(|layers| &layers[..])
+    }
+
+    /// How many images' layers are known.
+    pub fn len(&self) -> usize {
+        self.images.len()
+    }
+
+    /// True when no image's layers are known.
+    pub fn is_empty(&self) -> bool {
+        self.images.is_empty()
+    }
+
+    /// Notes that image `id` has `layers` (lowest first). An image's layers
+    /// never change (its id is its config's digest); a second note of the
+    /// same image is ignored. A layer listed twice in one image (an empty
+    /// layer repeated) is held once.
+    pub fn insert(&mut self, id: &str, layers: Vec<String>) {
+        if self.images.contains_key(id) {
+            return;
+        }
+        let mut own: Vec<Layer> = Vec::with_capacity(layers.len());
+        for layer in layers {
+            if own.iter().any(|l| **l == *layer) {
+                continue;
+            }
+            let shared = match self.holders.get_key_value(layer.as_str()) {
+                Some((shared, _)) => Arc::clone(shared),
+                None => Layer::from(layer),
+            };
+            *self.holders.entry(Arc::clone(&shared)).or_insert(0) += 1;
+            own.push(shared);
+        }
+        self.images.insert(id.to_string(), own.into());
+    }
+
+    /// Forgets image `id` (gone), releasing its layers.
+    pub fn forget(&mut self, id: &str) {
+        let Some(layers) = self.images.remove(id) else {
+            return;
+        };
+        for layer in layers.iter() {
+            if let Some(count) = self.holders.get_mut(layer) {
+                *count -= 1;
+                if *count == 0 {
+                    self.holders.remove(layer);
+                }
+            }
+        }
+    }
+
+    /// Keeps only the images whose id `listed` says is listed.
+    pub fn retain(&mut self, listed: impl Fn(&str) -> bool) {
+        let gone: Vec<String> = self.images.keys().filter(|id| !listed(id)).cloned().collect();
+        for id in gone {
+            self.forget(&id);
+        }
+    }
+
+    /// The layers removing image `id` frees now: its layers no other known
+    /// image holds.
+    pub fn freed_by(&self, id: &str) -> Vec<Layer> {
+        self.layers(id)
+            .unwrap_or_default()
+            .iter()
+            .filter(|layer| self.holders.get(*layer) == Some(&1))
+            .cloned()
+            .collect()
+    }
+
+    /// Image `id` was removed and that freed `freed` bytes, measured at
+    /// `now`: the layers it freed take those bytes (the ones not measured
+    /// before share what the measured ones leave; when all were, they are
+    /// scaled to it), and the image is forgotten.
+    pub fn removed(&mut self, id: &str, freed: u64, now: SystemTime) {
+        let layers = self.freed_by(id);
+        if !layers.is_empty() {
+            self.learn(&layers, freed, now);
+        }
+        self.forget(id);
+    }
+
+    fn learn(&mut self, layers: &[Layer], freed: u64, now: SystemTime) {
+        let known: Vec<u64> = layers
+            .iter()
+            .filter_map(|l| self.learned.get(l).map(|learned| learned.bytes))
+            .collect();
+        let known_bytes = known.iter().fold(0u64, |sum, b| sum.saturating_add(*b));
+        let unknown = layers.len() - known.len();
+        if unknown > 0 {
+            let each = freed.saturating_sub(known_bytes) / unknown as u64;
+            for layer in layers
+                .iter()
+                .filter(|l| !self.learned.contains_key(*l))
+                .cloned()
+                .collect::<Vec<_>>()
+            {
+                self.learned.insert(layer, Learned { bytes: each, at: now });
+            }
+        } else {
+            for layer in layers {
+                if let Some(learned) = self.learned.get_mut(layer) {
+                    let scaled = u128::from(learned.bytes) * u128::from(freed) / u128::from(known_bytes.max(1));
+                    *learned = Learned {
+                        bytes: scaled.min(u128::from(u64::MAX)) as u64,
+                        at: now,
+                    };
+                }
+            }
+        }
+        self.learned_changed = true;
+        self.bound_learned(now);
+    }
+
+    /// Whether a measured removal sized layers since the last call.
+    pub fn take_learned_change(&mut self) -> bool {
+        std::mem::take(&mut self.learned_changed)
+    }
+
+    /// Forgets measured layers past [`LEARNED_FOR`], then the oldest past
+    /// [`LEARNED_MAX`].
+    fn bound_learned(&mut self, now: SystemTime) {
+        self.learned
+            .retain(|_, learned| now.duration_since(learned.at).unwrap_or_default() <= LEARNED_FOR);
+        if self.learned.len() > LEARNED_MAX {
+            let mut times: Vec<SystemTime> = self.learned.values().map(|l| l.at).collect();
+            times.sort_unstable();
+            let cut = times[times.len() - LEARNED_MAX];
+            self.learned.retain(|_, learned| learned.at >= cut);
+            // Ties at the cut: drop any beyond the bound.
+            let extra = self.learned.len().saturating_sub(LEARNED_MAX);
+            if extra > 0 {
+                let drop: Vec<Layer> = self
+                    .learned
+                    .iter()
+                    .filter(|(_, l)| l.at == cut)
+                    .take(extra)
+                    .map(|(k, _)| Arc::clone(k))
+                    .collect();
+                for layer in drop {
+                    self.learned.remove(&layer);
+                }
+            }
+        }
+    }
+
+    /// The measured layers, for the state file.
+    pub fn learned(&self) -> impl Iterator<Item = (&str, Learned)> + '_ {
+        self.learned.iter().map(|(layer, learned)| (&**layer, *learned))
+    }
+
+    /// What is measured of `layer`, if anything.
+    pub fn learned_of(&self, layer: &str) -> Option<Learned> {
+        self.learned.get(layer).copied()
+    }
+
+    /// Restores measured layers (from the state file), bounded as
+    /// [`LayerBook::removed`] bounds them.
+    pub fn restore_learned(&mut self, learned: impl IntoIterator<Item = (String, Learned)>, now: SystemTime) {
+        let mut learned: Vec<(String, Learned)> = learned.into_iter().collect();
+        if learned.len() > LEARNED_MAX {
+            learned.sort_unstable_by_key(|(_, l)| std::cmp::Reverse(l.at));
+            learned.truncate(LEARNED_MAX);
+        }
+        for (layer, at) in learned {
+            let layer = match self.holders.get_key_value(layer.as_str()) {
+                Some((shared, _)) => Arc::clone(shared),
+                None => Layer::from(layer),
+            };
+            self.learned.insert(layer, at);
+        }
+        self.bound_learned(now);
+    }
+
+    /// What removals of the images of `images` (a listing) free, by
+    /// `footprint` (see [`Freeing`]).
+    pub fn freeing(&self, images: &[Image], footprint: DiskFootprint) -> Freeing {
+        Freeing::new(self, images, footprint)
+    }
+}
+
+/// How many rounds of projections the estimate makes at most; it stops
+/// sooner once every image's blocks add up to its bytes within
+/// [`CLOSE_ENOUGH`].
+const ROUNDS: usize = 40;
+/// Relative error at which the estimate stops.
+const CLOSE_ENOUGH: f64 = 1e-4;
+
+/// The layers of one listing by block, sized (see the module docs).
+#[derive(Debug, Default)]
+struct Blocks {
+    /// Image id to its row.
+    index: HashMap<String, u32>,
+    /// Each row's blocks.
+    rows: Vec<Vec<u32>>,
+    /// Each block's on-disk bytes.
+    bytes: Vec<u64>,
+    /// How many rows hold each block.
+    holders: Vec<u32>,
+}
+
+/// What removals free, one after the other, by the estimate: a walk that
+/// cannot wait to measure (`plan`, a dry run, a hurry past the kubelet's
+/// eviction line) counts each removal by [`Freeing::release`]. Cheap to
+/// clone: the sized blocks are shared, and only what was released is
+/// copied.
+#[derive(Debug, Clone, Default)]
+pub struct Freeing {
+    footprint: DiskFootprint,
+    blocks: Arc<Blocks>,
+    /// Rows released so far.
+    released: HashSet<u32>,
+    /// Blocks some release touched, with the rows still holding them.
+    remaining: HashMap<u32, u32>,
+}
+
+impl Freeing {
+    /// Every image counted whole, by `footprint`: no layers known.
+    pub fn whole(footprint: DiskFootprint) -> Self {
+        Freeing {
+            footprint,
+            ..Freeing::default()
+        }
+    }
+
+    /// The blocks of `images` whose layers `book` knows, sized.
+    fn new(book: &LayerBook, images: &[Image], footprint: DiskFootprint) -> Self {
+        if book.is_empty() {
+            return Freeing::whole(footprint);
+        }
+        let mut index: HashMap<String, u32> = HashMap::default();
+        let mut rows_of_layer: HashMap<&str, Vec<u32>> = HashMap::default();
+        let mut sizes: Vec<u64> = Vec::new();
+        for image in images {
+            let Some(layers) = book.layers(&image.id) else {
+                continue;
+            };
+            if index.contains_key(&image.id) {
+                continue;
+            }
+            let row = sizes.len() as u32;
+            index.insert(image.id.clone(), row);
+            sizes.push(footprint.on_disk(image.size));
+            for layer in layers {
+                rows_of_layer.entry(&**layer).or_default().push(row);
+            }
+        }
+        let mut block_of: HashMap<Vec<u32>, u32> = HashMap::default();
+        let mut fixed: Vec<u64> = Vec::new();
+        let mut open: Vec<bool> = Vec::new();
+        let mut holders: Vec<u32> = Vec::new();
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); sizes.len()];
+        for (layer, held_by) in rows_of_layer {
+            let next = fixed.len() as u32;
+            let block = *block_of.entry(held_by.clone()).or_insert(next);
+            if block == next {
+                fixed.push(0);
+                open.push(false);
+                holders.push(held_by.len() as u32);
+                for &row in &held_by {
+                    rows[row as usize].push(block);
+                }
+            }
+            match book.learned_of(layer) {
+                Some(learned) => fixed[block as usize] = fixed[block as usize].saturating_add(learned.bytes),
+                None => open[block as usize] = true,
+            }
+        }
+        let bytes = solve(&rows, &sizes, &fixed, &open);
+        Freeing {
+            footprint,
+            blocks: Arc::new(Blocks {
+                index,
+                rows,
+                bytes,
+                holders,
+            }),
+            released: HashSet::default(),
+            remaining: HashMap::default(),
+        }
+    }
+
+    /// Removes image `id` (reported at `size` bytes) from the estimate and
+    /// returns the on-disk bytes that frees: its blocks no image left
+    /// holds; the whole image by the footprint when its layers are not
+    /// known; nothing for an image already released.
+    pub fn release(&mut self, id: &str, size: u64) -> u64 {
+        let Some(&row) = self.blocks.index.get(id) else {
+            return self.footprint.on_disk(size);
+        };
+        if !self.released.insert(row) {
+            return 0;
+        }
+        let blocks = Arc::clone(&self.blocks);
+        let mut freed = 0u64;
+        for &block in &blocks.rows[row as usize] {
+            let left = self.remaining.entry(block).or_insert(blocks.holders[block as usize]);
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                freed = freed.saturating_add(blocks.bytes[block as usize]);
+            }
+        }
+        freed
+    }
+
+    /// What removing image `id` (reported at `size`) would free now,
+    /// without removing it.
+    pub fn would_free(&self, id: &str, size: u64) -> u64 {
+        self.clone().release(id, size)
+    }
+}
+
+/// The blocks' bytes: each row's blocks add up to its size, blocks with a
+/// measured part (`fixed`) no smaller than it, blocks without an unmeasured
+/// layer (`open` false) exactly it, none negative; otherwise as small as
+/// can be (projections from zero, a row at a time).
+fn solve(rows: &[Vec<u32>], sizes: &[u64], fixed: &[u64], open: &[bool]) -> Vec<u64> {
+    let mut extra = vec![0f64; fixed.len()];
+    let free_blocks: Vec<Vec<u32>> = rows
+        .iter()
+        .map(|blocks| blocks.iter().copied().filter(|&b| open[b as usize]).collect())
+        .collect();
+    let fixed_sums: Vec<f64> = rows
+        .iter()
+        .map(|blocks| blocks.iter().map(|&b| fixed[b as usize] as f64).sum())
+        .collect();
+    for _ in 0..ROUNDS {
+        let mut worst = 0f64;
+        for (row, free) in free_blocks.iter().enumerate() {
+            let size = sizes[row] as f64;
+            if free.is_empty() || size <= 0.0 {
+                continue;
+            }
+            let have: f64 = fixed_sums[row] + free.iter().map(|&b| extra[b as usize]).sum::<f64>();
+            let off = size - have;
+            worst = worst.max(off.abs() / size);
+            let step = off / free.len() as f64;
+            for &b in free {
+                extra[b as usize] = (extra[b as usize] + step).max(0.0);
+            }
+        }
+        if worst < CLOSE_ENOUGH {
+            break;
+        }
+    }
+    fixed
+        .iter()
+        .zip(&extra)
+        .map(|(&f, &x)| f.saturating_add(x.round().clamp(0.0, u64::MAX as f64) as u64))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::library_image;
+
+    const MIB: u64 = 1 << 20;
+
+    fn digest(name: &str) -> String {
+        let mut hex = String::new();
+        for b in name.bytes().cycle().take(32) {
+            hex.push_str(&format!("{b:02x}"));
+        }
+        format!("sha256:{hex}")
+    }
+
+    /// Within a thousandth: the estimate stops at [`CLOSE_ENOUGH`].
+    fn close(got: u64, want: u64) {
+        assert!(got.abs_diff(want) <= want / 1000, "{got} against {want}");
+    }
+
+    fn book(images: &[(&str, &[&str])]) -> LayerBook {
+        let mut book = LayerBook::default();
+        for (id, layers) in images {
+            book.insert(id, layers.iter().map(|l| digest(l)).collect());
+        }
+        book
+    }
+
+    /// Two images on one base: removing the first frees its own layer
+    /// only, the second frees the base with its own; the two add up to what
+    /// both take on disk, counted once.
+    #[test]
+    fn a_shared_base_is_freed_by_the_last_image_that_holds_it() {
+        let book = book(&[("a", &["base", "a"]), ("b", &["base", "b"])]);
+        let images = [library_image("a", 60 * MIB), library_image("b", 60 * MIB)];
+        let mut freeing = book.freeing(&images, DiskFootprint::default());
+        // Minimum norm: base 40, a 20, b 20 MiB.
+        close(freeing.release("a", 60 * MIB), 20 * MIB);
+        close(freeing.release("b", 60 * MIB), 60 * MIB);
+        assert_eq!(freeing.release("b", 60 * MIB), 0, "released once");
+    }
+
+    /// An image whose layers are not known counts whole, by the footprint;
+    /// one with no layer of its own frees nothing while its base stays.
+    #[test]
+    fn unknown_images_count_whole_and_an_image_of_shared_layers_only_frees_nothing() {
+        let book = book(&[("base", &["base"]), ("app", &["base", "app"])]);
+        let images = [
+            library_image("base", 50 * MIB),
+            library_image("app", 70 * MIB),
+            library_image("other", 10 * MIB),
+        ];
+        let mut freeing = book.freeing(&images, DiskFootprint::for_runtime("containerd"));
+        assert_eq!(freeing.would_free("other", 10 * MIB), 20 * MIB);
+        assert_eq!(freeing.release("base", 50 * MIB), 0, "the app holds the base");
+        assert_eq!(freeing.release("app", 70 * MIB), 140 * MIB);
+        assert_eq!(Freeing::whole(DiskFootprint::default()).release("x", 7), 7);
+    }
+
+    /// A measured removal sizes the layers it freed; when the same layer
+    /// is on disk again (pulled back), the estimate counts it at that size
+    /// and the rest of its image's bytes go to the others.
+    #[test]
+    fn a_measured_removal_sizes_the_layers_it_freed() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut book = book(&[("a", &["base", "a"]), ("b", &["base", "b"])]);
+        assert_eq!(book.freed_by("a"), vec![Layer::from(digest("a"))]);
+        book.removed("a", 25 * MIB, now);
+        assert!(!book.knows("a"));
+        assert_eq!(book.learned_of(&digest("a")).map(|l| l.bytes), Some(25 * MIB));
+        // "b" now holds the base alone: removing it frees both its layers.
+        assert_eq!(book.freed_by("b").len(), 2);
+        book.insert("a", vec![digest("base"), digest("a")]);
+        let images = [library_image("a", 60 * MIB), library_image("b", 60 * MIB)];
+        let mut freeing = book.freeing(&images, DiskFootprint::default());
+        assert_eq!(freeing.would_free("a", 60 * MIB), 25 * MIB);
+        // a = base + 25 → base 35, b = 60 - 35 = 25.
+        close(freeing.release("b", 60 * MIB), 25 * MIB);
+        close(freeing.release("a", 60 * MIB), 60 * MIB);
+    }
+
+    /// Layers measured twice are scaled to the second measure; the memory
+    /// is bounded in time and in count.
+    #[test]
+    fn measured_layers_are_rescaled_and_bounded() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000_000);
+        let mut book = book(&[("a", &["x", "y"])]);
+        book.removed("a", 10 * MIB, t0);
+        assert_eq!(book.learned_of(&digest("x")).map(|l| l.bytes), Some(5 * MIB));
+        book.insert("a", vec![digest("x"), digest("y")]);
+        book.removed("a", 30 * MIB, t0);
+        assert_eq!(book.learned_of(&digest("y")).map(|l| l.bytes), Some(15 * MIB));
+        let later = t0 + LEARNED_FOR + Duration::from_secs(1);
+        book.restore_learned([], later);
+        assert_eq!(book.learned().count(), 0);
+        let many = (0..LEARNED_MAX + 5).map(|i| {
+            (
+                format!("sha256:{i:064x}"),
+                Learned {
+                    bytes: 1,
+                    at: t0 + Duration::from_secs(i as u64),
+                },
+            )
+        });
+        book.restore_learned(many, t0 + Duration::from_secs(LEARNED_MAX as u64 + 10));
+        assert_eq!(book.learned().count(), LEARNED_MAX);
+        assert!(
+            book.learned_of(&format!("sha256:{:064x}", 0)).is_none(),
+            "the oldest go first"
+        );
+    }
+
+    /// The book holds a layer once however many images share it, and lets
+    /// go of it with the last.
+    #[test]
+    fn layers_are_held_once_and_released_with_the_last_image() {
+        let mut book = book(&[("a", &["base", "a", "a"]), ("b", &["base", "b"])]);
+        assert_eq!(book.layers("a").map(<[Layer]>::len), Some(2));
+        let base_a = Arc::as_ptr(&book.layers("a").unwrap()[0]);
+        let base_b = Arc::as_ptr(&book.layers("b").unwrap()[0]);
+        assert_eq!(base_a, base_b);
+        book.retain(|id| id == "b");
+        assert!(!book.knows("a") && book.knows("b"));
+        assert_eq!(book.holders.len(), 2);
+        book.forget("b");
+        assert!(book.holders.is_empty() && book.is_empty());
+    }
+
+    /// Absurd sizes and many images neither panic nor overflow.
+    #[test]
+    fn absurd_sizes_do_not_overflow() {
+        let book = book(&[("a", &["base", "a"]), ("b", &["base", "b"]), ("c", &["c"])]);
+        let images = [
+            library_image("a", u64::MAX),
+            library_image("b", u64::MAX / 3),
+            library_image("c", 0),
+        ];
+        let mut freeing = book.freeing(&images, DiskFootprint::for_runtime("containerd"));
+        let total = [("a", u64::MAX), ("b", u64::MAX / 3), ("c", 0)]
+            .iter()
+            .fold(0u64, |sum, (id, size)| sum.saturating_add(freeing.release(id, *size)));
+        assert!(total > 0);
+    }
+}
