@@ -181,11 +181,22 @@ async fn every_hung_call_ends_the_cycle_within_its_bound_and_removes_nothing_wro
             removed: &[],
             outcome: |o| matches!(o, Outcome::LowNotReached { .. }),
         },
-        // The image's status, asked right before its removal, hangs: when in
-        // doubt, keep.
+        // The verbose status that names the first listed image's layers
+        // hangs: the listing goes on without layers (the other images are
+        // asked at the next listing) and the cycle removes as it would.
         Case {
             rpc: "ImageStatus",
             nth: 1,
+            ask_runtime_for_fs: false,
+            removed: &["a"],
+            outcome: |o| matches!(o, Outcome::Success),
+        },
+        // The image's status, asked right before its removal (after the
+        // first listing asked each of the three images' layers once),
+        // hangs: when in doubt, keep.
+        Case {
+            rpc: "ImageStatus",
+            nth: 4,
             ask_runtime_for_fs: false,
             removed: &[],
             outcome: |o| matches!(o, Outcome::Failed(e) if e.to_string().contains("re-check")),
