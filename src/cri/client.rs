@@ -354,6 +354,44 @@ pub fn pod_sandbox_image(
         .map(canonical_id)
 }
 
+impl CriClient {
+    /// `ImageStatus` of the image with this id (`verbose`: with its info),
+    /// `None` when it is gone. Asked by id: an answer about another image
+    /// (a runtime that resolved the id as a name) is no answer about this
+    /// one.
+    async fn image_status_by_id(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<Option<(Image, std::collections::HashMap<String, String>)>, RuntimeError> {
+        let mut client = self.image.clone();
+        let asked = if self.bare_ids.load(Ordering::Relaxed) {
+            bare_id(id)
+        } else {
+            id
+        };
+        let request = proto::ImageStatusRequest {
+            image: Some(proto::ImageSpec {
+                image: asked.to_string(),
+                ..Default::default()
+            }),
+            verbose,
+        };
+        match self.call("ImageStatus", client.image_status(request)).await {
+            Ok(response) => {
+                let info = response.info;
+                Ok(response
+                    .image
+                    .map(image_from_proto)
+                    .filter(|image| image.id == id)
+                    .map(|image| (image, info)))
+            }
+            Err(err) if err.is_not_found() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+}
+
 /// The most layers an image's config may list for imagegc to believe it:
 /// Docker and BuildKit refuse more than 127, and a longer list is no image
 /// a runtime pulled.
@@ -533,51 +571,14 @@ impl Runtime for CriClient {
     }
 
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
-        let mut client = self.image.clone();
-        let asked = if self.bare_ids.load(Ordering::Relaxed) {
-            bare_id(id)
-        } else {
-            id
-        };
-        let request = proto::ImageStatusRequest {
-            image: Some(proto::ImageSpec {
-                image: asked.to_string(),
-                ..Default::default()
-            }),
-            verbose: false,
-        };
-        match self.call("ImageStatus", client.image_status(request)).await {
-            // Asked by id: an answer about another image (a runtime that
-            // resolved the id as a name) is no answer about this one.
-            Ok(response) => Ok(response.image.map(image_from_proto).filter(|image| image.id == id)),
-            Err(err) if err.is_not_found() => Ok(None),
-            Err(err) => Err(err),
-        }
+        Ok(self.image_status_by_id(id, false).await?.map(|(image, _)| image))
     }
 
     async fn image_layers(&self, id: &str) -> Result<Option<Vec<String>>, RuntimeError> {
-        let mut client = self.image.clone();
-        let asked = if self.bare_ids.load(Ordering::Relaxed) {
-            bare_id(id)
-        } else {
-            id
-        };
-        let request = proto::ImageStatusRequest {
-            image: Some(proto::ImageSpec {
-                image: asked.to_string(),
-                ..Default::default()
-            }),
-            verbose: true,
-        };
-        match self.call("ImageStatus", client.image_status(request)).await {
-            // As in `image_status`: an answer about another image is none.
-            Ok(response) => {
-                let same = response.image.map(image_from_proto).is_some_and(|image| image.id == id);
-                Ok(layers_from_info(&response.info).filter(|_| same))
-            }
-            Err(err) if err.is_not_found() => Ok(None),
-            Err(err) => Err(err),
-        }
+        Ok(self
+            .image_status_by_id(id, true)
+            .await?
+            .and_then(|(_, info)| layers_from_info(&info)))
     }
 
     fn container_events(&self) -> EventStream {
