@@ -147,6 +147,14 @@ pub struct Records {
     /// [`crate::policy::layers`]): digest, bytes, when; saved with the
     /// records.
     layer_sizes: Vec<(String, u64, SystemTime)>,
+    /// What measured removals raised the on-disk bytes per reported byte
+    /// to (see [`crate::policy::DiskFootprint::learnt`]); saved with the
+    /// records.
+    footprint: Option<(u64, u64)>,
+    /// Removed images whose layers others still held (see
+    /// [`crate::policy::layers::Ghost`]): layers, reported size, when;
+    /// saved with the records.
+    layer_ghosts: Vec<(Vec<String>, u64, SystemTime)>,
 }
 
 /// A removed image's use, remembered in case it is pulled again.
@@ -233,6 +241,31 @@ impl Records {
         self.layer_sizes
             .iter()
             .map(|(layer, bytes, at)| (layer.as_str(), *bytes, *at))
+    }
+
+    /// Removed images whose layers others still held, as saved: layers,
+    /// reported size, when removed.
+    pub fn layer_ghosts(&self) -> &[(Vec<String>, u64, SystemTime)] {
+        &self.layer_ghosts
+    }
+
+    /// Replaces what is saved of them.
+    pub fn set_layer_ghosts(&mut self, ghosts: Vec<(Vec<String>, u64, SystemTime)>) {
+        self.layer_ghosts = ghosts;
+        self.changed = true;
+    }
+
+    /// What measured removals raised the footprint to, as saved.
+    pub fn footprint(&self) -> Option<(u64, u64)> {
+        self.footprint
+    }
+
+    /// Replaces what is saved of the footprint.
+    pub fn set_footprint(&mut self, footprint: Option<(u64, u64)>) {
+        if self.footprint != footprint {
+            self.footprint = footprint;
+            self.changed = true;
+        }
     }
 
     /// Replaces what is saved of the layers' measured sizes.

@@ -41,11 +41,16 @@ pub(super) struct Inventory {
     pub(super) layers: crate::policy::LayerBook,
     /// Listed images whose layers the runtime did not tell: not asked again.
     pub(super) layers_untold: std::collections::HashSet<String>,
+    /// The runtime names no image's layers: not asked.
+    pub(super) layers_unsupported: bool,
     /// What the runtime reports per byte of a registry's manifest, from
     /// its name and the images manifests sized once they arrived.
     pub(super) manifest_scale: crate::policy::ManifestScale,
     /// Whether the runtime's name was learnt (for [`DiskFootprint`]).
     pub(super) runtime_named: bool,
+    /// The footprint an earlier process learnt (the state file), taken
+    /// back once the runtime is named (see [`DiskFootprint::restore`]).
+    pub(super) restored_footprint: Option<(u64, u64)>,
     /// Why the measured filesystem is not the runtime's image filesystem,
     /// while it is not (see [`super::ImageFs::mismatch`]): no space pass runs.
     pub(super) image_fs_mismatch: Option<String>,
@@ -75,6 +80,7 @@ impl Inventory {
     pub(super) fn new(records: Records, store: StateStore, recent: &[JournalEntry], now: SystemTime) -> Self {
         let largest_pull = largest_pull(&records, recent, now);
         let repo_sizes = repo_sizes(&records, recent);
+        let restored_footprint = records.footprint();
         let mut layers = crate::policy::LayerBook::default();
         layers.restore_learned(
             records
@@ -82,6 +88,7 @@ impl Inventory {
                 .map(|(layer, bytes, at)| (layer.to_string(), crate::policy::layers::Learned { bytes, at })),
             now,
         );
+        layers.restore_ghosts(records.layer_ghosts().iter().cloned(), now);
         Inventory {
             largest_pull,
             repo_sizes,
@@ -95,8 +102,10 @@ impl Inventory {
             footprint: DiskFootprint::default(),
             layers,
             layers_untold: std::collections::HashSet::new(),
+            layers_unsupported: false,
             manifest_scale: crate::policy::ManifestScale::default(),
             runtime_named: false,
+            restored_footprint,
             image_fs_mismatch: None,
             disk_path: None,
             sandbox_unknown: None,

@@ -413,6 +413,10 @@ impl<R: Runtime> Collector<R> {
     /// Saves the records; a failure is logged, never fatal: the collector
     /// goes on and tries again at the next save.
     pub async fn save(&mut self) {
+        if self.inventory.runtime_named && self.inventory.footprint.learnt() != self.inventory.records.footprint() {
+            let learnt = self.inventory.footprint.learnt();
+            Arc::make_mut(&mut self.inventory.records).set_footprint(learnt);
+        }
         if self.inventory.layers.take_learned_change() {
             let sizes: Vec<(String, u64, std::time::SystemTime)> = self
                 .inventory
@@ -420,7 +424,22 @@ impl<R: Runtime> Collector<R> {
                 .learned()
                 .map(|(layer, learned)| (layer.to_string(), learned.bytes, learned.at))
                 .collect();
-            Arc::make_mut(&mut self.inventory.records).set_layer_sizes(sizes);
+            let ghosts = self
+                .inventory
+                .layers
+                .ghosts()
+                .iter()
+                .map(|ghost| {
+                    (
+                        ghost.layers.iter().map(ToString::to_string).collect(),
+                        ghost.reported,
+                        ghost.at,
+                    )
+                })
+                .collect();
+            let records = Arc::make_mut(&mut self.inventory.records);
+            records.set_layer_sizes(sizes);
+            records.set_layer_ghosts(ghosts);
         }
         let store = self.inventory.store.clone();
         let records = Arc::clone(&self.inventory.records);

@@ -927,7 +927,10 @@ impl<R: Runtime> Collector<R> {
         if !removal.dry_run {
             // What a measured removal freed sizes the layers it freed.
             match removal.freed_bytes {
-                Some(freed) => self.inventory.layers.removed(&removal.id, freed, self.clock.now()),
+                Some(freed) => self
+                    .inventory
+                    .layers
+                    .removed(&removal.id, removal.size, freed, self.clock.now()),
                 None => self.inventory.layers.forget(&removal.id),
             }
             Arc::make_mut(&mut self.inventory.records).remove(&removal.id, self.clock.now());

@@ -1218,6 +1218,48 @@ async fn a_shared_base_is_counted_once_by_the_forecast_and_sized_by_the_measured
     );
 }
 
+/// A runtime that names no image's layers is asked about the first few
+/// images only, and never again: each image counts whole.
+#[tokio::test]
+async fn a_runtime_that_names_no_layers_is_not_asked_again() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        for n in 0..40 {
+            s.unused(&format!("i{n}"), 10, 10);
+        }
+        s.disk.set(1000, 900);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    c.observe().await.unwrap();
+    let asked = sim.0.lock().unwrap().layer_asks;
+    assert_eq!(asked, 16);
+    sim.with(|s| s.unused("new", 10, 10));
+    c.observe().await.unwrap();
+    c.poll_usage().await.unwrap();
+    assert_eq!(sim.0.lock().unwrap().layer_asks, asked);
+    assert!(c.layers().is_empty());
+}
+
+/// What measured removals taught of the bytes on disk per reported byte
+/// survives a restart: the next process (or `plan`) estimates by it from
+/// its first listing.
+#[tokio::test]
+async fn the_footprint_measured_removals_raised_survives_a_restart() {
+    let sim = SimHandle::default();
+    sim.with(|s| {
+        s.unused("x", 100, 300);
+        s.unused("y", 100, 300);
+        s.disk.set(1000, 50);
+    });
+    let (mut c, _dir) = collector(&sim, |_| {});
+    cycle(&mut c).await;
+    assert_eq!(c.footprint().factor(), 3.0);
+    let mut next = next_process(&c, *c.clock());
+    assert_eq!(next.footprint().factor(), 1.0, "not before the runtime is named");
+    next.observe().await.unwrap();
+    assert_eq!(next.footprint().factor(), 3.0);
+}
+
 #[tokio::test]
 async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     let sim = SimHandle::default();

@@ -40,6 +40,11 @@ pub struct Listing {
 /// that. `plan` asks for all at once.
 const LAYERS_PER_LISTING: usize = 256;
 
+/// After this many images in a row whose layers the runtime did not name
+/// (and none it did), it is not asked again: a runtime that names none
+/// costs a call and an id's memory per image otherwise.
+const LAYERS_UNTOLD_MAX: usize = 16;
+
 impl<R: Runtime> Collector<R> {
     /// Asks the runtime for the layers of listed images whose layers are
     /// not known yet (see [`crate::policy::layers`]), at most
@@ -48,9 +53,14 @@ impl<R: Runtime> Collector<R> {
     /// failed call ends the asking until the next listing.
     async fn learn_layers(&mut self, images: &[Image]) {
         let inventory = &mut self.inventory;
-        if !inventory.layers.is_empty() || !inventory.layers_untold.is_empty() {
+        if inventory.layers_unsupported {
+            return;
+        }
+        if !inventory.layers.is_empty() {
+            inventory.layers.retain(images.iter().map(|i| i.id.as_str()));
+        }
+        if !inventory.layers_untold.is_empty() {
             let listed: crate::collections::HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
-            inventory.layers.retain(|id| listed.contains(id));
             inventory.layers_untold.retain(|id| listed.contains(id.as_str()));
         }
         let limit = if inventory.store.is_read_only() {
@@ -63,17 +73,30 @@ impl<R: Runtime> Collector<R> {
             .filter(|i| !inventory.layers.knows(&i.id) && !inventory.layers_untold.contains(&i.id))
             .take(limit)
             .collect();
+        // Fewer than the limit: these are all the images not known.
+        let mut all_asked = unknown.len() < limit;
         for image in unknown {
             match self.runtime.image_layers(&image.id).await {
                 Ok(Some(layers)) => self.inventory.layers.insert(&image.id, layers),
                 Ok(None) => {
                     self.inventory.layers_untold.insert(image.id.clone());
+                    if self.inventory.layers.is_empty() && self.inventory.layers_untold.len() >= LAYERS_UNTOLD_MAX {
+                        // A runtime that names no image's layers: not asked again.
+                        debug!("the runtime names no image's layers: each image counts whole");
+                        self.inventory.layers_unsupported = true;
+                        self.inventory.layers_untold = Default::default();
+                        return;
+                    }
                 }
                 Err(err) => {
                     debug!(image = %image.id, error = %err, "the runtime did not tell the image's layers");
+                    all_asked = false;
                     break;
                 }
             }
+        }
+        if all_asked {
+            self.inventory.layers.drop_idle_ghosts();
         }
     }
 
@@ -106,8 +129,13 @@ impl<R: Runtime> Collector<R> {
         if !self.inventory.runtime_named
             && let Some(footprint) = footprint
         {
-            // Measured removals raise it from here on.
+            // Measured removals raise it from here on (an earlier process's
+            // too, for a runtime of the same kind).
             self.inventory.runtime_named = true;
+            let mut footprint = footprint;
+            if let Some(restored) = self.inventory.restored_footprint {
+                footprint.restore(restored);
+            }
             self.inventory.footprint = footprint;
             self.inventory.manifest_scale = crate::policy::ManifestScale::for_footprint(footprint);
         }

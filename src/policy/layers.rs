@@ -38,6 +38,33 @@ pub const LEARNED_MAX: usize = 10_000;
 /// How long a measured layer is remembered.
 pub const LEARNED_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// How many removed images' layer lists are kept at most (the oldest go
+/// first; see [`Ghost`]).
+pub const GHOSTS_MAX: usize = 1_000;
+
+/// A removed image whose layers other images still hold: its layers took
+/// its bytes together, so what it left behind takes its bytes less what its
+/// removal freed. One measured removal on a base so sizes the base for
+/// every image on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ghost {
+    /// Its layers.
+    pub layers: Arc<[Layer]>,
+    /// The size the runtime reported for it.
+    pub reported: u64,
+    /// When it was removed.
+    pub at: SystemTime,
+}
+
+/// An image id's key in the book: 8 bytes instead of a copy of the id. Two
+/// ids of one key (one chance in 10^9 on a node of 100,000 images) would
+/// share the layers of the first: an estimate gone wrong, never a removal,
+/// which the measured walk and the re-check decide.
+fn id_key(id: &str) -> u64 {
+    use std::hash::BuildHasher as _;
+    foldhash::quality::FixedState::with_seed(0x1a7e_5c0d).hash_one(id)
+}
+
 /// What a measured removal showed a layer takes on disk, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Learned {
@@ -51,26 +78,30 @@ pub struct Learned {
 /// measured removals sized.
 #[derive(Debug, Clone, Default)]
 pub struct LayerBook {
-    /// Image id to its layers, lowest first.
-    images: HashMap<String, Arc<[Layer]>>,
+    /// Image id (by [`id_key`]: the ids are the records' already) to its
+    /// layers, lowest first.
+    images: HashMap<u64, Arc<[Layer]>>,
     /// How many known images hold each layer; its keys are the one
     /// allocation of each layer.
     holders: HashMap<Layer, u32>,
     /// Layers a measured removal freed.
     learned: HashMap<Layer, Learned>,
-    /// Whether `learned` changed since [`LayerBook::take_learned_change`].
+    /// Removed images whose layers others still hold.
+    ghosts: Vec<Ghost>,
+    /// Whether `learned` or `ghosts` changed since
+    /// [`LayerBook::take_learned_change`].
     learned_changed: bool,
 }
 
 impl LayerBook {
     /// Whether the layers of image `id` are known.
     pub fn knows(&self, id: &str) -> bool {
-        self.images.contains_key(id)
+        self.images.contains_key(&id_key(id))
     }
 
     /// The layers of image `id`, when known.
     pub fn layers(&self, id: &str) -> Option<&[Layer]> {
-        self.images.get(id).map(|layers| &layers[..])
+        self.images.get(&id_key(id)).map(|layers| &layers[..])
     }
 
     /// How many images' layers are known.
@@ -88,7 +119,7 @@ impl LayerBook {
     /// same image is ignored. A layer listed twice in one image (an empty
     /// layer repeated) is held once.
     pub fn insert(&mut self, id: &str, layers: Vec<String>) {
-        if self.images.contains_key(id) {
+        if self.knows(id) {
             return;
         }
         let mut own: Vec<Layer> = Vec::with_capacity(layers.len());
@@ -103,12 +134,16 @@ impl LayerBook {
             *self.holders.entry(Arc::clone(&shared)).or_insert(0) += 1;
             own.push(shared);
         }
-        self.images.insert(id.to_string(), own.into());
+        self.images.insert(id_key(id), own.into());
     }
 
     /// Forgets image `id` (gone), releasing its layers.
     pub fn forget(&mut self, id: &str) {
-        let Some(layers) = self.images.remove(id) else {
+        self.forget_key(id_key(id));
+    }
+
+    fn forget_key(&mut self, key: u64) {
+        let Some(layers) = self.images.remove(&key) else {
             return;
         };
         for layer in layers.iter() {
@@ -121,11 +156,17 @@ impl LayerBook {
         }
     }
 
-    /// Keeps only the images whose id `listed` says is listed.
-    pub fn retain(&mut self, listed: impl Fn(&str) -> bool) {
-        let gone: Vec<String> = self.images.keys().filter(|id| !listed(id)).cloned().collect();
-        for id in gone {
-            self.forget(&id);
+    /// Keeps only the images of `listed` (ids).
+    pub fn retain<'i>(&mut self, listed: impl IntoIterator<Item = &'i str>) {
+        let listed: HashSet<u64> = listed.into_iter().map(id_key).collect();
+        let gone: Vec<u64> = self
+            .images
+            .keys()
+            .filter(|key| !listed.contains(key))
+            .copied()
+            .collect();
+        for key in gone {
+            self.forget_key(key);
         }
     }
 
@@ -140,16 +181,84 @@ impl LayerBook {
             .collect()
     }
 
-    /// Image `id` was removed and that freed `freed` bytes, measured at
-    /// `now`: the layers it freed take those bytes (the ones not measured
-    /// before share what the measured ones leave; when all were, they are
-    /// scaled to it), and the image is forgotten.
-    pub fn removed(&mut self, id: &str, freed: u64, now: SystemTime) {
-        let layers = self.freed_by(id);
-        if !layers.is_empty() {
-            self.learn(&layers, freed, now);
+    /// Image `id`, reported at `reported` bytes, was removed and that
+    /// freed `freed` bytes, measured at `now`: the layers it freed take
+    /// those bytes (the ones not measured before share what the measured
+    /// ones leave; when all were, they are scaled to it); when other images
+    /// hold some of its layers, it stays as a [`Ghost`]; and the image is
+    /// forgotten.
+    pub fn removed(&mut self, id: &str, reported: u64, freed: u64, now: SystemTime) {
+        let freed_layers = self.freed_by(id);
+        if !freed_layers.is_empty() {
+            self.learn(&freed_layers, freed, now);
+        }
+        if let Some(layers) = self.images.get(&id_key(id))
+            && freed_layers.len() < layers.len()
+        {
+            let ghost = Ghost {
+                layers: Arc::clone(layers),
+                reported,
+                at: now,
+            };
+            self.ghosts.push(ghost);
+            self.learned_changed = true;
+            self.bound_ghosts(now);
         }
         self.forget(id);
+    }
+
+    /// Forgets ghosts past [`LEARNED_FOR`], then the oldest past
+    /// [`GHOSTS_MAX`].
+    fn bound_ghosts(&mut self, now: SystemTime) {
+        self.ghosts
+            .retain(|ghost| now.duration_since(ghost.at).unwrap_or_default() <= LEARNED_FOR);
+        if self.ghosts.len() > GHOSTS_MAX {
+            self.ghosts.sort_by_key(|ghost| std::cmp::Reverse(ghost.at));
+            self.ghosts.truncate(GHOSTS_MAX);
+        }
+    }
+
+    /// Forgets ghosts none of whose layers an image holds: they bound
+    /// nothing on disk. Called once every listed image's layers are known
+    /// (or known to be untold).
+    pub fn drop_idle_ghosts(&mut self) {
+        let before = self.ghosts.len();
+        let holders = &self.holders;
+        self.ghosts
+            .retain(|ghost| ghost.layers.iter().any(|layer| holders.contains_key(layer)));
+        if self.ghosts.len() != before {
+            self.learned_changed = true;
+        }
+    }
+
+    /// The ghosts, for the state file.
+    pub fn ghosts(&self) -> &[Ghost] {
+        &self.ghosts
+    }
+
+    /// Restores ghosts (from the state file), bounded as
+    /// [`LayerBook::removed`] bounds them; those none of whose layers an
+    /// image holds go at the next listing.
+    pub fn restore_ghosts(
+        &mut self,
+        ghosts: impl IntoIterator<Item = (Vec<String>, u64, SystemTime)>,
+        now: SystemTime,
+    ) {
+        for (layers, reported, at) in ghosts {
+            let layers: Vec<Layer> = layers
+                .into_iter()
+                .map(|layer| match self.holders.get_key_value(layer.as_str()) {
+                    Some((shared, _)) => Arc::clone(shared),
+                    None => Layer::from(layer),
+                })
+                .collect();
+            self.ghosts.push(Ghost {
+                layers: layers.into(),
+                reported,
+                at,
+            });
+        }
+        self.bound_ghosts(now);
     }
 
     fn learn(&mut self, layers: &[Layer], freed: u64, now: SystemTime) {
@@ -317,20 +426,44 @@ impl Freeing {
                 rows_of_layer.entry(&**layer).or_default().push(row);
             }
         }
+        // The ghosts hold their layers that images still hold, as rows
+        // after the images' (they bound sizes; releasing frees nothing of
+        // theirs): layers held alike by images and ghosts are one block.
+        let listed = sizes.len() as u32;
+        let mut ghost_rows: Vec<(u64, u64)> = Vec::new();
+        for ghost in &book.ghosts {
+            let row = listed + ghost_rows.len() as u32;
+            let mut held = false;
+            let mut measured = 0u64;
+            for layer in ghost.layers.iter() {
+                match rows_of_layer.get_mut(&**layer) {
+                    Some(rows) => {
+                        held = true;
+                        if rows.last() != Some(&row) {
+                            rows.push(row);
+                        }
+                    }
+                    None => measured = measured.saturating_add(book.learned_of(layer).map_or(0, |l| l.bytes)),
+                }
+            }
+            if held {
+                ghost_rows.push((footprint.on_disk(ghost.reported), measured));
+            }
+        }
         let mut block_of: HashMap<Vec<u32>, u32> = HashMap::default();
         let mut fixed: Vec<u64> = Vec::new();
         let mut open: Vec<bool> = Vec::new();
         let mut holders: Vec<u32> = Vec::new();
-        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); sizes.len()];
+        let mut constraints: Vec<Vec<u32>> = vec![Vec::new(); listed as usize + ghost_rows.len()];
         for (layer, held_by) in rows_of_layer {
             let next = fixed.len() as u32;
             let block = *block_of.entry(held_by.clone()).or_insert(next);
             if block == next {
                 fixed.push(0);
                 open.push(false);
-                holders.push(held_by.len() as u32);
+                holders.push(held_by.iter().filter(|&&row| row < listed).count() as u32);
                 for &row in &held_by {
-                    rows[row as usize].push(block);
+                    constraints[row as usize].push(block);
                 }
             }
             match book.learned_of(layer) {
@@ -338,7 +471,14 @@ impl Freeing {
                 None => open[block as usize] = true,
             }
         }
-        let bytes = solve(&rows, &sizes, &fixed, &open);
+        let mut extra: Vec<u64> = vec![0; listed as usize];
+        for (size, measured) in ghost_rows {
+            sizes.push(size);
+            extra.push(measured);
+        }
+        let bytes = solve(&constraints, &sizes, &extra, &fixed, &open);
+        constraints.truncate(listed as usize);
+        let rows = constraints;
         Freeing {
             footprint,
             blocks: Arc::new(Blocks {
@@ -382,11 +522,12 @@ impl Freeing {
     }
 }
 
-/// The blocks' bytes: each row's blocks add up to its size, blocks with a
-/// measured part (`fixed`) no smaller than it, blocks without an unmeasured
-/// layer (`open` false) exactly it, none negative; otherwise as small as
-/// can be (projections from zero, a row at a time).
-fn solve(rows: &[Vec<u32>], sizes: &[u64], fixed: &[u64], open: &[bool]) -> Vec<u64> {
+/// The blocks' bytes: each row's blocks (and its `extra` bytes, measured
+/// outside them) add up to its size, blocks with a measured part (`fixed`)
+/// no smaller than it, blocks without an unmeasured layer (`open` false)
+/// exactly it, none negative; otherwise as small as can be (projections
+/// from zero, a row at a time).
+fn solve(rows: &[Vec<u32>], sizes: &[u64], extra_bytes: &[u64], fixed: &[u64], open: &[bool]) -> Vec<u64> {
     let mut extra = vec![0f64; fixed.len()];
     let free_blocks: Vec<Vec<u32>> = rows
         .iter()
@@ -394,7 +535,8 @@ fn solve(rows: &[Vec<u32>], sizes: &[u64], fixed: &[u64], open: &[bool]) -> Vec<
         .collect();
     let fixed_sums: Vec<f64> = rows
         .iter()
-        .map(|blocks| blocks.iter().map(|&b| fixed[b as usize] as f64).sum())
+        .zip(extra_bytes)
+        .map(|(blocks, &outside)| outside as f64 + blocks.iter().map(|&b| fixed[b as usize] as f64).sum::<f64>())
         .collect();
     for _ in 0..ROUNDS {
         let mut worst = 0f64;
@@ -489,7 +631,7 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let mut book = book(&[("a", &["base", "a"]), ("b", &["base", "b"])]);
         assert_eq!(book.freed_by("a"), vec![Layer::from(digest("a"))]);
-        book.removed("a", 25 * MIB, now);
+        book.removed("a", 60 * MIB, 25 * MIB, now);
         assert!(!book.knows("a"));
         assert_eq!(book.learned_of(&digest("a")).map(|l| l.bytes), Some(25 * MIB));
         // "b" now holds the base alone: removing it frees both its layers.
@@ -503,16 +645,41 @@ mod tests {
         close(freeing.release("a", 60 * MIB), 60 * MIB);
     }
 
+    /// A removed image whose base another image keeps stays as a ghost:
+    /// its bytes less what it freed are what the base takes, so the images
+    /// still on the base split the rest by it, not by the smallest split.
+    #[test]
+    fn a_removal_that_left_its_base_behind_sizes_the_base() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut layers = book(&[("a", &["base", "a"]), ("b", &["base", "b"]), ("c", &["base", "c"])]);
+        layers.removed("a", 60 * MIB, 25 * MIB, now);
+        assert_eq!(layers.ghosts().len(), 1);
+        let images = [library_image("b", 60 * MIB), library_image("c", 60 * MIB)];
+        let mut freeing = layers.freeing(&images, DiskFootprint::default());
+        // Without the ghost: base 40, b and c 20 each.
+        close(freeing.release("b", 60 * MIB), 25 * MIB);
+        close(freeing.release("c", 60 * MIB), 60 * MIB);
+        // A ghost whose layers no image holds any more bounds nothing.
+        layers.forget("b");
+        layers.forget("c");
+        layers.drop_idle_ghosts();
+        assert!(layers.ghosts().is_empty());
+        // One that freed everything it had is none.
+        let mut book = book(&[("x", &["x"])]);
+        book.removed("x", 10, 10, now);
+        assert!(book.ghosts().is_empty());
+    }
+
     /// Layers measured twice are scaled to the second measure; the memory
     /// is bounded in time and in count.
     #[test]
     fn measured_layers_are_rescaled_and_bounded() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000_000);
         let mut book = book(&[("a", &["x", "y"])]);
-        book.removed("a", 10 * MIB, t0);
+        book.removed("a", 10 * MIB, 10 * MIB, t0);
         assert_eq!(book.learned_of(&digest("x")).map(|l| l.bytes), Some(5 * MIB));
         book.insert("a", vec![digest("x"), digest("y")]);
-        book.removed("a", 30 * MIB, t0);
+        book.removed("a", 30 * MIB, 30 * MIB, t0);
         assert_eq!(book.learned_of(&digest("y")).map(|l| l.bytes), Some(15 * MIB));
         let later = t0 + LEARNED_FOR + Duration::from_secs(1);
         book.restore_learned([], later);
@@ -543,7 +710,7 @@ mod tests {
         let base_a = Arc::as_ptr(&book.layers("a").unwrap()[0]);
         let base_b = Arc::as_ptr(&book.layers("b").unwrap()[0]);
         assert_eq!(base_a, base_b);
-        book.retain(|id| id == "b");
+        book.retain(["b"]);
         assert!(!book.knows("a") && book.knows("b"));
         assert_eq!(book.holders.len(), 2);
         book.forget("b");

@@ -143,6 +143,22 @@ impl DiskFootprint {
         self.permille = self.permille.max(seen.min(FOOTPRINT_CAP_PERMILLE)).max(self.floor);
     }
 
+    /// What measured removals raised the factor to, for the state file:
+    /// `(the runtime's own factor, the factor)` in thousandths; `None`
+    /// while it is the runtime's own.
+    pub fn learnt(&self) -> Option<(u64, u64)> {
+        (self.permille > self.floor).then_some((self.floor, self.permille))
+    }
+
+    /// Takes back a factor measured removals raised before (see
+    /// [`DiskFootprint::learnt`]), for a runtime of the same kind only (the
+    /// same own factor): a node whose runtime changed starts afresh.
+    pub fn restore(&mut self, (floor, permille): (u64, u64)) {
+        if floor == self.floor {
+            self.permille = self.permille.max(permille.min(FOOTPRINT_CAP_PERMILLE));
+        }
+    }
+
     /// Whether the runtime reports an image's compressed content
     /// (containerd), not the unpacked layers it stores (CRI-O,
     /// cri-dockerd).

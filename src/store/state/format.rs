@@ -35,7 +35,21 @@ pub(super) struct Head {
     /// absent when there is none, and in older files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     layers: Vec<LayerLine>,
+    /// Version 6: what measured removals raised the on-disk bytes per
+    /// reported byte to, `[the runtime's own, learnt]` in thousandths;
+    /// absent while it is the runtime's own, and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    footprint: Option<(u64, u64)>,
+    /// Version 6: removed images whose layers others still held (see
+    /// [`Records::layer_ghosts`]), `[[layer, ...], reported size, removed
+    /// at]` each; absent when there is none, and in older files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    ghosts: Vec<GhostLine>,
 }
+
+/// A removed image whose layers others held, as stored: its layers, its
+/// reported size, when it was removed (unix ms).
+pub(super) type GhostLine = (Vec<String>, u64, u64);
 
 /// A layer's measured size, as stored: digest, on-disk bytes, when (unix ms).
 pub(super) type LayerLine = (String, u64, u64);
@@ -83,6 +97,10 @@ pub(super) struct Decoded {
     pub(super) removed: Vec<RemovedLine>,
     /// The layers' measured sizes (version 6).
     pub(super) layers: Vec<LayerLine>,
+    /// The footprint measured removals raised (version 6).
+    pub(super) footprint: Option<(u64, u64)>,
+    /// Removed images whose layers others held (version 6).
+    pub(super) ghosts: Vec<GhostLine>,
 }
 
 /// The header line, which is written last, over a placeholder of the same
@@ -158,6 +176,12 @@ pub(super) fn encode_payload(
         last_success: last_success.map(to_unix_millis),
         removed,
         layers,
+        footprint: records.footprint(),
+        ghosts: records
+            .layer_ghosts()
+            .iter()
+            .map(|(layers, reported, at)| (layers.clone(), *reported, to_unix_millis(*at)))
+            .collect(),
     };
     serde_json::to_writer(&mut chunk, &head).expect(json);
     chunk.push(b'\n');
@@ -369,6 +393,8 @@ fn decode_v1(payload: &[u8]) -> Result<Decoded, Corruption> {
         records,
         removed: Vec::new(),
         layers: Vec::new(),
+        footprint: None,
+        ghosts: Vec::new(),
     })
 }
 
@@ -420,6 +446,8 @@ fn decode_lines<L: serde::de::DeserializeOwned>(
         records,
         removed: head.removed,
         layers: head.layers,
+        footprint: head.footprint,
+        ghosts: head.ghosts,
     })
 }
 

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! imagegc-state v6 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
-//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]][,"layers":[["<digest>",<bytes>,<measured at>],...]]}\n
+//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]][,"layers":[["<digest>",<bytes>,<measured at>],...]][,"footprint":[<own>,<learnt>]][,"ghosts":[[[<digest>,...],<reported size>,<removed at>],...]]}\n
 //! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>,<usual break, ms>]\n
 //! ...
 //! ```
@@ -22,7 +22,11 @@
 //! still read, nothing remembered. `layers` (version 6) is what measured
 //! removals showed layers take on disk (`[["<digest>",<bytes>,<measured
 //! at>],...]`, at most 10,000, for 30 days: see [`crate::policy::layers`]);
-//! version 5 files (without it) are still read, no layer sized. An imagegc
+//! with `ghosts` (`[[[<digest>,...],<reported size>,<removed at>],...]`,
+//! removed images whose layers others still held, at most 1,000) and
+//! `footprint` (`[<the runtime's own>,<learnt>]` on-disk bytes per
+//! reported byte in thousandths, when removals raised it); version 5 files
+//! (without them) are still read, no layer sized. An imagegc
 //! older than a file's version
 //! sets it aside as unreadable (named `records.state.corrupt-...`, see
 //! below) and starts afresh: a downgrade loses the records' history, not
@@ -347,6 +351,8 @@ impl StateStore {
                 mut records,
                 removed,
                 layers,
+                footprint,
+                ghosts,
             }) => {
                 let saved_at = from_unix_millis(saved_at).min(now);
                 let last_success = last_success.map(|ms| from_unix_millis(ms).min(now));
@@ -369,6 +375,13 @@ impl StateStore {
                         )
                     }),
                     now,
+                );
+                records.set_footprint(footprint);
+                records.set_layer_ghosts(
+                    ghosts
+                        .into_iter()
+                        .map(|(layers, reported, at)| (layers, reported, from_unix_millis(at).min(now)))
+                        .collect(),
                 );
                 records.set_layer_sizes(
                     layers
@@ -830,6 +843,8 @@ mod tests {
         let mut records = varied();
         let layer = format!("sha256:{}", "ab".repeat(32));
         records.set_layer_sizes([(layer.clone(), 42 << 20, t(30))]);
+        records.set_footprint(Some((2_000, 3_100)));
+        records.set_layer_ghosts(vec![(vec![layer.clone()], 7 << 20, t(20))]);
         store.save(&records, t(60)).unwrap();
         let text = String::from_utf8(fs::read(store.path()).unwrap()).unwrap();
         assert!(
@@ -841,7 +856,9 @@ mod tests {
         };
         let sizes: Vec<(String, u64, SystemTime)> =
             records.layer_sizes().map(|(l, b, at)| (l.to_string(), b, at)).collect();
-        assert_eq!(sizes, [(layer, 42 << 20, t(30))]);
+        assert_eq!(sizes, [(layer.clone(), 42 << 20, t(30))]);
+        assert_eq!(records.footprint(), Some((2_000, 3_100)));
+        assert_eq!(records.layer_ghosts(), [(vec![layer], 7 << 20, t(20))]);
         // The same file as version 5 wrote it: no layers in its head.
         store.save(&varied(), t(60)).unwrap();
         let v6 = fs::read(store.path()).unwrap();
@@ -855,6 +872,7 @@ mod tests {
             panic!("a version 5 file loads")
         };
         assert_eq!(records.layer_sizes().count(), 0);
+        assert_eq!((records.footprint(), records.layer_ghosts().len()), (None, 0));
         assert_eq!(records, varied());
     }
 
