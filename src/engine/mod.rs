@@ -422,7 +422,7 @@ impl<R: Runtime> Collector<R> {
                 .inventory
                 .layers
                 .learned()
-                .map(|(layer, learned)| (layer.to_string(), learned.bytes, learned.at))
+                .map(|(layer, learned)| (crate::policy::layers::key_text(layer), learned.bytes, learned.at))
                 .collect();
             let ghosts = self
                 .inventory
@@ -431,7 +431,12 @@ impl<R: Runtime> Collector<R> {
                 .iter()
                 .map(|ghost| {
                     (
-                        ghost.layers.iter().map(ToString::to_string).collect(),
+                        ghost
+                            .layers
+                            .iter()
+                            .copied()
+                            .map(crate::policy::layers::key_text)
+                            .collect(),
                         ghost.reported,
                         ghost.at,
                     )

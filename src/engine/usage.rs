@@ -77,7 +77,7 @@ impl<R: Runtime> Collector<R> {
         let mut all_asked = unknown.len() < limit;
         for image in unknown {
             match self.runtime.image_layers(&image.id).await {
-                Ok(Some(layers)) => self.inventory.layers.insert(&image.id, layers),
+                Ok(Some(layers)) => self.inventory.layers.insert(&image.id, &layers),
                 Ok(None) => {
                     self.inventory.layers_untold.insert(image.id.clone());
                     if self.inventory.layers.is_empty() && self.inventory.layers_untold.len() >= LAYERS_UNTOLD_MAX {

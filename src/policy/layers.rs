@@ -13,12 +13,19 @@
 //! The runtime names the layers, not their sizes. The layers held by the
 //! same images are freed together (a *block*); each image's on-disk bytes
 //! (its reported size by the [`DiskFootprint`]) are the sum of its
-//! blocks, and the blocks' sizes are the smallest that add up so (the
-//! minimum-norm solution of those sums, by Kaczmarz's projections, none
-//! negative). Where imagegc measured what a removal freed, the layers it
-//! freed keep that measure ([`LayerBook::removed`]): a layer pulled again
-//! counts by it. An image whose layers are not known counts whole, as
-//! before layers were read.
+//! blocks, and the blocks are sized by projections onto those sums from
+//! zero, none negative (Kaczmarz's method: the minimum-norm split where it
+//! converges; on a large group it gives the shared block nearly all).
+//! Where imagegc measured what a removal freed, the layers it freed keep
+//! that measure, and what it left behind is bounded by it (a [`Ghost`]):
+//! see [`LayerBook::removed`]. An image whose layers are not known counts
+//! whole, as before layers were read.
+//!
+//! Layers are kept by a 64-bit key of their digest ([`layer_key`]) and
+//! images by one of their id: 8 bytes each instead of a 71-byte string, so
+//! that a node of 100,000 images of several layers each costs a few MiB. Two
+//! digests of one key would be one layer to the estimate: an estimate gone
+//! wrong, never a removal, which the measured walk and the re-check decide.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -28,9 +35,8 @@ use crate::cri::Image;
 
 use super::space::DiskFootprint;
 
-/// A layer: the digest of its uncompressed content, one allocation shared
-/// by every image that has it.
-pub type Layer = Arc<str>;
+/// A layer, by [`layer_key`].
+pub type LayerKey = u64;
 
 /// How many measured layers are remembered at most (the oldest go first).
 pub const LEARNED_MAX: usize = 10_000;
@@ -42,6 +48,35 @@ pub const LEARNED_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 /// first; see [`Ghost`]).
 pub const GHOSTS_MAX: usize = 1_000;
 
+/// The key of a layer's digest: 64-bit FNV-1a, which never changes with a
+/// dependency's version, so the keys the state file holds stay valid.
+pub fn layer_key(digest: &str) -> LayerKey {
+    fnv1a(digest.as_bytes(), 0xcbf2_9ce4_8422_2325)
+}
+
+/// The key of an image id (in memory only).
+fn id_key(id: &str) -> u64 {
+    fnv1a(id.as_bytes(), 0x84222325_cbf29ce4)
+}
+
+fn fnv1a(bytes: &[u8], basis: u64) -> u64 {
+    bytes
+        .iter()
+        .fold(basis, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A layer key as the state file writes it: 16 hex digits.
+pub fn key_text(key: LayerKey) -> String {
+    format!("{key:016x}")
+}
+
+/// A layer key from the state file; `None` for anything but 16 hex digits.
+pub fn key_from_text(text: &str) -> Option<LayerKey> {
+    (text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u64::from_str_radix(text, 16).ok())
+        .flatten()
+}
+
 /// A removed image whose layers other images still hold: its layers took
 /// its bytes together, so what it left behind takes its bytes less what its
 /// removal freed. One measured removal on a base so sizes the base for
@@ -49,20 +84,11 @@ pub const GHOSTS_MAX: usize = 1_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ghost {
     /// Its layers.
-    pub layers: Arc<[Layer]>,
+    pub layers: Box<[LayerKey]>,
     /// The size the runtime reported for it.
     pub reported: u64,
     /// When it was removed.
     pub at: SystemTime,
-}
-
-/// An image id's key in the book: 8 bytes instead of a copy of the id. Two
-/// ids of one key (one chance in 10^9 on a node of 100,000 images) would
-/// share the layers of the first: an estimate gone wrong, never a removal,
-/// which the measured walk and the re-check decide.
-fn id_key(id: &str) -> u64 {
-    use std::hash::BuildHasher as _;
-    foldhash::quality::FixedState::with_seed(0x1a7e_5c0d).hash_one(id)
 }
 
 /// What a measured removal showed a layer takes on disk, and when.
@@ -74,18 +100,16 @@ pub struct Learned {
     pub at: SystemTime,
 }
 
-/// The layers of the images the runtime named them for, and the layers
-/// measured removals sized.
+/// The layers of the images the runtime named them for, and what measured
+/// removals taught of their sizes.
 #[derive(Debug, Clone, Default)]
 pub struct LayerBook {
-    /// Image id (by [`id_key`]: the ids are the records' already) to its
-    /// layers, lowest first.
-    images: HashMap<u64, Arc<[Layer]>>,
-    /// How many known images hold each layer; its keys are the one
-    /// allocation of each layer.
-    holders: HashMap<Layer, u32>,
+    /// Image id (by its key) to its layers, lowest first.
+    images: HashMap<u64, Box<[LayerKey]>>,
+    /// How many known images hold each layer.
+    holders: HashMap<LayerKey, u32>,
     /// Layers a measured removal freed.
-    learned: HashMap<Layer, Learned>,
+    learned: HashMap<LayerKey, Learned>,
     /// Removed images whose layers others still hold.
     ghosts: Vec<Ghost>,
     /// Whether `learned` or `ghosts` changed since
@@ -100,7 +124,7 @@ impl LayerBook {
     }
 
     /// The layers of image `id`, when known.
-    pub fn layers(&self, id: &str) -> Option<&[Layer]> {
+    pub fn layers(&self, id: &str) -> Option<&[LayerKey]> {
         self.images.get(&id_key(id)).map(|layers| &layers[..])
     }
 
@@ -114,25 +138,20 @@ impl LayerBook {
         self.images.is_empty()
     }
 
-    /// Notes that image `id` has `layers` (lowest first). An image's layers
-    /// never change (its id is its config's digest); a second note of the
-    /// same image is ignored. A layer listed twice in one image (an empty
-    /// layer repeated) is held once.
-    pub fn insert(&mut self, id: &str, layers: Vec<String>) {
+    /// Notes that image `id` has `layers` (digests, lowest first). An
+    /// image's layers never change (its id is its config's digest); a
+    /// second note of the same image is ignored. A layer listed twice in
+    /// one image (an empty layer repeated) is held once.
+    pub fn insert(&mut self, id: &str, layers: &[String]) {
         if self.knows(id) {
             return;
         }
-        let mut own: Vec<Layer> = Vec::with_capacity(layers.len());
-        for layer in layers {
-            if own.iter().any(|l| **l == *layer) {
-                continue;
+        let mut own: Vec<LayerKey> = Vec::with_capacity(layers.len());
+        for key in layers.iter().map(|layer| layer_key(layer)) {
+            if !own.contains(&key) {
+                *self.holders.entry(key).or_insert(0) += 1;
+                own.push(key);
             }
-            let shared = match self.holders.get_key_value(layer.as_str()) {
-                Some((shared, _)) => Arc::clone(shared),
-                None => Layer::from(layer),
-            };
-            *self.holders.entry(Arc::clone(&shared)).or_insert(0) += 1;
-            own.push(shared);
         }
         self.images.insert(id_key(id), own.into());
     }
@@ -146,7 +165,7 @@ impl LayerBook {
         let Some(layers) = self.images.remove(&key) else {
             return;
         };
-        for layer in layers.iter() {
+        for layer in &layers {
             if let Some(count) = self.holders.get_mut(layer) {
                 *count -= 1;
                 if *count == 0 {
@@ -172,12 +191,12 @@ impl LayerBook {
 
     /// The layers removing image `id` frees now: its layers no other known
     /// image holds.
-    pub fn freed_by(&self, id: &str) -> Vec<Layer> {
+    pub fn freed_by(&self, id: &str) -> Vec<LayerKey> {
         self.layers(id)
             .unwrap_or_default()
             .iter()
             .filter(|layer| self.holders.get(*layer) == Some(&1))
-            .cloned()
+            .copied()
             .collect()
     }
 
@@ -192,11 +211,11 @@ impl LayerBook {
         if !freed_layers.is_empty() {
             self.learn(&freed_layers, freed, now);
         }
-        if let Some(layers) = self.images.get(&id_key(id))
+        if let Some(layers) = self.layers(id)
             && freed_layers.len() < layers.len()
         {
             let ghost = Ghost {
-                layers: Arc::clone(layers),
+                layers: layers.into(),
                 reported,
                 at: now,
             };
@@ -205,6 +224,56 @@ impl LayerBook {
             self.bound_ghosts(now);
         }
         self.forget(id);
+    }
+
+    fn learn(&mut self, layers: &[LayerKey], freed: u64, now: SystemTime) {
+        let known_bytes = layers
+            .iter()
+            .filter_map(|l| self.learned.get(l))
+            .fold(0u64, |sum, learned| sum.saturating_add(learned.bytes));
+        let unknown: Vec<LayerKey> = layers
+            .iter()
+            .copied()
+            .filter(|l| !self.learned.contains_key(l))
+            .collect();
+        if unknown.is_empty() {
+            for layer in layers {
+                if let Some(learned) = self.learned.get_mut(layer) {
+                    let scaled = u128::from(learned.bytes) * u128::from(freed) / u128::from(known_bytes.max(1));
+                    *learned = Learned {
+                        bytes: scaled.min(u128::from(u64::MAX)) as u64,
+                        at: now,
+                    };
+                }
+            }
+        } else {
+            let each = freed.saturating_sub(known_bytes) / unknown.len() as u64;
+            for layer in unknown {
+                self.learned.insert(layer, Learned { bytes: each, at: now });
+            }
+        }
+        self.learned_changed = true;
+        self.bound_learned(now);
+    }
+
+    /// Whether a measured removal taught something since the last call.
+    pub fn take_learned_change(&mut self) -> bool {
+        std::mem::take(&mut self.learned_changed)
+    }
+
+    /// Forgets measured layers past [`LEARNED_FOR`], then the oldest past
+    /// [`LEARNED_MAX`].
+    fn bound_learned(&mut self, now: SystemTime) {
+        self.learned
+            .retain(|_, learned| now.duration_since(learned.at).unwrap_or_default() <= LEARNED_FOR);
+        if self.learned.len() > LEARNED_MAX {
+            let mut by_age: Vec<(SystemTime, LayerKey)> = self.learned.iter().map(|(k, l)| (l.at, *k)).collect();
+            by_age.sort_unstable();
+            let extra = self.learned.len() - LEARNED_MAX;
+            for (_, key) in by_age.into_iter().take(extra) {
+                self.learned.remove(&key);
+            }
+        }
     }
 
     /// Forgets ghosts past [`LEARNED_FOR`], then the oldest past
@@ -236,120 +305,48 @@ impl LayerBook {
         &self.ghosts
     }
 
-    /// Restores ghosts (from the state file), bounded as
-    /// [`LayerBook::removed`] bounds them; those none of whose layers an
-    /// image holds go at the next listing.
+    /// Restores ghosts (from the state file: layer keys as
+    /// [`key_text`] writes them, reported size, when), bounded as
+    /// [`LayerBook::removed`] bounds them; a key that does not parse is
+    /// left out. Those none of whose layers an image holds go once every
+    /// image's layers are known.
     pub fn restore_ghosts(
         &mut self,
         ghosts: impl IntoIterator<Item = (Vec<String>, u64, SystemTime)>,
         now: SystemTime,
     ) {
         for (layers, reported, at) in ghosts {
-            let layers: Vec<Layer> = layers
-                .into_iter()
-                .map(|layer| match self.holders.get_key_value(layer.as_str()) {
-                    Some((shared, _)) => Arc::clone(shared),
-                    None => Layer::from(layer),
-                })
-                .collect();
-            self.ghosts.push(Ghost {
-                layers: layers.into(),
-                reported,
-                at,
-            });
+            let layers: Box<[LayerKey]> = layers.iter().filter_map(|l| key_from_text(l)).collect();
+            if !layers.is_empty() {
+                self.ghosts.push(Ghost { layers, reported, at });
+            }
         }
         self.bound_ghosts(now);
     }
 
-    fn learn(&mut self, layers: &[Layer], freed: u64, now: SystemTime) {
-        let known: Vec<u64> = layers
-            .iter()
-            .filter_map(|l| self.learned.get(l).map(|learned| learned.bytes))
-            .collect();
-        let known_bytes = known.iter().fold(0u64, |sum, b| sum.saturating_add(*b));
-        let unknown = layers.len() - known.len();
-        if unknown > 0 {
-            let each = freed.saturating_sub(known_bytes) / unknown as u64;
-            for layer in layers
-                .iter()
-                .filter(|l| !self.learned.contains_key(*l))
-                .cloned()
-                .collect::<Vec<_>>()
-            {
-                self.learned.insert(layer, Learned { bytes: each, at: now });
-            }
-        } else {
-            for layer in layers {
-                if let Some(learned) = self.learned.get_mut(layer) {
-                    let scaled = u128::from(learned.bytes) * u128::from(freed) / u128::from(known_bytes.max(1));
-                    *learned = Learned {
-                        bytes: scaled.min(u128::from(u64::MAX)) as u64,
-                        at: now,
-                    };
-                }
-            }
-        }
-        self.learned_changed = true;
-        self.bound_learned(now);
-    }
-
-    /// Whether a measured removal sized layers since the last call.
-    pub fn take_learned_change(&mut self) -> bool {
-        std::mem::take(&mut self.learned_changed)
-    }
-
-    /// Forgets measured layers past [`LEARNED_FOR`], then the oldest past
-    /// [`LEARNED_MAX`].
-    fn bound_learned(&mut self, now: SystemTime) {
-        self.learned
-            .retain(|_, learned| now.duration_since(learned.at).unwrap_or_default() <= LEARNED_FOR);
-        if self.learned.len() > LEARNED_MAX {
-            let mut times: Vec<SystemTime> = self.learned.values().map(|l| l.at).collect();
-            times.sort_unstable();
-            let cut = times[times.len() - LEARNED_MAX];
-            self.learned.retain(|_, learned| learned.at >= cut);
-            // Ties at the cut: drop any beyond the bound.
-            let extra = self.learned.len().saturating_sub(LEARNED_MAX);
-            if extra > 0 {
-                let drop: Vec<Layer> = self
-                    .learned
-                    .iter()
-                    .filter(|(_, l)| l.at == cut)
-                    .take(extra)
-                    .map(|(k, _)| Arc::clone(k))
-                    .collect();
-                for layer in drop {
-                    self.learned.remove(&layer);
-                }
-            }
-        }
-    }
-
     /// The measured layers, for the state file.
-    pub fn learned(&self) -> impl Iterator<Item = (&str, Learned)> + '_ {
-        self.learned.iter().map(|(layer, learned)| (&**layer, *learned))
+    pub fn learned(&self) -> impl Iterator<Item = (LayerKey, Learned)> + '_ {
+        self.learned.iter().map(|(layer, learned)| (*layer, *learned))
     }
 
-    /// What is measured of `layer`, if anything.
-    pub fn learned_of(&self, layer: &str) -> Option<Learned> {
-        self.learned.get(layer).copied()
+    /// What is measured of the layer of this digest, if anything.
+    pub fn learned_of(&self, digest: &str) -> Option<Learned> {
+        self.learned.get(&layer_key(digest)).copied()
     }
 
-    /// Restores measured layers (from the state file), bounded as
-    /// [`LayerBook::removed`] bounds them.
+    /// Restores measured layers (from the state file: keys as
+    /// [`key_text`] writes them), bounded as [`LayerBook::removed`] bounds
+    /// them; a key that does not parse is left out.
     pub fn restore_learned(&mut self, learned: impl IntoIterator<Item = (String, Learned)>, now: SystemTime) {
-        let mut learned: Vec<(String, Learned)> = learned.into_iter().collect();
+        let mut learned: Vec<(LayerKey, Learned)> = learned
+            .into_iter()
+            .filter_map(|(key, learned)| Some((key_from_text(&key)?, learned)))
+            .collect();
         if learned.len() > LEARNED_MAX {
             learned.sort_unstable_by_key(|(_, l)| std::cmp::Reverse(l.at));
             learned.truncate(LEARNED_MAX);
         }
-        for (layer, at) in learned {
-            let layer = match self.holders.get_key_value(layer.as_str()) {
-                Some((shared, _)) => Arc::clone(shared),
-                None => Layer::from(layer),
-            };
-            self.learned.insert(layer, at);
-        }
+        self.learned.extend(learned);
         self.bound_learned(now);
     }
 
@@ -370,8 +367,8 @@ const CLOSE_ENOUGH: f64 = 1e-4;
 /// The layers of one listing by block, sized (see the module docs).
 #[derive(Debug, Default)]
 struct Blocks {
-    /// Image id to its row.
-    index: HashMap<String, u32>,
+    /// Image id (by its key) to its row.
+    index: HashMap<u64, u32>,
     /// Each row's blocks.
     rows: Vec<Vec<u32>>,
     /// Each block's on-disk bytes.
@@ -404,86 +401,105 @@ impl Freeing {
         }
     }
 
-    /// The blocks of `images` whose layers `book` knows, sized.
+    /// The blocks of `images` whose layers `book` knows, sized. The
+    /// ghosts' rows come after the images' (they bound sizes; releasing
+    /// frees nothing of theirs): layers held alike by images and ghosts are
+    /// one block.
     fn new(book: &LayerBook, images: &[Image], footprint: DiskFootprint) -> Self {
         if book.is_empty() {
             return Freeing::whole(footprint);
         }
-        let mut index: HashMap<String, u32> = HashMap::default();
-        let mut rows_of_layer: HashMap<&str, Vec<u32>> = HashMap::default();
+        let mut index: HashMap<u64, u32> = HashMap::default();
         let mut sizes: Vec<u64> = Vec::new();
+        // (layer, row) for every layer of every row, sorted: each layer's
+        // rows side by side, in order.
+        let mut held: Vec<(LayerKey, u32)> = Vec::new();
         for image in images {
-            let Some(layers) = book.layers(&image.id) else {
+            let key = id_key(&image.id);
+            let Some(layers) = book.images.get(&key) else {
                 continue;
             };
-            if index.contains_key(&image.id) {
+            if index.contains_key(&key) {
                 continue;
             }
             let row = sizes.len() as u32;
-            index.insert(image.id.clone(), row);
+            index.insert(key, row);
             sizes.push(footprint.on_disk(image.size));
-            for layer in layers {
-                rows_of_layer.entry(&**layer).or_default().push(row);
-            }
+            held.extend(layers.iter().map(|&layer| (layer, row)));
         }
-        // The ghosts hold their layers that images still hold, as rows
-        // after the images' (they bound sizes; releasing frees nothing of
-        // theirs): layers held alike by images and ghosts are one block.
         let listed = sizes.len() as u32;
-        let mut ghost_rows: Vec<(u64, u64)> = Vec::new();
+        held.sort_unstable();
+        let is_held = |layer: &LayerKey| held.binary_search_by_key(layer, |&(l, _)| l).is_ok();
+        let mut extra: Vec<u64> = vec![0; listed as usize];
+        let mut ghosts_held: Vec<(LayerKey, u32)> = Vec::new();
         for ghost in &book.ghosts {
-            let row = listed + ghost_rows.len() as u32;
-            let mut held = false;
+            let row = sizes.len() as u32;
+            let mut holds = false;
             let mut measured = 0u64;
-            for layer in ghost.layers.iter() {
-                match rows_of_layer.get_mut(&**layer) {
-                    Some(rows) => {
-                        held = true;
-                        if rows.last() != Some(&row) {
-                            rows.push(row);
-                        }
-                    }
-                    None => measured = measured.saturating_add(book.learned_of(layer).map_or(0, |l| l.bytes)),
+            for layer in &ghost.layers {
+                if is_held(layer) {
+                    holds = true;
+                    ghosts_held.push((*layer, row));
+                } else {
+                    measured = measured.saturating_add(book.learned.get(layer).map_or(0, |l| l.bytes));
                 }
             }
-            if held {
-                ghost_rows.push((footprint.on_disk(ghost.reported), measured));
+            if holds {
+                sizes.push(footprint.on_disk(ghost.reported));
+                extra.push(measured);
             }
         }
+        held.extend(ghosts_held);
+        held.sort_unstable();
+        held.dedup();
+        // Layers of the same rows are one block: the runs of rows, each
+        // borrowed from `held`, name the blocks.
         let mut block_of: HashMap<Vec<u32>, u32> = HashMap::default();
+        let mut own_block: HashMap<u32, u32> = HashMap::default();
         let mut fixed: Vec<u64> = Vec::new();
         let mut open: Vec<bool> = Vec::new();
         let mut holders: Vec<u32> = Vec::new();
-        let mut constraints: Vec<Vec<u32>> = vec![Vec::new(); listed as usize + ghost_rows.len()];
-        for (layer, held_by) in rows_of_layer {
-            let next = fixed.len() as u32;
-            let block = *block_of.entry(held_by.clone()).or_insert(next);
-            if block == next {
-                fixed.push(0);
-                open.push(false);
-                holders.push(held_by.iter().filter(|&&row| row < listed).count() as u32);
-                for &row in &held_by {
-                    constraints[row as usize].push(block);
+        let mut constraints: Vec<Vec<u32>> = vec![Vec::new(); sizes.len()];
+        let mut rows_of_layer: Vec<u32> = Vec::new();
+        for run in held.chunk_by(|a, b| a.0 == b.0) {
+            let layer = run[0].0;
+            rows_of_layer.clear();
+            rows_of_layer.extend(run.iter().map(|&(_, row)| row));
+            // Most layers are one image's own: found by that row alone.
+            let found = match rows_of_layer[..] {
+                [row] => own_block.get(&row).copied(),
+                _ => block_of.get(&rows_of_layer).copied(),
+            };
+            let block = match found {
+                Some(block) => block,
+                None => {
+                    let block = fixed.len() as u32;
+                    match rows_of_layer[..] {
+                        [row] => _ = own_block.insert(row, block),
+                        _ => _ = block_of.insert(rows_of_layer.clone(), block),
+                    }
+                    fixed.push(0);
+                    open.push(false);
+                    holders.push(rows_of_layer.iter().filter(|&&row| row < listed).count() as u32);
+                    for &row in &rows_of_layer {
+                        constraints[row as usize].push(block);
+                    }
+                    block
                 }
-            }
-            match book.learned_of(layer) {
+            };
+            match book.learned.get(&layer) {
                 Some(learned) => fixed[block as usize] = fixed[block as usize].saturating_add(learned.bytes),
                 None => open[block as usize] = true,
             }
         }
-        let mut extra: Vec<u64> = vec![0; listed as usize];
-        for (size, measured) in ghost_rows {
-            sizes.push(size);
-            extra.push(measured);
-        }
+        drop((block_of, own_block));
         let bytes = solve(&constraints, &sizes, &extra, &fixed, &open);
         constraints.truncate(listed as usize);
-        let rows = constraints;
         Freeing {
             footprint,
             blocks: Arc::new(Blocks {
                 index,
-                rows,
+                rows: constraints,
                 bytes,
                 holders,
             }),
@@ -497,7 +513,7 @@ impl Freeing {
     /// holds; the whole image by the footprint when its layers are not
     /// known; nothing for an image already released.
     pub fn release(&mut self, id: &str, size: u64) -> u64 {
-        let Some(&row) = self.blocks.index.get(id) else {
+        let Some(&row) = self.blocks.index.get(&id_key(id)) else {
             return self.footprint.on_disk(size);
         };
         if !self.released.insert(row) {
@@ -587,7 +603,7 @@ mod tests {
     fn book(images: &[(&str, &[&str])]) -> LayerBook {
         let mut book = LayerBook::default();
         for (id, layers) in images {
-            book.insert(id, layers.iter().map(|l| digest(l)).collect());
+            book.insert(id, &layers.iter().map(|l| digest(l)).collect::<Vec<_>>());
         }
         book
     }
@@ -630,13 +646,13 @@ mod tests {
     fn a_measured_removal_sizes_the_layers_it_freed() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let mut book = book(&[("a", &["base", "a"]), ("b", &["base", "b"])]);
-        assert_eq!(book.freed_by("a"), vec![Layer::from(digest("a"))]);
+        assert_eq!(book.freed_by("a"), vec![layer_key(&digest("a"))]);
         book.removed("a", 60 * MIB, 25 * MIB, now);
         assert!(!book.knows("a"));
         assert_eq!(book.learned_of(&digest("a")).map(|l| l.bytes), Some(25 * MIB));
         // "b" now holds the base alone: removing it frees both its layers.
         assert_eq!(book.freed_by("b").len(), 2);
-        book.insert("a", vec![digest("base"), digest("a")]);
+        book.insert("a", &[digest("base"), digest("a")]);
         let images = [library_image("a", 60 * MIB), library_image("b", 60 * MIB)];
         let mut freeing = book.freeing(&images, DiskFootprint::default());
         assert_eq!(freeing.would_free("a", 60 * MIB), 25 * MIB);
@@ -678,7 +694,7 @@ mod tests {
         let mut book = book(&[("a", &["x", "y"])]);
         book.removed("a", 10 * MIB, 10 * MIB, t0);
         assert_eq!(book.learned_of(&digest("x")).map(|l| l.bytes), Some(5 * MIB));
-        book.insert("a", vec![digest("x"), digest("y")]);
+        book.insert("a", &[digest("x"), digest("y")]);
         book.removed("a", 30 * MIB, 30 * MIB, t0);
         assert_eq!(book.learned_of(&digest("y")).map(|l| l.bytes), Some(15 * MIB));
         let later = t0 + LEARNED_FOR + Duration::from_secs(1);
@@ -686,7 +702,7 @@ mod tests {
         assert_eq!(book.learned().count(), 0);
         let many = (0..LEARNED_MAX + 5).map(|i| {
             (
-                format!("sha256:{i:064x}"),
+                key_text(layer_key(&format!("sha256:{i:064x}"))),
                 Learned {
                     bytes: 1,
                     at: t0 + Duration::from_secs(i as u64),
@@ -699,6 +715,14 @@ mod tests {
             book.learned_of(&format!("sha256:{:064x}", 0)).is_none(),
             "the oldest go first"
         );
+        assert!(book.learned_of(&format!("sha256:{:064x}", LEARNED_MAX + 4)).is_some());
+        // What is not a key the state file wrote is left out.
+        book.restore_learned([("sha256:abc".to_string(), Learned { bytes: 1, at: t0 })], t0);
+        assert_eq!(book.learned().count(), LEARNED_MAX);
+        assert_eq!(key_from_text(&key_text(u64::MAX)), Some(u64::MAX));
+        for bad in ["", "0123", "0123456789abcdeg", "+123456789abcdef", "0123456789abcdef0"] {
+            assert_eq!(key_from_text(bad), None, "{bad}");
+        }
     }
 
     /// The book holds a layer once however many images share it, and lets
@@ -706,10 +730,8 @@ mod tests {
     #[test]
     fn layers_are_held_once_and_released_with_the_last_image() {
         let mut book = book(&[("a", &["base", "a", "a"]), ("b", &["base", "b"])]);
-        assert_eq!(book.layers("a").map(<[Layer]>::len), Some(2));
-        let base_a = Arc::as_ptr(&book.layers("a").unwrap()[0]);
-        let base_b = Arc::as_ptr(&book.layers("b").unwrap()[0]);
-        assert_eq!(base_a, base_b);
+        assert_eq!(book.layers("a").map(<[LayerKey]>::len), Some(2));
+        assert_eq!(book.layers("a").unwrap()[0], book.layers("b").unwrap()[0]);
         book.retain(["b"]);
         assert!(!book.knows("a") && book.knows("b"));
         assert_eq!(book.holders.len(), 2);
