@@ -31,7 +31,8 @@ pub(super) struct Head {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     removed: Vec<RemovedLine>,
     /// Version 6: what measured removals showed layers take on disk (see
-    /// [`Records::layer_sizes`]), `[digest, bytes, measured at]` each;
+    /// [`Records::layer_sizes`]), `[layer key, bytes, measured at]` each (a layer's key: 16 hex
+    /// digits, see [`crate::policy::layers::layer_key`]);
     /// absent when there is none, and in older files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     layers: Vec<LayerLine>,
@@ -41,7 +42,7 @@ pub(super) struct Head {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     footprint: Option<(u64, u64)>,
     /// Version 6: removed images whose layers others still held (see
-    /// [`Records::layer_ghosts`]), `[[layer, ...], reported size, removed
+    /// [`Records::layer_ghosts`]), `[[layer key, ...], reported size, removed
     /// at]` each; absent when there is none, and in older files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     ghosts: Vec<GhostLine>,

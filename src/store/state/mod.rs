@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! imagegc-state v6 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
-//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]][,"layers":[["<digest>",<bytes>,<measured at>],...]][,"footprint":[<own>,<learnt>]][,"ghosts":[[[<digest>,...],<reported size>,<removed at>],...]]}\n
+//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]][,"layers":[["<layer key>",<bytes>,<measured at>],...]][,"footprint":[<own>,<learnt>]][,"ghosts":[[["<layer key>",...],<reported size>,<removed at>],...]]}\n
 //! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>,<usual break, ms>]\n
 //! ...
 //! ```
@@ -20,9 +20,9 @@
 //! used (at most 10,000, for 30 days), so that one pulled again after a
 //! restart has its usual break back; version 4 files (without it) are
 //! still read, nothing remembered. `layers` (version 6) is what measured
-//! removals showed layers take on disk (`[["<digest>",<bytes>,<measured
+//! removals showed layers take on disk (`[["<layer key>",<bytes>,<measured
 //! at>],...]`, at most 10,000, for 30 days: see [`crate::policy::layers`]);
-//! with `ghosts` (`[[[<digest>,...],<reported size>,<removed at>],...]`,
+//! with `ghosts` (`[[["<layer key>",...],<reported size>,<removed at>],...]`,
 //! removed images whose layers others still held, at most 1,000) and
 //! `footprint` (`[<the runtime's own>,<learnt>]` on-disk bytes per
 //! reported byte in thousandths, when removals raised it); version 5 files
