@@ -876,6 +876,14 @@ mod tests {
         assert_eq!(records, varied());
     }
 
+    /// The committed fuzzing seed of version 6 (layers, footprint and
+    /// ghosts in its head) is a file this version reads.
+    #[test]
+    fn the_version_6_fuzzing_seed_is_a_valid_state_file() {
+        let bytes = include_bytes!("../../../fuzz/corpus/state/valid-v6-layers.state");
+        assert_eq!(verify(bytes).unwrap(), 1);
+    }
+
     /// The lines are written by hand for speed: byte for byte what
     /// `serde_json` writes for the same array, names needing escapes
     /// included, and in the order of the ids however they are spelled.
