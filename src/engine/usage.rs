@@ -37,8 +37,12 @@ pub struct Listing {
 /// How many images' layers one listing asks the runtime for at most (a
 /// verbose `ImageStatus` each, in turn): a node of 10,000 images has them
 /// all within 40 listings, and no listing costs the runtime more than
-/// that. `plan` asks for all at once.
+/// that.
 const LAYERS_PER_LISTING: usize = 256;
+
+/// How many images' layers `plan` asks for at most (about a second of
+/// calls); on a bigger node the rest count whole in its estimate.
+const LAYERS_FOR_PLAN: usize = 4_096;
 
 /// After this many images in a row whose layers the runtime did not name
 /// (and none it did), it is not asked again: a runtime that names none
@@ -64,7 +68,7 @@ impl<R: Runtime> Collector<R> {
             inventory.layers_untold.retain(|id| listed.contains(id.as_str()));
         }
         let limit = if inventory.store.is_read_only() {
-            usize::MAX
+            LAYERS_FOR_PLAN
         } else {
             LAYERS_PER_LISTING
         };
