@@ -81,14 +81,7 @@ impl Inventory {
         let largest_pull = largest_pull(&records, recent, now);
         let repo_sizes = repo_sizes(&records, recent);
         let restored_footprint = records.footprint();
-        let mut layers = crate::policy::LayerBook::default();
-        layers.restore_learned(
-            records
-                .layer_sizes()
-                .map(|(layer, bytes, at)| (layer.to_string(), crate::policy::layers::Learned { bytes, at })),
-            now,
-        );
-        layers.restore_ghosts(records.layer_ghosts().iter().cloned(), now);
+        let layers = crate::policy::LayerBook::restored(&records, now);
         Inventory {
             largest_pull,
             repo_sizes,

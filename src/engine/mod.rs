@@ -417,34 +417,10 @@ impl<R: Runtime> Collector<R> {
             let learnt = self.inventory.footprint.learnt();
             Arc::make_mut(&mut self.inventory.records).set_footprint(learnt);
         }
-        if self.inventory.layers.take_learned_change() {
-            let sizes: Vec<(String, u64, std::time::SystemTime)> = self
-                .inventory
+        if self.inventory.layers.learned_changed() {
+            self.inventory
                 .layers
-                .learned()
-                .map(|(layer, learned)| (crate::policy::layers::key_text(layer), learned.bytes, learned.at))
-                .collect();
-            let ghosts = self
-                .inventory
-                .layers
-                .ghosts()
-                .iter()
-                .map(|ghost| {
-                    (
-                        ghost
-                            .layers
-                            .iter()
-                            .copied()
-                            .map(crate::policy::layers::key_text)
-                            .collect(),
-                        ghost.reported,
-                        ghost.at,
-                    )
-                })
-                .collect();
-            let records = Arc::make_mut(&mut self.inventory.records);
-            records.set_layer_sizes(sizes);
-            records.set_layer_ghosts(ghosts);
+                .save_into(Arc::make_mut(&mut self.inventory.records));
         }
         let store = self.inventory.store.clone();
         let records = Arc::clone(&self.inventory.records);

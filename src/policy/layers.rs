@@ -256,9 +256,10 @@ impl LayerBook {
         self.bound_learned(now);
     }
 
-    /// Whether a measured removal taught something since the last call.
-    pub fn take_learned_change(&mut self) -> bool {
-        std::mem::take(&mut self.learned_changed)
+    /// Whether a measured removal taught something that
+    /// [`LayerBook::save_into`] has not handed on yet.
+    pub fn learned_changed(&self) -> bool {
+        self.learned_changed
     }
 
     /// Forgets measured layers past [`LEARNED_FOR`], then the oldest past
@@ -300,7 +301,7 @@ impl LayerBook {
         }
     }
 
-    /// The ghosts, for the state file.
+    /// The ghosts.
     pub fn ghosts(&self) -> &[Ghost] {
         &self.ghosts
     }
@@ -310,11 +311,7 @@ impl LayerBook {
     /// [`LayerBook::removed`] bounds them; a key that does not parse is
     /// left out. Those none of whose layers an image holds go once every
     /// image's layers are known.
-    pub fn restore_ghosts(
-        &mut self,
-        ghosts: impl IntoIterator<Item = (Vec<String>, u64, SystemTime)>,
-        now: SystemTime,
-    ) {
+    fn restore_ghosts(&mut self, ghosts: impl IntoIterator<Item = (Vec<String>, u64, SystemTime)>, now: SystemTime) {
         for (layers, reported, at) in ghosts {
             let layers: Box<[LayerKey]> = layers.iter().filter_map(|l| key_from_text(l)).collect();
             if !layers.is_empty() {
@@ -324,7 +321,7 @@ impl LayerBook {
         self.bound_ghosts(now);
     }
 
-    /// The measured layers, for the state file.
+    /// The measured layers.
     pub fn learned(&self) -> impl Iterator<Item = (LayerKey, Learned)> + '_ {
         self.learned.iter().map(|(layer, learned)| (*layer, *learned))
     }
@@ -337,7 +334,7 @@ impl LayerBook {
     /// Restores measured layers (from the state file: keys as
     /// [`key_text`] writes them), bounded as [`LayerBook::removed`] bounds
     /// them; a key that does not parse is left out.
-    pub fn restore_learned(&mut self, learned: impl IntoIterator<Item = (String, Learned)>, now: SystemTime) {
+    fn restore_learned(&mut self, learned: impl IntoIterator<Item = (String, Learned)>, now: SystemTime) {
         let mut learned: Vec<(LayerKey, Learned)> = learned
             .into_iter()
             .filter_map(|(key, learned)| Some((key_from_text(&key)?, learned)))
@@ -348,6 +345,46 @@ impl LayerBook {
         }
         self.learned.extend(learned);
         self.bound_learned(now);
+    }
+
+    /// A book with what `records` saved of measured layers and ghosts (see
+    /// [`LayerBook::save_into`]), as of `now`: no image's layers yet.
+    pub fn restored(records: &crate::records::Records, now: SystemTime) -> Self {
+        let mut book = LayerBook::default();
+        book.restore_learned(
+            records
+                .layer_sizes()
+                .map(|(key, bytes, at)| (key.to_string(), Learned { bytes, at })),
+            now,
+        );
+        book.restore_ghosts(records.layer_ghosts().iter().cloned(), now);
+        book
+    }
+
+    /// Hands what measured removals taught (measured layers and ghosts)
+    /// to `records`, which the state file saves, when it changed since the
+    /// last time.
+    pub fn save_into(&mut self, records: &mut crate::records::Records) {
+        if !std::mem::take(&mut self.learned_changed) {
+            return;
+        }
+        records.set_layer_sizes(
+            self.learned
+                .iter()
+                .map(|(key, learned)| (key_text(*key), learned.bytes, learned.at)),
+        );
+        records.set_layer_ghosts(
+            self.ghosts
+                .iter()
+                .map(|ghost| {
+                    (
+                        ghost.layers.iter().copied().map(key_text).collect(),
+                        ghost.reported,
+                        ghost.at,
+                    )
+                })
+                .collect(),
+        );
     }
 
     /// What removals of the images of `images` (a listing) free, by
