@@ -1163,6 +1163,23 @@ fn layer(name: &str) -> String {
     )
 }
 
+/// What `plan` forecasts on `listing`: the age removals, then the space
+/// removals of the cycle's plan walked by the estimate, with what each of
+/// those is expected to free.
+fn plan_forecast(c: &Collector<SimHandle>, listing: &Listing, sim: &SimHandle) -> (Vec<String>, Vec<String>, Vec<u64>) {
+    let cycle = c.cycle_plan(listing);
+    let stats = sim.stats(Path::new("/sim")).unwrap();
+    let forecast = cycle
+        .space(stats, cycle.age_would_free(), Default::default(), c.layers(), None)
+        .expect("a space pass is due")
+        .forecast(|_| false);
+    (
+        cycle.age().iter().map(|c| c.id.to_string()).collect(),
+        forecast.removals.iter().map(|c| c.id.to_string()).collect(),
+        forecast.frees,
+    )
+}
+
 /// Two images on one base and one of its own, where the runtime names
 /// their layers: `plan` counts the base once, freed by the second image
 /// on it, and so foresees the third removal the measured cycle needs; by
@@ -1185,16 +1202,7 @@ async fn a_shared_base_is_counted_once_by_the_forecast_and_sized_by_the_measured
     let (mut c, _dir) = collector(&sim, |_| {});
     let listing = c.observe().await.unwrap();
     assert_eq!(c.layers().len(), 3, "each image's layers were asked for once");
-    let (space, frees) = {
-        let cycle = c.cycle_plan(&listing);
-        let stats = sim.stats(Path::new("/sim")).unwrap();
-        let forecast = cycle
-            .space(stats, cycle.age_would_free(), Default::default(), c.layers(), None)
-            .expect("a space pass is due")
-            .forecast(|_| false);
-        let space: Vec<String> = forecast.removals.iter().map(|c| c.id.to_string()).collect();
-        (space, forecast.frees)
-    };
+    let (_, space, frees) = plan_forecast(&c, &listing, &sim);
     // The base (two thirds of 100, the smallest split) comes back with b.
     assert_eq!(space, ["a", "b", "c"]);
     assert_eq!(frees, [33, 100, 100]);
@@ -1298,17 +1306,7 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     let mut c = next_process_with_history(&c, Records::from_map(map));
     // What `plan` shows.
     let listing = c.observe().await.unwrap();
-    let (age, space) = {
-        let cycle = c.cycle_plan(&listing);
-        let stats = sim.stats(Path::new("/sim")).unwrap();
-        let forecast = cycle
-            .space(stats, cycle.age_would_free(), Default::default(), c.layers(), None)
-            .expect("a space pass is due")
-            .forecast(|_| false);
-        let age: Vec<String> = cycle.age().iter().map(|c| c.id.to_string()).collect();
-        let space: Vec<String> = forecast.removals.iter().map(|c| c.id.to_string()).collect();
-        (age, space)
-    };
+    let (age, space, _) = plan_forecast(&c, &listing, &sim);
     // 150 bytes to free: the age removals' 200 (old, a) already cover it.
     assert_eq!(age, ["old", "a"]);
     assert!(space.is_empty(), "{space:?}");
@@ -1747,13 +1745,8 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
     let mut c = next_process_with_history(&c, Records::from_map(map));
     // `plan`: the cycle's plan, its space pass by the estimate.
     let listing = c.observe().await.unwrap();
-    let planned: Vec<String> = {
-        let cycle = c.cycle_plan(&listing);
-        let stats = sim.stats(Path::new("/sim")).unwrap();
-        let pass = cycle.space(stats, cycle.age_would_free(), Default::default(), c.layers(), None);
-        let forecast = pass.expect("a space pass is due at 90%").forecast(|_| false);
-        forecast.removals.iter().map(|c| c.id.to_string()).collect()
-    };
+    // (a space pass is due at 90 %)
+    let (_, planned, _) = plan_forecast(&c, &listing, &sim);
     // The daemon's cycle, removing.
     let report = cycle(&mut c).await;
     // Low 45 % (the headroom's): every unused image, one short of it.
