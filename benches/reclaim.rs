@@ -299,24 +299,37 @@ struct Outcome {
     elapsed: Duration,
 }
 
-/// `imagegc once` with these thresholds, on `state_dir`: its JSON report.
-fn imagegc_once(p: &Prepared, config: &std::path::Path, state_dir: &std::path::Path) -> serde_json::Value {
+/// `imagegc COMMAND --output json` (`once` or `plan`) with the
+/// configuration `config`, on `state_dir`: its JSON. It must exit with one
+/// of `codes`.
+fn imagegc_json(
+    p: &Prepared,
+    command: &str,
+    codes: &[i32],
+    config: &std::path::Path,
+    state_dir: &std::path::Path,
+) -> serde_json::Value {
     let output = Command::new(imagegc_binary())
-        .args(["once", "--output", "json", "--log-level", "warn", "--runtime-endpoint"])
+        .args([command, "--output", "json", "--log-level", "warn", "--runtime-endpoint"])
         .arg(p.bed.endpoint())
         .arg("--config")
         .arg(config)
         .arg("--state-dir")
         .arg(state_dir)
         .output()
-        .expect("running imagegc once");
+        .unwrap_or_else(|err| panic!("running imagegc {command}: {err}"));
     assert!(
-        matches!(output.status.code(), Some(0 | 3)),
-        "imagegc once failed ({}): {}",
+        output.status.code().is_some_and(|code| codes.contains(&code)),
+        "imagegc {command} failed ({}): {}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_slice(&output.stdout).expect("imagegc once --output json")
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|err| panic!("imagegc {command} --output json: {err}"))
+}
+
+/// `imagegc once`: its report (exit 0, or 3 when low was not reached).
+fn imagegc_once(p: &Prepared, config: &std::path::Path, state_dir: &std::path::Path) -> serde_json::Value {
+    imagegc_json(p, "once", &[0, 3], config, state_dir)
 }
 
 fn write_config(path: &std::path::Path, t: Thresholds) {
@@ -380,22 +393,7 @@ async fn run_imagegc(p: &Prepared, t: Thresholds, warm_up: Option<u8>) -> Outcom
     write_config(&config, t);
 
     // `plan` first, on the same state: what it forecasts the cycle frees.
-    let planned = Command::new(imagegc_binary())
-        .args(["plan", "--output", "json", "--log-level", "warn", "--runtime-endpoint"])
-        .arg(p.bed.endpoint())
-        .arg("--config")
-        .arg(&config)
-        .arg("--state-dir")
-        .arg(&state_dir)
-        .output()
-        .expect("running imagegc plan");
-    assert!(
-        planned.status.success(),
-        "imagegc plan failed ({}): {}",
-        planned.status,
-        String::from_utf8_lossy(&planned.stderr)
-    );
-    let plan: serde_json::Value = serde_json::from_slice(&planned.stdout).expect("imagegc plan --output json");
+    let plan = imagegc_json(p, "plan", &[0], &config, &state_dir);
     let forecast: Vec<String> = plan["removals"]
         .as_array()
         .expect("a removals list")
