@@ -4,13 +4,22 @@
 //! the ways real filesystems surprise a reader: space that comes back a
 //! moment after a removal (containerd 2.x deletes in the background),
 //! something else writing between two readings, a scripted series of
-//! readings, a failing `statvfs`, another filesystem mounted below.
+//! readings, a failing `statvfs`, another filesystem mounted below. The
+//! invariant harness runs it on tokio's paused clock: space back at an
+//! instant, another writer whose bytes are a function of time.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::fs::{FsError, FsProbe, FsStats};
+
+/// The bytes another writer holds, by the time since it started (see
+/// [`SimDisk::held_by_other`]).
+pub type OtherWriter = Arc<dyn Fn(Duration) -> u64 + Send + Sync>;
 
 /// A simulated image filesystem: its capacity, its available bytes, and
 /// what each image really occupies (which need not be the size the runtime
@@ -41,12 +50,36 @@ struct DiskState {
     readings: VecDeque<u64>,
     /// `statvfs` fails while set.
     failing: bool,
+    /// Bytes [written](SimDisk::write) beyond the available space: a
+    /// filesystem fuller than full, which what comes back pays first.
+    overdraft: u64,
+    /// Bytes coming back at an instant of tokio's clock (see
+    /// [`SimDisk::release_at`]).
+    due: Vec<(Instant, u64)>,
+    /// Another writer, and when it started (see [`SimDisk::held_by_other`]).
+    other: Option<(Instant, OtherWriter)>,
 }
 
 impl DiskState {
-    /// `bytes` more are available, up to the capacity.
+    /// `bytes` more are available, up to the capacity; an overdraft is
+    /// paid first.
     fn free(&mut self, bytes: u64) {
-        self.available = self.available.saturating_add(bytes).min(self.capacity);
+        let paid = bytes.min(self.overdraft);
+        self.overdraft -= paid;
+        self.available = self.available.saturating_add(bytes - paid).min(self.capacity);
+    }
+
+    /// Brings back what is due by `now`.
+    fn settle(&mut self, now: Instant) {
+        let mut back = 0u64;
+        self.due.retain(|&(at, bytes)| {
+            let due = at <= now;
+            if due {
+                back = back.saturating_add(bytes);
+            }
+            !due
+        });
+        self.free(back);
     }
 }
 
@@ -90,6 +123,17 @@ impl SimDisk {
     /// The image really occupies `bytes` (whatever size the runtime reports).
     pub fn occupy(&self, image_id: &str, bytes: u64) {
         self.lock().on_disk.insert(image_id.to_string(), bytes);
+    }
+
+    /// The image is written: it occupies `bytes`, which are no longer
+    /// available (past the capacity, the readings stay at none available
+    /// until as much has come back).
+    pub fn write(&self, image_id: &str, bytes: u64) {
+        let mut state = self.lock();
+        let taken = bytes.min(state.available);
+        state.available -= taken;
+        state.overdraft = state.overdraft.saturating_add(bytes - taken);
+        *state.on_disk.entry(image_id.to_string()).or_default() += bytes;
     }
 
     /// statvfs answers a capacity of 0 (the real probe turns it into
@@ -158,6 +202,21 @@ impl SimDisk {
         }
     }
 
+    /// The image is gone; what it occupied comes back at `at` (tokio's
+    /// clock), for the first reading at or after it.
+    pub fn release_at(&self, image_id: &str, at: Instant) {
+        let mut state = self.lock();
+        let bytes = state.on_disk.remove(image_id).unwrap_or(0);
+        state.due.push((at, bytes));
+    }
+
+    /// Something else holds `held(time since now)` bytes at each reading,
+    /// on tokio's clock: a log that grows and is rotated, an emptyDir
+    /// filled and emptied.
+    pub fn held_by_other(&self, held: impl Fn(Duration) -> u64 + Send + Sync + 'static) {
+        self.lock().other = Some((Instant::now(), Arc::new(held)));
+    }
+
     /// `bytes` more are available, up to the capacity.
     pub fn free(&self, bytes: u64) {
         self.lock().free(bytes);
@@ -192,6 +251,8 @@ impl FsProbe for SimDisk {
                 ..Default::default()
             });
         }
+        let now = Instant::now();
+        state.settle(now);
         // Read once as they were, then with the bytes still coming.
         match state.coming {
             Some((0, bytes)) => {
@@ -213,10 +274,15 @@ impl FsProbe for SimDisk {
                 path: path.display().to_string(),
             });
         }
+        let held_by_other = state
+            .other
+            .as_ref()
+            .map_or(0, |(since, held)| held(now.duration_since(*since)));
+        let available = state.available.saturating_sub(held_by_other);
         Ok(FsStats {
             capacity_bytes: state.capacity,
-            available_bytes: state.available,
-            free_bytes: state.available,
+            available_bytes: available,
+            free_bytes: available,
             filesystem_id: SIM_FILESYSTEM_ID,
             ..Default::default()
         })
@@ -273,6 +339,30 @@ mod tests {
         disk.writer(5);
         assert_eq!(available(&disk), 165, "something else writes before each reading");
         assert_eq!(available(&disk), 160);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_tokios_clock_space_comes_back_at_its_instant_and_another_writer_holds_bytes_by_time() {
+        let disk = SimDisk::new(1_000, 1_000);
+        let here = Path::new("/var/lib/containerd");
+        let available = |disk: &SimDisk| disk.stats(here).unwrap().available_bytes;
+        disk.write("a", 700);
+        disk.write("b", 500);
+        assert_eq!(available(&disk), 0, "written past the capacity");
+        disk.release("b");
+        assert_eq!(available(&disk), 300, "what came back paid the overdraft first");
+        let back = Instant::now() + Duration::from_millis(100);
+        disk.release_at("a", back);
+        assert_eq!(available(&disk), 300, "not back before its instant");
+        tokio::time::sleep_until(back).await;
+        assert_eq!(available(&disk), 1_000, "back at its instant");
+        disk.held_by_other(|since| (since.as_millis() as u64 / 10).min(1_000));
+        assert_eq!(available(&disk), 1_000);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(available(&disk), 975, "another writer's bytes, a function of time");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(available(&disk), 0, "never below none available");
+        assert_eq!(disk.available(), 1_000, "and nothing lost once it lets go");
     }
 
     #[test]

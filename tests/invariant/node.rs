@@ -21,6 +21,7 @@ use std::time::Duration;
 use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use imagegc::fs::{FsError, FsProbe, FsStats};
 use imagegc::policy::Protections;
+use imagegc::sim::SimDisk;
 use imagegc_testkit::XorShift;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -109,10 +110,10 @@ pub struct World {
     containers: Vec<Running>,
     pods: Vec<Bound>,
     pods_tx: watch::Sender<Arc<Protections>>,
-    capacity: u64,
-    /// Bytes coming back at an instant (a removal's background deletion).
-    freeing: Vec<(Instant, u64)>,
-    /// Bytes whose removal is decided but not yet back.
+    /// The image filesystem, on tokio's clock: a removal's space back at
+    /// once or a moment later, another writer never still for long.
+    disk: SimDisk,
+    /// When the node started, for messages.
     started: Instant,
     /// Each removal the runtime carried out because imagegc asked, in order.
     pub removed_by_imagegc: Vec<String>,
@@ -167,8 +168,7 @@ impl Node {
             containers: Vec::new(),
             pods: Vec::new(),
             pods_tx,
-            capacity,
-            freeing: Vec::new(),
+            disk: SimDisk::new(capacity, capacity),
             started: Instant::now(),
             removed_by_imagegc: Vec::new(),
             removing: Vec::new(),
@@ -180,8 +180,10 @@ impl Node {
             allowance: Duration::ZERO,
             kill: Arc::new(tokio::sync::Notify::new()),
         };
+        world.disk.held_by_other(move |since| other_writer(capacity, since));
         for i in 0..pulled.min(world.catalog.len()) {
             let held = world.catalog[i].clone();
+            world.disk.write(&held.image.id, held.bytes);
             world.images.insert(held.image.id.clone(), held);
         }
         (Node(Arc::new(Mutex::new(world))), pods_rx)
@@ -317,6 +319,7 @@ impl World {
         let i = absent[self.rng.between(0, absent.len() as u64 - 1) as usize];
         let held = self.catalog[i].clone();
         self.trace(format_args!("pulled {}", held.image.id));
+        self.disk.write(&held.image.id, held.bytes);
         self.images.insert(held.image.id.clone(), held);
     }
 
@@ -331,8 +334,8 @@ impl World {
         if used || pending.contains(&id) || self.removing.contains(&id) {
             return;
         }
-        let held = self.images.remove(&id).expect("picked");
-        self.freeing.push((Instant::now(), held.bytes));
+        self.images.remove(&id).expect("picked");
+        self.disk.release(&id);
         self.trace(format_args!("removed {id} by another collector (pending: {pending:?})"));
         self.removed_by_others.push(id);
     }
@@ -384,31 +387,26 @@ impl World {
         if let Some(i) = self.removing.iter().position(|r| r == id) {
             self.removing.swap_remove(i);
         }
-        let Some(held) = self.images.remove(id) else {
+        if self.images.remove(id).is_none() {
             return;
-        };
-        let back = if background {
-            Instant::now() + Duration::from_millis(self.rng.between(1, 300))
+        }
+        if background {
+            let back = Instant::now() + Duration::from_millis(self.rng.between(1, 300));
+            self.disk.release_at(id, back);
         } else {
-            Instant::now()
-        };
-        self.freeing.push((back, held.bytes));
+            self.disk.release(id);
+        }
         self.trace(format_args!("removed {id} at imagegc's request"));
         self.removed_by_imagegc.push(id.to_owned());
     }
+}
 
-    /// Bytes something else writes at `now`: a log growing and rotated, an
-    /// emptyDir filled and emptied; never still for long.
-    fn other_writer(&self, now: Instant) -> u64 {
-        let ms = now.duration_since(self.started).as_millis() as u64;
-        (ms / 7 % 97) * (self.capacity / 2000) + (ms / 1000 % 13) * (self.capacity / 200)
-    }
-
-    fn used_bytes(&self, now: Instant) -> u64 {
-        let images: u64 = self.images.values().map(|h| h.bytes).sum();
-        let still_freeing: u64 = self.freeing.iter().filter(|(at, _)| *at > now).map(|(_, b)| b).sum();
-        (images + still_freeing + self.other_writer(now)).min(self.capacity)
-    }
+/// Bytes something else holds on a filesystem of `capacity`, `since` the
+/// node started: a log growing and rotated, an emptyDir filled and
+/// emptied; never still for long.
+fn other_writer(capacity: u64, since: Duration) -> u64 {
+    let ms = since.as_millis() as u64;
+    (ms / 7 % 97) * (capacity / 2000) + (ms / 1000 % 13) * (capacity / 200)
 }
 
 fn rpc_error(rpc: &'static str, status: tonic::Status) -> RuntimeError {
@@ -590,15 +588,8 @@ impl Runtime for Node {
 }
 
 impl FsProbe for Node {
-    fn stats(&self, _: &Path) -> Result<FsStats, FsError> {
-        let mut w = self.world();
-        let now = Instant::now();
-        w.freeing.retain(|(at, _)| *at > now);
-        let used = w.used_bytes(now);
-        Ok(FsStats {
-            capacity_bytes: w.capacity,
-            available_bytes: w.capacity - used,
-            ..Default::default()
-        })
+    fn stats(&self, path: &Path) -> Result<FsStats, FsError> {
+        let disk = self.world().disk.clone();
+        disk.stats(path)
     }
 }
