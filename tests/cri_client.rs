@@ -647,3 +647,41 @@ async fn a_stale_socket_file_is_replaced_and_other_files_are_kept() {
     assert!(FakeRuntime::new().serve(&file).await.is_err());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
+
+#[tokio::test]
+async fn the_layers_of_the_fakes_node_are_read_from_its_verbose_image_status_in_each_dialect() {
+    let digest = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    for dialect in [Dialect::Containerd, Dialect::Containerd2, Dialect::Crio136] {
+        let fake = FakeRuntime::new();
+        fake.set_dialect(dialect);
+        fake.add_image(tagged_image(&digest('a'), "app:1"));
+        fake.add_image(tagged_image(&digest('b'), "other:1"));
+        let layers = vec![digest('1'), digest('2')];
+        fake.set_layers(&digest('a'), layers.clone());
+        let served = Served::start(fake).await;
+        let listed = served.client.list_images().await.unwrap();
+        let id = |tag: &str| {
+            listed
+                .iter()
+                .find(|i| i.repo_tags.iter().any(|t| t == tag))
+                .map(|i| i.id.clone())
+                .unwrap()
+        };
+        assert_eq!(
+            served.client.image_layers(&id("app:1")).await.unwrap(),
+            Some(layers),
+            "{dialect:?}"
+        );
+        assert_eq!(
+            served.client.image_layers(&id("other:1")).await.unwrap(),
+            None,
+            "{dialect:?}: a runtime that names no layers"
+        );
+        served.fake.remove_image_by_id(&digest('a'));
+        assert_eq!(
+            served.client.image_layers(&id("app:1")).await.unwrap(),
+            None,
+            "{dialect:?}: a gone image has none"
+        );
+    }
+}

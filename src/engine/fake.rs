@@ -1,10 +1,11 @@
 //! One fake node for the engine's tests: a runtime and its image
 //! filesystem in one ([`SimHandle`]), with hooks to fail, hang, delay or
 //! script each call, and the moves of other writers (a container created
-//! between two calls, an image someone else removes). The filesystem is
-//! [`SimDisk`], the one the test kit's gRPC fake runtime measures too
-//! (space coming back in the background, other writers, scripted or
-//! failing readings, a split store).
+//! between two calls, an image someone else removes). What the node holds
+//! is [`SimNode`] and its filesystem [`SimDisk`], the model and the disk
+//! the test kit's gRPC fake runtime keeps too (space coming back in the
+//! background, other writers, scripted or failing readings, a split
+//! store).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use crate::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use crate::fs::{FsError, FsProbe, FsStats};
-use crate::sim::SimDisk;
+use crate::sim::{SimDisk, SimNode};
 
 /// A runtime and a disk in one: removing an image gives back the bytes
 /// the test says it occupies on disk (0 for an image whose layers are
@@ -23,8 +24,9 @@ pub(super) struct Sim {
     /// The image filesystem (and, for a split store, the container
     /// filesystem at [`CONTAINER_FS`]).
     pub(super) disk: SimDisk,
-    pub(super) images: Vec<Image>,
-    pub(super) containers: Vec<Container>,
+    /// Its images (and their layers, which the verbose `ImageStatus`
+    /// names), its containers, and the removals made.
+    pub(super) node: SimNode,
     pub(super) fail_remove: Vec<String>,
     /// `RemoveImage` of these times out and removes nothing.
     pub(super) hang_remove: Vec<String>,
@@ -44,7 +46,6 @@ pub(super) struct Sim {
     /// ListContainers fails while set: the runtime is down.
     pub(super) fail_lists: bool,
     pub(super) fail_status: bool,
-    pub(super) removed: Vec<String>,
     /// When each removal was made (tokio's clock).
     pub(super) removed_at: Vec<tokio::time::Instant>,
     /// How long ListContainers takes (tokio's clock).
@@ -81,9 +82,6 @@ pub(super) struct Sim {
     /// pending notes, as a process killed during the call leaves them).
     pub(super) read_at_remove: Option<std::path::PathBuf>,
     pub(super) read_at_remove_found: Vec<(String, String)>,
-    /// The layers the verbose `ImageStatus` names, by image id (none: it
-    /// names none, as a runtime that does not tell).
-    pub(super) layers: HashMap<String, Vec<String>>,
     /// How many times layers were asked for.
     pub(super) layer_asks: usize,
 }
@@ -103,7 +101,7 @@ impl Sim {
     /// An unused image of `size` reported bytes that takes `on_disk` bytes
     /// of the filesystem (what its removal gives back).
     pub(super) fn unused(&mut self, id: &str, size: u64, on_disk: u64) {
-        self.images.push(crate::testing::library_image(id, size));
+        self.node.add_image(crate::testing::library_image(id, size));
         self.disk.occupy(id, on_disk);
     }
 
@@ -122,10 +120,10 @@ pub(super) struct SimHandle(pub(super) Arc<Mutex<Sim>>);
 impl Sim {
     /// The runtime removes an image.
     pub(super) fn remove(&mut self, id: &str) {
-        self.images.retain(|i| i.id != id);
-        self.disk.release(id);
-        self.removed.push(id.to_string());
-        self.removed_at.push(tokio::time::Instant::now());
+        if self.node.remove(id).is_some() {
+            self.disk.release(id);
+            self.removed_at.push(tokio::time::Instant::now());
+        }
     }
 }
 
@@ -134,7 +132,7 @@ impl SimHandle {
         f(&mut self.0.lock().unwrap());
     }
     pub(super) fn removed(&self) -> Vec<String> {
-        self.0.lock().unwrap().removed.clone()
+        self.0.lock().unwrap().node.removed().to_vec()
     }
 }
 
@@ -171,7 +169,8 @@ impl Runtime for SimHandle {
             sim.remove(&id);
         }
         Ok(sim
-            .images
+            .node
+            .images()
             .iter()
             .filter(|i| !sim.omit.contains(&i.id))
             .cloned()
@@ -180,10 +179,7 @@ impl Runtime for SimHandle {
     async fn image_layers(&self, id: &str) -> Result<Option<Vec<String>>, RuntimeError> {
         let mut sim = self.0.lock().unwrap();
         sim.layer_asks += 1;
-        if !sim.images.iter().any(|i| i.id == id) {
-            return Ok(None);
-        }
-        Ok(sim.layers.get(id).cloned())
+        Ok(sim.node.layers(id).map(<[String]>::to_vec))
     }
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
         let sim = self.0.lock().unwrap();
@@ -194,7 +190,7 @@ impl Runtime for SimHandle {
                 status: Box::new(tonic::Status::unavailable("injected failure")),
             });
         }
-        Ok(sim.images.iter().find(|i| i.id == id).cloned())
+        Ok(sim.node.image(id).cloned())
     }
     async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
         let delay = self.0.lock().unwrap().list_delay;
@@ -213,34 +209,34 @@ impl Runtime for SimHandle {
         if let Some((n, c)) = sim.appear_at_list.clone()
             && sim.lists == n
         {
-            sim.containers.push(c);
+            sim.node.containers.push(c);
         }
         if let Some((n, id)) = sim.vanish_at_list.clone()
             && sim.lists == n
         {
-            sim.images.retain(|i| i.id != id);
+            sim.node.take_image(&id);
         }
         if let Some((n, id, tag)) = sim.tag_at_list.clone()
             && sim.lists == n
-            && let Some(image) = sim.images.iter_mut().find(|i| i.id == id)
+            && let Some(image) = sim.node.image_mut(&id)
         {
             image.repo_tags = image.repo_tags.iter().map(str::to_owned).chain([tag]).collect();
         }
         if let Some((n, id)) = sim.gone_at_list.clone()
             && sim.lists == n
         {
-            sim.images.retain(|i| i.id != id);
+            sim.node.take_image(&id);
         }
         if let Some((n, sender, pods)) = &sim.pods_at_list
             && sim.lists == *n
         {
             sender.send_replace(Arc::new(pods.clone()));
         }
-        let answer = sim.containers.clone();
+        let answer = sim.node.containers.clone();
         if let Some((n, c)) = sim.appear_after_list.clone()
             && sim.lists == n
         {
-            sim.containers.push(c);
+            sim.node.containers.push(c);
         }
         Ok(answer)
     }

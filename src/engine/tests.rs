@@ -171,8 +171,8 @@ async fn a_listing_that_fails_breaks_observation_until_the_next_one() {
     // (see `records::tests::a_gap_imagegc_did_not_observe_whole_teaches_no_break`).
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 10)];
-        s.containers = vec![crate::testing::container_naming("c", "a")];
+        s.node.set_images(vec![image("a", 10)]);
+        s.node.containers = vec![crate::testing::container_naming("c", "a")];
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     assert_eq!(c.records().observed_since(), None, "not before the first listing");
@@ -193,8 +193,8 @@ async fn a_listing_that_fails_breaks_observation_until_the_next_one() {
 async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 10), image("b", 10)];
-        s.containers = vec![crate::testing::container_naming("c", "a")];
+        s.node.set_images(vec![image("a", 10), image("b", 10)]);
+        s.node.containers = vec![crate::testing::container_naming("c", "a")];
         s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
@@ -206,7 +206,7 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     cycle(&mut c).await;
     assert_eq!(read(), first);
     // A new image is saved at once.
-    sim.with(|s| s.images.push(image("n", 10)));
+    sim.with(|s| s.node.add_image(image("n", 10)));
     cycle(&mut c).await;
     let second = read();
     assert_ne!(second, first);
@@ -216,7 +216,7 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     }
     // A removal is saved at once. (The refresh of a file that only
     // last-used times would change: `inventory::tests`.)
-    sim.with(|s| s.images.retain(|i| i.id != "b"));
+    sim.with(|s| s.node.retain_images(|i| i.id != "b"));
     cycle(&mut c).await;
     assert_ne!(read(), second);
 }
@@ -231,8 +231,8 @@ fn sample(c: &Collector<SimHandle>, name: &str) -> Option<String> {
 async fn usage_just_under_high_that_the_kubelet_rounds_up_to_it_shows_a_space_pass_due() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 10)];
-        s.containers = vec![crate::testing::container_naming("c", "a")];
+        s.node.set_images(vec![image("a", 10)]);
+        s.node.containers = vec![crate::testing::container_naming("c", "a")];
         // 69.55 % used: the exact ratio is under 70 %, the kubelet's
         // whole percent is 70.
         s.disk.set(10_000, 3_045);
@@ -279,7 +279,7 @@ async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
 async fn below_threshold_removes_nothing() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100)];
+        s.node.set_images(vec![image("a", 100)]);
         s.disk.occupy("a", 100);
         s.disk.set(1000, 600);
     });
@@ -295,7 +295,7 @@ async fn below_threshold_removes_nothing() {
 async fn over_high_frees_enough_or_reports_failure() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 450)];
+        s.node.set_images(vec![image("a", 450)]);
         s.disk.occupy("a", 450);
         s.disk.set(1000, 50);
     });
@@ -307,7 +307,7 @@ async fn over_high_frees_enough_or_reports_failure() {
 
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 50)];
+        s.node.set_images(vec![image("a", 50)]);
         s.disk.occupy("a", 50);
         s.disk.set(1000, 50);
     });
@@ -327,7 +327,7 @@ async fn over_high_frees_enough_or_reports_failure() {
 async fn unmeasurable_filesystem_fails_the_cycle_and_removes_nothing() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 450)];
+        s.node.set_images(vec![image("a", 450)]);
         s.disk.fail(true);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
@@ -732,7 +732,7 @@ async fn a_recheck_ahead_that_takes_too_long_is_made_again_before_the_removal() 
 async fn an_image_that_comes_into_use_before_removal_is_kept() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.occupy("a", 100);
         s.disk.occupy("b", 100);
         s.disk.set(1000, 0);
@@ -750,7 +750,7 @@ async fn an_image_that_comes_into_use_before_removal_is_kept() {
 async fn nothing_is_removed_while_status_never_answered() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("pause", 100)];
+        s.node.set_images(vec![image("pause", 100)]);
         s.disk.occupy("pause", 100);
         s.disk.set(1000, 0);
         s.fail_status = true;
@@ -773,7 +773,7 @@ async fn nothing_is_removed_while_status_never_answered() {
 async fn a_failed_removal_is_counted_and_the_walk_goes_on() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 300)];
+        s.node.set_images(vec![image("a", 100), image("b", 300)]);
         s.disk.occupy("a", 100);
         s.disk.occupy("b", 300);
         s.disk.set(1000, 0);
@@ -820,7 +820,7 @@ async fn dry_run_removes_nothing_and_estimates_by_size() {
 async fn cancellation_stops_between_removals_and_saves_state() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100)];
+        s.node.set_images(vec![image("a", 100)]);
         s.disk.set(1000, 0);
     });
     let (mut c, dir) = collector(&sim, |_| {});
@@ -836,7 +836,7 @@ async fn cancellation_stops_between_removals_and_saves_state() {
 async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.occupy("a", 200);
         s.disk.set(1000, 50);
     });
@@ -847,13 +847,13 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     let mut newer = image("a", 100);
     newer.id = "a2".to_string();
     sim.with(|s| {
-        s.images.push(newer);
+        s.node.add_image(newer);
         s.disk.set_available(900);
     });
     cycle(&mut c).await;
     assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 0"));
     // The removed image itself comes back.
-    sim.with(|s| s.images.push(image("a", 100)));
+    sim.with(|s| s.node.add_image(image("a", 100)));
     cycle(&mut c).await;
     assert!(c.metrics().encode().contains("imagegc_repulled_after_removal_total 1"));
     // Counted once, and remembered across a restart through the journal.
@@ -875,7 +875,7 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
 async fn age_pass_runs_before_space_and_counts_by_reason() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("old", 100)];
+        s.node.set_images(vec![image("old", 100)]);
         s.disk.occupy("old", 100);
         s.disk.set(1000, 900);
     });
@@ -918,7 +918,7 @@ fn journaled(dir: &tempfile::TempDir) -> Vec<crate::store::journal::JournalEntry
 async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted_once() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100)];
+        s.node.set_images(vec![image("a", 100)]);
         s.disk.occupy("a", 100);
         s.disk.set(1000, 50);
         s.hang_remove = vec!["a".to_string()];
@@ -932,7 +932,7 @@ async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted
     drop(c);
     // The runtime finished the removal meanwhile.
     sim.with(|s| {
-        s.images = vec![image("b", 100)];
+        s.node.set_images(vec![image("b", 100)]);
         s.disk.set_available(900);
     });
     cycle(&mut next).await;
@@ -954,14 +954,14 @@ async fn a_removal_that_timed_out_then_a_kill_then_gone_is_journaled_and_counted
 async fn a_removal_that_timed_out_and_went_is_journaled_by_the_same_process() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.set(1000, 50);
         s.hang_remove = vec!["a".to_string()];
     });
     let (mut c, dir) = collector(&sim, |c| c.runtime.timeout = Duration::from_millis(50));
     assert_eq!(cycle(&mut c).await.unsettled, ["a"]);
     sim.with(|s| {
-        s.images.retain(|i| i.id != "a");
+        s.node.retain_images(|i| i.id != "a");
         s.disk.set_available(900);
     });
     assert!(c.poll_usage().await.is_ok());
@@ -1008,7 +1008,7 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
     assert!(journaled(&dir).is_empty(), "no false \"completed after shutdown\"");
     // Back, and the image is still there: the removal has not happened,
     // and may yet, as long as the runtime may still be working on it.
-    sim.with(|s| s.images = vec![image("a", 100)]);
+    sim.with(|s| s.node.set_images(vec![image("a", 100)]));
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
     assert!(dir.path().join(crate::store::pending::FILE_NAME).exists());
@@ -1021,7 +1021,7 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
     assert!(journaled(&dir).is_empty());
     assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
     // Gone later: someone else's doing, not claimed.
-    sim.with(|s| s.images = vec![image("b", 100)]);
+    sim.with(|s| s.node.set_images(vec![image("b", 100)]));
     cycle(&mut c).await;
     assert!(journaled(&dir).is_empty());
 }
@@ -1030,7 +1030,7 @@ async fn an_empty_listing_never_settles_a_pending_removal_as_gone() {
 async fn a_partial_listing_never_settles_a_removal_the_runtime_did_not_make_as_done() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
@@ -1074,8 +1074,9 @@ async fn a_removal_of_a_that_times_out(
 ) -> (SimHandle, Collector<SimHandle>, tempfile::TempDir) {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100), image("app", 100)];
-        s.containers = vec![crate::testing::container_naming("c", "app")];
+        s.node
+            .set_images(vec![image("a", 100), image("b", 100), image("app", 100)]);
+        s.node.containers = vec![crate::testing::container_naming("c", "app")];
         s.disk.occupy("a", 100);
         s.disk.set(1000, 50);
         s.hang_remove = vec!["a".to_string()];
@@ -1108,7 +1109,7 @@ async fn a_removal_the_runtime_finishes_after_a_listing_still_lists_it_is_journa
     );
     assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
     // Pulled again soon after: seen as a re-pull.
-    sim.with(|s| s.images.push(image("a", 100)));
+    sim.with(|s| s.node.add_image(image("a", 100)));
     assert!(c.poll_usage().await.is_ok());
     assert_eq!(sample(&c, "imagegc_repulled_after_removal_total").as_deref(), Some("1"));
     cycle(&mut c).await;
@@ -1193,9 +1194,9 @@ async fn a_shared_base_is_counted_once_by_the_forecast_and_sized_by_the_measured
         s.unused("a", 100, 30);
         s.unused("b", 100, 100);
         s.unused("c", 100, 100);
-        s.layers.insert("a".into(), vec![layer("base"), layer("a")]);
-        s.layers.insert("b".into(), vec![layer("base"), layer("b")]);
-        s.layers.insert("c".into(), vec![layer("c")]);
+        s.node.set_layers("a", vec![layer("base"), layer("a")]);
+        s.node.set_layers("b", vec![layer("base"), layer("b")]);
+        s.node.set_layers("c", vec![layer("c")]);
         // 150 to free.
         s.disk.set(1000, 50);
     });
@@ -1272,7 +1273,12 @@ async fn the_footprint_measured_removals_raised_survives_a_restart() {
 async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("old", 100), image("a", 100), image("b", 100), image("c", 100)];
+        s.node.set_images(vec![
+            image("old", 100),
+            image("a", 100),
+            image("b", 100),
+            image("c", 100),
+        ]);
         s.disk.set(1000, 50);
     });
     let (mut c, _dir) = collector(&sim, |c| {
@@ -1328,7 +1334,8 @@ async fn the_plans_forecast_is_what_a_dry_run_cycle_does() {
 async fn an_image_a_pod_names_is_kept_by_the_plan_and_by_the_recheck() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100), image("c", 100)];
+        s.node
+            .set_images(vec![image("a", 100), image("b", 100), image("c", 100)]);
         s.disk.set(1000, 0);
         // b gains, between the listing and its removal, the name a pod
         // bound to the node runs.
@@ -1358,7 +1365,7 @@ async fn a_keep_rule_added_to_the_rules_holds_in_the_plan_and_at_the_recheck() {
     sim.with(|s| {
         let mut a = image("a", 100);
         a.repo_tags = vec!["docker.io/library/keep:1".to_string()].into();
-        s.images = vec![a, image("b", 100), image("c", 100)];
+        s.node.set_images(vec![a, image("b", 100), image("c", 100)]);
         s.disk.set(1000, 0);
         // b gains, between the listing and its removal, the name the rule
         // keeps.
@@ -1402,7 +1409,7 @@ impl crate::engine::Sink for GoneOrKept {
 async fn an_image_someone_else_removed_before_its_recheck_is_gone_already_not_kept_nor_counted() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.set(1000, 0);
         // Removed by another collector between the listing and a's re-check.
         s.gone_at_list = Some((2, "a".to_string()));
@@ -1424,7 +1431,7 @@ async fn a_pod_bound_between_the_plan_and_a_removal_keeps_its_image() {
     let sim = SimHandle::default();
     let (sender, pods) = tokio::sync::watch::channel(Arc::new(crate::policy::Protections::default()));
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.set(1000, 0);
         // The watch learns of a pod naming b after the cycle's listing,
         // before b's re-check.
@@ -1451,7 +1458,7 @@ fn after_an_earlier_process_removed_a() -> (
 ) {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("b", 100)];
+        s.node.set_images(vec![image("b", 100)]);
         s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
@@ -1520,14 +1527,15 @@ fn none_removed_by_others(c: &Collector<SimHandle>) {
 async fn an_image_someone_else_removes_is_counted_once_with_its_last_known_size() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 250), image("c", 40)];
+        s.node
+            .set_images(vec![image("a", 100), image("b", 250), image("c", 40)]);
         s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
     none_removed_by_others(&c);
     // The kubelet's image GC removes `b` and `c` between two listings.
-    sim.with(|s| s.images.retain(|i| i.id == "a"));
+    sim.with(|s| s.node.retain_images(|i| i.id == "a"));
     assert!(c.poll_usage().await.is_ok());
     let at = c
         .clock
@@ -1553,7 +1561,7 @@ async fn an_image_someone_else_removes_is_counted_once_with_its_last_known_size(
 async fn an_image_a_partial_listing_omits_is_not_removed_by_others() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
@@ -1572,12 +1580,12 @@ async fn an_image_a_partial_listing_omits_is_not_removed_by_others() {
     cycle(&mut c).await;
     none_removed_by_others(&c);
     // A listing of nothing (a runtime restarting) tells nothing either.
-    let images = sim.0.lock().unwrap().images.clone();
-    sim.with(|s| s.images.clear());
+    let images = sim.0.lock().unwrap().node.images().to_vec();
+    sim.with(|s| s.node.retain_images(|_| false));
     // ImageStatus would say not found for every image now: the empty
     // listing must not ask.
     assert!(c.poll_usage().await.is_ok());
-    sim.with(|s| s.images = images);
+    sim.with(|s| s.node.set_images(images));
     assert!(c.poll_usage().await.is_ok());
     cycle(&mut c).await;
     none_removed_by_others(&c);
@@ -1587,7 +1595,7 @@ async fn an_image_a_partial_listing_omits_is_not_removed_by_others() {
 async fn a_candidate_someone_else_removed_before_its_recheck_is_counted() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.occupy("a", 100);
         s.disk.occupy("b", 100);
         s.disk.set(1000, 50);
@@ -1622,7 +1630,7 @@ async fn removals_imagegc_asked_for_are_never_removed_by_others() {
     let (sim, mut c, dir) = a_removal_of_a_that_times_out(None).await;
     c.save().await;
     sim.with(|s| {
-        s.images.retain(|i| i.id != "a");
+        s.node.retain_images(|i| i.id != "a");
         s.hang_remove.clear();
     });
     let mut next = next_process(&c, Clock::starting_at(SystemTime::now() - Duration::from_secs(3600)));
@@ -1637,7 +1645,7 @@ async fn removals_imagegc_asked_for_are_never_removed_by_others() {
 async fn a_removal_journaled_before_a_kill_that_left_its_record_is_not_removed_by_others() {
     let sim = SimHandle::default();
     sim.with(|s| {
-        s.images = vec![image("a", 100), image("b", 100)];
+        s.node.set_images(vec![image("a", 100), image("b", 100)]);
         s.disk.set(1000, 900);
     });
     let (mut c, dir) = collector(&sim, |_| {});
@@ -1657,7 +1665,7 @@ async fn a_removal_journaled_before_a_kill_that_left_its_record_is_not_removed_b
         dry_run: false,
     };
     Journal::new(dir.path()).append(&crate::store::journal::JournalEntry::from_removal(&line, c.clock.now()));
-    sim.with(|s| s.images.retain(|i| i.id != "a"));
+    sim.with(|s| s.node.retain_images(|i| i.id != "a"));
     assert!(c.poll_usage().await.is_ok());
     none_removed_by_others(&c);
 }
@@ -1667,18 +1675,19 @@ async fn images_whose_status_cannot_be_read_do_not_keep_the_others_from_being_as
     let sim = SimHandle::default();
     let many: Vec<String> = (0..40).map(|i| format!("u{i:02}")).collect();
     sim.with(|s| {
-        s.images = many
-            .iter()
-            .map(|id| image(id, 10))
-            .chain([image("x", 7), image("kept", 1)])
-            .collect();
+        s.node.set_images(
+            many.iter()
+                .map(|id| image(id, 10))
+                .chain([image("x", 7), image("kept", 1)])
+                .collect(),
+        );
         s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
     cycle(&mut c).await;
     // All go at once; the runtime cannot answer about 40 of them.
     sim.with(|s| {
-        s.images.retain(|i| i.id == "kept");
+        s.node.retain_images(|i| i.id == "kept");
         s.fail_image_status_of = many.clone();
     });
     // 41 to ask about, 16 at a time: `x` is asked by the third listing
@@ -1724,7 +1733,7 @@ async fn the_daemon_plan_and_simulate_remove_the_same_images_in_the_same_order()
         for (i, &size) in sizes.iter().enumerate() {
             s.unused(&i.to_string(), size, size);
         }
-        s.containers = vec![
+        s.node.containers = vec![
             crate::testing::container_naming("c4", "4"),
             crate::testing::container_naming("c5", "5"),
         ];
@@ -1837,8 +1846,8 @@ async fn below_high_after_a_pull(big: Option<u64>) -> (SimHandle, CycleReport) {
             s.unused(id, 400, 400);
         }
         if let Some(size) = big {
-            s.images.push(image("big", size));
-            s.containers = vec![crate::testing::container_naming("job", "big")];
+            s.node.add_image(image("big", size));
+            s.node.containers = vec![crate::testing::container_naming("job", "big")];
         }
         s.disk.set(10_000, 2_200);
     });
@@ -1941,7 +1950,7 @@ async fn a_pull_coming_for_a_pod_that_would_cross_the_eviction_line_gets_its_roo
     // The image lands under the line.
     sim.with(|s| {
         s.disk.set_available(s.disk.available() - 120 * MB);
-        s.images.push(Image {
+        s.node.add_image(Image {
             repo_tags: vec!["registry.test/app:2".to_string()].into(),
             ..image("app-2", 420 * MB)
         });
@@ -2182,7 +2191,7 @@ async fn a_manifests_size_is_scaled_to_what_the_runtime_reports_and_each_arrival
     // the ratio moves halfway, from 2.6 to 1.8.
     sim.with(|s| {
         s.disk.set_available(s.disk.available() - 150 * MB);
-        s.images.push(Image {
+        s.node.add_image(Image {
             repo_tags: vec!["registry.test/other:1".to_string()].into(),
             ..image("other-1", 150 * MB)
         });

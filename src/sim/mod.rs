@@ -6,6 +6,9 @@
 //!   changed by whoever holds it and measured by the collector like a real
 //!   one. The engine's tests, the integration tests and the benches
 //!   measure it instead of a real disk.
+//! - [`SimNode`] is what a fake node holds (images, their layers,
+//!   containers, the removals its runtime made): the engine tests' fake
+//!   runtime and the test kit's gRPC fake runtime keep this one model.
 //! - [`trace`]: a node's usage over time (layers, images, container starts
 //!   and stops), synthetic or read from a file of JSON lines.
 //! - [`workload`]: four seeded generators of synthetic traces (a service
@@ -25,9 +28,11 @@
 pub mod bound;
 pub mod compare;
 mod disk;
+mod node;
 pub mod plot;
 pub mod replay;
 pub mod trace;
 pub mod workload;
 
-pub use disk::SimDisk;
+pub use disk::{OtherWriter, SimDisk};
+pub use node::{SimNode, names};

@@ -17,6 +17,12 @@
 //! and no short-id matching. The RPCs imagegc never makes (`RunPodSandbox`
 //! and the rest) answer `Unimplemented`.
 //!
+//! What the node holds (its images and their layers, its containers, the
+//! removals made) is [`imagegc::sim::SimNode`], the model the engine
+//! tests' in-process fake node keeps too; this fake is how a runtime
+//! answers for it on the wire. A verbose `ImageStatus` names an image's
+//! layers ([`FakeRuntime::set_layers`]) in the shape of the dialect.
+//!
 //! It owns no disk: a test that needs removals to free space passes an
 //! effect to [`FakeRuntime::on_remove`].
 //!
@@ -39,7 +45,7 @@ use tonic::{Code, Status};
 
 use imagegc::cri::proto;
 use imagegc::cri::{Container, ContainerState, Image};
-use imagegc::sim::SimDisk;
+use imagegc::sim::{SimDisk, SimNode, names};
 
 mod server;
 mod service;
@@ -169,11 +175,9 @@ struct Inner {
 }
 
 struct State {
-    /// In the order they were first added; `image_index` maps id to position,
-    /// so a test can add tens of thousands of images quickly.
-    images: Vec<Image>,
-    image_index: HashMap<String, usize>,
-    containers: Vec<Container>,
+    /// Its images, their layers and containers, and the removals made:
+    /// the model the engine tests' fake node keeps too.
+    node: SimNode,
     sandbox_image: Option<String>,
     image_fs_mount: String,
     /// The container filesystem `ImageFsInfo` names (a split store), if any.
@@ -210,24 +214,22 @@ struct State {
     /// How many times each RPC was called: `calls` counted once per call,
     /// so a long-lived fake answers in constant time.
     call_counts: HashMap<&'static str, usize>,
-    removed: Vec<String>,
 }
 
 /// Run at a chosen call: see [`FakeRuntime::hook_on_call`].
 pub type CallHook = Arc<dyn Fn() + Send + Sync>;
 
 impl State {
-    /// The position of the image `reference` names: its id, a tag or a
-    /// digest. CRI-O takes an id only in its bare form (see `remove_image`
-    /// for what it does with `sha256:<hex>`).
-    fn find_image(&self, reference: &str) -> Option<usize> {
-        let by_id = |id: &str| self.image_index.get(id).copied();
-        let id = if self.dialect.is_crio() {
-            by_id(&format!("sha256:{reference}"))
-        } else {
-            by_id(reference)
-        };
-        id.or_else(|| self.images.iter().position(|image| names(image, reference)))
+    /// The image `reference` names: its id, a tag or a digest. CRI-O
+    /// takes an id only in its bare form (see `remove_image` for what it
+    /// does with `sha256:<hex>`).
+    fn find_image(&self, reference: &str) -> Option<&Image> {
+        if self.dialect.is_crio()
+            && let Some(image) = self.node.image(&format!("sha256:{reference}"))
+        {
+            return Some(image);
+        }
+        self.node.find(reference)
     }
 
     /// The id in the form this runtime lists it.
@@ -237,16 +239,6 @@ impl State {
         } else {
             id.to_string()
         }
-    }
-
-    /// A container that refers to `image` (by id, in either form, by a tag
-    /// or a digest, or as a mounted volume), as CRI-O checks before removing.
-    fn user_of(&self, image: &Image) -> Option<&Container> {
-        let bare = image.id.strip_prefix("sha256:").unwrap_or(&image.id);
-        let refers = |r: &str| !r.is_empty() && (r.strip_prefix("sha256:").unwrap_or(r) == bare || names(image, r));
-        self.containers.iter().find(|c| {
-            [&c.image_id, &c.image_ref].iter().any(|r| refers(r)) || c.mounted_images.iter().any(|r| refers(r))
-        })
     }
 
     /// Hands an event to the open streams as the event mode says; returns
@@ -267,34 +259,6 @@ impl State {
             _ => 0,
         }
     }
-
-    fn insert_image(&mut self, image: Image) {
-        match self.image_index.get(&image.id) {
-            Some(&position) => self.images[position] = image,
-            None => {
-                self.image_index.insert(image.id.clone(), self.images.len());
-                self.images.push(image);
-            }
-        }
-    }
-
-    fn take_image(&mut self, position: usize) -> Image {
-        let image = self.images.remove(position);
-        self.image_index.remove(&image.id);
-        for (offset, moved) in self.images[position..].iter().enumerate() {
-            self.image_index.insert(moved.id.clone(), position + offset);
-        }
-        image
-    }
-}
-
-fn names(image: &Image, reference: &str) -> bool {
-    image.id == reference
-        || image
-            .repo_tags
-            .iter()
-            .chain(&image.repo_digests)
-            .any(|r| r == reference)
 }
 
 /// The `RPCS` entry for `rpc`.
@@ -308,8 +272,8 @@ impl std::fmt::Debug for FakeRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = self.lock();
         f.debug_struct("FakeRuntime")
-            .field("images", &state.images.len())
-            .field("containers", &state.containers.len())
+            .field("images", &state.node.images().len())
+            .field("containers", &state.node.containers.len())
             .field("calls", &state.calls.len())
             .finish_non_exhaustive()
     }
@@ -328,9 +292,7 @@ impl FakeRuntime {
     /// events unimplemented (as in containerd 1.6).
     pub fn new() -> Self {
         let state = State {
-            images: Vec::new(),
-            image_index: HashMap::new(),
-            containers: Vec::new(),
+            node: SimNode::default(),
             // What containerd reports when its config names none.
             sandbox_image: Some(DEFAULT_SANDBOX_IMAGE.to_string()),
             image_fs_mount: DEFAULT_IMAGE_FS_MOUNT.to_string(),
@@ -354,7 +316,6 @@ impl FakeRuntime {
             call_hooks: Vec::new(),
             calls: Vec::new(),
             call_counts: HashMap::new(),
-            removed: Vec::new(),
         };
         Self {
             inner: Arc::new(Inner {
@@ -371,32 +332,32 @@ impl FakeRuntime {
     /// Adds an image, or replaces the image with the same id. Images are
     /// listed in the order they were first added.
     pub fn add_image(&self, image: Image) {
-        self.lock().insert_image(image);
+        self.lock().node.add_image(image);
+    }
+
+    /// The image with this id is made of these layers (diff ids): its
+    /// verbose `ImageStatus` names them, in the shape of the dialect.
+    pub fn set_layers(&self, id: &str, layers: Vec<String>) {
+        self.lock().node.set_layers(id, layers);
     }
 
     /// Removes the image with this id, as if removed outside imagegc (by
     /// `crictl rmi`, say). Not recorded in [`removed`](Self::removed).
     pub fn remove_image_by_id(&self, id: &str) -> Option<Image> {
-        let mut state = self.lock();
-        let position = *state.image_index.get(id)?;
-        Some(state.take_image(position))
+        self.lock().node.take_image(id)
     }
 
     /// Adds a container, or replaces the container with the same id. A
     /// container without a state is added as running.
     pub fn add_container(&self, mut container: Container) {
         container.state.get_or_insert(ContainerState::Running);
-        let mut state = self.lock();
-        match state.containers.iter_mut().find(|c| c.id == container.id) {
-            Some(existing) => *existing = container,
-            None => state.containers.push(container),
-        }
+        self.lock().node.add_container(container);
     }
 
     /// Changes a container's state; false when there is no such container.
     pub fn set_container_state(&self, id: &str, new: ContainerState) -> bool {
         let mut state = self.lock();
-        match state.containers.iter_mut().find(|c| c.id == id) {
+        match state.node.containers.iter_mut().find(|c| c.id == id) {
             Some(container) => {
                 container.state = Some(new);
                 true
@@ -408,8 +369,8 @@ impl FakeRuntime {
     /// Removes a container, returning it when it existed.
     pub fn remove_container(&self, id: &str) -> Option<Container> {
         let mut state = self.lock();
-        let index = state.containers.iter().position(|c| c.id == id)?;
-        Some(state.containers.remove(index))
+        let index = state.node.containers.iter().position(|c| c.id == id)?;
+        Some(state.node.containers.remove(index))
     }
 
     /// Sets the sandbox (pause) image the runtime uses. Where the dialect
@@ -458,12 +419,12 @@ impl FakeRuntime {
 
     /// The images the runtime has now.
     pub fn images(&self) -> Vec<Image> {
-        self.lock().images.clone()
+        self.lock().node.images().to_vec()
     }
 
     /// The containers the runtime has now, each with its state.
     pub fn containers(&self) -> Vec<Container> {
-        self.lock().containers.clone()
+        self.lock().node.containers.clone()
     }
 
     /// Makes every `RemoveImage` of this image (by id, tag or digest) fail
@@ -641,7 +602,7 @@ impl FakeRuntime {
 
     /// The ids of the images `RemoveImage` removed, in order.
     pub fn removed(&self) -> Vec<String> {
-        self.lock().removed.clone()
+        self.lock().node.removed().to_vec()
     }
 
     /// How many times `rpc` was called.
@@ -682,10 +643,14 @@ mod tests {
             "docker.io/library/nginx:1.27",
             "docker.io/library/nginx@sha256:d",
         ] {
-            assert_eq!(state.find_image(reference), Some(0), "{reference}");
+            assert_eq!(
+                state.find_image(reference).map(|i| i.id.as_str()),
+                Some("sha256:a"),
+                "{reference}"
+            );
         }
         for reference in ["nginx:1.27", "sha256", "a", ""] {
-            assert_eq!(state.find_image(reference), None, "{reference}");
+            assert!(state.find_image(reference).is_none(), "{reference}");
         }
     }
 
@@ -713,10 +678,10 @@ mod tests {
         fake.add_image(image("sha256:c", "c:2", "c@sha256:2"));
         fake.add_image(image("sha256:d", "d:1", "d@sha256:1"));
         let state = fake.lock();
-        assert_eq!(state.find_image("sha256:b"), Some(0));
-        assert_eq!(state.find_image("sha256:c"), Some(1));
-        assert_eq!(state.find_image("sha256:d"), Some(2));
-        let tags: Vec<_> = state.images.iter().flat_map(|i| i.repo_tags.to_vec()).collect();
+        for id in ["sha256:b", "sha256:c", "sha256:d"] {
+            assert_eq!(state.find_image(id).map(|i| i.id.as_str()), Some(id));
+        }
+        let tags: Vec<_> = state.node.images().iter().flat_map(|i| i.repo_tags.to_vec()).collect();
         assert_eq!(tags, ["sha256:b-tag", "c:2", "d:1"]);
     }
 

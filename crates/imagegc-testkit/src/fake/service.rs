@@ -71,15 +71,15 @@ impl Service {
 fn remove_now(fake: &FakeRuntime, reference: &str) -> Result<Response<proto::RemoveImageResponse>, Status> {
     let (image, effect) = {
         let mut state = fake.lock();
-        let index = state.find_image(reference);
-        let id = index.map_or(reference, |i| state.images[i].id.as_str());
+        let found = state.find_image(reference).map(|i| i.id.clone());
+        let id = found.as_deref().unwrap_or(reference);
         if let Some(code) = state.fail_remove.get(id) {
             return Err(Status::new(
                 *code,
                 format!("injected failure removing image {reference:?}"),
             ));
         }
-        let Some(index) = index else {
+        let Some(id) = found else {
             if state.dialect.is_crio() {
                 // CRI-O answers OK for an id it does not have.
                 return Ok(Response::new(proto::RemoveImageResponse {}));
@@ -87,7 +87,7 @@ fn remove_now(fake: &FakeRuntime, reference: &str) -> Result<Response<proto::Rem
             return Err(Status::not_found(format!("image {reference:?} not found")));
         };
         if state.dialect.is_crio()
-            && let Some(user) = state.user_of(&state.images[index])
+            && let Some(user) = state.node.image(&id).and_then(|image| state.node.user_of(image))
         {
             return Err(Status::unknown(format!(
                 "delete image: image used by {}: image is in use by a container",
@@ -97,14 +97,30 @@ fn remove_now(fake: &FakeRuntime, reference: &str) -> Result<Response<proto::Rem
         if state.remove_keeps_image {
             return Ok(Response::new(proto::RemoveImageResponse {}));
         }
-        let image = state.take_image(index);
-        state.removed.push(image.id.clone());
+        let image = state.node.remove(&id).expect("found");
         (image, state.on_remove.clone())
     };
     if let Some(effect) = effect {
         effect(&image);
     }
     Ok(Response::new(proto::RemoveImageResponse {}))
+}
+
+/// The verbose `ImageStatus` info of an image of these layers, as each
+/// runtime writes it: under `info`, the image config beside containerd's
+/// `chainID` or CRI-O's `labels`.
+fn verbose_image_info(layers: &[String], dialect: Dialect) -> HashMap<String, String> {
+    let spec = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": { "type": "layers", "diff_ids": layers },
+    });
+    let info = if dialect.is_crio() {
+        serde_json::json!({ "labels": null, "imageSpec": spec })
+    } else {
+        serde_json::json!({ "chainID": layers.last(), "imageSpec": spec })
+    };
+    HashMap::from([("info".to_string(), info.to_string())])
 }
 
 fn image_to_proto(image: &Image, state: &State) -> proto::Image {
@@ -306,6 +322,7 @@ impl RuntimeService for Service {
         let containers = self
             .fake
             .lock()
+            .node
             .containers
             .iter()
             .filter(|c| container_matches(c, &filter))
@@ -321,7 +338,7 @@ impl RuntimeService for Service {
         self.enter("ContainerStatus").await?;
         let id = request.into_inner().container_id;
         let state = self.fake.lock();
-        let Some(container) = state.containers.iter().find(|c| c.id == id) else {
+        let Some(container) = state.node.containers.iter().find(|c| c.id == id) else {
             return Err(Status::not_found(format!("container {id:?} not found")));
         };
         let mounts = container
@@ -455,7 +472,8 @@ impl ImageService for Service {
             .unwrap_or_default();
         let state = self.fake.lock();
         let images = state
-            .images
+            .node
+            .images()
             .iter()
             .chain(&state.extra_listings)
             .filter(|image| wanted.is_empty() || names(image, &wanted))
@@ -470,15 +488,16 @@ impl ImageService for Service {
         request: Request<proto::ImageStatusRequest>,
     ) -> Result<Response<proto::ImageStatusResponse>, Status> {
         self.enter("ImageStatus").await?;
-        let reference = request.into_inner().image.map(|spec| spec.image).unwrap_or_default();
+        let request = request.into_inner();
+        let reference = request.image.map(|spec| spec.image).unwrap_or_default();
         let state = self.fake.lock();
-        let image = state
-            .find_image(&reference)
-            .map(|i| image_to_proto(&state.images[i], &state));
-        Ok(Response::new(proto::ImageStatusResponse {
-            image,
-            info: HashMap::new(),
-        }))
+        let found = state.find_image(&reference);
+        let info = match found.and_then(|image| state.node.layers(&image.id)) {
+            Some(layers) if request.verbose => verbose_image_info(layers, state.dialect),
+            _ => HashMap::new(),
+        };
+        let image = found.map(|image| image_to_proto(image, &state));
+        Ok(Response::new(proto::ImageStatusResponse { image, info }))
     }
 
     async fn remove_image(
@@ -530,7 +549,11 @@ impl ImageService for Service {
     ) -> Result<Response<proto::ImageFsInfoResponse>, Status> {
         self.enter("ImageFsInfo").await?;
         let state = self.fake.lock();
-        let used = state.images.iter().fold(0u64, |sum, i| sum.saturating_add(i.size));
+        let used = state
+            .node
+            .images()
+            .iter()
+            .fold(0u64, |sum, i| sum.saturating_add(i.size));
         Ok(Response::new(proto::ImageFsInfoResponse {
             image_filesystems: vec![proto::FilesystemUsage {
                 timestamp: unix_nanos(),
