@@ -279,10 +279,7 @@ impl Daemon {
     }
 
     pub fn signal(&self, signal: i32) {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill(2) on our own child's pid has no memory effects.
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+        imagegc_testkit::process::signal(&self.child, signal);
     }
 
     /// Everything the daemon logged so far.

@@ -587,22 +587,13 @@ impl Daemon {
 
     /// SIGTERM; returns the exit status and how long the daemon took.
     fn terminate(&mut self) -> (ExitStatus, Duration) {
-        let child = self.child.as_mut().expect("the daemon is running");
-        let started = Instant::now();
-        // SAFETY: signalling our own child by its PID.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        loop {
-            if let Some(status) = child.try_wait().expect("waiting for the daemon") {
-                self.child = None;
-                return (status, started.elapsed());
-            }
-            assert!(
-                started.elapsed() < DAEMON_STOP_TIMEOUT,
-                "imagegc run did not exit within {DAEMON_STOP_TIMEOUT:?} of SIGTERM; log:\n{}",
+        let mut child = self.child.take().expect("the daemon is running");
+        imagegc_testkit::process::terminate(&mut child, DAEMON_STOP_TIMEOUT).unwrap_or_else(|within| {
+            panic!(
+                "imagegc run did not exit within {within:?} of SIGTERM; log:\n{}",
                 self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            )
+        })
     }
 }
 

@@ -12,6 +12,8 @@
 //!   socket, with fault injection, call recording and each runtime's
 //!   dialect; [`fake::DiskEffects`] connects its removals to the library's
 //!   simulated disk (`imagegc::sim::SimDisk`).
+//! - [`process`]: an `imagegc run` child stopped as a node stops a
+//!   daemon (SIGTERM, a bounded wait).
 //! - [`script`]: the same fake as a command driven on stdin (the
 //!   `fake_runtime` binary), for scripts and the deployment checks.
 //! - [`testbed`]: a private real runtime (containerd 1.6, containerd 2.x or
@@ -26,6 +28,7 @@ pub mod fake;
 // by item.
 #[allow(missing_docs)]
 pub mod oci;
+pub mod process;
 pub mod script;
 #[allow(missing_docs)]
 pub mod testbed;

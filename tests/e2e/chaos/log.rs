@@ -111,25 +111,12 @@ impl Daemon {
     /// the daemon does not exit within [`EXIT_TIMEOUT`].
     pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("the daemon was started");
-        if let Ok(Some(status)) = child.try_wait() {
-            return status;
-        }
-        // SAFETY: signalling our own child by its PID.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "imagegc run did not exit within {EXIT_TIMEOUT:?} of SIGTERM; last lines of its log:\n{}",
-                    self.log_tail(30)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        match imagegc_testkit::process::terminate(&mut child, EXIT_TIMEOUT) {
+            Ok((status, _)) => status,
+            Err(within) => panic!(
+                "imagegc run did not exit within {within:?} of SIGTERM; last lines of its log:\n{}",
+                self.log_tail(30)
+            ),
         }
     }
 

@@ -1,0 +1,71 @@
+//! An `imagegc run` child stopped the way a node stops a daemon: SIGTERM,
+//! then a bounded wait for its exit. The daemon, end-to-end and chaos
+//! tests each keep their own log and say what they expected of the exit.
+
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// Sends `signal` to the child.
+///
+/// # Panics
+/// When kill(2) fails (the child was already reaped).
+pub fn signal(child: &Child, signal: i32) {
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits a pid_t");
+    // SAFETY: kill(2) on our own child's pid has no memory effects.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+}
+
+/// Sends SIGTERM (unless the child already exited) and waits up to
+/// `within` for the exit: its status and how long it took; past `within`,
+/// the child is killed and reaped, and `Err` says how long it was given.
+pub fn terminate(child: &mut Child, within: Duration) -> Result<(ExitStatus, Duration), Duration> {
+    let started = Instant::now();
+    if let Ok(Some(status)) = child.try_wait() {
+        return Ok((status, Duration::ZERO));
+    }
+    signal(child, libc::SIGTERM);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Ok((status, started.elapsed()));
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(within);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_that_ends_on_sigterm_is_waited_for_and_one_that_ignores_it_is_killed() {
+        let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let (status, took) = terminate(&mut sleeper, Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGTERM)
+        );
+        assert!(took < Duration::from_secs(10));
+        let mut stubborn = std::process::Command::new("sleep");
+        stubborn.arg("30");
+        // SAFETY: signal(2) is async-signal-safe; an ignored signal stays
+        // ignored across exec, so `sleep` ignores SIGTERM from its start.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut stubborn, || {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let mut stubborn = stubborn.spawn().unwrap();
+        assert_eq!(
+            terminate(&mut stubborn, Duration::from_millis(300)),
+            Err(Duration::from_millis(300))
+        );
+        assert!(stubborn.try_wait().unwrap().is_some(), "killed and reaped");
+    }
+}
