@@ -13,7 +13,7 @@
 //! a `RemoveImage` that answers OK and keeps the image, one that times out
 //! and completes later or never.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use std::time::Duration;
 use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
 use imagegc::fs::{FsError, FsProbe, FsStats};
 use imagegc::policy::Protections;
-use imagegc::sim::SimDisk;
+use imagegc::sim::{SimDisk, SimNode};
 use imagegc_testkit::XorShift;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -85,13 +85,6 @@ struct Held {
     bytes: u64,
 }
 
-/// A container and when it was created.
-#[derive(Debug, Clone)]
-struct Running {
-    container: Container,
-    created: Instant,
-}
-
 /// A pod bound to the node, naming an image, and when it was bound.
 #[derive(Debug, Clone)]
 struct Bound {
@@ -104,10 +97,13 @@ struct Bound {
 pub struct World {
     pub rng: XorShift,
     pub faults: Faults,
-    images: BTreeMap<String, Held>,
+    /// The images and containers (the model the engine's and the test
+    /// kit's fakes keep too).
+    node: SimNode,
+    /// When each container was created, by id.
+    created: HashMap<String, Instant>,
     /// Images the registry has: what pulls bring (by id).
     catalog: Vec<Held>,
-    containers: Vec<Running>,
     pods: Vec<Bound>,
     pods_tx: watch::Sender<Arc<Protections>>,
     /// The image filesystem, on tokio's clock: a removal's space back at
@@ -163,9 +159,9 @@ impl Node {
         let mut world = World {
             rng,
             faults: Faults::default(),
-            images: BTreeMap::new(),
+            node: SimNode::default(),
+            created: HashMap::new(),
             catalog,
-            containers: Vec::new(),
             pods: Vec::new(),
             pods_tx,
             disk: SimDisk::new(capacity, capacity),
@@ -184,7 +180,7 @@ impl Node {
         for i in 0..pulled.min(world.catalog.len()) {
             let held = world.catalog[i].clone();
             world.disk.write(&held.image.id, held.bytes);
-            world.images.insert(held.image.id.clone(), held);
+            world.node.add_image(held.image);
         }
         (Node(Arc::new(Mutex::new(world))), pods_rx)
     }
@@ -235,10 +231,10 @@ impl World {
 
     /// Binds a pod naming the image `id` now.
     fn bind_pod_on(&mut self, id: &str) {
-        let Some(held) = self.images.get(id) else {
+        let Some(image) = self.node.image(id) else {
             return;
         };
-        let reference = held.image.repo_tags.first().unwrap_or_default().to_owned();
+        let reference = image.repo_tags.first().unwrap_or_default().to_owned();
         let pod = format!("default/pod-{}", self.next_container);
         self.next_container += 1;
         self.pods.push(Bound {
@@ -259,20 +255,18 @@ impl World {
 
     /// Whether the node holds the image `id`.
     pub fn has_image(&self, id: &str) -> bool {
-        self.images.contains_key(id)
+        self.node.image(id).is_some()
     }
 
     /// Creates a container on `id` now.
     pub fn create_container(&mut self, id: &str) {
-        let Some(held) = self.images.get(id) else {
+        let Some(image) = self.node.image(id) else {
             return;
         };
         self.next_container += 1;
-        let container = imagegc_testkit::container_using(&format!("c{:05}", self.next_container), &held.image);
-        self.containers.push(Running {
-            container,
-            created: Instant::now(),
-        });
+        let container = imagegc_testkit::container_using(&format!("c{:05}", self.next_container), image);
+        self.created.insert(container.id.clone(), Instant::now());
+        self.node.containers.push(container);
     }
 
     /// Creates a container on a random image.
@@ -284,9 +278,10 @@ impl World {
 
     /// Deletes a random container.
     pub fn delete_container(&mut self) {
-        if !self.containers.is_empty() {
-            let i = self.rng.between(0, self.containers.len() as u64 - 1) as usize;
-            self.containers.swap_remove(i);
+        if !self.node.containers.is_empty() {
+            let i = self.rng.between(0, self.node.containers.len() as u64 - 1) as usize;
+            let gone = self.node.containers.swap_remove(i);
+            self.created.remove(&gone.id);
         }
     }
 
@@ -310,7 +305,7 @@ impl World {
         let absent: Vec<usize> = (0..self.catalog.len())
             .filter(|&i| {
                 let id = &self.catalog[i].image.id;
-                !self.images.contains_key(id) && !pending.contains(id) && !self.removing.contains(id)
+                self.node.image(id).is_none() && !pending.contains(id) && !self.removing.contains(id)
             })
             .collect();
         if absent.is_empty() {
@@ -320,7 +315,7 @@ impl World {
         let held = self.catalog[i].clone();
         self.trace(format_args!("pulled {}", held.image.id));
         self.disk.write(&held.image.id, held.bytes);
-        self.images.insert(held.image.id.clone(), held);
+        self.node.add_image(held.image);
     }
 
     /// Another collector removes an unused image, unless imagegc has a
@@ -329,38 +324,40 @@ impl World {
         let Some(id) = self.pick_image() else {
             return;
         };
-        let held = &self.images[&id];
-        let used = self.containers.iter().any(|r| World::uses(&r.container, &held.image));
+        let image = self.node.image(&id).expect("picked");
+        let used = self.node.containers.iter().any(|c| World::uses(c, image));
         if used || pending.contains(&id) || self.removing.contains(&id) {
             return;
         }
-        self.images.remove(&id).expect("picked");
+        self.node.take_image(&id).expect("picked");
         self.disk.release(&id);
         self.trace(format_args!("removed {id} by another collector (pending: {pending:?})"));
         self.removed_by_others.push(id);
     }
 
     fn pick_image(&mut self) -> Option<String> {
-        if self.images.is_empty() {
+        let images = self.node.images();
+        if images.is_empty() {
             return None;
         }
-        let i = self.rng.between(0, self.images.len() as u64 - 1) as usize;
-        self.images.keys().nth(i).cloned()
+        let i = self.rng.between(0, images.len() as u64 - 1) as usize;
+        Some(images[i].id.clone())
     }
 
     /// The invariant at a `RemoveImage` of `id` received now.
     fn check_removal(&mut self, id: &str) {
         let now = Instant::now();
-        let Some(held) = self.images.get(id) else {
+        let Some(image) = self.node.image(id).cloned() else {
             return;
         };
-        let image = held.image.clone();
         let allowed_since = now.checked_sub(self.allowance).unwrap_or(self.started);
         let using: Vec<String> = self
+            .node
             .containers
             .iter()
-            .filter(|r| r.created < allowed_since && World::uses(&r.container, &image))
-            .map(|r| format!("container {} created at {}", r.container.id, self.at(r.created)))
+            .filter_map(|c| Some((c, *self.created.get(&c.id)?)))
+            .filter(|&(c, created)| created < allowed_since && World::uses(c, &image))
+            .map(|(c, created)| format!("container {} created at {}", c.id, self.at(created)))
             .collect();
         let naming: Vec<String> = self
             .pods
@@ -387,7 +384,7 @@ impl World {
         if let Some(i) = self.removing.iter().position(|r| r == id) {
             self.removing.swap_remove(i);
         }
-        if self.images.remove(id).is_none() {
+        if self.node.remove(id).is_none() {
             return;
         }
         if background {
@@ -443,14 +440,14 @@ impl Runtime for Node {
         if partial {
             w.trace("ListImages: partial");
         }
-        let images: Vec<Image> = w.images.values().map(|h| h.image.clone()).collect();
+        let images: Vec<Image> = w.node.images().to_vec();
         Ok(images.into_iter().filter(|_| !partial || !w.rng.chance(30)).collect())
     }
 
     async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
         // What the runtime answers is as it was when the call arrived; the
         // answer takes its time.
-        let answer: Vec<Container> = self.world().containers.iter().map(|r| r.container.clone()).collect();
+        let answer: Vec<Container> = self.world().node.containers.clone();
         self.latency().await;
         let mut guard = self.world();
         let w = &mut *guard;
@@ -471,7 +468,7 @@ impl Runtime for Node {
     }
 
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
-        let answer = self.world().images.get(id).map(|h| h.image.clone());
+        let answer = self.world().node.image(id).cloned();
         self.latency().await;
         let mut guard = self.world();
         let w = &mut *guard;
@@ -505,7 +502,7 @@ impl Runtime for Node {
             let mut w = self.world();
             w.remove_calls += 1;
             w.check_removal(id);
-            if !w.images.contains_key(id) {
+            if w.node.image(id).is_none() {
                 return Ok(Removed::AlreadyGone);
             }
             let f = w.faults;
