@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -241,7 +241,7 @@ pub async fn imagegc_json(
 
 /// `imagegc run` as a child process, killed when dropped.
 pub struct Daemon {
-    child: Child,
+    child: imagegc_testkit::process::Running,
     pub stderr_path: PathBuf,
     pub addr: Option<SocketAddr>,
 }
@@ -272,14 +272,14 @@ impl Daemon {
             .spawn()
             .expect("imagegc run starts");
         Daemon {
-            child,
+            child: imagegc_testkit::process::Running::new(child),
             stderr_path,
             addr,
         }
     }
 
     pub fn signal(&self, signal: i32) {
-        imagegc_testkit::process::signal(&self.child, signal);
+        self.child.signal(signal);
     }
 
     /// Everything the daemon logged so far.
@@ -296,7 +296,7 @@ impl Daemon {
     pub async fn wait_logged(&mut self, needle: &str, within: Duration) {
         let deadline = Instant::now() + within;
         while self.logged(needle) == 0 {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.child.exited_within(Duration::ZERO).await {
                 panic!(
                     "imagegc exited ({status}) before logging {needle:?}:\n{}",
                     self.stderr()
@@ -312,21 +312,12 @@ impl Daemon {
     }
 
     pub fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.child.is_running()
     }
 
     /// The exit status, once the process has exited within `within`.
     pub async fn exited_within(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.child.exited_within(within).await
     }
 
     /// GETs `path` from the daemon's HTTP endpoint, retrying until it is up.
@@ -355,10 +346,6 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
         if std::thread::panicking() {
             eprintln!("--- imagegc stderr ---\n{}", self.stderr());
         }

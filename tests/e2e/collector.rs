@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use imagegc_testkit::imagegc_command;
@@ -561,7 +561,7 @@ async fn an_image_volume_stays_in_use_after_its_tag_moves(kind: Kind) {
 
 /// The `imagegc run` daemon, killed if the test ends without stopping it.
 struct Daemon {
-    child: Option<Child>,
+    child: Option<imagegc_testkit::process::Running>,
     log: PathBuf,
 }
 
@@ -576,7 +576,7 @@ impl Daemon {
             .spawn()
             .expect("starting imagegc run");
         Daemon {
-            child: Some(child),
+            child: Some(imagegc_testkit::process::Running::new(child)),
             log,
         }
     }
@@ -588,21 +588,12 @@ impl Daemon {
     /// SIGTERM; returns the exit status and how long the daemon took.
     fn terminate(&mut self) -> (ExitStatus, Duration) {
         let mut child = self.child.take().expect("the daemon is running");
-        imagegc_testkit::process::terminate(&mut child, DAEMON_STOP_TIMEOUT).unwrap_or_else(|within| {
+        child.terminate(DAEMON_STOP_TIMEOUT).unwrap_or_else(|within| {
             panic!(
                 "imagegc run did not exit within {within:?} of SIGTERM; log:\n{}",
                 self.log()
             )
         })
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 

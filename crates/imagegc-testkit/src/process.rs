@@ -5,6 +5,57 @@
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
+/// A child process (`imagegc run`), killed and reaped when dropped if it
+/// is still running.
+#[derive(Debug)]
+pub struct Running(Child);
+
+impl Running {
+    /// Owns `child` from now on.
+    pub fn new(child: Child) -> Self {
+        Running(child)
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+
+    /// Sends `signal` (see [`signal`]).
+    pub fn signal(&self, signal: i32) {
+        self::signal(&self.0, signal);
+    }
+
+    /// SIGTERM and a bounded wait (see [`terminate`]).
+    pub fn terminate(&mut self, within: Duration) -> Result<(ExitStatus, Duration), Duration> {
+        terminate(&mut self.0, within)
+    }
+
+    /// The exit status, once the process exited within `within`; `None`
+    /// while it still runs then.
+    pub async fn exited_within(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.is_running() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Sends `signal` to the child.
 ///
 /// # Panics
@@ -67,5 +118,14 @@ mod tests {
             Err(Duration::from_millis(300))
         );
         assert!(stubborn.try_wait().unwrap().is_some(), "killed and reaped");
+    }
+
+    #[test]
+    fn a_running_child_is_killed_when_dropped() {
+        let running = Running::new(std::process::Command::new("sleep").arg("30").spawn().unwrap());
+        let pid = libc::pid_t::try_from(running.0.id()).unwrap();
+        drop(running);
+        // SAFETY: signal 0 only asks whether the pid exists.
+        assert_eq!(unsafe { libc::kill(pid, 0) }, -1, "killed and reaped");
     }
 }

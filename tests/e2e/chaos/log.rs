@@ -58,7 +58,7 @@ impl LogTail {
 /// and captured stderr), logging JSON at debug level. Killed if still
 /// running when dropped; its directory is kept when the test fails.
 pub struct Daemon {
-    pub(crate) child: Option<Child>,
+    pub(crate) child: Option<imagegc_testkit::process::Running>,
     pub(crate) dir: Option<tempfile::TempDir>,
 }
 
@@ -85,7 +85,7 @@ impl Daemon {
         .spawn()
         .unwrap_or_else(|e| panic!("starting imagegc run: {e}"));
         Daemon {
-            child: Some(child),
+            child: Some(imagegc_testkit::process::Running::new(child)),
             dir: Some(dir),
         }
     }
@@ -104,14 +104,16 @@ impl Daemon {
 
     /// True while the process has not exited.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(imagegc_testkit::process::Running::is_running)
     }
 
     /// Sends SIGTERM and waits for the exit; panics with the log's tail when
     /// the daemon does not exit within [`EXIT_TIMEOUT`].
     pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("the daemon was started");
-        match imagegc_testkit::process::terminate(&mut child, EXIT_TIMEOUT) {
+        match child.terminate(EXIT_TIMEOUT) {
             Ok((status, _)) => status,
             Err(within) => panic!(
                 "imagegc run did not exit within {within:?} of SIGTERM; last lines of its log:\n{}",
@@ -167,10 +169,9 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // Killed first (dropping it), so that the directory kept is not
+        // written to any more.
+        drop(self.child.take());
         if std::thread::panicking() && self.dir.is_some() {
             eprintln!(
                 "imagegc run's directory (configuration, state, log) kept at {}",
