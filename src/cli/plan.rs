@@ -33,7 +33,7 @@ struct PlanJson<'a> {
     /// The filesystem of containers' writable layers, when the runtime keeps
     /// them apart from its images (a split store); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
-    container_filesystem: Option<ContainerFsView>,
+    container_filesystem: Option<&'a ContainerFsView>,
     high_threshold_percent: u8,
     low_threshold_percent: u8,
     space_pass: bool,
@@ -48,7 +48,7 @@ struct PlanJson<'a> {
     /// largest recent pull (`gc.headroom`) and the pulls coming for pods
     /// bound to the node (`kubernetes.room_before_pulls`), when any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    headroom: Option<HeadroomView<'a>>,
+    headroom: Option<&'a HeadroomView<'a>>,
     /// What the removals are expected to free on disk together (each
     /// removal's `frees_bytes`): reported sizes by the runtime's footprint,
     /// shared layers counted once where the runtime names them.
@@ -102,11 +102,122 @@ pub async fn plan(
     output: Output,
 ) -> Result<ExitStatus, CliError> {
     let clock = Clock::start();
-    let config = Arc::new(config);
-    // The daemon's collector, writing nothing: its observe, its records,
-    // its cycle's plan. What the daemon learnt of each container and pod
-    // costs no call.
-    let settings = Settings::from(&*config);
+    let collector = read_only_collector(runtime, &config, pods, clock);
+    #[cfg(feature = "kubernetes")]
+    let (mut collector, sizes, _stop_sizes) = with_registry_sizes(collector, &config);
+    #[cfg(not(feature = "kubernetes"))]
+    let mut collector = collector;
+    let listing = collector.observe().await?;
+    #[cfg(feature = "kubernetes")]
+    if let Some(sizes) = &sizes {
+        // Asks for each size not known; then the plan knows them.
+        let _ = collector.pulls_waiting(&listing);
+        sizes.settled(crate::kubernetes::registry::LOOKUP_TIMEOUT).await;
+    }
+    let Ok(image_fs) = &listing.image_fs else {
+        return Err(listing.image_fs.unwrap_err().into());
+    };
+    let snapshot = &listing.snapshot;
+    let footprint = collector.footprint();
+    // Planned after the listing, as a cycle plans: an image first seen by
+    // this very listing is not "used at this instant".
+    let now = clock.now();
+    let cycle = collector.cycle_plan(&listing);
+    // With `gc.headroom`, the largest recent pull, and with
+    // `kubernetes.room_before_pulls` the pulls coming for the pods: what
+    // the cycle's thresholds in force make room for.
+    let largest = collector.largest_recent_pull();
+    let coming = collector.pulls_waiting(&listing);
+    let plan = &cycle.plan;
+    let fs = Statvfs.stats(&image_fs.path).ok();
+    let target = cycle.target();
+    let in_force = fs.map_or((target.high_percent(), target.low_percent()), |fs| {
+        target.in_force(fs.capacity_bytes)
+    });
+    let headroom = HeadroomView::of(largest, &coming, footprint, in_force);
+    // A dry-run cycle's space pass: the age removals counted, not made (a
+    // read-only `plan` remembers no removals to hold back).
+    let pass = fs.and_then(|fs| {
+        cycle.space(
+            fs,
+            cycle.age_would_free(),
+            footprint,
+            collector.layers(),
+            image_fs.image_bytes,
+        )
+    });
+    let full_outlook = pass.as_ref().map(|pass| pass.outlook);
+    let forecast = pass.map(|pass| pass.forecast(|_| false));
+    let frees = frees_in_order(
+        collector.layers().freeing(&snapshot.images, footprint),
+        plan,
+        forecast.as_ref(),
+    );
+    let shown = Shown {
+        now,
+        plan,
+        view: PlanView::new(plan, forecast.as_ref(), fs.as_ref(), target),
+        image_fs,
+        fs,
+        image_bytes: fs.map(|fs| ImageBytes::new(image_fs.image_bytes, &snapshot.images, footprint, fs.used_bytes())),
+        footprint,
+        container_fs: ContainerFsView::of(image_fs, &Statvfs),
+        mismatch: collector.image_fs_mismatch().map(str::to_string),
+        headroom,
+        in_force,
+        expected_to_free: frees.iter().fold(0u64, |sum, b| sum.saturating_add(*b)),
+        frees,
+        once_aged: full_outlook.and_then(|o| o.reached_once_aged()),
+        outlook: full_outlook.filter(SpaceOutlook::unreachable),
+    };
+    match output {
+        Output::Json => out::json(&shown.json(&config))?,
+        _ => out::text(&shown.text(&config))?,
+    }
+    Ok(0)
+}
+
+impl<'a> HeadroomView<'a> {
+    /// The largest recent pull and the coming pulls, when there are any,
+    /// on disk by `footprint`, with the thresholds `in_force` for them.
+    fn of(
+        largest: Option<&'a LargestPull>,
+        coming: &'a [ComingPull],
+        footprint: policy::DiskFootprint,
+        in_force: (u8, u8),
+    ) -> Option<Self> {
+        (largest.is_some() || !coming.is_empty()).then(|| HeadroomView {
+            largest_pull: largest,
+            bytes_on_disk: largest.map_or(0, |pull| footprint.on_disk(pull.size_bytes)),
+            coming_pulls: coming
+                .iter()
+                .map(|pull| ComingView {
+                    pull,
+                    bytes_on_disk: pull.bytes_on_disk(footprint),
+                })
+                .collect(),
+            high_threshold_percent: in_force.0,
+            low_threshold_percent: in_force.1,
+        })
+    }
+}
+
+/// What each removal frees, in the order `plan` shows them: the age
+/// removals first, as the walk counted them before its own, then the
+/// forecast's.
+fn frees_in_order(mut freeing: policy::Freeing, plan: &Plan, forecast: Option<&Forecast>) -> Vec<u64> {
+    plan.age
+        .iter()
+        .map(|c| freeing.release(c.id, c.size))
+        .chain(forecast.iter().flat_map(|f| f.frees.iter().copied()))
+        .collect()
+}
+
+/// The daemon's collector, writing nothing: its observe, its records, its
+/// cycle's plan. What the daemon learnt of each container and pod costs
+/// no call.
+fn read_only_collector(runtime: CriClient, config: &Config, pods: &Protections, clock: Clock) -> Collector<CriClient> {
+    let settings = Settings::from(config);
     let restored = Restored::load_from(
         StateStore::new(&config.state.dir).read_only(),
         &config.state.dir,
@@ -123,161 +234,135 @@ pub async fn plan(
     )
     .knowing(Known::read(&config.state.dir));
     collector.set_protections(pods.clone());
-    // `kubernetes.registry_manifests`: the pulls coming for pods of
-    // repositories the node never had, sized as the daemon would size them.
-    #[cfg(feature = "kubernetes")]
+    collector
+}
+
+/// With `kubernetes.registry_manifests`, the collector sizing the pulls
+/// coming for pods of repositories the node never had, as the daemon
+/// would size them; the lookups stop when the guard is dropped.
+#[cfg(feature = "kubernetes")]
+fn with_registry_sizes(
+    mut collector: Collector<CriClient>,
+    config: &Config,
+) -> (
+    Collector<CriClient>,
+    Option<Arc<crate::kubernetes::registry::ManifestSizes>>,
+    tokio_util::sync::DropGuard,
+) {
     let stop_sizes = tokio_util::sync::CancellationToken::new();
-    #[cfg(feature = "kubernetes")]
     let sizes = crate::kubernetes::registry::start(&config.kubernetes, &stop_sizes);
-    #[cfg(feature = "kubernetes")]
     if let Some(sizes) = &sizes {
         collector = collector.with_pull_sizes(Arc::clone(sizes) as Arc<dyn crate::engine::PullSizes>);
     }
-    let listing = collector.observe().await?;
-    #[cfg(feature = "kubernetes")]
-    if let Some(sizes) = &sizes {
-        // Asks for each size not known; then the plan knows them.
-        let _ = collector.pulls_waiting(&listing);
-        sizes.settled(crate::kubernetes::registry::LOOKUP_TIMEOUT).await;
-    }
-    #[cfg(feature = "kubernetes")]
-    let _stop_sizes = stop_sizes.drop_guard();
-    let listing = match listing.image_fs {
-        Ok(_) => listing,
-        Err(err) => return Err(err.into()),
-    };
-    let (snapshot, Ok(image_fs)) = (&listing.snapshot, &listing.image_fs) else {
-        unreachable!("an image filesystem that failed returned above");
-    };
-    let footprint = collector.footprint();
-    let mismatch = collector.image_fs_mismatch().map(str::to_string);
-    let container_fs = ContainerFsView::of(image_fs, &Statvfs);
-    // Planned after the listing, as a cycle plans: an image first seen by
-    // this very listing is not "used at this instant".
-    let now = clock.now();
-    let cycle = collector.cycle_plan(&listing);
-    // With `gc.headroom`, the largest recent pull, and with
-    // `kubernetes.room_before_pulls` the pulls coming for the pods: what
-    // the cycle's thresholds in force make room for.
-    let largest = collector.largest_recent_pull();
-    let coming = collector.pulls_waiting(&listing);
-    let plan = &cycle.plan;
-    let fs = Statvfs.stats(&image_fs.path).ok();
-    let target = cycle.target();
-    let in_force = fs.map_or((target.high_percent(), target.low_percent()), |fs| {
-        target.in_force(fs.capacity_bytes)
-    });
-    let headroom_view = (largest.is_some() || !coming.is_empty()).then(|| HeadroomView {
-        largest_pull: largest,
-        bytes_on_disk: largest.map_or(0, |pull| footprint.on_disk(pull.size_bytes)),
-        coming_pulls: coming
-            .iter()
-            .map(|pull| ComingView {
-                pull,
-                bytes_on_disk: pull.bytes_on_disk(footprint),
-            })
-            .collect(),
-        high_threshold_percent: in_force.0,
-        low_threshold_percent: in_force.1,
-    });
-    // A dry-run cycle's space pass: the age removals counted, not made (a
-    // read-only `plan` remembers no removals to hold back).
-    let pass = fs.and_then(|fs| {
-        cycle.space(
-            fs,
-            cycle.age_would_free(),
-            footprint,
-            collector.layers(),
-            image_fs.image_bytes,
-        )
-    });
-    let full_outlook = pass.as_ref().map(|pass| pass.outlook);
-    let forecast = pass.map(|pass| pass.forecast(|_| false));
-    let view = PlanView::new(plan, forecast.as_ref(), fs.as_ref(), target);
-    // What each removal frees, in the order shown: the age removals first,
-    // as the walk counted them before its own.
-    let mut freeing = collector.layers().freeing(&snapshot.images, footprint);
-    let frees: Vec<u64> = plan
-        .age
-        .iter()
-        .map(|c| freeing.release(c.id, c.size))
-        .chain(forecast.iter().flat_map(|f| f.frees.iter().copied()))
-        .collect();
-    let expected_to_free = frees.iter().fold(0u64, |sum, b| sum.saturating_add(*b));
-    let once_aged = full_outlook.and_then(|o| o.reached_once_aged());
-    let outlook = full_outlook.filter(SpaceOutlook::unreachable);
-    if output == Output::Json {
-        out::json(&PlanJson {
+    (collector, sizes, stop_sizes.drop_guard())
+}
+
+/// What `plan` shows, worked out once for its text and its JSON.
+struct Shown<'a> {
+    now: SystemTime,
+    plan: &'a Plan<'a>,
+    view: PlanView,
+    image_fs: &'a crate::engine::ImageFs,
+    fs: Option<FsStats>,
+    image_bytes: Option<ImageBytes>,
+    footprint: policy::DiskFootprint,
+    container_fs: Option<ContainerFsView>,
+    mismatch: Option<String>,
+    headroom: Option<HeadroomView<'a>>,
+    /// The high and low thresholds in force.
+    in_force: (u8, u8),
+    /// What each removal shown frees, in order.
+    frees: Vec<u64>,
+    expected_to_free: u64,
+    once_aged: Option<Duration>,
+    outlook: Option<SpaceOutlook>,
+}
+
+impl Shown<'_> {
+    /// `plan --output json`.
+    fn json<'s>(&'s self, config: &'s Config) -> PlanJson<'s> {
+        let (plan, order, now) = (self.plan, config.gc.order, self.now);
+        PlanJson {
             time: rfc3339(now),
             dry_run: config.gc.dry_run,
-            image_filesystem: fs.map(|s| FilesystemView {
-                mount_point: &image_fs.path,
-                image_bytes: ImageBytes::new(image_fs.image_bytes, &snapshot.images, footprint, s.used_bytes()),
+            image_filesystem: self.fs.zip(self.image_bytes).map(|(s, image_bytes)| FilesystemView {
+                mount_point: &self.image_fs.path,
+                image_bytes,
                 capacity_bytes: s.capacity_bytes,
                 available_bytes: s.available(),
                 usage_percent: s.usage_percent(),
             }),
-            container_filesystem: container_fs,
+            container_filesystem: self.container_fs.as_ref(),
             high_threshold_percent: config.gc.high_threshold_percent,
             low_threshold_percent: config.gc.low_threshold_percent,
-            space_pass: view.space_pass,
-            bytes_to_free: view.bytes_to_free,
-            order: config.gc.order.as_str(),
-            space_unreachable: outlook,
-            image_fs_mismatch: mismatch.as_deref(),
-            headroom: headroom_view,
-            expected_to_free_bytes: expected_to_free,
+            space_pass: self.view.space_pass,
+            bytes_to_free: self.view.bytes_to_free,
+            order: order.as_str(),
+            space_unreachable: self.outlook,
+            image_fs_mismatch: self.mismatch.as_deref(),
+            headroom: self.headroom.as_ref(),
+            expected_to_free_bytes: self.expected_to_free,
             removals: plan
                 .age
                 .iter()
-                .chain(view.space_expected(plan))
-                .zip(&frees)
+                .chain(self.view.space_expected(plan))
+                .zip(&self.frees)
                 .map(|(c, frees)| {
-                    let mut value = candidate_json(c, config.gc.order, now);
+                    let mut value = candidate_json(c, order, now);
                     if let Some(object) = value.as_object_mut() {
                         object.insert("frees_bytes".to_string(), (*frees).into());
                     }
                     value
                 })
                 .collect(),
-            further_space_candidates: view
+            further_space_candidates: self
+                .view
                 .space_further(plan)
                 .iter()
-                .map(|c| candidate_json(c, config.gc.order, now))
+                .map(|c| candidate_json(c, order, now))
                 .collect(),
             kept: plan.kept.iter().map(|kept| kept_json(kept, now)).collect(),
-        })?;
-        return Ok(0);
+        }
     }
-    let mut text = fs_line(&image_fs.path.display().to_string(), fs.as_ref(), &config);
-    if let Some(fs) = &fs {
-        let bytes = ImageBytes::new(image_fs.image_bytes, &snapshot.images, footprint, fs.used_bytes());
-        text.push_str(&image_bytes_line(&bytes, footprint));
-    }
-    if let Some(container_fs) = &container_fs {
-        text.push_str(&container_fs.line());
-    }
-    if let Some(why) = &mismatch {
-        text.push_str(&format!("no space pass: {}\n", printable(why)));
-    }
-    if let Ok(Some(line)) = super::table::removed_by_others_line(&config.state.dir, now) {
-        text.push_str(&line);
-    }
-    if let Some(view) = &headroom_view {
-        text.push_str(&headroom_line(view, &config, now));
-    }
-    text.push_str(&summary(plan, &view, outlook.as_ref(), once_aged, in_force.1, &config));
-    text.push_str(&removals_text(plan, &view, &frees, config.gc.order, now));
-    text.push_str(&kept_text(plan));
-    let unused_later = if view.space_pass { 0 } else { plan.space.len() };
-    if unused_later > 0 {
-        text.push_str(&format!(
-            "\n{unused_later} unused image(s) are candidates once usage reaches {}%\n",
-            in_force.0
+
+    /// `plan`'s text.
+    fn text(&self, config: &Config) -> String {
+        let (plan, now) = (self.plan, self.now);
+        let mut text = fs_line(&self.image_fs.path.display().to_string(), self.fs.as_ref(), config);
+        if let Some(bytes) = &self.image_bytes {
+            text.push_str(&image_bytes_line(bytes, self.footprint));
+        }
+        if let Some(container_fs) = &self.container_fs {
+            text.push_str(&container_fs.line());
+        }
+        if let Some(why) = &self.mismatch {
+            text.push_str(&format!("no space pass: {}\n", printable(why)));
+        }
+        if let Ok(Some(line)) = super::table::removed_by_others_line(&config.state.dir, now) {
+            text.push_str(&line);
+        }
+        if let Some(view) = &self.headroom {
+            text.push_str(&headroom_line(view, config, now));
+        }
+        text.push_str(&summary(
+            plan,
+            &self.view,
+            self.outlook.as_ref(),
+            self.once_aged,
+            self.in_force.1,
+            config,
         ));
+        text.push_str(&removals_text(plan, &self.view, &self.frees, config.gc.order, now));
+        text.push_str(&kept_text(plan));
+        let unused_later = if self.view.space_pass { 0 } else { plan.space.len() };
+        if unused_later > 0 {
+            text.push_str(&format!(
+                "\n{unused_later} unused image(s) are candidates once usage reaches {}%\n",
+                self.in_force.0
+            ));
+        }
+        text
     }
-    out::text(&text)?;
-    Ok(0)
 }
 
 /// The headroom's line: the largest recent pull and the coming pulls, and
