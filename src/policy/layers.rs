@@ -446,96 +446,21 @@ impl Freeing {
         if book.is_empty() {
             return Freeing::whole(footprint);
         }
-        let mut index: HashMap<u64, u32> = HashMap::default();
-        let mut sizes: Vec<u64> = Vec::new();
-        // (layer, row) for every layer of every row, sorted: each layer's
-        // rows side by side, in order.
-        let mut held: Vec<(LayerKey, u32)> = Vec::new();
-        for image in images {
-            let key = id_key(&image.id);
-            let Some(layers) = book.images.get(&key) else {
-                continue;
-            };
-            if index.contains_key(&key) {
-                continue;
-            }
-            let row = sizes.len() as u32;
-            index.insert(key, row);
-            sizes.push(footprint.on_disk(image.size));
-            held.extend(layers.iter().map(|&layer| (layer, row)));
-        }
-        let listed = sizes.len() as u32;
-        held.sort_unstable();
-        let is_held = |layer: &LayerKey| held.binary_search_by_key(layer, |&(l, _)| l).is_ok();
-        let mut extra: Vec<u64> = vec![0; listed as usize];
-        let mut ghosts_held: Vec<(LayerKey, u32)> = Vec::new();
-        for ghost in &book.ghosts {
-            let row = sizes.len() as u32;
-            let mut holds = false;
-            let mut measured = 0u64;
-            for layer in &ghost.layers {
-                if is_held(layer) {
-                    holds = true;
-                    ghosts_held.push((*layer, row));
-                } else {
-                    measured = measured.saturating_add(book.learned.get(layer).map_or(0, |l| l.bytes));
-                }
-            }
-            if holds {
-                sizes.push(footprint.on_disk(ghost.reported));
-                extra.push(measured);
-            }
-        }
-        held.extend(ghosts_held);
-        held.sort_unstable();
-        held.dedup();
-        // Layers of the same rows are one block: the runs of rows, each
-        // borrowed from `held`, name the blocks.
-        let mut block_of: HashMap<Vec<u32>, u32> = HashMap::default();
-        let mut own_block: HashMap<u32, u32> = HashMap::default();
-        let mut fixed: Vec<u64> = Vec::new();
-        let mut open: Vec<bool> = Vec::new();
-        let mut holders: Vec<u32> = Vec::new();
-        let mut constraints: Vec<Vec<u32>> = vec![Vec::new(); sizes.len()];
-        let mut rows_of_layer: Vec<u32> = Vec::new();
-        for run in held.chunk_by(|a, b| a.0 == b.0) {
-            let layer = run[0].0;
-            rows_of_layer.clear();
-            rows_of_layer.extend(run.iter().map(|&(_, row)| row));
-            // Most layers are one image's own: found by that row alone.
-            let found = match rows_of_layer[..] {
-                [row] => own_block.get(&row).copied(),
-                _ => block_of.get(&rows_of_layer).copied(),
-            };
-            let block = match found {
-                Some(block) => block,
-                None => {
-                    let block = fixed.len() as u32;
-                    match rows_of_layer[..] {
-                        [row] => _ = own_block.insert(row, block),
-                        _ => _ = block_of.insert(rows_of_layer.clone(), block),
-                    }
-                    fixed.push(0);
-                    open.push(false);
-                    holders.push(rows_of_layer.iter().filter(|&&row| row < listed).count() as u32);
-                    for &row in &rows_of_layer {
-                        constraints[row as usize].push(block);
-                    }
-                    block
-                }
-            };
-            match book.learned.get(&layer) {
-                Some(learned) => fixed[block as usize] = fixed[block as usize].saturating_add(learned.bytes),
-                None => open[block as usize] = true,
-            }
-        }
-        drop((block_of, own_block));
-        let bytes = solve(&constraints, &sizes, &extra, &fixed, &open);
+        let mut rows = Rows::of_images(book, images, footprint);
+        rows.add_ghosts(book, footprint);
+        let listed = rows.listed;
+        let Grouped {
+            mut constraints,
+            fixed,
+            open,
+            holders,
+        } = rows.group(book);
+        let bytes = solve(&constraints, &rows.sizes, &rows.extra, &fixed, &open);
         constraints.truncate(listed as usize);
         Freeing {
             footprint,
             blocks: Arc::new(Blocks {
-                index,
+                index: rows.index,
                 rows: constraints,
                 bytes,
                 holders,
@@ -572,6 +497,146 @@ impl Freeing {
     /// without removing it.
     pub fn would_free(&self, id: &str, size: u64) -> u64 {
         self.clone().release(id, size)
+    }
+}
+
+/// The rows of the estimate: one per listed image whose layers are known,
+/// then one per ghost holding a layer of theirs, each with the on-disk
+/// bytes its blocks add up to.
+struct Rows {
+    /// Image id (by its key) to its row.
+    index: HashMap<u64, u32>,
+    /// Each row's on-disk bytes.
+    sizes: Vec<u64>,
+    /// Each row's bytes measured outside its blocks (a ghost's layers no
+    /// image holds any more).
+    extra: Vec<u64>,
+    /// How many rows are listed images (the ghosts' come after).
+    listed: u32,
+    /// (layer, row) for every layer of every row, sorted: each layer's
+    /// rows side by side, in order.
+    held: Vec<(LayerKey, u32)>,
+}
+
+/// The blocks the rows' layers form (see [`Rows::group`]).
+struct Grouped {
+    /// Each row's blocks.
+    constraints: Vec<Vec<u32>>,
+    /// Each block's measured bytes.
+    fixed: Vec<u64>,
+    /// Whether a block has a layer not measured.
+    open: Vec<bool>,
+    /// How many listed images hold each block.
+    holders: Vec<u32>,
+}
+
+impl Rows {
+    /// A row for each image of `images` whose layers `book` knows.
+    fn of_images(book: &LayerBook, images: &[Image], footprint: DiskFootprint) -> Self {
+        let mut rows = Rows {
+            index: HashMap::default(),
+            sizes: Vec::new(),
+            extra: Vec::new(),
+            listed: 0,
+            held: Vec::new(),
+        };
+        for image in images {
+            let key = id_key(&image.id);
+            let Some(layers) = book.images.get(&key) else {
+                continue;
+            };
+            if rows.index.contains_key(&key) {
+                continue;
+            }
+            let row = rows.sizes.len() as u32;
+            rows.index.insert(key, row);
+            rows.sizes.push(footprint.on_disk(image.size));
+            rows.held.extend(layers.iter().map(|&layer| (layer, row)));
+        }
+        rows.listed = rows.sizes.len() as u32;
+        rows.extra = vec![0; rows.sizes.len()];
+        rows.held.sort_unstable();
+        rows
+    }
+
+    /// A row for each ghost that holds a layer of a listed image: its
+    /// reported bytes bound the blocks it shares, less what its layers no
+    /// image holds were measured to free.
+    fn add_ghosts(&mut self, book: &LayerBook, footprint: DiskFootprint) {
+        let held = &self.held;
+        let is_held = |layer: &LayerKey| held.binary_search_by_key(layer, |&(l, _)| l).is_ok();
+        let mut ghosts_held: Vec<(LayerKey, u32)> = Vec::new();
+        for ghost in &book.ghosts {
+            let row = self.sizes.len() as u32;
+            let mut holds = false;
+            let mut measured = 0u64;
+            for layer in &ghost.layers {
+                if is_held(layer) {
+                    holds = true;
+                    ghosts_held.push((*layer, row));
+                } else {
+                    measured = measured.saturating_add(book.learned.get(layer).map_or(0, |l| l.bytes));
+                }
+            }
+            if holds {
+                self.sizes.push(footprint.on_disk(ghost.reported));
+                self.extra.push(measured);
+            }
+        }
+        self.held.extend(ghosts_held);
+        self.held.sort_unstable();
+        self.held.dedup();
+    }
+
+    /// The blocks: layers held by the same rows are one block, its bytes
+    /// measured where `book` learnt them.
+    fn group(&self, book: &LayerBook) -> Grouped {
+        // The runs of rows, each borrowed from `held`, name the blocks.
+        let mut block_of: HashMap<Vec<u32>, u32> = HashMap::default();
+        let mut own_block: HashMap<u32, u32> = HashMap::default();
+        let mut grouped = Grouped {
+            constraints: vec![Vec::new(); self.sizes.len()],
+            fixed: Vec::new(),
+            open: Vec::new(),
+            holders: Vec::new(),
+        };
+        let mut rows_of_layer: Vec<u32> = Vec::new();
+        for run in self.held.chunk_by(|a, b| a.0 == b.0) {
+            let layer = run[0].0;
+            rows_of_layer.clear();
+            rows_of_layer.extend(run.iter().map(|&(_, row)| row));
+            // Most layers are one image's own: found by that row alone.
+            let found = match rows_of_layer[..] {
+                [row] => own_block.get(&row).copied(),
+                _ => block_of.get(&rows_of_layer).copied(),
+            };
+            let block = match found {
+                Some(block) => block,
+                None => {
+                    let block = grouped.fixed.len() as u32;
+                    match rows_of_layer[..] {
+                        [row] => _ = own_block.insert(row, block),
+                        _ => _ = block_of.insert(rows_of_layer.clone(), block),
+                    }
+                    grouped.fixed.push(0);
+                    grouped.open.push(false);
+                    grouped
+                        .holders
+                        .push(rows_of_layer.iter().filter(|&&row| row < self.listed).count() as u32);
+                    for &row in &rows_of_layer {
+                        grouped.constraints[row as usize].push(block);
+                    }
+                    block
+                }
+            };
+            match book.learned.get(&layer) {
+                Some(learned) => {
+                    grouped.fixed[block as usize] = grouped.fixed[block as usize].saturating_add(learned.bytes);
+                }
+                None => grouped.open[block as usize] = true,
+            }
+        }
+        grouped
     }
 }
 
