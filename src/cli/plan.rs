@@ -126,7 +126,6 @@ pub async fn plan(
     // With `gc.headroom`, the largest recent pull, and with
     // `kubernetes.room_before_pulls` the pulls coming for the pods: what
     // the cycle's thresholds in force make room for.
-    let largest = collector.largest_recent_pull();
     let coming = collector.pulls_waiting(&listing);
     let plan = &cycle.plan;
     let fs = Statvfs.stats(&image_fs.path).ok();
@@ -134,7 +133,6 @@ pub async fn plan(
     let in_force = fs.map_or((target.high_percent(), target.low_percent()), |fs| {
         target.in_force(fs.capacity_bytes)
     });
-    let headroom = HeadroomView::of(largest, &coming, footprint, in_force);
     // A dry-run cycle's space pass: the age removals counted, not made (a
     // read-only `plan` remembers no removals to hold back).
     let pass = fs.and_then(|fs| {
@@ -163,7 +161,7 @@ pub async fn plan(
         footprint,
         container_fs: ContainerFsView::of(image_fs, &Statvfs),
         mismatch: collector.image_fs_mismatch().map(str::to_string),
-        headroom,
+        headroom: HeadroomView::of(collector.largest_recent_pull(), &coming, footprint, in_force),
         in_force,
         expected_to_free: frees.iter().fold(0u64, |sum, b| sum.saturating_add(*b)),
         frees,
