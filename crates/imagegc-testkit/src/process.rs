@@ -21,14 +21,38 @@ impl Running {
         matches!(self.0.try_wait(), Ok(None))
     }
 
-    /// Sends `signal` (see [`signal`]).
+    /// Sends `signal` to the child.
+    ///
+    /// # Panics
+    /// When kill(2) fails (the child was already reaped).
     pub fn signal(&self, signal: i32) {
-        self::signal(&self.0, signal);
+        let pid = libc::pid_t::try_from(self.0.id()).expect("a pid fits a pid_t");
+        // SAFETY: kill(2) on our own child's pid has no memory effects.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal}): {}", std::io::Error::last_os_error());
     }
 
-    /// SIGTERM and a bounded wait (see [`terminate`]).
+    /// Sends SIGTERM (unless the child already exited) and waits up to
+    /// `within` for the exit: its status and how long it took; past
+    /// `within`, the child is killed and reaped, and `Err` says how long it
+    /// was given.
     pub fn terminate(&mut self, within: Duration) -> Result<(ExitStatus, Duration), Duration> {
-        terminate(&mut self.0, within)
+        let started = Instant::now();
+        if let Ok(Some(status)) = self.0.try_wait() {
+            return Ok((status, Duration::ZERO));
+        }
+        self.signal(libc::SIGTERM);
+        loop {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Ok((status, started.elapsed()));
+            }
+            if started.elapsed() > within {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                return Err(within);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The exit status, once the process exited within `within`; `None`
@@ -56,47 +80,14 @@ impl Drop for Running {
     }
 }
 
-/// Sends `signal` to the child.
-///
-/// # Panics
-/// When kill(2) fails (the child was already reaped).
-pub fn signal(child: &Child, signal: i32) {
-    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits a pid_t");
-    // SAFETY: kill(2) on our own child's pid has no memory effects.
-    let rc = unsafe { libc::kill(pid, signal) };
-    assert_eq!(rc, 0, "kill({pid}, {signal}): {}", std::io::Error::last_os_error());
-}
-
-/// Sends SIGTERM (unless the child already exited) and waits up to
-/// `within` for the exit: its status and how long it took; past `within`,
-/// the child is killed and reaped, and `Err` says how long it was given.
-pub fn terminate(child: &mut Child, within: Duration) -> Result<(ExitStatus, Duration), Duration> {
-    let started = Instant::now();
-    if let Ok(Some(status)) = child.try_wait() {
-        return Ok((status, Duration::ZERO));
-    }
-    signal(child, libc::SIGTERM);
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Ok((status, started.elapsed()));
-        }
-        if started.elapsed() > within {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(within);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_process_that_ends_on_sigterm_is_waited_for_and_one_that_ignores_it_is_killed() {
-        let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let (status, took) = terminate(&mut sleeper, Duration::from_secs(10)).unwrap();
+        let mut sleeper = Running::new(std::process::Command::new("sleep").arg("30").spawn().unwrap());
+        let (status, took) = sleeper.terminate(Duration::from_secs(10)).unwrap();
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(libc::SIGTERM)
@@ -112,12 +103,12 @@ mod tests {
                 Ok(())
             });
         }
-        let mut stubborn = stubborn.spawn().unwrap();
+        let mut stubborn = Running::new(stubborn.spawn().unwrap());
         assert_eq!(
-            terminate(&mut stubborn, Duration::from_millis(300)),
+            stubborn.terminate(Duration::from_millis(300)),
             Err(Duration::from_millis(300))
         );
-        assert!(stubborn.try_wait().unwrap().is_some(), "killed and reaped");
+        assert!(stubborn.0.try_wait().unwrap().is_some(), "killed and reaped");
     }
 
     #[test]
