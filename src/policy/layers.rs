@@ -302,7 +302,8 @@ impl LayerBook {
     }
 
     /// The ghosts.
-    pub fn ghosts(&self) -> &[Ghost] {
+    #[cfg(test)]
+    fn ghosts(&self) -> &[Ghost] {
         &self.ghosts
     }
 
@@ -322,7 +323,8 @@ impl LayerBook {
     }
 
     /// The measured layers.
-    pub fn learned(&self) -> impl Iterator<Item = (LayerKey, Learned)> + '_ {
+    #[cfg(test)]
+    fn learned(&self) -> impl Iterator<Item = (LayerKey, Learned)> + '_ {
         self.learned.iter().map(|(layer, learned)| (*layer, *learned))
     }
 

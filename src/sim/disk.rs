@@ -19,7 +19,7 @@ use crate::fs::{FsError, FsProbe, FsStats};
 
 /// The bytes another writer holds, by the time since it started (see
 /// [`SimDisk::held_by_other`]).
-pub type OtherWriter = Arc<dyn Fn(Duration) -> u64 + Send + Sync>;
+type OtherWriter = Arc<dyn Fn(Duration) -> u64 + Send + Sync>;
 
 /// A simulated image filesystem: its capacity, its available bytes, and
 /// what each image really occupies (which need not be the size the runtime

@@ -8,7 +8,8 @@
 //!   measure it instead of a real disk.
 //! - [`SimNode`] is what a fake node holds (images, their layers,
 //!   containers, the removals its runtime made): the engine tests' fake
-//!   runtime and the test kit's gRPC fake runtime keep this one model.
+//!   runtime, the test kit's gRPC fake runtime and the invariant harness
+//!   keep this one model.
 //! - [`trace`]: a node's usage over time (layers, images, container starts
 //!   and stops), synthetic or read from a file of JSON lines.
 //! - [`workload`]: four seeded generators of synthetic traces (a service
@@ -34,5 +35,5 @@ pub mod replay;
 pub mod trace;
 pub mod workload;
 
-pub use disk::{OtherWriter, SimDisk};
+pub use disk::SimDisk;
 pub use node::{SimNode, names};

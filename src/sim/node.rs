@@ -1,11 +1,12 @@
-//! [`SimNode`]: what a fake node holds, kept once for the two fakes that
-//! answer for one: the engine tests' in-process runtime and the test kit's
-//! gRPC fake runtime. Its images in the order they came (found by id in
-//! constant time, or by a tag or a digest), the layers each is made of
-//! (what a verbose `ImageStatus` names), its containers in any state, and
-//! the removals the runtime made. How a runtime answers for it (its
-//! dialect on the wire, its faults, its hooks) is each fake's own; what a
-//! removal gives back is the disk's ([`SimDisk`](super::SimDisk)).
+//! [`SimNode`]: what a fake node holds, kept once for the three fakes that
+//! answer for one: the engine tests' in-process runtime, the test kit's
+//! gRPC fake runtime and the invariant harness's attacked node. Its images
+//! in the order they came (found by id in constant time, or by a tag or a
+//! digest), the layers each is made of (what a verbose `ImageStatus`
+//! names), its containers in any state, and the removals the runtime made.
+//! How a runtime answers for it (its dialect on the wire, its faults, its
+//! hooks) is each fake's own; what a removal gives back is the disk's
+//! ([`SimDisk`](super::SimDisk)).
 
 use std::collections::HashMap;
 
