@@ -69,30 +69,70 @@ pub struct Record {
     /// or an earlier one (kept in the state file: the times cannot tell,
     /// since loading moves last-used times forward past first sightings).
     pub ever_used: bool,
-    /// The usual break between two uses of the image: set when a container
-    /// is seen using it again after at least [`MIN_BREAK`] unused, each new
-    /// break then weighing half (so it follows a job whose period changes).
-    /// Only a gap imagegc observed whole counts: not one that spans its
-    /// start or the runtime coming back after an outage.
-    /// What `gc.order = "reuse"` expects the next break to be.
+    /// The usual break between two uses of the image, and how far breaks
+    /// stray from it: set when a container is seen using it again after at
+    /// least [`MIN_BREAK`] unused, each new break then weighing half (so it
+    /// follows a job whose period changes). Only a gap imagegc observed
+    /// whole counts: not one that spans its start or the runtime coming
+    /// back after an outage. What `gc.order = "reuse"` expects the next
+    /// break to be.
     pub usual_break: Option<Break>,
 }
 
 /// A usual break between two uses, in whole seconds (at least one, at most
-/// 136 years): four bytes, which a record has room for without growing.
+/// 136 years), and its spread: how far breaks stray from it, on average
+/// (each new break's distance from the usual one weighing half, as the
+/// break itself does). A periodic job's breaks hardly stray; those of an
+/// image used at random stray by about their mean. One break alone tells
+/// no spread. Eight bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Break(std::num::NonZeroU32);
+pub struct Break {
+    usual: std::num::NonZeroU32,
+    /// Whole seconds, at most `u32::MAX - 1`; [`NO_SPREAD`] when not known.
+    spread: u32,
+}
+
+/// [`Break::spread`] not known: one break seen.
+const NO_SPREAD: u32 = u32::MAX;
 
 impl Break {
-    /// `d`, in whole seconds, at least one.
+    /// `d`, in whole seconds, at least one; its spread not known (the
+    /// first break).
     pub fn from_duration(d: Duration) -> Self {
         let secs = u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1);
-        Break(std::num::NonZeroU32::new(secs).unwrap_or(std::num::NonZeroU32::MIN))
+        Break {
+            usual: std::num::NonZeroU32::new(secs).unwrap_or(std::num::NonZeroU32::MIN),
+            spread: NO_SPREAD,
+        }
     }
 
-    /// As a duration.
+    /// The same usual break, with this spread (in whole seconds).
+    pub fn with_spread(self, spread: Option<Duration>) -> Self {
+        Break {
+            spread: spread.map_or(NO_SPREAD, |s| {
+                u32::try_from(s.as_secs()).unwrap_or(NO_SPREAD - 1).min(NO_SPREAD - 1)
+            }),
+            ..self
+        }
+    }
+
+    /// The usual break, as a duration.
     pub fn duration(self) -> Duration {
-        Duration::from_secs(self.0.get().into())
+        Duration::from_secs(self.usual.get().into())
+    }
+
+    /// How far breaks stray from the usual one, once two were seen.
+    pub fn spread(self) -> Option<Duration> {
+        (self.spread != NO_SPREAD).then(|| Duration::from_secs(self.spread.into()))
+    }
+
+    /// After one more break of `unused`: the usual break and the spread
+    /// each move halfway to what this break showed.
+    pub fn after(self, unused: Duration) -> Self {
+        let usual = self.duration();
+        let strayed = usual.abs_diff(unused);
+        let spread = self.spread().map_or(strayed, |s| (s + strayed) / 2);
+        Break::from_duration((usual + unused) / 2).with_spread(Some(spread))
     }
 }
 
@@ -110,8 +150,10 @@ impl Record {
             && let Ok(unused) = now.duration_since(self.last_used)
             && unused >= MIN_BREAK
         {
-            let usual = self.usual_break.map_or(unused, |usual| (usual.duration() + unused) / 2);
-            self.usual_break = Some(Break::from_duration(usual));
+            self.usual_break = Some(
+                self.usual_break
+                    .map_or_else(|| Break::from_duration(unused), |b| b.after(unused)),
+            );
             changed = true;
         }
         self.last_used = self.last_used.max(now);
@@ -779,6 +821,39 @@ mod tests {
             records.get("0").unwrap().usual_break.map(Break::duration),
             Some(Duration::from_secs(2 * 3600))
         );
+    }
+
+    /// The spread says how far breaks stray from the usual one: nothing
+    /// for one break, little for a periodic job, about the mean for an
+    /// image used at random.
+    #[test]
+    fn the_breaks_spread_is_learnt_beside_the_usual_break() {
+        let hour = 3600;
+        let learn = |breaks: &[u64]| {
+            let mut records = Records::new();
+            let images = [image("0", 1)];
+            records.observe(&images, &[container("c", "0")], t(0));
+            let mut at = 0;
+            for b in breaks {
+                at += b;
+                records.mark_used(["0"], t(at));
+            }
+            records.get("0").unwrap().usual_break.unwrap()
+        };
+        let one = learn(&[2 * hour]);
+        assert_eq!((one.duration(), one.spread()), (Duration::from_secs(2 * hour), None));
+        // Every 2 h: no spread.
+        let periodic = learn(&[2 * hour, 2 * hour, 2 * hour]);
+        assert_eq!(periodic.spread(), Some(Duration::ZERO));
+        // 2 h, then 6 h: the usual break moves to 4 h, the spread to the
+        // 4 h this break strayed; then 1 h: 2.5 h, and the spread halfway
+        // to the 3 h it strayed, 3.5 h.
+        let random = learn(&[2 * hour, 6 * hour]);
+        assert_eq!(random.duration(), Duration::from_secs(4 * hour));
+        assert_eq!(random.spread(), Some(Duration::from_secs(4 * hour)));
+        let random = learn(&[2 * hour, 6 * hour, hour]);
+        assert_eq!(random.duration(), Duration::from_secs(5 * hour / 2));
+        assert_eq!(random.spread(), Some(Duration::from_secs(7 * hour / 2)));
     }
 
     #[test]

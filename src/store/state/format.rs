@@ -1,4 +1,4 @@
-//! The state file's format, pure: encoding the records (version 4) and
+//! The state file's format, pure: encoding the records (version 7) and
 //! decoding every version imagegc ever wrote (see the module docs of
 //! [`super`]). Never panics, whatever the input.
 
@@ -26,7 +26,8 @@ pub(super) struct Head {
     last_success: Option<u64>,
     /// Version 5: what is remembered of images removed after they were
     /// used (see [`Records::removed_memory`]), `[id, last used, removed
-    /// at, usual break]` each (unix ms; a break of 0: none known); absent
+    /// at, usual break, its spread]` each (unix ms; a break of 0: none
+    /// known; the spread from version 7, `null` when not known); absent
     /// when there is none, and in older files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     removed: Vec<RemovedLine>,
@@ -55,13 +56,49 @@ pub(super) type GhostLine = (Vec<String>, u64, u64);
 /// A layer's measured size, as stored: digest, on-disk bytes, when (unix ms).
 pub(super) type LayerLine = (String, u64, u64);
 
-/// What is remembered of one removed image, as stored.
-pub(super) type RemovedLine = (String, u64, u64, u64);
+/// What is remembered of one removed image, as stored: id, last used,
+/// removed at, usual break (ms; 0: none known) and, from version 7, its
+/// spread (ms; `null`: not known).
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(untagged)]
+pub(super) enum RemovedLine {
+    /// Version 7.
+    WithSpread(String, u64, u64, u64, Option<u64>),
+    /// Versions 5 and 6.
+    Plain(String, u64, u64, u64),
+}
 
-/// A record line of version 4 as read (as [`encode`] writes it): id, first
+impl RemovedLine {
+    /// Id, last used, removed at (unix ms) and the usual break.
+    pub(super) fn into_parts(self) -> (String, u64, u64, Option<crate::records::Break>) {
+        match self {
+            RemovedLine::WithSpread(id, last_used, removed_at, usual, spread) => {
+                (id, last_used, removed_at, break_from_millis(usual, spread))
+            }
+            RemovedLine::Plain(id, last_used, removed_at, usual) => {
+                (id, last_used, removed_at, break_from_millis(usual, None))
+            }
+        }
+    }
+}
+
+/// A record line of version 7 as read (as [`encode`] writes it): id, first
 /// seen, last used, size, pinned, tags, digests, ever used, usual break
-/// (ms; 0: none known).
-type Line = (String, u64, u64, u64, bool, Vec<String>, Vec<String>, bool, u64);
+/// (ms; 0: none known), its spread (ms; `null`: not known).
+type Line = (
+    String,
+    u64,
+    u64,
+    u64,
+    bool,
+    Vec<String>,
+    Vec<String>,
+    bool,
+    u64,
+    Option<u64>,
+);
+/// A record line of versions 4 to 6: as version 7, without the spread.
+type LineV4 = (String, u64, u64, u64, bool, Vec<String>, Vec<String>, bool, u64);
 /// A record line of version 3: as version 4, without the usual break.
 type LineV3 = (String, u64, u64, u64, bool, Vec<String>, Vec<String>, bool);
 /// A record line of version 2: as version 3, without `ever used`.
@@ -157,11 +194,12 @@ pub(super) fn encode_payload(
     let mut removed: Vec<RemovedLine> = records
         .removed_memory()
         .map(|(id, last_used, removed_at, usual_break)| {
-            (
+            RemovedLine::WithSpread(
                 id.to_string(),
                 to_unix_millis(last_used),
                 to_unix_millis(removed_at),
                 break_millis(usual_break),
+                spread_millis(usual_break),
             )
         })
         .collect();
@@ -208,7 +246,7 @@ fn sort_prefix(id: &str) -> u128 {
     u128::from_be_bytes(prefix)
 }
 
-/// One record's line: `["<id>",<first seen>,<last used>,<size>,<pinned>,[<tag>,...],[<digest>,...],<ever used>,<usual break>]`
+/// One record's line: `["<id>",<first seen>,<last used>,<size>,<pinned>,[<tag>,...],[<digest>,...],<ever used>,<usual break>,<spread>]`
 /// and a newline, exactly as `serde_json` writes that array.
 fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
     let mut numbers = itoa::Buffer::new();
@@ -234,6 +272,11 @@ fn write_line(out: &mut Vec<u8>, id: &str, r: &Record) {
     }
     out.extend_from_slice(if r.ever_used { b",true," } else { b",false," });
     out.extend_from_slice(numbers.format(break_millis(r.usual_break)).as_bytes());
+    out.push(b',');
+    match spread_millis(r.usual_break) {
+        Some(ms) => out.extend_from_slice(numbers.format(ms).as_bytes()),
+        None => out.extend_from_slice(b"null"),
+    }
     out.extend_from_slice(b"]\n");
 }
 
@@ -242,9 +285,20 @@ fn break_millis(usual_break: Option<crate::records::Break>) -> u64 {
     usual_break.map_or(0, |b| b.duration().as_secs().saturating_mul(1000))
 }
 
-/// A usual break as read back.
-pub(super) fn break_from_millis(ms: u64) -> Option<crate::records::Break> {
-    (ms > 0).then(|| crate::records::Break::from_duration(std::time::Duration::from_millis(ms)))
+/// A usual break's spread as stored: whole seconds in milliseconds, none
+/// when not known.
+fn spread_millis(usual_break: Option<crate::records::Break>) -> Option<u64> {
+    usual_break
+        .and_then(crate::records::Break::spread)
+        .map(|s| s.as_secs().saturating_mul(1000))
+}
+
+/// A usual break and its spread as read back.
+pub(super) fn break_from_millis(ms: u64, spread_ms: Option<u64>) -> Option<crate::records::Break> {
+    (ms > 0).then(|| {
+        crate::records::Break::from_duration(std::time::Duration::from_millis(ms))
+            .with_spread(spread_ms.map(std::time::Duration::from_millis))
+    })
 }
 
 /// A JSON string, as `serde_json` writes it. Names and ids need no escape
@@ -288,6 +342,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
         "v4" => 4,
         "v5" => 5,
         "v6" => 6,
+        "v7" => 7,
         _ => return Err(Corruption::WrongVersion(version.trim_start_matches('v').to_string())),
     };
     let crc = fields
@@ -334,11 +389,19 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, Corruption> {
                 )
             },
         ),
+        4..=6 => decode_lines(
+            body,
+            |(id, first_seen, last_used, size, pinned, tags, digests, ever_used, usual_break): LineV4| {
+                let mut record = record(first_seen, last_used, size, pinned, &tags, &digests, ever_used);
+                record.usual_break = break_from_millis(usual_break, None);
+                (id, record)
+            },
+        ),
         _ => decode_lines(
             body,
-            |(id, first_seen, last_used, size, pinned, tags, digests, ever_used, usual_break): Line| {
+            |(id, first_seen, last_used, size, pinned, tags, digests, ever_used, usual_break, spread): Line| {
                 let mut record = record(first_seen, last_used, size, pinned, &tags, &digests, ever_used);
-                record.usual_break = break_from_millis(usual_break);
+                record.usual_break = break_from_millis(usual_break, spread);
                 (id, record)
             },
         ),

@@ -1,11 +1,11 @@
 //! Persistence of the records, crash-safe.
 //!
-//! One file, `<state dir>/records.state`, in this format (version 6):
+//! One file, `<state dir>/records.state`, in this format (version 7):
 //!
 //! ```text
-//! imagegc-state v6 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
-//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>],...]][,"layers":[["<layer key>",<bytes>,<measured at>],...]][,"footprint":[<own>,<learnt>]][,"ghosts":[[["<layer key>",...],<reported size>,<removed at>],...]]}\n
-//! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>,<usual break, ms>]\n
+//! imagegc-state v7 crc32=<8 hex digits> len=<payload bytes, 10 digits>\n
+//! {"saved_at":<unix ms>,"records":<how many lines follow>[,"last_success":<unix ms>][,"removed":[["<image id>",<last used>,<removed at>,<usual break, ms>,<spread, ms>],...]][,"layers":[["<layer key>",<bytes>,<measured at>],...]][,"footprint":[<own>,<learnt>]][,"ghosts":[[["<layer key>",...],<reported size>,<removed at>],...]]}\n
+//! ["<image id>",<first seen, unix ms>,<last used, unix ms>,<size bytes>,<pinned>,[<tag>,...],[<repo digest>,...],<ever used>,<usual break, ms>,<spread, ms>]\n
 //! ...
 //! ```
 //!
@@ -26,7 +26,11 @@
 //! removed images whose layers others still held, at most 1,000) and
 //! `footprint` (`[<the runtime's own>,<learnt>]` on-disk bytes per
 //! reported byte in thousandths, when removals raised it); version 5 files
-//! (without them) are still read, no layer sized. An imagegc
+//! (without them) are still read, no layer sized. `spread` (version 7) is
+//! how far the image's breaks stray from the usual one
+//! ([`crate::records::Break::spread`]), `null` when not known (one break
+//! seen); versions 4 to 6 (lines and `removed` entries without it) are
+//! still read, no spread known. An imagegc
 //! older than a file's version
 //! sets it aside as unreadable (named `records.state.corrupt-...`, see
 //! below) and starts afresh: a downgrade loses the records' history, not
@@ -105,7 +109,7 @@ pub const FILE_NAME: &str = "records.state";
 pub const LOCK_FILE_NAME: &str = ".lock";
 const MAGIC: &str = "imagegc-state";
 /// The version [`encode`] writes; versions 1 to 3 are still read.
-const VERSION: u32 = 6;
+const VERSION: u32 = 7;
 /// A state file larger than this is not a state file imagegc wrote
 /// (a million images take about 300 MiB).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -366,12 +370,13 @@ impl StateStore {
                 }
                 let mut records = Records::from_loaded(records);
                 records.restore_removed(
-                    removed.into_iter().map(|(id, last_used, removed_at, usual_break)| {
+                    removed.into_iter().map(|line| {
+                        let (id, last_used, removed_at, usual_break) = line.into_parts();
                         (
                             id,
                             from_unix_millis(last_used),
                             from_unix_millis(removed_at),
-                            format::break_from_millis(usual_break),
+                            usual_break,
                         )
                     }),
                     now,
@@ -722,7 +727,7 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&bytes[..newline]).unwrap(),
             format!(
-                "imagegc-state v6 crc32={:08x} len={:010}",
+                "imagegc-state v7 crc32={:08x} len={:010}",
                 crc32fast::hash(body),
                 body.len()
             )
@@ -731,9 +736,9 @@ mod tests {
             std::str::from_utf8(body).unwrap(),
             concat!(
                 "{\"saved_at\":1700000005000,\"records\":2}\n",
-                r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[],false,0]"#,
+                r#"["a",1700000000000,1700000000000,10,false,["docker.io/library/a:latest"],[],false,0,null]"#,
                 "\n",
-                r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[],false,0]"#,
+                r#"["b",1700000000000,1700000000000,20,false,["docker.io/library/b:latest"],[],false,0,null]"#,
                 "\n",
             )
         );
@@ -758,7 +763,16 @@ mod tests {
                 2 => Some(Duration::from_secs(86_400)),
                 _ => Some(Duration::from_millis(u64::MAX)),
             }
-            .map(crate::records::Break::from_duration),
+            .map(crate::records::Break::from_duration)
+            // And every kind of spread: not known, none, an hour, the largest.
+            .map(|b| {
+                b.with_spread(match first % 4 {
+                    0 => None,
+                    1 => Some(Duration::ZERO),
+                    2 => Some(Duration::from_secs(3_600)),
+                    _ => Some(Duration::MAX),
+                })
+            }),
         };
         let map = HashMap::from([
             (
@@ -823,7 +837,7 @@ mod tests {
         let store = StateStore::new(dir.path());
         store.save(&varied(), t(60)).unwrap();
         let bytes = fs::read(store.path()).unwrap();
-        assert!(bytes.starts_with(b"imagegc-state v6 "));
+        assert!(bytes.starts_with(b"imagegc-state v7 "));
         // One line for the header, one for the save time, one a record:
         // the escapes keep every newline in a name out of the file.
         assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 2 + 4);
@@ -861,19 +875,45 @@ mod tests {
         assert_eq!(records.layer_ghosts(), [(vec![layer], 7 << 20, t(20))]);
         // The same file as version 5 wrote it: no layers in its head.
         store.save(&varied(), t(60)).unwrap();
-        let v6 = fs::read(store.path()).unwrap();
-        let body = &v6[HEADER_BYTES..];
-        let mut v5 = header(crc32fast::hash(body), body.len())
-            .replace(" v6 ", " v5 ")
+        let v7 = fs::read(store.path()).unwrap();
+        let body = without_spreads(&v7[HEADER_BYTES..]);
+        let mut v5 = header(crc32fast::hash(&body), body.len())
+            .replace(" v7 ", " v5 ")
             .into_bytes();
-        v5.extend_from_slice(body);
+        v5.extend_from_slice(&body);
         fs::write(store.path(), v5).unwrap();
         let Loaded::Records { records, .. } = store.load(t(60), Duration::MAX) else {
             panic!("a version 5 file loads")
         };
         assert_eq!(records.layer_sizes().count(), 0);
         assert_eq!((records.footprint(), records.layer_ghosts().len()), (None, 0));
-        assert_eq!(records, varied());
+        assert_eq!(records, spreads_unknown(&varied()));
+    }
+
+    /// A payload as versions 4 to 6 wrote it: record lines without the
+    /// spread of the usual break.
+    fn without_spreads(body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (n, line) in std::str::from_utf8(body).unwrap().lines().enumerate() {
+            if n == 0 {
+                out.extend_from_slice(line.as_bytes());
+            } else {
+                let mut fields: Vec<serde_json::Value> = serde_json::from_str(line).unwrap();
+                fields.pop();
+                out.extend_from_slice(serde_json::to_string(&fields).unwrap().as_bytes());
+            }
+            out.push(b'\n');
+        }
+        out
+    }
+
+    /// `records` as a file without spreads gives them back.
+    fn spreads_unknown(records: &Records) -> Records {
+        Records::from_map(records.iter().map(|(id, r)| {
+            let mut r = r.clone();
+            r.usual_break = r.usual_break.map(|b| b.with_spread(None));
+            (id.clone(), r)
+        }))
     }
 
     /// The committed fuzzing seed of version 6 (layers, footprint and
@@ -882,6 +922,44 @@ mod tests {
     fn the_version_6_fuzzing_seed_is_a_valid_state_file() {
         let bytes = include_bytes!("../../../fuzz/corpus/state/valid-v6-layers.state");
         assert_eq!(verify(bytes).unwrap(), 1);
+    }
+
+    /// The committed fuzzing seed of version 7 (spreads known, `null` and
+    /// 0, in records and removed images) is a file this version reads, its
+    /// spreads as written.
+    #[test]
+    fn the_version_7_fuzzing_seed_is_a_valid_state_file_with_its_spreads() {
+        let bytes = include_bytes!("../../../fuzz/corpus/state/valid-v7-spread.state");
+        assert_eq!(verify(bytes).unwrap(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        fs::write(store.path(), bytes).unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_000);
+        let Loaded::Records { records, .. } = store.load(now, Duration::MAX) else {
+            panic!("not loaded")
+        };
+        let dd = records.get("sha256:dd").unwrap().usual_break.unwrap();
+        assert_eq!(
+            (dd.duration(), dd.spread()),
+            (Duration::from_secs(3600), Some(Duration::ZERO))
+        );
+        assert_eq!(records.get("sha256:aa").unwrap().usual_break, None);
+        let removed: Vec<_> = records
+            .removed_memory()
+            .map(|(id, _, _, b)| (id.to_string(), b.map(|b| (b.duration(), b.spread()))))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect();
+        assert_eq!(
+            removed,
+            [
+                (
+                    "sha256:bb".to_string(),
+                    Some((Duration::from_secs(3600), Some(Duration::from_secs(1800))))
+                ),
+                ("sha256:cc".to_string(), Some((Duration::from_secs(7200), None))),
+            ]
+        );
     }
 
     /// The lines are written by hand for speed: byte for byte what
@@ -924,6 +1002,9 @@ mod tests {
                 r.digests.iter().collect::<Vec<_>>(),
                 r.ever_used,
                 r.usual_break.map_or(0, |b| b.duration().as_secs() * 1000),
+                r.usual_break
+                    .and_then(crate::records::Break::spread)
+                    .map(|s| s.as_secs() * 1000),
             );
             serde_json::to_writer(&mut expected, &line).unwrap();
             expected.push(b'\n');
@@ -1174,7 +1255,12 @@ mod tests {
             records.observe(std::slice::from_ref(&job), &[], t(at + 60));
         }
         let learnt = records.get(&job.id).unwrap().usual_break;
-        assert!(learnt.is_some());
+        // Two breaks of 2000 s: they do not stray, a periodic job.
+        assert_eq!(
+            learnt.map(crate::records::Break::duration),
+            Some(Duration::from_secs(2000))
+        );
+        assert_eq!(learnt.and_then(crate::records::Break::spread), Some(Duration::ZERO));
         records.remove(&job.id, t(4100));
         store.save(&records, t(4100)).unwrap();
         let bytes = fs::read(store.path()).unwrap();
