@@ -546,7 +546,7 @@ fn candidate_json(candidate: &Candidate<'_>, order: Order, now: SystemTime) -> s
         let (at, basis) = candidate.expectation(now);
         object.insert("expected_back".to_string(), serde_json::json!(rfc3339(at)));
         object.insert("expected_back_by".to_string(), serde_json::json!(basis.as_str()));
-        if let policy::order::Basis::Due { usual } | policy::order::Basis::Late { usual } = basis {
+        if let Some(usual) = basis.usual() {
             object.insert("usual_break_seconds".to_string(), serde_json::json!(usual.as_secs()));
         }
     }

@@ -154,8 +154,10 @@ pub enum Order {
     /// ([`crate::records::Record::usual_break`]) one usual break after its
     /// last use (one usual break from now, when that is past; as `Lru`
     /// guesses, once it is twice past), any other as long from now as it
-    /// has been unused (`Lru`'s guess). It keeps a periodic job's image that
-    /// is due soon over one used more recently but not needed for longer.
+    /// has been unused (`Lru`'s guess); one whose breaks stray as a random
+    /// use's do, about one usual break from now. It keeps a periodic job's
+    /// image that is due soon over one used more recently but not needed
+    /// for longer.
     /// The default: of the three, it pulled least again over the simulated
     /// workloads, and was behind the kubelet or `Lru` on fewest of them
     /// (BENCHMARKS.md).

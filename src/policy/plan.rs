@@ -88,9 +88,8 @@ pub struct Candidate<'a> {
     pub last_used: SystemTime,
     /// Why it may be removed: age or space.
     pub reason: Reason,
-    /// The image's usual break between uses, when one is known: what
-    /// [`Candidate::expected_back`] goes by (four bytes: a candidate is no
-    /// bigger for it).
+    /// The image's usual break between uses and its spread, when one is
+    /// known: what [`Candidate::expected_back`] goes by (eight bytes).
     #[serde(skip)]
     pub usual_break: Option<Break>,
 }
@@ -99,12 +98,12 @@ impl Candidate<'_> {
     /// When the image is expected to be used again ([`expected_back`]):
     /// what `gc.order = "reuse"` orders the space candidates by.
     pub fn expected_back(&self, now: SystemTime) -> SystemTime {
-        expected_back(self.last_used, self.usual_break.map(Break::duration), now)
+        expected_back(self.last_used, self.usual_break, now)
     }
 
     /// [`Candidate::expected_back`], with what it went by (for `plan`).
     pub fn expectation(&self, now: SystemTime) -> (SystemTime, order::Basis) {
-        order::expectation(self.last_used, self.usual_break.map(Break::duration), now)
+        order::expectation(self.last_used, self.usual_break, now)
     }
 }
 
@@ -879,14 +878,18 @@ mod tests {
         };
         let hour = 3600;
         let now = t(10 * hour);
-        let record = |id: &str, tag: &str, last_used: u64, usual_break: Option<u64>| {
+        // A usual break and its spread, in seconds.
+        let record = |id: &str, tag: &str, last_used: u64, usual_break: Option<(u64, u64)>| {
             let (id, mut record) = crate::testing::history(&tagged(id, tag), t(0), t(last_used));
             record.ever_used = true;
-            record.usual_break = usual_break.map(|s| Break::from_duration(Duration::from_secs(s)));
+            record.usual_break = usual_break.map(|(usual, spread)| {
+                Break::from_duration(Duration::from_secs(usual)).with_spread(Some(Duration::from_secs(spread)))
+            });
             (id, record)
         };
         let mut w = World::new(vec![
             tagged("job", "ghcr.io/o/job:1"),
+            tagged("pipeline", "ghcr.io/o/pipeline:1"),
             tagged("once", "ghcr.io/o/once:1"),
             tagged("stopped", "ghcr.io/o/stopped:1"),
             tagged("old", "ghcr.io/o/app:1"),
@@ -895,11 +898,25 @@ mod tests {
         w.records = Records::from_map(
             [
                 // Runs every 2 h, last 90 min ago: back in 30 min.
-                record("job", "ghcr.io/o/job:1", 10 * hour - 90 * 60, Some(2 * hour)),
+                record("job", "ghcr.io/o/job:1", 10 * hour - 90 * 60, Some((2 * hour, 0))),
+                // Used about every 2 h too, but at random (its breaks stray
+                // by 3 h): however long since, back in about the mean of
+                // its break and that time, 1 h 45 min.
+                record(
+                    "pipeline",
+                    "ghcr.io/o/pipeline:1",
+                    10 * hour - 90 * 60,
+                    Some((2 * hour, 3 * hour)),
+                ),
                 // Used once, an hour ago: as long from now, in an hour.
                 record("once", "ghcr.io/o/once:1", 9 * hour, None),
                 // Ran every 20 min, but not for 50: stopped, back in 50 min.
-                record("stopped", "ghcr.io/o/stopped:1", 10 * hour - 50 * 60, Some(20 * 60)),
+                record(
+                    "stopped",
+                    "ghcr.io/o/stopped:1",
+                    10 * hour - 50 * 60,
+                    Some((20 * 60, 0)),
+                ),
                 // An older tag of a repository: superseded by `new`.
                 record("old", "ghcr.io/o/app:1", 10 * hour - 10 * 60, None),
                 record("new", "ghcr.io/o/app:2", 10 * hour - 5 * 60, None),
@@ -913,13 +930,17 @@ mod tests {
         );
         w.observe(now);
         w.config.gc.order = Order::Lru;
-        assert_eq!(ids(&w.plan(now).space), ["job", "once", "stopped", "old", "new"]);
+        assert_eq!(
+            ids(&w.plan(now).space),
+            ["job", "pipeline", "once", "stopped", "old", "new"]
+        );
         w.config.gc.order = Order::Reuse;
         let p = w.plan(now);
         // Superseded first, then the farthest expected back first.
-        assert_eq!(ids(&p.space), ["old", "once", "stopped", "job", "new"]);
+        assert_eq!(ids(&p.space), ["old", "pipeline", "once", "stopped", "job", "new"]);
         let back = |id: &str| p.space.iter().find(|c| c.id == id).unwrap().expected_back(now);
         assert_eq!(back("job"), t(10 * hour + 30 * 60));
+        assert_eq!(back("pipeline"), t(10 * hour + 105 * 60));
         assert_eq!(back("once"), t(11 * hour));
         assert_eq!(back("stopped"), t(10 * hour + 50 * 60));
         // What `plan` says each went by.
@@ -933,6 +954,7 @@ mod tests {
                 .describe()
         };
         assert_eq!(basis("job"), "runs every 2h");
+        assert_eq!(basis("pipeline"), "used about every 2h, at random");
         assert_eq!(basis("once"), "unused 1h");
         assert_eq!(basis("stopped"), "unused 50m");
     }
@@ -941,22 +963,60 @@ mod tests {
     fn expected_back_is_never_before_now_and_never_overflows() {
         let hour = Duration::from_secs(3600);
         let now = t(100 * 3600);
+        let periodic = |d: Duration| Some(Break::from_duration(d).with_spread(Some(Duration::ZERO)));
         // Due an hour ago, within twice its break: one break from now.
-        assert_eq!(expected_back(now - hour * 3, Some(hour * 2), now), now + hour * 2);
+        assert_eq!(expected_back(now - hour * 3, periodic(hour * 2), now), now + hour * 2);
         assert_eq!(
-            crate::policy::order::expectation(now - hour * 3, Some(hour * 2), now)
+            crate::policy::order::expectation(now - hour * 3, periodic(hour * 2), now)
                 .1
                 .describe(),
             "runs every 2h, late"
         );
         // Due right now: now.
-        assert_eq!(expected_back(now - hour * 2, Some(hour * 2), now), now);
+        assert_eq!(expected_back(now - hour * 2, periodic(hour * 2), now), now);
         // A clock behind the record: no time unused.
         assert_eq!(expected_back(now + hour, None, now), now);
-        assert_eq!(expected_back(now + hour, Some(hour), now), now + hour * 2);
-        // Absurd breaks and times saturate instead of panicking.
-        let _ = expected_back(SystemTime::UNIX_EPOCH, Some(Duration::MAX), now);
-        let _ = expected_back(now, Some(Duration::MAX), now);
+        assert_eq!(expected_back(now + hour, periodic(hour), now), now + hour * 2);
+        // Absurd breaks, spreads and times saturate instead of panicking.
+        for spread in [None, Some(Duration::ZERO), Some(Duration::MAX)] {
+            let absurd = Some(Break::from_duration(Duration::MAX).with_spread(spread));
+            let _ = expected_back(SystemTime::UNIX_EPOCH, absurd, now);
+            let _ = expected_back(now, absurd, now);
+            let _ = expected_back(
+                SystemTime::UNIX_EPOCH,
+                absurd,
+                SystemTime::UNIX_EPOCH + Duration::MAX / 2,
+            );
+        }
+    }
+
+    /// How far an image's breaks stray moves its expectation from the
+    /// periodic one (its next run) to the random one (about its mean
+    /// break from now).
+    #[test]
+    fn the_spread_of_the_breaks_moves_the_expectation_from_the_next_run_to_a_mean_break_from_now() {
+        let minute = Duration::from_secs(60);
+        let now = t(100 * 3600);
+        let last_used = now - minute * 90;
+        let with = |spread: Option<u64>| {
+            let b = Break::from_duration(minute * 120).with_spread(spread.map(|m| minute * m as u32));
+            crate::policy::order::expectation(last_used, Some(b), now)
+        };
+        // Every 2 h, last used 90 min ago: periodic, back in 30 min; at
+        // random, in the mean of 2 h and 90 min, 105 min.
+        assert_eq!(
+            with(Some(0)),
+            (now + minute * 30, order::Basis::Due { usual: minute * 120 })
+        );
+        assert_eq!(with(Some(180)).0, now + minute * 105);
+        assert_eq!(with(Some(1_000)).0, now + minute * 105);
+        assert_eq!(with(Some(180)).1.describe(), "used about every 2h, at random");
+        // A spread of 60 min, a third of the way: 55 min, still periodic
+        // for a person.
+        assert_eq!(with(Some(60)).0, now + minute * 55);
+        assert_eq!(with(Some(60)).1, order::Basis::Due { usual: minute * 120 });
+        // One break alone, spread not known: two thirds of the way, 80 min.
+        assert_eq!(with(None).0, now + minute * 80);
     }
 
     #[test]
