@@ -152,13 +152,15 @@ pub fn expectation(last_used: SystemTime, usual_break: Option<Break>, now: Syste
         return (later(unused), Basis::Unused { unused });
     };
     let usual = b.duration();
-    let periodic = match () {
-        () if unused <= usual => (
+    let periodic = if unused <= usual {
+        (
             last_used.checked_add(usual).map_or(now, |at| at.max(now)),
             Basis::Due { usual },
-        ),
-        () if unused <= usual.saturating_mul(2) => (later(usual), Basis::Late { usual }),
-        () => (later(unused), Basis::Unused { unused }),
+        )
+    } else if unused <= usual.saturating_mul(2) {
+        (later(usual), Basis::Late { usual })
+    } else {
+        (later(unused), Basis::Unused { unused })
     };
     let random = randomness(b);
     if random == 0.0 {
