@@ -24,16 +24,25 @@ fn json(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-/// The bytes a policy pulled again, by name, in one comparison.
-fn repulled(comparison: &Value, policy: &str) -> u64 {
+/// One policy's figures, by name, in one comparison.
+fn policy<'c>(comparison: &'c Value, name: &str) -> &'c Value {
     comparison["policies"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| p["policy"] == policy)
-        .unwrap_or_else(|| panic!("no {policy} in {comparison}"))["repulled_bytes"]
-        .as_u64()
-        .unwrap()
+        .find(|p| p["policy"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {comparison}"))
+}
+
+/// The bytes a policy pulled again, by name, in one comparison.
+fn repulled(comparison: &Value, name: &str) -> u64 {
+    policy(comparison, name)["repulled_bytes"].as_u64().unwrap()
+}
+
+/// The hours a policy spent above the high threshold, by name, in one
+/// comparison.
+fn hours_above_high(comparison: &Value, name: &str) -> f64 {
+    policy(comparison, name)["hours_above_high"].as_f64().unwrap()
 }
 
 #[test]
@@ -126,18 +135,9 @@ fn on_a_batch_node_the_default_order_pulls_less_again_than_the_others_and_the_ku
         for other in ["imagegc superseded-first", "imagegc lru", "kubelet"] {
             assert!(reuse < repulled(comparison, other), "{other}: {comparison}");
         }
-        let policy = |name: &str| {
-            comparison["policies"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["policy"] == name)
-                .unwrap()
-                .clone()
-        };
         // Every space pass reaches low, as the default's do.
-        assert_eq!(policy("imagegc")["passes_short"], 0, "{comparison}");
-        let hours = |name: &str| policy(name)["hours_above_high"].as_f64().unwrap();
+        assert_eq!(policy(comparison, "imagegc")["passes_short"], 0, "{comparison}");
+        let hours = |name: &str| hours_above_high(comparison, name);
         assert!(hours("imagegc") <= hours("imagegc lru"), "{comparison}");
         assert!(hours("imagegc") <= hours("kubelet"), "{comparison}");
     }
@@ -167,16 +167,7 @@ fn on_a_ci_runner_the_default_order_pulls_no_more_again_than_lru_or_the_kubelet(
         for other in ["imagegc lru", "kubelet"] {
             assert!(reuse <= repulled(comparison, other), "{other}: {comparison}");
         }
-        let hours = |name: &str| {
-            comparison["policies"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["policy"] == name)
-                .unwrap()["hours_above_high"]
-                .as_f64()
-                .unwrap()
-        };
+        let hours = |name: &str| hours_above_high(comparison, name);
         assert!(hours("imagegc") <= hours("imagegc lru"), "{comparison}");
         assert!(hours("imagegc") <= hours("kubelet"), "{comparison}");
     }
