@@ -572,13 +572,33 @@ impl Files {
             Chunk::Append(bytes) if bytes.is_empty() => Ok(()),
             Chunk::Append(bytes) => self.open()?.write_all(bytes),
             Chunk::Whole { rotate, listing } => {
+                let mut file = None;
                 if *rotate {
                     match std::fs::rename(&self.path, &self.rotated) {
-                        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                        _ => {}
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        // The rotated file's place is taken (a directory,
+                        // an immutable file): the current file starts
+                        // over, its older lines lost, or it would grow
+                        // without bound. The error is still told.
+                        Err(e) => {
+                            tracing::warn!(
+                                rotated = %self.rotated.display(),
+                                error = %e,
+                                path = %self.path.display(),
+                                "cannot rotate the usage log: it starts over, its older lines lost"
+                            );
+                            let current = safe_file::open_append(&self.path, 0o600)?;
+                            current.set_len(0)?;
+                            file = Some(current);
+                        }
                     }
                 }
-                let mut out = io::BufWriter::with_capacity(64 * 1024, self.open()?);
+                let file = match file {
+                    Some(file) => file,
+                    None => self.open()?,
+                };
+                let mut out = io::BufWriter::with_capacity(64 * 1024, file);
                 listing.write_to(&mut out)?;
                 out.flush()
             }
@@ -973,6 +993,23 @@ mod tests {
             let stops = trace.events.len() - starts;
             assert_eq!(starts - stops, 10);
         }
+    }
+
+    #[test]
+    fn a_rotation_that_fails_starts_the_file_over_rather_than_let_it_grow() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rotated file's place is taken by a directory.
+        std::fs::create_dir(dir.path().join(format!("{FILE_NAME}.1"))).unwrap();
+        let rotate = 64 * 1024;
+        let log = UsageLog::start(dir.path(), rotate, Clock::start()).unwrap();
+        churn(&log, 50, 10, 400);
+        log.close();
+        let current = dir.path().join(FILE_NAME);
+        let len = std::fs::metadata(&current).unwrap().len();
+        assert!(len < rotate + 16 * 1024, "{} is {len} bytes", current.display());
+        // What is left reads alone, with the 10 containers of the end.
+        let trace = Trace::read(std::fs::read(&current).unwrap().as_slice()).unwrap();
+        assert_eq!(trace.starts() - (trace.events.len() - trace.starts()), 10);
     }
 
     #[test]

@@ -244,14 +244,14 @@ pub async fn execute(cli: &Cli, config: Config) -> Result<ExitStatus, CliError> 
             StateStore::new(&config.state.dir).check_dir()?;
             let cluster = PodSource::connect(&config).await?;
             let runtime = runtime_client(&config).await?;
-            let pods = cluster.list().await?;
-            plan::plan(runtime, config, &pods, *output).await
+            let (pods, warnings) = cluster.list().await?;
+            plan::plan(runtime, config, (&pods, &warnings), *output).await
         }
         Command::Once { output, .. } => {
             let _lock = lock_state(&config)?;
             let cluster = PodSource::connect(&config).await?;
             let runtime = runtime_client(&config).await?;
-            let pods = cluster.list().await?;
+            let (pods, _) = cluster.list().await?;
             once::once(runtime, config, pods, *output).await
         }
         Command::Simulate(args) => simulate::simulate(&config, args),
@@ -291,11 +291,12 @@ impl PodSource {
         }
     }
 
-    /// The pods' keep rules. A listing that fails stops the command: it
-    /// could not tell which images a starting pod is about to run. A node
-    /// name that looks wrong is said on stderr (see
-    /// [`crate::kubernetes::node`]).
-    async fn list(&self) -> Result<crate::policy::Protections, CliError> {
+    /// The pods' keep rules, and what looks wrong (a node name that names
+    /// no node, see [`crate::kubernetes::node`]): said on stderr, and
+    /// returned for the output that carries it. A listing that fails stops
+    /// the command: it could not tell which images a starting pod is about
+    /// to run.
+    async fn list(&self) -> Result<(crate::policy::Protections, Vec<String>), CliError> {
         #[cfg(feature = "kubernetes")]
         if let Some(cluster) = &self.cluster {
             return match cluster.survey().await {
@@ -303,7 +304,7 @@ impl PodSource {
                     for warning in &survey.warnings {
                         eprintln!("warning: {warning}");
                     }
-                    Ok(survey.pods.unwrap_or_default())
+                    Ok((survey.pods.unwrap_or_default(), survey.warnings))
                 }
                 Err(err) => Err(CliError::Other(anyhow::anyhow!(
                     "cannot list the pods bound to node {} ({err}): nothing was done; set kubernetes.enabled = \
@@ -312,7 +313,7 @@ impl PodSource {
                 ))),
             };
         }
-        Ok(crate::policy::Protections::default())
+        Ok((crate::policy::Protections::default(), Vec::new()))
     }
 }
 

@@ -29,6 +29,10 @@ use crate::time::{Clock, ago, rfc3339};
 struct PlanJson<'a> {
     time: String,
     dry_run: bool,
+    /// What looks wrong, as the text form says it on stderr (a node name
+    /// that names no node).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
     image_filesystem: Option<FilesystemView<'a>>,
     /// The filesystem of containers' writable layers, when the runtime keeps
     /// them apart from its images (a split store); absent otherwise.
@@ -69,6 +73,11 @@ struct HeadroomView<'a> {
     /// node's largest image of its repository.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     coming_pulls: Vec<ComingView<'a>>,
+    /// The coming pulls that would not fit above the kubelet's eviction
+    /// line even with every removable image gone: no room is made for
+    /// them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    cannot_fit: Vec<ComingView<'a>>,
     /// The thresholds in force on this filesystem: the configured ones
     /// when the pull fits between high and the eviction line.
     high_threshold_percent: u8,
@@ -98,7 +107,7 @@ struct FilesystemView<'a> {
 pub async fn plan(
     runtime: CriClient,
     config: Config,
-    pods: &Protections,
+    (pods, warnings): (&Protections, &[String]),
     output: Output,
 ) -> Result<ExitStatus, CliError> {
     let clock = Clock::start();
@@ -122,13 +131,12 @@ pub async fn plan(
     // Planned after the listing, as a cycle plans: an image first seen by
     // this very listing is not "used at this instant".
     let now = clock.now();
-    let cycle = collector.cycle_plan(&listing);
-    // With `gc.headroom`, the largest recent pull, and with
-    // `kubernetes.room_before_pulls` the pulls coming for the pods: what
-    // the cycle's thresholds in force make room for.
-    let coming = collector.pulls_waiting(&listing);
-    let plan = &cycle.plan;
     let fs = Statvfs.stats(&image_fs.path).ok();
+    // With `gc.headroom`, the largest recent pull, and with
+    // `kubernetes.room_before_pulls` the pulls coming for the pods that
+    // fit: what the cycle's thresholds in force make room for.
+    let (cycle, pulls) = collector.cycle_plan(&listing, fs.as_ref());
+    let plan = &cycle.plan;
     let target = cycle.target();
     let in_force = fs.map_or((target.high_percent(), target.low_percent()), |fs| {
         target.in_force(fs.capacity_bytes)
@@ -153,6 +161,7 @@ pub async fn plan(
     );
     let shown = Shown {
         now,
+        warnings,
         plan,
         view: PlanView::new(plan, forecast.as_ref(), fs.as_ref(), target),
         image_fs,
@@ -161,7 +170,7 @@ pub async fn plan(
         footprint,
         container_fs: ContainerFsView::of(image_fs, &Statvfs),
         mismatch: collector.image_fs_mismatch().map(str::to_string),
-        headroom: HeadroomView::of(collector.largest_recent_pull(), &coming, footprint, in_force),
+        headroom: HeadroomView::of(collector.largest_recent_pull(), &pulls, footprint, in_force),
         in_force,
         expected_to_free: frees.iter().fold(0u64, |sum, b| sum.saturating_add(*b)),
         frees,
@@ -180,20 +189,25 @@ impl<'a> HeadroomView<'a> {
     /// on disk by `footprint`, with the thresholds `in_force` for them.
     fn of(
         largest: Option<&'a LargestPull>,
-        coming: &'a [ComingPull],
+        pulls: &'a policy::PullRoom,
         footprint: policy::DiskFootprint,
         in_force: (u8, u8),
     ) -> Option<Self> {
-        (largest.is_some() || !coming.is_empty()).then(|| HeadroomView {
-            largest_pull: largest,
-            bytes_on_disk: largest.map_or(0, |pull| footprint.on_disk(pull.size_bytes)),
-            coming_pulls: coming
+        let view = |coming: &'a [ComingPull]| -> Vec<ComingView<'a>> {
+            coming
                 .iter()
                 .map(|pull| ComingView {
                     pull,
                     bytes_on_disk: pull.bytes_on_disk(footprint),
                 })
-                .collect(),
+                .collect()
+        };
+        let any = largest.is_some() || !pulls.fit.is_empty() || !pulls.cannot_fit.is_empty();
+        any.then(|| HeadroomView {
+            largest_pull: largest,
+            bytes_on_disk: largest.map_or(0, |pull| footprint.on_disk(pull.size_bytes)),
+            coming_pulls: view(&pulls.fit),
+            cannot_fit: view(&pulls.cannot_fit),
             high_threshold_percent: in_force.0,
             low_threshold_percent: in_force.1,
         })
@@ -258,6 +272,8 @@ fn with_registry_sizes(
 /// What `plan` shows, worked out once for its text and its JSON.
 struct Shown<'a> {
     now: SystemTime,
+    /// What looks wrong (said on stderr too).
+    warnings: &'a [String],
     plan: &'a Plan<'a>,
     view: PlanView,
     image_fs: &'a crate::engine::ImageFs,
@@ -283,6 +299,7 @@ impl Shown<'_> {
         PlanJson {
             time: rfc3339(now),
             dry_run: config.gc.dry_run,
+            warnings: self.warnings,
             image_filesystem: self.fs.zip(self.image_bytes).map(|(s, image_bytes)| FilesystemView {
                 mount_point: &self.image_fs.path,
                 image_bytes,
@@ -387,22 +404,35 @@ fn headroom_line(view: &HeadroomView, config: &Config, now: SystemTime) -> Strin
             human_bytes(coming.bytes_on_disk),
         ));
     }
-    let pull = pulls.join("; ");
-    let what = if view.coming_pulls.is_empty() {
-        "it fits"
-    } else {
-        "room for it is there"
-    };
-    let (high, low) = (config.gc.high_threshold_percent, config.gc.low_threshold_percent);
-    if (view.high_threshold_percent, view.low_threshold_percent) == (high, low) {
-        format!("headroom: {pull}; {what} between the high threshold and the kubelet's eviction line\n")
-    } else {
-        format!(
-            "headroom: {pull}; it would not fit between the high threshold and the kubelet's eviction line, \
-             so the thresholds in force are {}/{}% (configured {high}/{low}%)\n",
-            view.high_threshold_percent, view.low_threshold_percent
-        )
+    let mut text = String::new();
+    if !pulls.is_empty() {
+        let pull = pulls.join("; ");
+        let what = if view.coming_pulls.is_empty() {
+            "it fits"
+        } else {
+            "room for it is there"
+        };
+        let (high, low) = (config.gc.high_threshold_percent, config.gc.low_threshold_percent);
+        text = if (view.high_threshold_percent, view.low_threshold_percent) == (high, low) {
+            format!("headroom: {pull}; {what} between the high threshold and the kubelet's eviction line\n")
+        } else {
+            format!(
+                "headroom: {pull}; it would not fit between the high threshold and the kubelet's eviction line, \
+                 so the thresholds in force are {}/{}% (configured {high}/{low}%)\n",
+                view.high_threshold_percent, view.low_threshold_percent
+            )
+        };
     }
+    for coming in &view.cannot_fit {
+        text.push_str(&format!(
+            "cannot fit: pod {} names {}, not on the node: a pull of about {} on disk would not fit above the \
+             kubelet's eviction line even with every removable image gone; no room is made for it\n",
+            super::table::cell(&coming.pull.pod),
+            super::table::cell(&coming.pull.image),
+            human_bytes(coming.bytes_on_disk),
+        ));
+    }
+    text
 }
 
 /// The lines before the tables: nothing to do, or what the space pass must
@@ -625,6 +655,7 @@ mod tests {
             largest_pull: Some(&pull),
             bytes_on_disk: 10 << 30,
             coming_pulls: Vec::new(),
+            cannot_fit: Vec::new(),
             high_threshold_percent: high,
             low_threshold_percent: low,
         };
@@ -660,6 +691,7 @@ mod tests {
                 pull: &pull,
                 bytes_on_disk: 840 << 20,
             }],
+            cannot_fit: Vec::new(),
             high_threshold_percent: 28,
             low_threshold_percent: 23,
         };
@@ -706,6 +738,26 @@ mod tests {
         );
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["coming_pulls"][0]["like"]["from"], "manifest");
+        // One that cannot fit is said as such, and not made room for.
+        let view = HeadroomView {
+            coming_pulls: Vec::new(),
+            cannot_fit: vec![ComingView {
+                pull: &pull,
+                bytes_on_disk: 840 << 20,
+            }],
+            high_threshold_percent: 80,
+            low_threshold_percent: 75,
+            ..view
+        };
+        let line = headroom_line(&view, &Config::default(), now);
+        assert_eq!(
+            line,
+            "cannot fit: pod default/new names registry.test/new:1, not on the node: a pull of about 840.0 MiB on \
+             disk would not fit above the kubelet's eviction line even with every removable image gone; no room is \
+             made for it\n"
+        );
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["cannot_fit"][0]["image"], "registry.test/new:1");
     }
 
     #[test]

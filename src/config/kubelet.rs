@@ -260,10 +260,21 @@ fn read_node_kubelet(
     document.entry("kind").or_insert_with(|| Value::from(KUBELET_KIND));
     let sources = match sources.len() {
         0 => dir.map(|(path, _, _)| path.display().to_string()).unwrap_or_default(),
+        n if n > SOURCES_NAMED => format!(
+            "{} + {} more + {}",
+            sources[..SOURCES_NAMED - 1].join(" + "),
+            n - SOURCES_NAMED,
+            sources[n - 1]
+        ),
         _ => sources.join(" + "),
     };
     Some((document, sources))
 }
+
+/// How many of the files the kubelet's configuration came from a message
+/// names at most (the first ones and the last): a drop-in directory of
+/// thousands of files must not make one warning line of megabytes.
+const SOURCES_NAMED: usize = 8;
 
 /// The fields the kubelet flags of [`FLAGS`] in `text` set (a file of
 /// flags: `--name=value` or `--name value`, separated by white space or
@@ -370,14 +381,16 @@ fn shell_words(text: &str) -> Vec<String> {
 
 /// The `.conf` files under `dir`, in the order the kubelet merges them:
 /// each directory's entries by name (bytes), a subdirectory walked where
-/// its name falls.
+/// its name falls. As the kubelet's `filepath.WalkDir`, a symbolic link
+/// is not walked into, even to a directory (a `.conf` link is read as the
+/// file it names); `dir` itself may be one.
 fn drop_ins(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
     entries.sort_by_key(std::fs::DirEntry::file_name);
     let mut files = Vec::new();
     for entry in entries {
         let path = entry.path();
-        if entry.file_type()?.is_dir() || (entry.file_type()?.is_symlink() && path.is_dir()) {
+        if entry.file_type()?.is_dir() {
             files.extend(drop_ins(&path)?);
         } else if path.extension().is_some_and(|e| e == "conf") {
             files.push(path);
@@ -937,6 +950,41 @@ mod tests {
         // Only a drop-in directory: the kubelet's defaults under it.
         let config = node_kubelet(None, &[("10-off.conf", GC_OFF)], 80).unwrap();
         assert!(config.kubelet.read && !config.kubelet.image_gc_enabled);
+    }
+
+    /// As the kubelet's `filepath.WalkDir`: a link to a directory is not
+    /// walked into (one to `/` would walk the host).
+    #[test]
+    fn a_linked_directory_among_the_drop_ins_is_not_walked() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("01-off.conf"), GC_OFF).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("config.d");
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.join("05-linked")).unwrap();
+        std::fs::write(d.join("10-on.conf"), "imageGCHighThresholdPercent: 95\n").unwrap();
+        assert_eq!(drop_ins(&d).unwrap(), [d.join("10-on.conf")]);
+        // A `.conf` link to a file is read, as the kubelet reads it.
+        std::os::unix::fs::symlink(outside.path().join("01-off.conf"), d.join("20-off.conf")).unwrap();
+        assert_eq!(drop_ins(&d).unwrap(), [d.join("10-on.conf"), d.join("20-off.conf")]);
+    }
+
+    /// Thousands of drop-ins: the messages that name where the kubelet's
+    /// configuration came from stay short.
+    #[test]
+    fn thousands_of_drop_ins_make_no_giant_warning() {
+        let soft = "evictionSoft:\n  imagefs.available: 30%\n";
+        let names: Vec<String> = (0..2000).map(|i| format!("{i:05}-x.conf")).collect();
+        let mut drop_ins: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), GC_OFF)).collect();
+        drop_ins.push(("99999-soft.conf", soft));
+        let config = node_kubelet(None, &drop_ins, 75).unwrap();
+        assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+        let warning = &config.warnings[0];
+        assert!(warning.len() < 2000, "{} characters", warning.len());
+        assert!(
+            warning.contains("+ 1993 more +") && warning.contains("99999-soft.conf"),
+            "{warning}"
+        );
     }
 
     /// `evictionSoft` is counted beside `evictionHard`: the lower line binds.

@@ -81,9 +81,18 @@ impl<'a> InUse<'a> {
 /// image listed under other names, a runtime that reports only the tag)
 /// keeps every image its tag names: when in doubt, in use. Images mounted as
 /// volumes, and the sandbox images, always count.
+///
+/// A container that may still start or runs (created, running, or in a
+/// state not known) and whose names match no listed image at all (its tag
+/// moved and its digest is listed under no image, a listing or an
+/// `ImageStatus` that dropped the name it used) keeps every image of the
+/// repositories it names: the images it could mean.
 pub struct References<'a> {
     forms: Forms<'a>,
     containers: usize,
+    /// The repositories each live container names (see [`reference::repository_of`]),
+    /// for those that match no listed image.
+    repositories: Vec<(u32, String)>,
 }
 
 /// How a reference names its image; see [`References`].
@@ -105,7 +114,17 @@ impl<'a> References<'a> {
     pub fn new(containers: &'a [Container], sandbox: &[&'a str]) -> Self {
         let sandbox_owner = containers.len();
         let mut references = Vec::with_capacity(containers.len() * 2 + sandbox.len());
+        let mut repositories = Vec::new();
         for (i, c) in containers.iter().enumerate() {
+            if may_run(c) {
+                for name in [c.image.as_str(), c.image_ref.as_str(), c.image_id.as_str()] {
+                    if let Some(repository) = reference::repository_of(name)
+                        && !repositories.iter().any(|(o, r)| *o == i as u32 && *r == repository)
+                    {
+                        repositories.push((i as u32, repository));
+                    }
+                }
+            }
             let image_ref = c.image_ref.as_str();
             references.push((i, Kind::Precise, c.image_id.as_str()));
             let ref_kind = if is_precise(image_ref) {
@@ -126,6 +145,7 @@ impl<'a> References<'a> {
         References {
             forms: Forms::new(references),
             containers: containers.len(),
+            repositories,
         }
     }
 
@@ -135,21 +155,29 @@ impl<'a> References<'a> {
     /// container's loose name counts depends on whether its precise names
     /// match any listed image.
     pub fn matches<'i>(&self, images: impl IntoIterator<Item = &'i Image>) -> Matches {
+        let images: Vec<&'i Image> = images.into_iter().collect();
         // (image, owner and kind) for every form of every image found in
         // the table; most images of a node are named by no container.
         let mut hits: Vec<(u32, u32)> = Vec::new();
         let mut resolved = vec![false; self.containers];
+        let mut named = vec![false; self.containers];
         let mut count = 0u32;
-        for image in images {
+        for &image in &images {
             let at = hits.len();
             self.forms.hits(image, |owner| hits.push((count, owner)));
             for &(_, owner) in &hits[at..] {
-                if owner & KIND_MASK == Kind::Precise as u32 {
-                    resolved[(owner >> KIND_BITS) as usize] = true;
+                let index = (owner >> KIND_BITS) as usize;
+                let kind = owner & KIND_MASK;
+                if kind == Kind::Precise as u32 {
+                    resolved[index] = true;
+                }
+                if kind != Kind::Always as u32 {
+                    named[index] = true;
                 }
             }
             count += 1;
         }
+        self.unnamed_repositories(&images, &named, &mut hits);
         let mut matches = Matches {
             span_of: vec![NO_SPAN; count as usize],
             spans: Vec::new(),
@@ -185,6 +213,43 @@ impl<'a> References<'a> {
         }
         matches
     }
+}
+
+impl References<'_> {
+    /// Adds to `hits` the images of the repositories that the live
+    /// containers no listed image matched (`named` false) name, as their
+    /// users; the hits stay in listing order.
+    fn unnamed_repositories(&self, images: &[&Image], named: &[bool], hits: &mut Vec<(u32, u32)>) {
+        let mut owners: HashMap<&str, Vec<u32>> = HashMap::default();
+        for (owner, repository) in &self.repositories {
+            if !named[*owner as usize] {
+                owners
+                    .entry(repository.as_str())
+                    .or_default()
+                    .push(owner << KIND_BITS | Kind::Always as u32);
+            }
+        }
+        if owners.is_empty() {
+            return;
+        }
+        let before = hits.len();
+        for (place, image) in images.iter().enumerate() {
+            for name in image.repo_tags.iter().chain(image.repo_digests.iter()) {
+                if let Some(found) = reference::repository_of(name).and_then(|r| owners.get(r.as_str())) {
+                    hits.extend(found.iter().map(|&o| (place as u32, o)));
+                }
+            }
+        }
+        if hits.len() > before {
+            hits.sort_by_key(|&(image, _)| image);
+        }
+    }
+}
+
+/// Whether a container may run its image (created, running, or in a state
+/// not known): one that exited keeps what it names, and no more.
+fn may_run(container: &Container) -> bool {
+    !matches!(container.state, Some(crate::cri::ContainerState::Exited))
 }
 
 /// What [`References::matches`] found, by each image's place in the listing.
@@ -481,6 +546,7 @@ mod tests {
         assert!(!by(Container {
             image: "nginx:1.28".to_string(),
             image_ref: "sha256:3333333333333333333333333333333333333333333333333333333333333333".to_string(),
+            state: Some(crate::cri::ContainerState::Exited),
             ..Default::default()
         }));
     }
@@ -558,6 +624,59 @@ mod tests {
         // when in doubt, in use.
         let in_use = InUse::new(&images[1..], &containers);
         assert_eq!(in_use.containers(&id(2)), ["c"]);
+    }
+
+    /// A container that may run and whose names match no listed image (a
+    /// tag moved and its digest listed nowhere, a name the runtime dropped)
+    /// keeps every image of the repository it names; one that exited, only
+    /// what it names.
+    #[test]
+    fn a_live_container_naming_nothing_listed_keeps_every_image_of_its_repository() {
+        let id = |n: u8| format!("sha256:{}", n.to_string().repeat(64));
+        let mut one = image("one", 1);
+        one.id = id(1);
+        one.repo_tags = vec!["registry.test/team/app:1".to_string()].into();
+        let mut two = image("two", 1);
+        two.id = id(2);
+        two.repo_tags = Default::default();
+        two.repo_digests = vec![format!("registry.test/team/app@sha256:{}", "d".repeat(64))].into();
+        let images = [one, two, image("other", 1)];
+        let naming = |state| Container {
+            id: "c".to_string(),
+            image: "registry.test/team/app:3".to_string(),
+            image_ref: format!("registry.test/team/app@sha256:{}", "e".repeat(64)),
+            state,
+            ..Default::default()
+        };
+        for state in [
+            Some(crate::cri::ContainerState::Running),
+            Some(crate::cri::ContainerState::Created),
+            Some(crate::cri::ContainerState::Unknown),
+            None,
+        ] {
+            let containers = [naming(state)];
+            let in_use = InUse::new(&images, &containers);
+            assert_eq!(in_use.containers(&id(1)), ["c"], "{state:?}");
+            assert_eq!(in_use.containers(&id(2)), ["c"], "{state:?}");
+            assert!(!in_use.is_used("other"), "{state:?}");
+        }
+        let exited = naming(Some(crate::cri::ContainerState::Exited));
+        assert_eq!(InUse::new(&images, std::slice::from_ref(&exited)).len(), 0);
+        // Named by a familiar tag, the repository is the normalized one.
+        let familiar = [image("nginx", 1), image("redis", 1)];
+        let by_tag = container("c", "nginx:1.27");
+        let in_use = InUse::new(&familiar, std::slice::from_ref(&by_tag));
+        assert!(in_use.is_used("nginx") && !in_use.is_used("redis"));
+        // One whose name matches a listed image keeps that one alone.
+        let matched = [naming(Some(crate::cri::ContainerState::Running)), container("d", "one")];
+        let mut listed = images.to_vec();
+        listed[0].repo_tags = vec!["registry.test/team/app:3".to_string()].into();
+        let in_use = InUse::new(&listed, &matched[..1]);
+        assert_eq!(in_use.containers(&id(1)), ["c"]);
+        assert!(!in_use.is_used(&id(2)));
+        // An id names one image, never a repository.
+        let by_id = container("c", &id(9));
+        assert_eq!(InUse::new(&images, std::slice::from_ref(&by_id)).len(), 0);
     }
 
     #[test]

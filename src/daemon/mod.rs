@@ -202,7 +202,10 @@ pub async fn run<R: Runtime>(
                 next_check = Instant::now() + usage_check_interval(&config);
                 if let Some(due) = collector.check_usage() {
                     let now = Instant::now();
-                    let arrived = collector.arrivals() != arrivals_seen;
+                    // Images arrived, or the thresholds in force went down
+                    // (a coming pull sized, a pod bound): a new crossing.
+                    let moved = collector.thresholds_moved();
+                    let arrived = collector.arrivals() != arrivals_seen || moved;
                     let at = if arrived {
                         now
                     } else {
@@ -212,7 +215,8 @@ pub async fn run<R: Runtime>(
                         if space_due {
                             info!(
                                 high_threshold_percent = config.gc.high_threshold_percent,
-                                "images arrived since the last cycle while usage is at or above the high \
+                                "images arrived, or a coming pull lowered the thresholds in force, since the \
+                                 last cycle while usage is at or above the high \
                                  threshold: starting a cycle"
                             );
                         } else {

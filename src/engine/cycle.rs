@@ -100,9 +100,15 @@ impl<R: Runtime> Collector<R> {
         // The pulls pods bound to the node are about to make, and of them
         // those room is not made for yet.
         let coming = self.coming_pulls(&snapshot.images, &protections);
-        let waiting = self.inventory.room_due(&coming);
+        let waiting = self.inventory.room_made.waiting(&coming);
+        let disk = self.disk(image_fs);
+        // Usage before the cycle removes anything: what the summary's
+        // `usage_before` reports, also when the age pass frees space.
+        report.before = disk.measure().ok();
+        let landing = self.landing(&coming, report.before.as_ref());
+        let footprint = self.inventory.footprint;
         // The kept images counted, not listed: a big node's list is 10 MiB.
-        let cycle = CyclePlan::new(
+        let (cycle, pulls) = CyclePlan::new(
             snapshot,
             listed,
             &gc_policy,
@@ -110,7 +116,17 @@ impl<R: Runtime> Collector<R> {
             (self.clock.now(), self.clock.started()),
             KeptImages::Counted,
         )
-        .with_headroom(self.headroom(&waiting));
+        .with_room_for(
+            self.inventory.largest_pull.as_ref(),
+            (&waiting, landing),
+            footprint,
+            report.before.as_ref(),
+        );
+        self.inventory.freeable = Some(cycle.freeable(footprint));
+        self.note_cannot_fit(&pulls.cannot_fit);
+        if let Some(before) = &report.before {
+            self.note_in_force(cycle.target().in_force(before.capacity_bytes));
+        }
         let plan = &cycle.plan;
         self.sinks.emit(&Event::Planned {
             in_use: plan.in_use_count(),
@@ -120,17 +136,14 @@ impl<R: Runtime> Collector<R> {
             age_guarded: plan.age_guarded,
             max_age: gc_policy.max_age,
         });
-        let disk = self.disk(image_fs);
-        // Usage before the cycle removes anything: what the summary's
-        // `usage_before` reports, also when the age pass frees space.
-        report.before = disk.measure().ok();
         let mut cx = CycleContext {
             snapshot,
             disk: &disk,
             cancel,
             report,
             hurried: false,
-            coming: &waiting,
+            coming: &pulls.fit,
+            coming_bytes: pulls.bytes,
         };
         if self.age_pass(&plan.age, &mut cx).await?.is_break() {
             return Ok(());
@@ -144,8 +157,12 @@ impl<R: Runtime> Collector<R> {
             return Ok(());
         }
         self.space_pass(&cycle, &mut cx).await?;
-        // Made, or there already.
-        self.inventory.room_made_for(&coming);
+        // Made, or there already, for the pulls that fit.
+        if let Ok(after) = disk.measure() {
+            self.inventory
+                .room_made
+                .made(&coming, &pulls.fit, after.available(), footprint);
+        }
         Ok(())
     }
 
@@ -376,14 +393,20 @@ impl<R: Runtime> Collector<R> {
     /// the kubelet's eviction line and the cycle removes for real.
     fn hurry_if_past_the_line(&mut self, walk: &mut Walk<'_, '_>, cx: &mut CycleContext<'_>) {
         let stats = walk.stats();
-        let coming = crate::policy::coming::total_on_disk(cx.coming, self.inventory.footprint);
-        if walk.estimating() || cx.report.dry_run || !self.settings.policy.past_eviction_line(&stats, coming) {
+        if walk.estimating() || cx.report.dry_run || !self.settings.policy.past_eviction_line(&stats, cx.coming_bytes) {
             return;
         }
+        let line = self
+            .settings
+            .policy
+            .eviction
+            .min_available_bytes(stats.capacity_bytes)
+            .saturating_add(cx.coming_bytes);
         walk.hurry(
             self.inventory
                 .layers
                 .freeing(&cx.snapshot.images, self.inventory.footprint),
+            line,
         );
         cx.report.hurried = true;
         self.sinks.emit(&Event::Hurrying {

@@ -161,6 +161,15 @@ pub enum Event<'a> {
         /// What an image takes on disk per reported byte.
         footprint: crate::policy::DiskFootprint,
     },
+    /// The coming pulls that would not fit above the kubelet's eviction
+    /// line even with every removable image gone, when they change: no
+    /// room is made for them.
+    PullsCannotFit {
+        /// The pulls (none: the last ones fit or went).
+        pulls: &'a [crate::policy::ComingPull],
+        /// What an image takes on disk per reported byte.
+        footprint: crate::policy::DiskFootprint,
+    },
     /// A hurry ended, its removals measured.
     HurryCorrected {
         /// What its removals were expected to free on disk.
@@ -224,8 +233,8 @@ pub enum Event<'a> {
         why: KeepReason<'a>,
     },
     /// A candidate found gone at the re-check before its removal, or by its
-    /// `RemoveImage` (`NotFound`): someone else removed it (another
-    /// collector, `crictl rmi`).
+    /// `RemoveImage` (`NotFound`): someone else may have removed it
+    /// (another collector, `crictl rmi`); the next listings tell.
     GoneAlready {
         /// The image id.
         id: &'a str,
@@ -386,6 +395,7 @@ impl Sink for MetricsSink {
             Event::Repulled { .. } => m.repulled(),
             Event::Hurrying { .. } => m.hurried(),
             Event::MakingRoom { pulls, .. } => m.made_room(pulls.len()),
+            Event::PullsCannotFit { pulls, .. } => m.set_cannot_fit(pulls.len()),
             Event::Planned {
                 in_use,
                 unused,
@@ -524,6 +534,19 @@ impl Sink for LogSink {
                     );
                 }
             }
+            Event::PullsCannotFit { pulls, footprint } => {
+                for pull in *pulls {
+                    warn!(
+                        image = %pull.image,
+                        pod = %pull.pod,
+                        sized = pull.like.as_ref().map_or_else(String::new, crate::policy::coming::Seen::says),
+                        bytes_on_disk = pull.bytes_on_disk(*footprint),
+                        "a pod bound to this node names an image that would not fit above the kubelet's eviction \
+                         line even with every removable image gone: no room is made for it (removing images \
+                         cannot help; the kubelet will evict when it pulls)"
+                    );
+                }
+            }
             Event::HurryCorrected { expected, came_back } => info!(
                 expected_bytes = expected,
                 measured_bytes = came_back,
@@ -550,10 +573,10 @@ impl Sink for LogSink {
                 images_could_free = o.could_free,
                 not_image_bytes = o.not_image_bytes,
                 thrash_window = %short(*thrash_window),
-                "removing every removable image cannot bring usage to the low threshold: the image filesystem \
-                 holds data that is not images. imagegc still frees what helps, but removes no image for space \
-                 that it removed within gc.thrash_window, so the node does not pull and lose the same images \
-                 over and over"
+                "removing every removable image cannot bring usage to the low threshold: {}. imagegc still frees \
+                 what helps, but removes no image for space that it removed within gc.thrash_window, so the node \
+                 does not pull and lose the same images over and over",
+                o.what_stands_in_the_way()
             ),
             Event::SpaceUnreachable { outlook: None, .. } => info!("images can bring usage to the low threshold again"),
             Event::SpaceReachedOnceAged { outlook, first_after } => info!(
@@ -589,7 +612,7 @@ impl Sink for LogSink {
             ),
             Event::Kept { id, tags, why } => log_kept(id, tags, why),
             Event::GoneAlready { id, tags } => {
-                info!(image = %id, tags = ?tags, "image is already gone: someone else removed it");
+                info!(image = %id, tags = ?tags, "the runtime says the image is gone already: kept; the next listing tells whether someone else removed it");
             }
             Event::Removing { id, reason, dry_run } => debug!(
                 image = %id,

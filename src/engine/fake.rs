@@ -43,6 +43,12 @@ pub(super) struct Sim {
     pub(super) fail_image_status: bool,
     /// `ImageStatus` of these fails.
     pub(super) fail_image_status_of: Vec<String>,
+    /// `ImageStatus` of these answers `NotFound` once each, though the
+    /// image is there (a runtime not to be believed).
+    pub(super) status_not_found_once: Vec<String>,
+    /// `ImageStatus` of these answers with the first tag alone and no
+    /// digest (one entry of an id listed twice, a tag moved since).
+    pub(super) status_fewer_names: Vec<String>,
     /// ListContainers fails while set: the runtime is down.
     pub(super) fail_lists: bool,
     pub(super) fail_status: bool,
@@ -182,7 +188,7 @@ impl Runtime for SimHandle {
         Ok(sim.node.layers(id).map(<[String]>::to_vec))
     }
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
-        let sim = self.0.lock().unwrap();
+        let mut sim = self.0.lock().unwrap();
         if sim.fail_image_status || sim.fail_image_status_of.iter().any(|f| f == id) {
             return Err(RuntimeError::Rpc {
                 rpc: "ImageStatus",
@@ -190,7 +196,18 @@ impl Runtime for SimHandle {
                 status: Box::new(tonic::Status::unavailable("injected failure")),
             });
         }
-        Ok(sim.node.image(id).cloned())
+        if let Some(at) = sim.status_not_found_once.iter().position(|f| f == id) {
+            sim.status_not_found_once.remove(at);
+            return Ok(None);
+        }
+        let fewer = sim.status_fewer_names.iter().any(|f| f == id);
+        Ok(sim.node.image(id).cloned().map(|mut image| {
+            if fewer {
+                image.repo_tags = image.repo_tags.iter().take(1).map(str::to_owned).collect();
+                image.repo_digests = Default::default();
+            }
+            image
+        }))
     }
     async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
         let delay = self.0.lock().unwrap().list_delay;

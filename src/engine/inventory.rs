@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
 use crate::cri::Image;
-use crate::policy::{ComingPull, DiskFootprint, LargestPull, RepoSizes};
+use crate::policy::{DiskFootprint, LargestPull, RepoSizes};
 use crate::records::Records;
 use crate::store::journal::{Journal, JournalEntry};
 use crate::store::pending::Pending;
@@ -68,9 +68,19 @@ pub(super) struct Inventory {
     /// [`crate::policy::coming`]): from the records and the journal at
     /// start, then from each listing's new images.
     pub(super) repo_sizes: RepoSizes,
-    /// The coming pulls room was made for (or found): not counted again
-    /// while their blobs arrive. Only pulls still coming are kept.
-    pub(super) room_made: Vec<String>,
+    /// The coming pulls room was made for (or found), with what they
+    /// still have to bring (see [`crate::policy::RoomMade`]).
+    pub(super) room_made: crate::policy::RoomMade,
+    /// What removing every candidate would free, by the last cycle's plan:
+    /// the bound on the room made for coming pulls between cycles.
+    pub(super) freeable: Option<u64>,
+    /// The thresholds in force at the last measurement, and whether they
+    /// moved since the daemon last asked (a pull sized, a pod bound or
+    /// gone): a new crossing.
+    pub(super) in_force: Option<(u8, u8)>,
+    pub(super) thresholds_moved: bool,
+    /// The coming pulls last said to not fit.
+    pub(super) cannot_fit: Vec<String>,
     /// How many listings showed images first seen then (see
     /// [`super::Collector::arrivals`]).
     pub(super) arrivals: u64,
@@ -85,7 +95,11 @@ impl Inventory {
         Inventory {
             largest_pull,
             repo_sizes,
-            room_made: Vec::new(),
+            room_made: crate::policy::RoomMade::default(),
+            freeable: None,
+            in_force: None,
+            thresholds_moved: false,
+            cannot_fit: Vec::new(),
             arrivals: 0,
             records: Arc::new(records),
             store,
@@ -117,22 +131,6 @@ impl Inventory {
             LargestPull::note(&mut self.largest_pull, LargestPull::of(image, now), now);
             self.repo_sizes.note_image(image, now);
         }
-    }
-
-    /// Of `coming`, the pulls not made room for yet.
-    pub(super) fn room_due(&self, coming: &[ComingPull]) -> Vec<ComingPull> {
-        coming
-            .iter()
-            .filter(|pull| !self.room_made.contains(&pull.image))
-            .cloned()
-            .collect()
-    }
-
-    /// Notes that every pull of `coming`, the pulls coming now, has its
-    /// room: the space pass made it or it was there. Pulls no longer
-    /// coming are forgotten (their pods went, or their images arrived).
-    pub(super) fn room_made_for(&mut self, coming: &[ComingPull]) {
-        self.room_made = coming.iter().map(|pull| pull.image.clone()).collect();
     }
 
     /// Whether the records are to be saved at `now`: something other than

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cri::{Image, Runtime};
-use crate::fs::FsProbe;
+use crate::fs::{FsProbe, FsStats};
 use crate::outputs::metrics::Metrics;
 use crate::policy::{ComingPull, DiskFootprint, Protections};
 use crate::records::Records;
@@ -315,14 +315,42 @@ impl<R: Runtime> Collector<R> {
         self.inventory.footprint
     }
 
-    /// The headroom above the kubelet's eviction line (see
-    /// [`crate::policy::Headroom`]) that the largest recent pull asks for
-    /// (`gc.headroom`) and `waiting`, the coming pulls not made room for
-    /// yet.
-    fn headroom(&self, waiting: &[ComingPull]) -> Option<crate::policy::Headroom> {
-        self.settings
-            .policy
-            .headroom_for(self.inventory.largest_pull.as_ref(), waiting, self.inventory.footprint)
+    /// What the coming pulls room was made for still have to bring when
+    /// `stats` was read (all of it, unread).
+    fn landing(&self, coming: &[ComingPull], stats: Option<&FsStats>) -> u64 {
+        self.inventory
+            .room_made
+            .still_to_land(coming, stats.map_or(u64::MAX, FsStats::available))
+    }
+
+    /// Says which coming pulls cannot fit, when that changed.
+    fn note_cannot_fit(&mut self, pulls: &[ComingPull]) {
+        let images: Vec<String> = pulls.iter().map(|pull| pull.image.clone()).collect();
+        if images != self.inventory.cannot_fit {
+            self.sinks.emit(&Event::PullsCannotFit {
+                pulls,
+                footprint: self.inventory.footprint,
+            });
+            self.inventory.cannot_fit = images;
+        }
+    }
+
+    /// Notes the thresholds in force now: high lowered since the last
+    /// measurement (more room needed) is a new crossing (see
+    /// [`Collector::thresholds_moved`]); raised, as a pull's blobs land,
+    /// it is none.
+    fn note_in_force(&mut self, in_force: (u8, u8)) {
+        if self.inventory.in_force.is_some_and(|before| in_force.0 < before.0) {
+            self.inventory.thresholds_moved = true;
+        }
+        self.inventory.in_force = Some(in_force);
+    }
+
+    /// Whether the thresholds in force went down since this was last
+    /// asked (a coming pull sized, a pod bound to the node): for the
+    /// daemon's loop, a new crossing of high, whatever usage was before.
+    pub fn thresholds_moved(&mut self) -> bool {
+        std::mem::take(&mut self.inventory.thresholds_moved)
     }
 
     /// The pulls that pods bound to the node (`protections`) are about to
@@ -395,16 +423,29 @@ impl<R: Runtime> Collector<R> {
         let path = self.inventory.disk_path.as_ref()?;
         let stats = self.probe.stats(path).ok()?;
         let coming = self.coming_pulls(&self.inventory.last_images, &self.protections());
-        let waiting = self.inventory.room_due(&coming);
-        let due = self
-            .settings
-            .policy
-            .target
-            .with_headroom(self.headroom(&waiting))
-            .due(&stats);
+        let waiting = self.inventory.room_made.waiting(&coming);
+        let landing = self.landing(&coming, Some(&stats));
+        let policy = Arc::clone(&self.settings.policy);
+        let footprint = self.inventory.footprint;
+        // Bounded by what the last cycle's candidates could free.
+        let room = self
+            .inventory
+            .freeable
+            .map(|freeable| crate::policy::coming::room_above_line(&stats, freeable, policy.eviction));
+        let pulls = policy.room_for_pulls(&waiting, landing, footprint, room);
+        let target = policy.target.with_headroom(policy.headroom_for(
+            self.inventory.largest_pull.as_ref(),
+            pulls.bytes,
+            footprint,
+        ));
+        let due = target.due(&stats);
+        self.note_in_force(target.in_force(stats.capacity_bytes));
+        self.note_cannot_fit(&pulls.cannot_fit);
         if !due {
             // The room is there: a pull's own blobs must not start a pass.
-            self.inventory.room_made_for(&coming);
+            self.inventory
+                .room_made
+                .made(&coming, &pulls.fit, stats.available(), footprint);
         }
         self.sinks.emit(&Event::Usage { stats: &stats, due });
         Some(due)

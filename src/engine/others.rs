@@ -3,7 +3,8 @@
 //!
 //! An image counts as removed by someone else only when it is gone by the
 //! rule pending removals settle by: a listing omits it **and** `ImageStatus`
-//! says the runtime does not have it (a listing alone may be partial). A
+//! says the runtime does not have it twice, [`super::removal::GONE_CONFIRMED`]
+//! apart (a listing alone may be partial, one answer wrong). A
 //! removal imagegc asked for never counts: one pending at the listing that
 //! first omitted the image (this process's or an earlier one's, settled
 //! late or not at all), and one the journal holds for the image since it
@@ -25,7 +26,6 @@ use crate::cri::{Image, Runtime};
 use crate::records::{Unlisted, VANISHED_GRACE};
 use crate::store::pending::Seen;
 
-use super::removal::seen_by_status;
 use super::{Collector, Event};
 
 /// How many unlisted images are asked about (`ImageStatus`, all at once)
@@ -84,10 +84,10 @@ impl<R: Runtime> Collector<R> {
             .take(ASKED_PER_LISTING)
             .map(|(u, _)| u.id.clone())
             .collect();
-        let answers = futures_util::future::join_all(ids.iter().map(|id| self.runtime.image_status(id))).await;
+        let answers = self.seen_twice(&ids).await;
         let mut gone = Vec::new();
-        for (id, answer) in ids.iter().zip(answers) {
-            match seen_by_status(&answer) {
+        for (id, seen) in ids.iter().zip(answers) {
+            match seen {
                 // Asked again after the others waiting.
                 Seen::Unsure => {
                     if let Some(place) = self.remover.others.images.iter().position(|(u, _)| &u.id == id) {
@@ -110,6 +110,11 @@ impl<R: Runtime> Collector<R> {
         for image in &gone {
             Arc::make_mut(&mut self.inventory.records).remove(&image.id, now);
         }
+        // Saved before it is said: a process that ends in between says it
+        // no more (the next one has no record of the image to find
+        // omitted), where the other way round it would be said again by
+        // the next process, from the record the state file still held.
+        self.save().await;
         self.sinks.emit(&Event::RemovedByOthers { images: &gone, at: now });
     }
 
@@ -140,30 +145,5 @@ impl<R: Runtime> Collector<R> {
                 })
             })
             .collect()
-    }
-
-    /// A candidate the re-check (or `RemoveImage`) found gone already:
-    /// someone else removed it, unless a removal imagegc asked for earlier,
-    /// whose outcome was unknown, is pending for it.
-    pub(super) fn candidate_gone(&self, id: &str, tags: &crate::cri::Names, size: u64, first_seen: SystemTime) {
-        let asked_earlier = self
-            .remover
-            .pending
-            .entries()
-            .iter()
-            .any(|p| p.entry.image == id && p.earlier.is_some());
-        if asked_earlier {
-            return;
-        }
-        let image = Unlisted {
-            id: id.to_string(),
-            tags: tags.clone(),
-            size,
-            first_seen,
-        };
-        self.sinks.emit(&Event::RemovedByOthers {
-            images: std::slice::from_ref(&image),
-            at: self.clock.now(),
-        });
     }
 }

@@ -54,6 +54,9 @@ pub(super) struct CycleContext<'a> {
     /// room for (see [`crate::policy::coming`]): a reading from which
     /// they would cross the eviction line counts as past it.
     pub(super) coming: &'a [crate::policy::ComingPull],
+    /// What those pulls, and the ones room was made for before that are
+    /// still to land, take on disk.
+    pub(super) coming_bytes: u64,
 }
 
 /// What became of one candidate.
@@ -68,6 +71,13 @@ pub(super) enum Step {
     /// the runtime finishes later does not add to the ones after it.
     Unknown,
 }
+
+/// How far apart two answers of the runtime that an image is gone must be
+/// for imagegc to take it as gone, when nothing else says so (a removal of
+/// unknown outcome settled, a removal by others counted): one partial
+/// listing and one wrong `ImageStatus` are not a removal, and history
+/// rests on neither alone.
+pub(super) const GONE_CONFIRMED: Duration = Duration::from_secs(1);
 
 /// How long the outcome of a `RemoveImage` that timed out or broke is
 /// watched for (`ImageStatus` every [`UNSETTLED_STEP`]), at most.
@@ -399,6 +409,11 @@ impl<R: Runtime> Collector<R> {
             self.gone_already(candidate);
             return Ok(None);
         };
+        // Every name the image had in the listing counts beside those it
+        // has now: a container or a pod naming it by a name `ImageStatus`
+        // no longer gives (one of an id listed twice, a tag moved since)
+        // may still use it.
+        let current = with_listed_names(current, snapshot);
         let uses = uses_now(&current, &containers, snapshot);
         // The latest: a pod bound since the listing protects too.
         let protections = self.protections();
@@ -430,16 +445,18 @@ impl<R: Runtime> Collector<R> {
         Ok(None)
     }
 
-    /// Someone else removed the candidate (another collector, `crictl
-    /// rmi`): not this collector's removal, so neither counted nor
-    /// journaled; its record goes.
+    /// The runtime said it does not have the candidate (`ImageStatus` or
+    /// `RemoveImage` answered `NotFound`): kept, and nothing more is
+    /// concluded from one answer. Whether someone else removed it is told
+    /// by the rule removals by others go by (a listing omits it **and**
+    /// `ImageStatus` says so; see [`super::others`]): its record stays
+    /// until then, so an image a runtime wrongly said it did not have keeps
+    /// its history, and none is counted removed.
     fn gone_already(&mut self, candidate: &Candidate<'_>) {
         self.sinks.emit(&Event::GoneAlready {
             id: candidate.id,
             tags: candidate.tags,
         });
-        self.candidate_gone(candidate.id, candidate.tags, candidate.size, candidate.first_seen);
-        Arc::make_mut(&mut self.inventory.records).remove(candidate.id, self.clock.now());
     }
 
     /// Removes one candidate after re-checking that it is not in use
@@ -879,19 +896,35 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// After a `RemoveImage` that failed with `err`: `Some(true)` when the
-    /// image is gone all the same, `Some(false)` when the runtime refused
+    /// image is gone all the same (the runtime said so twice, at least
+    /// [`GONE_CONFIRMED`] apart), `Some(false)` when the runtime refused
     /// and still has it, `None` when the outcome is unknown (the call timed
     /// out or broke, and the image is still listed after watching it for up
     /// to [`UNSETTLED_WATCH`] or until shutdown).
     async fn watch_unsettled(&self, id: &str, err: &RuntimeError, cancel: &CancellationToken) -> Option<bool> {
         let unknown = err.outcome_unknown();
-        let deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(self.settings.runtime_timeout);
+        let mut deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(self.settings.runtime_timeout);
+        // Gone once the runtime said so twice, GONE_CONFIRMED apart, and
+        // never there in between: one wrong answer is no removal. (Found
+        // gone within the watch, it is watched until it can be confirmed.)
+        let mut gone_since: Option<tokio::time::Instant> = None;
         loop {
             match self.runtime.image_status(id).await {
-                Ok(None) => return Some(true),
+                Ok(None) => {
+                    let at = tokio::time::Instant::now();
+                    match gone_since {
+                        Some(first) if at.saturating_duration_since(first) >= GONE_CONFIRMED => return Some(true),
+                        Some(_) => {}
+                        None => {
+                            gone_since = Some(at);
+                            deadline = deadline.max(at + GONE_CONFIRMED);
+                        }
+                    }
+                }
                 Ok(Some(_)) if !unknown => return Some(false),
                 // Still there, or the runtime cannot say yet.
-                Ok(Some(_)) | Err(_) => {}
+                Ok(Some(_)) => gone_since = None,
+                Err(_) => {}
             }
             if tokio::time::Instant::now() >= deadline || cancel.is_cancelled() {
                 return None;
@@ -959,12 +992,8 @@ impl<R: Runtime> Collector<R> {
         } else {
             self.remover.pending.next_to_ask(listed, PENDING_ASKED_PER_LISTING)
         };
-        let answers = futures_util::future::join_all(asked.iter().map(|id| self.runtime.image_status(id))).await;
-        let answered: crate::collections::HashMap<&str, Seen> = asked
-            .iter()
-            .zip(answers)
-            .map(|(id, answer)| (id.as_str(), seen_by_status(&answer)))
-            .collect();
+        let answers = self.seen_twice(&asked).await;
+        let answered: crate::collections::HashMap<&str, Seen> = asked.iter().map(String::as_str).zip(answers).collect();
         let seen = |id: &str| {
             if listed(id) {
                 Seen::There
@@ -1007,6 +1036,31 @@ impl<R: Runtime> Collector<R> {
 /// many, and a few calls per listing settle the usual one or two pending
 /// removals at once; the others are asked about at the next listings.
 const PENDING_ASKED_PER_LISTING: usize = 4;
+
+impl<R: Runtime> Collector<R> {
+    /// What `ImageStatus` says of each of `ids` (images a listing omitted),
+    /// all asked at once (see [`seen_by_status`]); those it says are gone
+    /// are asked again [`GONE_CONFIRMED`] later, and count as gone only
+    /// when both answers agree.
+    pub(super) async fn seen_twice(&self, ids: &[String]) -> Vec<Seen> {
+        let runtime = &self.runtime;
+        let mut seen: Vec<Seen> = futures_util::future::join_all(ids.iter().map(|id| runtime.image_status(id)))
+            .await
+            .iter()
+            .map(seen_by_status)
+            .collect();
+        let again: Vec<usize> = (0..ids.len()).filter(|&i| seen[i] == Seen::Gone).collect();
+        if again.is_empty() {
+            return seen;
+        }
+        tokio::time::sleep(GONE_CONFIRMED).await;
+        let answers = futures_util::future::join_all(again.iter().map(|&i| runtime.image_status(&ids[i]))).await;
+        for (i, answer) in again.into_iter().zip(answers) {
+            seen[i] = seen_by_status(&answer);
+        }
+        seen
+    }
+}
 
 /// What `ImageStatus` says of the image of a pending removal the listing
 /// omitted: not found is gone; found is still there (the listing was
@@ -1070,6 +1124,17 @@ fn uses_now<'c>(current: &Image, containers: &'c [Container], snapshot: &Snapsho
         newest: None,
         mounts_unknown: containers.iter().any(|c| c.mounts_unknown),
         sandbox_unknown: snapshot.sandbox_unknown(),
+    }
+}
+
+/// The image as `ImageStatus` gave it, with the names the listing gave it
+/// too (each once; `ImageStatus`'s first).
+fn with_listed_names(current: Image, snapshot: &Snapshot) -> Image {
+    match snapshot.images.iter().find(|listed| listed.id == current.id) {
+        Some(listed) => crate::cri::merge_listings(vec![current, listed.clone()])
+            .pop()
+            .expect("one image"),
+        None => current,
     }
 }
 

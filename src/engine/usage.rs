@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 
 use crate::cri::matching::{self, InUse};
 use crate::cri::{ContainerEvent, EventStream, Image, Runtime, RuntimeError, Snapshot};
+use crate::fs::FsStats;
 use crate::policy::{CyclePlan, KeptImages, Protections};
 use crate::records::{Listed, Observed};
 
@@ -161,9 +162,16 @@ impl<R: Runtime> Collector<R> {
     }
 
     /// The cycle's plan over a listing from [`Collector::observe`], its
-    /// kept images listed, without removing anything: what `imagegc plan`
-    /// shows.
-    pub fn cycle_plan<'a>(&'a self, listing: &'a Listing) -> CyclePlan<'a> {
+    /// kept images listed, without removing anything, at `stats` (the
+    /// image filesystem read after the listing): what `imagegc plan`
+    /// shows. Beside it, the room the coming pulls get: those that fit and
+    /// those that cannot, as the daemon's cycle weighs them.
+    pub fn cycle_plan<'a>(
+        &'a self,
+        listing: &'a Listing,
+        stats: Option<&FsStats>,
+    ) -> (CyclePlan<'a>, crate::policy::PullRoom) {
+        let coming = self.coming_pulls(&listing.snapshot.images, &listing.protections);
         CyclePlan::new(
             &listing.snapshot,
             &listing.listed,
@@ -172,7 +180,12 @@ impl<R: Runtime> Collector<R> {
             (self.clock.now(), self.clock.started()),
             KeptImages::Listed,
         )
-        .with_headroom(self.headroom(&self.pulls_waiting(listing)))
+        .with_room_for(
+            self.inventory.largest_pull.as_ref(),
+            (&self.inventory.room_made.waiting(&coming), self.landing(&coming, stats)),
+            self.inventory.footprint,
+            stats,
+        )
     }
 
     /// The pulls the pods of `listing` are about to make that room is not
@@ -180,7 +193,8 @@ impl<R: Runtime> Collector<R> {
     /// `kubernetes.room_before_pulls` is on.
     pub fn pulls_waiting(&self, listing: &Listing) -> Vec<crate::policy::ComingPull> {
         self.inventory
-            .room_due(&self.coming_pulls(&listing.snapshot.images, &listing.protections))
+            .room_made
+            .waiting(&self.coming_pulls(&listing.snapshot.images, &listing.protections))
     }
 
     /// The largest recent pull, when `gc.headroom` keeps room for it.

@@ -177,6 +177,24 @@ pub fn repository(reference: &str) -> &str {
     split_name(reference).0
 }
 
+/// The repository a tag or digest reference names, normalized, the tag
+/// left out: `nginx:1` → `docker.io/library/nginx`,
+/// `reg:5000/app:1@sha256:…` → `reg:5000/app`. `None` for an image id or
+/// nothing, which name no repository.
+pub fn repository_of(reference: &str) -> Option<String> {
+    let reference = reference.trim();
+    if reference.is_empty() || is_id(reference) {
+        return None;
+    }
+    let normalized = normalized(reference);
+    let mut name = repository(&normalized);
+    let last_slash = name.rfind('/').map_or(0, |i| i + 1);
+    if let Some(colon) = name[last_slash..].rfind(':') {
+        name = &name[..last_slash + colon];
+    }
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
 /// Where a tag or digest reference is pulled from: its registry as written
 /// (`docker.io`, `127.0.0.1:5000`), the repository's path in it
 /// (`library/nginx`) and the tag or digest (`1.27`, `sha256:…`; `latest`

@@ -376,6 +376,7 @@ struct RemovalFamilies {
     repulled: Counter,
     hurried: Counter,
     made_room: Counter,
+    cannot_fit: Gauge,
 }
 
 /// The image filesystem, the thresholds and what the collector decides on.
@@ -489,6 +490,13 @@ impl RemovalFamilies {
              them (they would have taken the image filesystem past the kubelet's eviction line)",
             made_room.clone(),
         );
+        let cannot_fit = Gauge::default();
+        registry.register(
+            "imagegc_coming_pulls_cannot_fit",
+            "Pulls coming for pods bound to the node that would not fit above the kubelet's eviction line even \
+             with every removable image gone: no room is made for them",
+            cannot_fit.clone(),
+        );
         RemovalFamilies {
             removed,
             freed_bytes,
@@ -496,6 +504,7 @@ impl RemovalFamilies {
             repulled,
             hurried,
             made_room,
+            cannot_fit,
         }
     }
 }
@@ -906,6 +915,11 @@ impl Metrics {
         self.removals.made_room.inc_by(pulls as u64);
     }
 
+    /// How many coming pulls cannot fit, now.
+    pub fn set_cannot_fit(&self, pulls: usize) {
+        self.removals.cannot_fit.set(pulls as i64);
+    }
+
     /// Whether images can bring usage to the low threshold.
     pub fn set_space_unreachable(&self, unreachable: bool) {
         self.filesystem.space_unreachable.set(i64::from(unreachable));
@@ -1143,6 +1157,7 @@ mod tests {
             "imagegc_repulled_after_removal_total 0",
             "imagegc_hurried_space_passes_total 0",
             "imagegc_room_before_pulls_total 0",
+            "imagegc_coming_pulls_cannot_fit 0",
             "imagegc_removal_candidates 0",
             concat!(r#"imagegc_build_info{version=""#, env!("CARGO_PKG_VERSION"), r#""} 1"#),
         ] {

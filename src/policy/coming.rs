@@ -75,7 +75,9 @@ impl RepoSizes {
     /// tag's repository keeps the larger of what it had and this.
     pub fn note<'t>(&mut self, tags: impl IntoIterator<Item = &'t str>, size: u64, at: SystemTime) {
         for tag in tags {
-            let Some(repository) = repository_of(tag) else { continue };
+            let Some(repository) = reference::repository_of(tag) else {
+                continue;
+            };
             let seen = Seen {
                 tag: tag.to_owned(),
                 size_bytes: size,
@@ -103,7 +105,7 @@ impl RepoSizes {
     /// The largest image of the repository `reference` names, when the
     /// node had one.
     pub fn of(&self, reference: &str) -> Option<&Seen> {
-        self.by_repository.get(&repository_of(reference)?)
+        self.by_repository.get(&reference::repository_of(reference)?)
     }
 
     /// How many repositories are remembered.
@@ -126,17 +128,6 @@ impl RepoSizes {
             self.by_repository.remove(&oldest);
         }
     }
-}
-
-/// The normalized repository of a tag or digest reference; `None` for an
-/// image id, which names no repository.
-fn repository_of(reference: &str) -> Option<String> {
-    let reference = reference.trim();
-    if reference.is_empty() || reference::is_id(reference) {
-        return None;
-    }
-    let normalized = reference::normalized(reference);
-    Some(reference::repository(&normalized).to_owned())
 }
 
 /// A pull the kubelet is about to make: an image a pod bound to the node
@@ -256,6 +247,138 @@ pub fn coming_pulls(images: &[Image], protections: &Protections, sizes: &RepoSiz
     coming
 }
 
+/// Which coming pulls room can be made for (see [`that_fit`]), and what
+/// they take.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PullRoom {
+    /// The pulls that fit once images are removed (or already do), in
+    /// their order; pulls not sized yet are among them, at 0 bytes.
+    pub fit: Vec<ComingPull>,
+    /// The pulls that would not fit above the kubelet's eviction line even
+    /// with every removable image gone: no room is made for them.
+    pub cannot_fit: Vec<ComingPull>,
+    /// The bytes on disk room is made for: the pulls that fit, and what
+    /// the pulls room was made for before still have to bring.
+    pub bytes: u64,
+}
+
+/// Which of `coming` room can be made for: `room` is what the image
+/// filesystem can have available above the kubelet's eviction line once
+/// every removable image is gone (see [`room_above_line`]), less what the
+/// pulls already made room for still have to bring. Taken pull by pull in
+/// order, each fits when its bytes on disk are within what is left; one
+/// that is not cannot fit, and the next ones are weighed against what is
+/// left. Room is made only where it can help: a pull that cannot fit is
+/// not answered by emptying the node.
+pub fn that_fit(coming: &[ComingPull], room: u64, footprint: DiskFootprint) -> PullRoom {
+    let mut left = room;
+    let mut fitting = PullRoom::default();
+    for pull in coming {
+        let bytes = pull.bytes_on_disk(footprint);
+        if bytes <= left {
+            left -= bytes;
+            fitting.bytes = fitting.bytes.saturating_add(bytes);
+            fitting.fit.push(pull.clone());
+        } else {
+            fitting.cannot_fit.push(pull.clone());
+        }
+    }
+    fitting
+}
+
+/// What the image filesystem at `stats` can have available above the
+/// eviction line `line` once `freeable` bytes more are freed (every
+/// removable image gone).
+pub fn room_above_line(stats: &crate::fs::FsStats, freeable: u64, line: crate::config::EvictionThreshold) -> u64 {
+    stats
+        .available()
+        .saturating_add(freeable)
+        .saturating_sub(line.min_available_bytes(stats.capacity_bytes))
+}
+
+/// The coming pulls room was made for, while they are still coming: what
+/// each had left to bring when the room was last made, and the bytes
+/// available then. What the filesystem lost since is taken for their
+/// blobs arriving, so a pull's own blobs do not count twice, and pulls
+/// room was made for are weighed beside the ones sized later: all pulls
+/// not yet landed are weighed together, as a new process (`plan`) weighs
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoomMade {
+    /// Each pull's image, as pods name it, and its bytes on disk still to
+    /// come when the room was made.
+    pulls: Vec<(String, u64)>,
+    /// Bytes available when the room was made.
+    available_then: u64,
+}
+
+impl RoomMade {
+    /// Of `coming`, the pulls room is not made for yet.
+    pub fn waiting(&self, coming: &[ComingPull]) -> Vec<ComingPull> {
+        coming
+            .iter()
+            .filter(|pull| !self.pulls.iter().any(|(image, _)| *image == pull.image))
+            .cloned()
+            .collect()
+    }
+
+    /// What the pulls room was made for, those still `coming`, have yet to
+    /// bring when `available` bytes are available. Those no longer coming
+    /// are taken to have landed: what the filesystem lost goes to them
+    /// first.
+    pub fn still_to_land(&self, coming: &[ComingPull], available: u64) -> u64 {
+        let (mut still, mut gone) = (0u64, 0u64);
+        for (image, bytes) in &self.pulls {
+            if coming.iter().any(|pull| pull.image == *image) {
+                still = still.saturating_add(*bytes);
+            } else {
+                gone = gone.saturating_add(*bytes);
+            }
+        }
+        let arrived = self.available_then.saturating_sub(available);
+        still.saturating_sub(arrived.saturating_sub(gone))
+    }
+
+    /// Room is there at `available` bytes for the pulls room was made for
+    /// that are still `coming` and for those of `fit` that are sized:
+    /// each noted with what it still has to bring. Pulls no longer coming
+    /// (their pods went, their images landed) are forgotten; pulls not
+    /// sized yet are not noted, so that room is made for them once sized.
+    pub fn made(&mut self, coming: &[ComingPull], fit: &[ComingPull], available: u64, footprint: DiskFootprint) {
+        let still_coming = |image: &str| coming.iter().any(|pull| pull.image == image);
+        let total = self
+            .pulls
+            .iter()
+            .filter(|(image, _)| still_coming(image))
+            .fold(0u64, |sum, (_, bytes)| sum.saturating_add(*bytes));
+        let left = self.still_to_land(coming, available);
+        let mut pulls: Vec<(String, u64)> = self
+            .pulls
+            .drain(..)
+            .filter(|(image, _)| still_coming(image))
+            .map(|(image, bytes)| {
+                // What arrived is shared out in proportion.
+                let share = u128::from(bytes) * u128::from(left) / u128::from(total.max(1));
+                (image, share as u64)
+            })
+            .collect();
+        for pull in fit {
+            if pull.like.is_some() && !pulls.iter().any(|(image, _)| *image == pull.image) {
+                pulls.push((pull.image.clone(), pull.bytes_on_disk(footprint)));
+            }
+        }
+        *self = RoomMade {
+            pulls,
+            available_then: available,
+        };
+    }
+
+    /// Whether room was made for `image`.
+    pub fn contains(&self, image: &str) -> bool {
+        self.pulls.iter().any(|(made, _)| made == image)
+    }
+}
+
 /// What the `coming` pulls take on disk together, by `footprint`.
 pub fn total_on_disk(coming: &[ComingPull], footprint: DiskFootprint) -> u64 {
     coming
@@ -360,6 +483,88 @@ mod tests {
             ManifestScale::default(),
             ManifestScale::for_footprint(DiskFootprint::default())
         );
+    }
+
+    fn sized(image: &str, bytes: u64) -> ComingPull {
+        ComingPull {
+            image: image.to_string(),
+            pod: format!("default/{image}"),
+            like: Some(Seen {
+                tag: image.to_string(),
+                size_bytes: bytes,
+                at: at(0),
+                from: SizedBy::History,
+            }),
+        }
+    }
+
+    #[test]
+    fn only_the_pulls_that_removing_images_can_make_room_for_get_it() {
+        let footprint = DiskFootprint::default();
+        let not_sized = ComingPull {
+            like: None,
+            ..sized("u", 0)
+        };
+        let coming = [
+            sized("a", 60),
+            sized("huge", 500),
+            not_sized.clone(),
+            sized("b", 30),
+            sized("c", 20),
+        ];
+        let room = that_fit(&coming, 100, footprint);
+        let names = |pulls: &[ComingPull]| pulls.iter().map(|p| p.image.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&room.fit), ["a", "u", "b"]);
+        assert_eq!(names(&room.cannot_fit), ["huge", "c"]);
+        assert_eq!(room.bytes, 90);
+        assert_eq!(that_fit(&coming, u64::MAX, footprint).bytes, 610);
+        // The room: available above the line once every removable image
+        // is gone, never below zero.
+        let stats = crate::fs::FsStats {
+            capacity_bytes: 1000,
+            available_bytes: 300,
+            ..Default::default()
+        };
+        let line = crate::config::EvictionThreshold::Percent(15.0);
+        assert_eq!(room_above_line(&stats, 200, line), 350);
+        assert_eq!(
+            room_above_line(&stats, 0, crate::config::EvictionThreshold::Bytes(900)),
+            0
+        );
+        assert_eq!(room_above_line(&stats, u64::MAX, line), u64::MAX - 150);
+    }
+
+    #[test]
+    fn pulls_room_was_made_for_count_until_their_blobs_arrive_and_go_when_they_land() {
+        let footprint = DiskFootprint::default();
+        let not_sized = ComingPull {
+            like: None,
+            ..sized("u", 0)
+        };
+        let only_a = [sized("a", 100)];
+        let a_and_u = [sized("a", 100), not_sized.clone()];
+        let both = [sized("a", 100), sized("b", 50)];
+        let only_b = [sized("b", 50)];
+        let mut made = RoomMade::default();
+        assert_eq!(made.waiting(&only_a), only_a);
+        // Room made for `a` at 500 available; a pull not sized is not noted.
+        made.made(&a_and_u, &a_and_u, 500, footprint);
+        assert!(made.contains("a") && !made.contains("u"));
+        assert_eq!(made.waiting(&a_and_u), [not_sized]);
+        assert_eq!(made.still_to_land(&only_a, 500), 100, "nothing arrived");
+        assert_eq!(made.still_to_land(&only_a, 460), 60, "40 bytes of its blobs arrived");
+        assert_eq!(made.still_to_land(&only_a, 100), 0);
+        assert_eq!(made.still_to_land(&[], 500), 0, "landed, or its pod went");
+        // `b` sized later, 40 of `a` arrived: both noted, `a` at what it
+        // still has to bring.
+        made.made(&both, &only_b, 460, footprint);
+        assert_eq!(made.still_to_land(&both, 460), 110);
+        assert_eq!(made.still_to_land(&only_b, 460), 50);
+        // `a` landed: what went is its, and it is forgotten.
+        assert_eq!(made.still_to_land(&only_b, 400), 50);
+        made.made(&only_b, &[], 400, footprint);
+        assert!(!made.contains("a"));
+        assert_eq!(made.still_to_land(&only_b, 400), 50);
     }
 
     #[test]

@@ -108,11 +108,37 @@ impl<'a> CyclePlan<'a> {
         }
     }
 
-    /// The same plan, its thresholds lowered where `headroom` needs it
-    /// (see [`crate::policy::Headroom`]).
-    pub fn with_headroom(mut self, headroom: Option<crate::policy::Headroom>) -> Self {
+    /// The same plan, its thresholds lowered for the headroom (see
+    /// [`crate::policy::Headroom`]) that `largest`, the largest recent pull,
+    /// and the pulls coming for pods bound to the node need: those of
+    /// `waiting` that removing every candidate can make room for at
+    /// `stats`, beside `landing`, what the pulls room was made for still
+    /// have to bring (see [`GcPolicy::room_for_pulls`]). Returns which
+    /// pulls fit and which cannot.
+    pub fn with_room_for(
+        mut self,
+        largest: Option<&crate::policy::LargestPull>,
+        (waiting, landing): (&[crate::policy::ComingPull], u64),
+        footprint: DiskFootprint,
+        stats: Option<&FsStats>,
+    ) -> (Self, crate::policy::PullRoom) {
+        let room =
+            stats.map(|stats| super::coming::room_above_line(stats, self.freeable(footprint), self.policy.eviction));
+        let pulls = self.policy.room_for_pulls(waiting, landing, footprint, room);
+        let headroom = self.policy.headroom_for(largest, pulls.bytes, footprint);
         self.target = self.policy.target.with_headroom(headroom);
-        self
+        (self, pulls)
+    }
+
+    /// What removing every candidate, age and space, would free at most,
+    /// by `footprint`; a size not known counts nothing (room is not made
+    /// on a guess).
+    pub fn freeable(&self, footprint: DiskFootprint) -> u64 {
+        self.plan
+            .age
+            .iter()
+            .chain(&self.plan.space)
+            .fold(0u64, |sum, c| sum.saturating_add(footprint.on_disk(c.size)))
     }
 
     /// The thresholds this plan goes by.

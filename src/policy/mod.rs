@@ -27,7 +27,7 @@ pub mod order;
 pub mod plan;
 pub mod space;
 
-pub use coming::{ComingPull, ManifestScale, RepoSizes};
+pub use coming::{ComingPull, ManifestScale, PullRoom, RepoSizes, RoomMade};
 pub use cycle::{AgePass, CyclePlan, KeptImages, SpacePass};
 pub use headroom::{Headroom, LargestPull};
 pub use keep::{KeepReason, Rules, Uses};
@@ -64,24 +64,43 @@ pub struct GcPolicy {
 
 impl GcPolicy {
     /// The headroom for `pull`, the largest recent pull, when `gc.headroom`
-    /// is on, and for `coming`, the pulls coming for pods bound to the node
-    /// (not yet made room for), when `kubernetes.room_before_pulls` is
-    /// (`footprint` says what they take on disk).
-    pub fn headroom_for(
-        &self,
-        pull: Option<&LargestPull>,
-        coming: &[ComingPull],
-        footprint: DiskFootprint,
-    ) -> Option<Headroom> {
+    /// is on, and for `coming` bytes on disk, what the pulls coming for
+    /// pods bound to the node need (see [`GcPolicy::room_for_pulls`];
+    /// `footprint` says what the recent pull takes on disk).
+    pub fn headroom_for(&self, pull: Option<&LargestPull>, coming: u64, footprint: DiskFootprint) -> Option<Headroom> {
         let recent = pull
             .filter(|_| self.headroom)
             .map_or(0, |pull| footprint.on_disk(pull.size_bytes));
-        let coming = if self.room_before_pulls {
-            coming::total_on_disk(coming, footprint)
-        } else {
-            0
-        };
         Headroom::new(self.eviction, recent, coming)
+    }
+
+    /// The room the pulls coming for pods bound to the node get, when
+    /// `kubernetes.room_before_pulls` is on: of `waiting` (not made room
+    /// for yet), those that fit in `room` (what the image filesystem can
+    /// have above the eviction line once every removable image is gone;
+    /// `None`: not measured, every pull counts) beside `landing` (what the
+    /// pulls room was made for still have to bring), and the bytes that
+    /// come to, never more than `room` (see [`coming::that_fit`]).
+    pub fn room_for_pulls(
+        &self,
+        waiting: &[ComingPull],
+        landing: u64,
+        footprint: DiskFootprint,
+        room: Option<u64>,
+    ) -> PullRoom {
+        if !self.room_before_pulls {
+            return PullRoom::default();
+        }
+        let Some(room) = room else {
+            return PullRoom {
+                fit: waiting.to_vec(),
+                cannot_fit: Vec::new(),
+                bytes: coming::total_on_disk(waiting, footprint).saturating_add(landing),
+            };
+        };
+        let mut pulls = coming::that_fit(waiting, room.saturating_sub(landing), footprint);
+        pulls.bytes = pulls.bytes.saturating_add(landing).min(room);
+        pulls
     }
 
     /// Whether pulls are sized from the journal's removals of the last

@@ -312,6 +312,36 @@ impl SpaceOutlook {
         self.could_free.saturating_add(self.could_free_once_aged) < self.bytes_to_free
     }
 
+    /// What stands between usage and low when the candidates cannot free
+    /// what reaching it needs: data that is not images, or images kept
+    /// (in use, pinned, protected, named by pods), and the images only too
+    /// young to go yet, with when the first of them may.
+    pub fn what_stands_in_the_way(&self) -> String {
+        let short = self.bytes_to_free.saturating_sub(self.could_free);
+        let mut said = if self.not_image_bytes >= short {
+            format!(
+                "the image filesystem holds data that is not images ({} bytes)",
+                self.not_image_bytes
+            )
+        } else {
+            format!(
+                "images imagegc keeps (in use, pinned, protected or named by pods) hold the rest, and {} bytes \
+                 are not images",
+                self.not_image_bytes
+            )
+        };
+        if self.could_free_once_aged > 0 {
+            said.push_str(&format!(
+                "; images younger than gc.min_age could free {} bytes once they age",
+                self.could_free_once_aged
+            ));
+            if let Some(after) = self.first_aged_after {
+                said.push_str(&format!(", the first in {}", crate::time::short(after)));
+            }
+        }
+        said
+    }
+
     /// When the candidates cannot free what reaching low needs now, but
     /// can with the images kept only for being younger than `gc.min_age`:
     /// how long until the first of those may go.
@@ -377,6 +407,10 @@ struct Hurry {
     /// that deletes before it answers (CRI-O, containerd 1.x) or someone
     /// else freed shows at once, images of unknown size included.
     seen: Option<FsStats>,
+    /// The bytes available past which the hurry is over: the kubelet's
+    /// eviction line (and what the coming pulls need). Past it, the walk
+    /// is measured again.
+    line: u64,
 }
 
 impl<'w, 'a> Walk<'w, 'a> {
@@ -420,15 +454,21 @@ impl<'w, 'a> Walk<'w, 'a> {
     /// `freeing` expects it to free on disk, and readings taken meanwhile
     /// are not waited for: usage is past the kubelet's eviction line, where
     /// the kubelet evicts pods at its next look (every 10 s), and the
-    /// removals must take no longer than their `RemoveImage` calls. A walk
-    /// by the estimate (dry run, `plan`) does not hurry: it waits on nothing.
-    pub fn hurry(&mut self, freeing: Freeing) {
+    /// removals must take no longer than their `RemoveImage` calls. The
+    /// hurry removes only what the line needs by the estimate: once
+    /// `line` bytes are available by it, the walk says
+    /// [`Step::Done`] for the caller to measure ([`Walk::corrected`]) and
+    /// go on measured (an estimate can be far off: layers that compress
+    /// well take several times what the runtime reports). A walk by the
+    /// estimate (dry run, `plan`) does not hurry: it waits on nothing.
+    pub fn hurry(&mut self, freeing: Freeing, line: u64) {
         if self.estimate.is_none() && self.hurry.is_none() {
             self.freeing = freeing;
             self.hurry = Some(Hurry {
                 from: self.stats,
                 expected: 0,
                 seen: None,
+                line,
             });
         }
     }
@@ -488,11 +528,16 @@ impl<'w, 'a> Walk<'w, 'a> {
         }
     }
 
-    /// True when usage is at or below low.
+    /// True when usage is at or below low; in a hurry, also once the
+    /// eviction line is cleared by the estimate (see [`Walk::hurry`]).
     pub fn reached(&self) -> bool {
-        match self.estimate {
-            Some(left) => left == 0,
-            None => self.target.reached(&self.current()),
+        match (self.estimate, self.hurry) {
+            (Some(left), _) => left == 0,
+            (None, Some(hurry)) => {
+                let current = self.current();
+                current.available() >= hurry.line || self.target.reached(&current)
+            }
+            (None, None) => self.target.reached(&self.current()),
         }
     }
 
@@ -773,6 +818,33 @@ mod tests {
     }
 
     #[test]
+    fn what_stands_between_usage_and_low_is_named() {
+        let outlook = |not_image_bytes, once_aged| SpaceOutlook {
+            bytes_to_free: 500,
+            could_free: 100,
+            could_free_once_aged: once_aged,
+            first_aged_after: Some(Duration::from_secs(7)),
+            not_image_bytes,
+            image_bytes: ImageBytes {
+                bytes: 0,
+                source: ImageBytesSource::Listing,
+            },
+        };
+        assert_eq!(
+            outlook(450, 0).what_stands_in_the_way(),
+            "the image filesystem holds data that is not images (450 bytes)"
+        );
+        // An image just pulled and in use, old ones seconds short of
+        // gc.min_age: images, not other data.
+        let said = outlook(50, 200).what_stands_in_the_way();
+        assert!(said.starts_with("images imagegc keeps"), "{said}");
+        assert!(
+            said.ends_with("images younger than gc.min_age could free 200 bytes once they age, the first in 7s"),
+            "{said}"
+        );
+    }
+
+    #[test]
     fn a_walk_in_a_hurry_counts_removals_by_footprint_and_is_corrected_by_a_reading() {
         let full = FsStats {
             capacity_bytes: 1000,
@@ -785,7 +857,7 @@ mod tests {
         // Low 80 %: 200 to free; containerd's footprint counts 100 a removal.
         let target = SpaceTarget::new(90, 80, None);
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")));
+        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 1000);
         assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "a"));
         // A reading taken meanwhile (nothing back yet) changes nothing.
         walk.removed(50, Some(full));
@@ -806,13 +878,13 @@ mod tests {
         // A reading taken meanwhile that shows more back than expected (a
         // runtime that deletes before it answers) counts.
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")));
+        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 1000);
         let _ = walk.next(|_| false);
         walk.removed(50, Some(after));
         assert_eq!(walk.remaining(), 50, "150 seen back, not the 100 expected");
         // Not measurable: the walk estimates from the hurry's estimate on.
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")));
+        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 1000);
         let _ = walk.next(|_| false);
         walk.removed(50, None);
         assert_eq!(walk.corrected(None), Some((100, None)));
@@ -820,7 +892,24 @@ mod tests {
         assert_eq!(walk.remaining(), 100);
         // A walk by the estimate (dry run, `plan`) never hurries.
         let mut estimated = Walk::estimated(target, full, &candidates, 0, Default::default());
-        estimated.hurry(Freeing::default());
+        estimated.hurry(Freeing::default(), 1000);
         assert!(!estimated.hurrying());
+        // The hurry ends where the line is cleared by the estimate (100
+        // available: one removal), not at low: the walk measures then.
+        let mut walk = Walk::measured(target, full, &candidates);
+        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 100);
+        assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "a"));
+        walk.removed(50, None);
+        assert_eq!(walk.next(|_| false), Step::Done, "past the line by the estimate");
+        // Six times what was expected came back: low is reached, and no
+        // more goes.
+        let six = FsStats {
+            available_bytes: 600,
+            free_bytes: 600,
+            ..full
+        };
+        assert_eq!(walk.corrected(Some(six)), Some((100, Some(600))));
+        assert!(walk.reached());
+        assert_eq!(walk.next(|_| false), Step::Done);
     }
 }

@@ -552,7 +552,13 @@ impl<'c> Imagegc<'c> {
             (now, instant(0)),
             KeptImages::Counted,
         )
-        .with_headroom(self.headroom(coming));
+        .with_room_for(
+            self.largest_pull.as_ref(),
+            (coming, 0),
+            DiskFootprint::default(),
+            Some(&node.stats()),
+        )
+        .0;
         for candidate in cycle.age() {
             if node.remove(self.by_id[candidate.id]) {
                 self.records.remove(candidate.id, now);
@@ -599,9 +605,9 @@ impl<'c> Imagegc<'c> {
 }
 
 impl Imagegc<'_> {
-    /// The headroom for the largest recent pull and `coming`, as the
-    /// daemon's.
-    fn headroom(&self, coming: &[ComingPull]) -> Option<Headroom> {
+    /// The headroom for the largest recent pull and `coming` bytes on
+    /// disk, as the daemon's.
+    fn headroom(&self, coming: u64) -> Option<Headroom> {
         self.policy
             .headroom_for(self.largest_pull.as_ref(), coming, DiskFootprint::default())
     }
@@ -641,7 +647,7 @@ impl Policy for Imagegc<'_> {
         if self
             .policy
             .target
-            .with_headroom(self.headroom(&pull))
+            .with_headroom(self.headroom(crate::policy::coming::total_on_disk(&pull, DiskFootprint::default())))
             .due(&node.stats())
         {
             self.cycle(t, node, &pull);
@@ -677,7 +683,7 @@ impl Policy for Imagegc<'_> {
             self.records.mark_still_used(id, instant(t));
         }
         // Usage measured between cycles: a cycle starts when it crosses high.
-        let due = self.policy.target.with_headroom(self.headroom(&[])).due(&node.stats());
+        let due = self.policy.target.with_headroom(self.headroom(0)).due(&node.stats());
         if due && !self.space_due && self.next_cycle > t + USAGE_CHECK {
             self.next_cycle = t + USAGE_CHECK;
         }

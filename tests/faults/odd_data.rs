@@ -106,11 +106,23 @@ fn the_planner_on_odd_listings() {
                 unknown("c1", "nowhere:1", "sha256:ffff", "sha256:eeee"),
                 unknown("c2", "", "", ""),
                 unknown("c3", "@", ":", "sha256:"),
-                unknown("c4", "registry.example.com/team/a", "docker.io/library/a:1.0", "a"),
                 unknown("c5", &"x".repeat(100_000), "::::@@@@", "\u{0}\u{ffff}"),
             ],
             space: &["a"],
             in_use: &[],
+        },
+        Case {
+            name: "a container that may run, naming a tag of a repository that nothing listed carries, keeps the \
+                   repository's images: it could mean any of them",
+            images: vec![image("a", 100), image("b", 100)],
+            containers: vec![unknown(
+                "c4",
+                "registry.example.com/team/a",
+                "docker.io/library/a:1.0",
+                "a",
+            )],
+            space: &["b"],
+            in_use: &["a"],
         },
         Case {
             name: "a size of 0 is still a candidate",

@@ -126,7 +126,7 @@ impl Bed {
     /// The ids the cycle's plan keeps now, with why.
     pub async fn kept(&mut self) -> Vec<(String, String)> {
         let listing = self.collector.observe().await.unwrap();
-        let cycle = self.collector.cycle_plan(&listing);
+        let (cycle, _) = self.collector.cycle_plan(&listing, None);
         cycle
             .plan
             .kept

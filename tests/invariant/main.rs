@@ -7,14 +7,19 @@
 //!    call (`RECHECK_FRESH`).
 //! 2. **History records each removal that happened, once, and none that
 //!    did not**: the journal names exactly the removals the runtime carried
-//!    out at imagegc's request, however the process ended in between.
+//!    out at imagegc's request, however the process ended in between, and
+//!    imagegc says someone else removed an image only when someone did.
 //!
 //! Each iteration drives the daemon's own loop (`imagegc::daemon::run`)
 //! against an attacked node ([`node`]) on tokio's paused clock, with the
 //! node's real concurrency: another writer always moving free space,
 //! containers created on images right after each `ListContainers` and
 //! `ImageStatus` and at random moments, pods bound between the plan and
-//! the call, slow and lying runtimes, partial and empty listings, removals
+//! the call, slow and lying runtimes (an `ImageStatus` that says an image
+//! is not there, or gives fewer names than the listing did; an id listed
+//! twice, its names split), containers that name their image by id, by a
+//! tag or by a repository digest alone, pods naming any of an image's
+//! names, partial and empty listings, removals
 //! that time out and complete later, images removed by someone else, and
 //! the daemon killed at random moments (mid-removal included) and started
 //! again on the same state directory. Then the node calms down, imagegc
@@ -96,7 +101,7 @@ impl Process {
         config: &Config,
         wall: SystemTime,
     ) -> Process {
-        let mut collector = Collector::load(
+        let collector = Collector::load(
             node.clone(),
             Settings::from(config),
             &config.state.dir,
@@ -104,6 +109,7 @@ impl Process {
             Arc::new(Metrics::new()),
             Clock::starting_at(wall),
         );
+        let mut collector = collector.with_sink(Arc::new(node.clone()));
         collector.protections_from(pods.clone());
         let health = Arc::new(Health::new(Duration::from_secs(600)));
         let shutdown = CancellationToken::new();
@@ -258,6 +264,19 @@ async fn iteration(seed: u64) -> (Vec<String>, usize) {
                     w.removed_by_others.iter().filter(|o| *o == id).count()
                 ));
             }
+        }
+    }
+    // A removal by others is said only of an image someone else removed.
+    let said = counted(&w.said_removed_by_others);
+    let real = counted(&w.removed_by_others);
+    for (id, count) in &said {
+        let removed = real.get(id).copied().unwrap_or(0);
+        if *count > removed {
+            broken.push(format!(
+                "history: {id} said removed by someone else {count} time(s), removed by others {removed} time(s) \
+                 (by imagegc: {})",
+                w.removed_by_imagegc.iter().filter(|r| *r == id).count()
+            ));
         }
     }
     // A removal of unknown outcome stays pending while its image is there

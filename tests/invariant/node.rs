@@ -18,7 +18,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use imagegc::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use imagegc::cri::{
+    Container, ContainerState, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion,
+};
 use imagegc::fs::{FsError, FsProbe, FsStats};
 use imagegc::policy::Protections;
 use imagegc::sim::{SimDisk, SimNode};
@@ -46,7 +48,8 @@ pub struct Faults {
     /// an `ImageStatus` answered (the image just re-checked, when there is
     /// one).
     pub create_after_call: u64,
-    /// A `RemoveImage` that answers OK and keeps the image.
+    /// A `RemoveImage` that answers OK and keeps the image (once per image
+    /// at most, as `status_not_found`).
     pub lying: u64,
     /// A `RemoveImage` refused (the runtime still has the image).
     pub refused: u64,
@@ -58,6 +61,18 @@ pub struct Faults {
     /// The daemon killed as a call arrives or answers (between any two of
     /// its steps that talk to the runtime).
     pub kill_at_call: u64,
+    /// An `ImageStatus` that answers `NotFound` for an image that is there
+    /// (a glitch: once per image at most; one wrong answer is what the
+    /// daemon must not take for the truth, two agreeing ones a second
+    /// apart are what it goes by).
+    pub status_not_found: u64,
+    /// An `ImageStatus` that answers with fewer names than the image has
+    /// (its first tag alone, no digest): one entry of an id listed twice,
+    /// a name dropped since.
+    pub status_fewer_names: u64,
+    /// A `ListImages` that lists an image twice, its names split between
+    /// the two entries (an image being pulled or tagged).
+    pub listed_twice: u64,
 }
 
 impl Faults {
@@ -73,6 +88,9 @@ impl Faults {
             timeout: rng.between(0, 10),
             slow_remove: rng.between(0, 20),
             kill_at_call: rng.between(0, 3),
+            status_not_found: rng.between(0, 10),
+            status_fewer_names: rng.between(0, 60),
+            listed_twice: rng.between(0, 30),
         }
     }
 }
@@ -88,7 +106,10 @@ struct Held {
 /// A pod bound to the node, naming an image, and when it was bound.
 #[derive(Debug, Clone)]
 struct Bound {
+    /// The name the pod gives the image: any of its tags or digests.
     reference: String,
+    /// The image that name stood for when the pod was bound.
+    image: String,
     pod: String,
     at: Instant,
 }
@@ -102,6 +123,16 @@ pub struct World {
     node: SimNode,
     /// When each container was created, by id.
     created: HashMap<String, Instant>,
+    /// The image each container runs, by container id: what it really
+    /// uses, whatever name it gives.
+    runs: HashMap<String, String>,
+    /// The images imagegc said someone else removed, in order.
+    pub said_removed_by_others: Vec<String>,
+    /// The images the runtime gave a wrong answer about (an `ImageStatus`
+    /// that said they were not there, a `RemoveImage` that said OK and kept
+    /// them): each gets one at most, so that two answers that agree are
+    /// the truth, as imagegc takes them.
+    lied_about: std::collections::HashSet<String>,
     /// Images the registry has: what pulls bring (by id).
     catalog: Vec<Held>,
     pods: Vec<Bound>,
@@ -145,7 +176,7 @@ impl Node {
             .map(|i| {
                 let size = rng.between(capacity / 100, capacity / 20);
                 let mut image = imagegc_testkit::image(&format!("app{i:03}"), size);
-                if rng.chance(20) {
+                if rng.chance(50) {
                     // A second tag, as a release and its `latest` carry.
                     let extra = format!("registry.example.com/team/app{i:03}:latest");
                     image.repo_tags = image.repo_tags.iter().map(str::to_owned).chain([extra]).collect();
@@ -161,6 +192,9 @@ impl Node {
             faults: Faults::default(),
             node: SimNode::default(),
             created: HashMap::new(),
+            runs: HashMap::new(),
+            said_removed_by_others: Vec::new(),
+            lied_about: std::collections::HashSet::new(),
             catalog,
             pods: Vec::new(),
             pods_tx,
@@ -216,9 +250,18 @@ impl World {
         format!("{:.3}s", when.duration_since(self.started).as_secs_f64())
     }
 
-    /// Whether `container` uses `image` (by id or one of its names).
-    fn uses(container: &Container, image: &Image) -> bool {
-        container.image_ref == image.id || image.repo_tags.iter().any(|t| t == container.image)
+    /// Whether `container` runs `image`.
+    fn uses(&self, container: &Container, image: &Image) -> bool {
+        self.runs.get(&container.id) == Some(&image.id)
+    }
+
+    /// One of the names of `image`, at random: a tag or a digest.
+    fn any_name(&mut self, image: &Image) -> String {
+        let names: Vec<&str> = image.repo_tags.iter().chain(image.repo_digests.iter()).collect();
+        if names.is_empty() {
+            return image.id.clone();
+        }
+        names[self.rng.between(0, names.len() as u64 - 1) as usize].to_owned()
     }
 
     /// Has the daemon killed now, at `kill_at_call`'s rate.
@@ -231,14 +274,15 @@ impl World {
 
     /// Binds a pod naming the image `id` now.
     fn bind_pod_on(&mut self, id: &str) {
-        let Some(image) = self.node.image(id) else {
+        let Some(image) = self.node.image(id).cloned() else {
             return;
         };
-        let reference = image.repo_tags.first().unwrap_or_default().to_owned();
+        let reference = self.any_name(&image);
         let pod = format!("default/pod-{}", self.next_container);
         self.next_container += 1;
         self.pods.push(Bound {
             reference,
+            image: image.id.clone(),
             pod,
             at: Instant::now(),
         });
@@ -259,14 +303,57 @@ impl World {
     }
 
     /// Creates a container on `id` now.
+    /// Creates a container on `id` now, naming it as runtimes do: by id
+    /// (containerd), or by a tag or a repository digest alone with no
+    /// image id (CRI-O before CRI 1.31), in any state.
     pub fn create_container(&mut self, id: &str) {
-        let Some(image) = self.node.image(id) else {
+        let Some(image) = self.node.image(id).cloned() else {
             return;
         };
         self.next_container += 1;
-        let container = imagegc_testkit::container_using(&format!("c{:05}", self.next_container), image);
+        let mut container = imagegc_testkit::container_using(&format!("c{:05}", self.next_container), &image);
+        match self.rng.between(0, 2) {
+            0 => {}
+            1 => {
+                let tag = image.repo_tags.iter().collect::<Vec<_>>();
+                if !tag.is_empty() {
+                    let name = tag[self.rng.between(0, tag.len() as u64 - 1) as usize].to_owned();
+                    container.image = name.clone();
+                    container.image_ref = name;
+                }
+            }
+            _ => {
+                // A pod that names the image by a digest: CRI-O reports the
+                // digest as `image_ref`, and no image id.
+                let name = self.any_name(&image);
+                container.image = name.clone();
+                container.image_ref = name;
+            }
+        }
+        container.state = Some(match self.rng.between(0, 2) {
+            0 => ContainerState::Created,
+            1 => ContainerState::Running,
+            _ => ContainerState::Exited,
+        });
         self.created.insert(container.id.clone(), Instant::now());
+        self.runs.insert(container.id.clone(), image.id.clone());
         self.node.containers.push(container);
+    }
+
+    /// Creates a container on an image no container uses, if any.
+    fn create_container_on_unused(&mut self) {
+        let unused: Vec<String> = self
+            .node
+            .images()
+            .iter()
+            .filter(|i| !self.node.containers.iter().any(|c| self.uses(c, i)))
+            .map(|i| i.id.clone())
+            .collect();
+        if unused.is_empty() {
+            return self.create_container_anywhere();
+        }
+        let id = unused[self.rng.between(0, unused.len() as u64 - 1) as usize].clone();
+        self.create_container(&id);
     }
 
     /// Creates a container on a random image.
@@ -282,6 +369,7 @@ impl World {
             let i = self.rng.between(0, self.node.containers.len() as u64 - 1) as usize;
             let gone = self.node.containers.swap_remove(i);
             self.created.remove(&gone.id);
+            self.runs.remove(&gone.id);
         }
     }
 
@@ -325,7 +413,7 @@ impl World {
             return;
         };
         let image = self.node.image(&id).expect("picked");
-        let used = self.node.containers.iter().any(|c| World::uses(c, image));
+        let used = self.node.containers.iter().any(|c| self.uses(c, image));
         if used || pending.contains(&id) || self.removing.contains(&id) {
             return;
         }
@@ -356,13 +444,13 @@ impl World {
             .containers
             .iter()
             .filter_map(|c| Some((c, *self.created.get(&c.id)?)))
-            .filter(|&(c, created)| created < allowed_since && World::uses(c, &image))
+            .filter(|&(c, created)| created < allowed_since && self.uses(c, &image))
             .map(|(c, created)| format!("container {} created at {}", c.id, self.at(created)))
             .collect();
         let naming: Vec<String> = self
             .pods
             .iter()
-            .filter(|b| b.at < allowed_since && image.repo_tags.iter().any(|t| *t == b.reference))
+            .filter(|b| b.at < allowed_since && b.image == image.id)
             .map(|b| format!("pod {} bound at {}", b.pod, self.at(b.at)))
             .collect();
         if !using.is_empty() || !naming.is_empty() {
@@ -440,8 +528,22 @@ impl Runtime for Node {
         if partial {
             w.trace("ListImages: partial");
         }
-        let images: Vec<Image> = w.node.images().to_vec();
-        Ok(images.into_iter().filter(|_| !partial || !w.rng.chance(30)).collect())
+        let mut images: Vec<Image> = w.node.images().to_vec();
+        images.retain(|_| !partial || !w.rng.chance(30));
+        if !images.is_empty() && w.rng.chance(w.faults.listed_twice) {
+            // One id twice, its names split: the first tag in one entry,
+            // the other tags and the digests in the other.
+            let at = w.rng.between(0, images.len() as u64 - 1) as usize;
+            let image = images[at].clone();
+            w.trace(format_args!("ListImages: {} listed twice", image.id));
+            images[at].repo_tags = image.repo_tags.iter().take(1).map(str::to_owned).collect();
+            images[at].repo_digests = Default::default();
+            images.push(Image {
+                repo_tags: image.repo_tags.iter().skip(1).map(str::to_owned).collect(),
+                ..image
+            });
+        }
+        Ok(images)
     }
 
     async fn list_containers(&self) -> Result<Vec<Container>, RuntimeError> {
@@ -453,8 +555,10 @@ impl Runtime for Node {
         let w = &mut *guard;
         if w.rng.chance(w.faults.create_after_call) {
             match w.last_status.clone() {
-                Some(id) => w.create_container(&id),
-                None => w.create_container_anywhere(),
+                // The image just re-checked, or one no container uses (a
+                // candidate, likely): a pod starting on an old image.
+                Some(id) if w.rng.chance(50) => w.create_container(&id),
+                _ => w.create_container_on_unused(),
             }
         }
         if let Some(id) = w.last_status.clone()
@@ -468,7 +572,24 @@ impl Runtime for Node {
     }
 
     async fn image_status(&self, id: &str) -> Result<Option<Image>, RuntimeError> {
-        let answer = self.world().node.image(id).cloned();
+        let answer = {
+            let mut w = self.world();
+            let answer = w.node.image(id).cloned();
+            let faults = w.faults;
+            if answer.is_some() && !w.lied_about.contains(id) && w.rng.chance(faults.status_not_found) {
+                w.lied_about.insert(id.to_owned());
+                w.trace(format_args!("ImageStatus({id}): NotFound, though it is there"));
+                None
+            } else if w.rng.chance(faults.status_fewer_names) {
+                answer.map(|mut image| {
+                    image.repo_tags = image.repo_tags.iter().take(1).map(str::to_owned).collect();
+                    image.repo_digests = Default::default();
+                    image
+                })
+            } else {
+                answer
+            }
+        };
         self.latency().await;
         let mut guard = self.world();
         let w = &mut *guard;
@@ -511,7 +632,9 @@ impl Runtime for Node {
             } else {
                 Duration::from_millis(w.rng.between(0, 3))
             };
-            let how = if w.rng.chance(f.lying) {
+            let how = if !w.lied_about.contains(id) && w.rng.chance(f.lying) {
+                // One wrong answer per image: not a `NotFound` besides.
+                w.lied_about.insert(id.to_owned());
                 How::Lying
             } else if w.rng.chance(f.refused) {
                 How::Refused
@@ -579,6 +702,19 @@ impl Runtime for Node {
                     endpoint: "unix:///node.sock".to_string(),
                     timeout: deadline,
                 })
+            }
+        }
+    }
+}
+
+/// What imagegc says of removals by others, noted on the node.
+impl imagegc::engine::Sink for Node {
+    fn emit(&self, event: &imagegc::engine::Event<'_>) {
+        if let imagegc::engine::Event::RemovedByOthers { images, .. } = event {
+            let mut w = self.world();
+            for image in *images {
+                w.trace(format_args!("imagegc says {} was removed by someone else", image.id));
+                w.said_removed_by_others.push(image.id.clone());
             }
         }
     }
