@@ -682,6 +682,7 @@ mod tests {
                 size_bytes: 420 << 20,
                 at: now,
                 from: policy::coming::SizedBy::History,
+                manifest_bytes: None,
             }),
         };
         let view = HeadroomView {
@@ -722,6 +723,7 @@ mod tests {
                 size_bytes: 420 << 20,
                 at: now,
                 from: policy::coming::SizedBy::Manifest,
+                manifest_bytes: Some(420 << 20),
             }),
         };
         let view = HeadroomView {

@@ -383,6 +383,7 @@ impl<R: Runtime> Collector<R> {
                     size_bytes: self.inventory.manifest_scale.reported(size),
                     at: self.clock.now(),
                     from: crate::policy::coming::SizedBy::Manifest,
+                    manifest_bytes: Some(size),
                 });
             }
         }

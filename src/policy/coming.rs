@@ -47,6 +47,12 @@ pub struct Seen {
     pub at: SystemTime,
     /// Where the size comes from.
     pub from: SizedBy,
+    /// For a manifest, the bytes it gives (what the runtime reports at
+    /// least: layers never take less than their compressed size), where
+    /// [`Seen::size_bytes`] is the estimate scaled by the compression
+    /// this node's pulls showed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_bytes: Option<u64>,
 }
 
 /// Where a coming pull's size comes from.
@@ -83,6 +89,7 @@ impl RepoSizes {
                 size_bytes: size,
                 at,
                 from: SizedBy::History,
+                manifest_bytes: None,
             };
             match self.by_repository.get_mut(&repository) {
                 Some(known) if known.size_bytes >= size => {}
@@ -148,6 +155,14 @@ impl ComingPull {
     /// image, by `footprint`; 0 when the node never had one.
     pub fn bytes_on_disk(&self, footprint: DiskFootprint) -> u64 {
         self.like.as_ref().map_or(0, |seen| footprint.on_disk(seen.size_bytes))
+    }
+
+    /// The least the pull can take on disk: what its estimate is, or for a
+    /// manifest, its bytes uncompressed by nothing.
+    pub fn least_on_disk(&self, footprint: DiskFootprint) -> u64 {
+        self.like.as_ref().map_or(0, |seen| {
+            footprint.on_disk(seen.manifest_bytes.unwrap_or(seen.size_bytes).min(seen.size_bytes))
+        })
     }
 }
 
@@ -268,14 +283,17 @@ pub struct PullRoom {
 /// pulls already made room for still have to bring. Taken pull by pull in
 /// order, each fits when its bytes on disk are within what is left; one
 /// that is not cannot fit, and the next ones are weighed against what is
-/// left. Room is made only where it can help: a pull that cannot fit is
-/// not answered by emptying the node.
+/// left. A pull sized by a manifest whose estimate does not fit, but whose
+/// least size does (the estimate counts a compression its layers may not
+/// have), gets what is left. Room is made only where it can help: a pull
+/// that cannot fit is not answered by emptying the node.
 pub fn that_fit(coming: &[ComingPull], room: u64, footprint: DiskFootprint) -> PullRoom {
     let mut left = room;
     let mut fitting = PullRoom::default();
     for pull in coming {
         let bytes = pull.bytes_on_disk(footprint);
-        if bytes <= left {
+        if pull.least_on_disk(footprint) <= left {
+            let bytes = bytes.min(left);
             left -= bytes;
             fitting.bytes = fitting.bytes.saturating_add(bytes);
             fitting.fit.push(pull.clone());
@@ -494,6 +512,7 @@ mod tests {
                 size_bytes: bytes,
                 at: at(0),
                 from: SizedBy::History,
+                manifest_bytes: None,
             }),
         }
     }
@@ -518,6 +537,16 @@ mod tests {
         assert_eq!(names(&room.cannot_fit), ["huge", "c"]);
         assert_eq!(room.bytes, 90);
         assert_eq!(that_fit(&coming, u64::MAX, footprint).bytes, 610);
+        // Sized by a manifest of 40 bytes, estimated at 104: room for what
+        // is left when the estimate does not fit but 40 does.
+        let mut manifest = sized("m", 104);
+        if let Some(seen) = &mut manifest.like {
+            seen.from = SizedBy::Manifest;
+            seen.manifest_bytes = Some(40);
+        }
+        let room = that_fit(&[manifest.clone()], 60, footprint);
+        assert_eq!((room.fit.len(), room.bytes), (1, 60));
+        assert_eq!(that_fit(&[manifest], 30, footprint).cannot_fit.len(), 1);
         // The room: available above the line once every removable image
         // is gone, never below zero.
         let stats = crate::fs::FsStats {
