@@ -6,8 +6,10 @@
 #
 #   scripts/build-image.sh [--image REF] [--arch amd64,arm64] [--push] [--load-containerd SOCKET] [--dry-run]
 #
-#   --image REF      the image reference (default ghcr.io/imagegc/imagegc:<version>,
-#                    the name the manifests and the chart use)
+#   --image REF      the image reference (default ghcr.io/imagegc/imagegc:<version>
+#                    on a release commit (scripts/release.sh), else
+#                    ghcr.io/imagegc/imagegc:<version>-dev.<commit>: the name the
+#                    manifests and the chart use, a tag no other build takes)
 #   --arch LIST      architectures, comma-separated: amd64, arm64 (default: this
 #                    machine's own; --arch amd64,arm64 for one image of both)
 #   --push           push every architecture to REF (skopeo copy --all; log in
@@ -34,7 +36,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
-image=ghcr.io/imagegc/imagegc:$version
+# The commit built (the binary says it: `imagegc --version`,
+# imagegc_build_info), and the image's tag: the version on the commit
+# scripts/release.sh made ("release VERSION", the tree clean), else
+# VERSION-dev.COMMIT, so that no build of another commit ever takes a
+# release's tag (and a node that has the release never keeps it for an
+# upgrade).
+commit=${IMAGEGC_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+if [ "$(git log -1 --format=%s 2>/dev/null)" = "release $version" ] \
+    && [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    tag=$version
+else
+    tag=$version-dev.$commit
+fi
+export IMAGEGC_COMMIT=$commit
+image=ghcr.io/imagegc/imagegc:$tag
 case $(uname -m) in
     x86_64) arches=amd64 ;;
     aarch64 | arm64) arches=arm64 ;;

@@ -168,3 +168,27 @@ fn kubernetes_without_a_node_name_or_credentials_stops_at_start_naming_the_key()
         assert!(stderr.contains(&expected("kubeconfig")), "{command}: {stderr}");
     }
 }
+
+/// `imagegc --version` names the release and the commit the binary was
+/// built from, so that two builds of one version can be told apart.
+#[test]
+fn the_version_names_the_commit_built() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_imagegc"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let said = String::from_utf8_lossy(&output.stdout);
+    let prefix = format!("imagegc {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(said.starts_with(&prefix), "{said}");
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|h| h.status.success());
+    if let Some(head) = head {
+        let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+        assert!(said[prefix.len()..].starts_with(&head), "{said} is not of {head}");
+    }
+}

@@ -71,7 +71,8 @@ EXPORTED = {
     "imagegc_kubelet_image_gc_enabled": {},
     "imagegc_high_threshold_above_eviction": {},
     "imagegc_node_info": {"node": None},  # any value
-    "imagegc_build_info": {"version": None},  # any value
+    "imagegc_build_info": {"version": None, "commit": None},  # any value
+    "imagegc_coming_pulls_cannot_fit": {},
 }
 # Series of the list above that a rule uses before the daemon exports them:
 # a scrape without one is noted, not a problem; a scrape with one is a

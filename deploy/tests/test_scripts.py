@@ -26,6 +26,12 @@ def test_build_image_builds_this_machines_architecture_by_default():
     proc = subprocess.run(["scripts/build-image.sh", "--dry-run"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.findall(r"^would build linux/(\w+) ", proc.stdout, re.M) == [host], proc.stdout
+    # Not a release commit: the tag names the commit, never a release's.
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    if commit:
+        tags = re.findall(r" as ghcr\.io/imagegc/imagegc:(\S+) ", proc.stdout)
+        assert len(tags) == 1 and tags[0].endswith(f"-dev.{commit}"), proc.stdout
     both = subprocess.run(["scripts/build-image.sh", "--dry-run", "--arch", "amd64,arm64"], cwd=REPO,
                           capture_output=True, text=True)
     if host == "amd64":

@@ -36,7 +36,7 @@ pub use table::{human_bytes, printable, short_id};
 #[derive(Debug, Parser)]
 #[command(
     name = "imagegc",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("IMAGEGC_COMMIT"), ")"),
     about = "A node-level container image garbage collector for CRI runtimes"
 )]
 pub struct Cli {

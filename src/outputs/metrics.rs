@@ -93,6 +93,7 @@ struct StateLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
+    commit: &'static str,
 }
 
 /// The container filesystem of a split store, by the mount point the
@@ -727,12 +728,13 @@ impl NodeFamilies {
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "imagegc_build_info",
-            "Always 1; the version label says which imagegc is running",
+            "Always 1; the version and commit labels say which imagegc is running",
             build_info.clone(),
         );
         build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
+                commit: env!("IMAGEGC_COMMIT"),
             })
             .set(1);
 
@@ -1159,7 +1161,13 @@ mod tests {
             "imagegc_room_before_pulls_total 0",
             "imagegc_coming_pulls_cannot_fit 0",
             "imagegc_removal_candidates 0",
-            concat!(r#"imagegc_build_info{version=""#, env!("CARGO_PKG_VERSION"), r#""} 1"#),
+            concat!(
+                r#"imagegc_build_info{version=""#,
+                env!("CARGO_PKG_VERSION"),
+                r#"",commit=""#,
+                env!("IMAGEGC_COMMIT"),
+                r#""} 1"#
+            ),
         ] {
             assert_has(&metrics, line);
         }
