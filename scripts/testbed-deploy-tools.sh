@@ -109,6 +109,16 @@ deploy_helm() {
         go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION")
 }
 
+# deploy_actionlint: actionlint from its Go module, built once into the
+# cache (about 40 s cold): the release workflow is linted in CI.
+ACTIONLINT_VERSION=v1.7.12
+deploy_actionlint() {
+    [ -x "$DEPLOY_TOOLS_CACHE/bin/actionlint" ] && return 0
+    echo "==> go install github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
+    (cd /tmp && GOBIN="$DEPLOY_TOOLS_CACHE/bin" GOFLAGS=-buildvcs=false CGO_ENABLED=0 \
+        go install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION")
+}
+
 # deploy_operator_crds: the prometheus-operator's CRDs, from its Go module
 # (kept in Go's module cache).
 deploy_operator_crds() {
@@ -142,8 +152,9 @@ install_deploy_tools() {
     # Without Go neither helm nor the CRDs can be had: their checks skip,
     # saying so. With Go, a failed install is reported here and fails them.
     if command -v go >/dev/null; then
-        required="$required helm operator-crds"
+        required="$required helm operator-crds actionlint"
         deploy_helm || echo "scripts/testbed-deploy-tools.sh: helm $HELM_VERSION did not build" >&2
+        deploy_actionlint || echo "scripts/testbed-deploy-tools.sh: actionlint $ACTIONLINT_VERSION did not build" >&2
         deploy_operator_crds ||
             echo "scripts/testbed-deploy-tools.sh: no prometheus-operator $PROMETHEUS_OPERATOR_VERSION CRDs" >&2
         export IMAGEGC_HELM IMAGEGC_OPERATOR_CRDS

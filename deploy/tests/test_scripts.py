@@ -5,7 +5,7 @@ import pytest
 from support import run, tool
 
 # The entry point, what it sources to install the tools, and the image build.
-SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh", "scripts/build-image.sh"]
+SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh", "scripts/build-image.sh", "scripts/release.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
