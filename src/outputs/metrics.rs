@@ -1431,3 +1431,59 @@ mod tests {
         assert_eq!(Reason::Space.as_str(), "space");
     }
 }
+
+/// README's table of metrics is the registry's: a family registered and
+/// not documented, or documented and gone, fails here.
+#[cfg(test)]
+mod reference {
+    use super::Metrics;
+
+    /// The metric names the registry exports (counters with `_total`).
+    fn registered() -> std::collections::BTreeSet<String> {
+        Metrics::new()
+            .encode()
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|rest| {
+                let (name, kind) = rest.split_once(' ')?;
+                Some(if kind == "counter" {
+                    format!("{name}_total")
+                } else {
+                    name.to_string()
+                })
+            })
+            .collect()
+    }
+
+    /// The names README's metrics table gives, labels left out.
+    fn documented() -> std::collections::BTreeSet<String> {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        readme
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            // The first cell: one name or several, each in backticks.
+            .filter_map(|rest| rest.split(" |").next())
+            .flat_map(|cell| {
+                format!("`{cell}")
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|name| name.starts_with("imagegc_") || name.starts_with("image_garbage_collected"))
+            .map(|name| name.split('{').next().unwrap_or(&name).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn readme_documents_every_metric_the_registry_exports_and_no_other() {
+        let (registered, documented) = (registered(), documented());
+        let undocumented: Vec<&String> = registered.difference(&documented).collect();
+        let gone: Vec<&String> = documented.difference(&registered).collect();
+        assert!(
+            undocumented.is_empty() && gone.is_empty(),
+            "README's metrics table lacks {undocumented:?} and documents {gone:?}, which the registry does not export"
+        );
+    }
+}
