@@ -1050,3 +1050,47 @@ mod tests {
         );
     }
 }
+
+/// README's table of configuration keys is the schema's: a key the
+/// configuration has and README does not name, or the other way round,
+/// fails here.
+#[cfg(test)]
+mod reference {
+    use super::Config;
+
+    #[test]
+    fn readme_documents_every_configuration_key_and_no_other() {
+        let schema: toml::Table = toml::from_str(&Config::default().to_toml_string()).unwrap();
+        let keys: std::collections::BTreeSet<String> = schema
+            .iter()
+            .flat_map(|(section, table)| {
+                table
+                    .as_table()
+                    .into_iter()
+                    .flat_map(move |t| t.keys().map(move |key| format!("{section}.{key}")))
+            })
+            .collect();
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let documented: std::collections::BTreeSet<String> = readme
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            // The first cell: one key or several, each in backticks.
+            .filter_map(|rest| rest.split(" |").next())
+            .flat_map(|cell| {
+                format!("`{cell}")
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|key| key.contains('.') && keys.iter().any(|k| k.split('.').next() == key.split('.').next()))
+            .collect();
+        let undocumented: Vec<&String> = keys.difference(&documented).collect();
+        let unknown: Vec<&String> = documented.difference(&keys).collect();
+        assert!(
+            undocumented.is_empty() && unknown.is_empty(),
+            "README's configuration table lacks {undocumented:?} and names {unknown:?}, which the configuration does not have"
+        );
+    }
+}
