@@ -42,10 +42,14 @@
 //!
 //! Where a change goes: a keep rule in `policy::keep` (the planner and the
 //! re-check before each removal both ask it), its key in `config::protect`;
-//! a `gc.order` in a file of `policy::order`; a runtime quirk in
-//! `engine::observe` (or `cri::matching` when it is about names); a metric or a
-//! log line in a sink of `engine::events`, fed by an event the engine
-//! already sends (or a new variant of it).
+//! a `gc.order` in a file of `policy::order`; a runtime quirk where it
+//! shows (names in `cri::matching`, listings in `cri` and
+//! `engine::observe`, disk footprints in `policy::space`: one place for
+//! all of them is still to come); a metric's family in `outputs::metrics`
+//! (README's table is checked against it), set by a sink of
+//! `engine::events` from an event the engine sends (the CRI client's call
+//! metrics, the start's and the Kubernetes watch's are set where they are
+//! measured); a log line in `engine::events`' log sink.
 //!
 //! Test support (fixtures, a fake CRI runtime served over gRPC, real
 //! runtimes started for a test) is the workspace's dev crate,

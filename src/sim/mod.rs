@@ -22,7 +22,9 @@
 //!   disk; [`plot`]: the comparisons as an SVG chart.
 //!
 //! Nothing here does IO (beyond reading and writing a trace through the
-//! caller's reader and writer) or reads a clock.
+//! caller's reader and writer). The replay runs on simulated time; the
+//! disk reads tokio's clock (space that comes back a moment after a
+//! removal, another writer by time), which a paused test runtime drives.
 //!
 //! [`FsProbe`]: crate::fs::FsProbe
 

@@ -13,9 +13,10 @@
 //!
 //! The policies:
 //! - [`Imagegc`]: the daemon's own rules, not a copy: the records
-//!   ([`crate::records::Records`]) updated from a listing, the planner
-//!   ([`crate::policy::plan_listed`]) and the space walk
-//!   ([`crate::policy::Walk`]) measured after each removal. Cycles come
+//!   ([`crate::records::Records`]) updated from a listing, the cycle's
+//!   script ([`crate::policy::CyclePlan`]: the planner, the room the
+//!   coming pulls get, and the space walk [`crate::policy::Walk`] measured
+//!   after each removal). Cycles come
 //!   every `gc.interval` and as soon as usage crosses the high threshold
 //!   between cycles (the daemon measures every 2 s); a cycle that stops
 //!   above low for images too young comes back when the first can go;
