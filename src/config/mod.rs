@@ -1071,19 +1071,8 @@ mod reference {
             })
             .collect();
         let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-        let documented: std::collections::BTreeSet<String> = readme
-            .lines()
-            .filter_map(|line| line.strip_prefix("| `"))
-            // The first cell: one key or several, each in backticks.
-            .filter_map(|rest| rest.split(" |").next())
-            .flat_map(|cell| {
-                format!("`{cell}")
-                    .split('`')
-                    .skip(1)
-                    .step_by(2)
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
+        let documented: std::collections::BTreeSet<String> = crate::testing::readme_table_names(&readme)
+            .into_iter()
             .filter(|key| key.contains('.') && keys.iter().any(|k| k.split('.').next() == key.split('.').next()))
             .collect();
         let undocumented: Vec<&String> = keys.difference(&documented).collect();

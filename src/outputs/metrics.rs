@@ -1458,19 +1458,8 @@ mod reference {
     /// The names README's metrics table gives, labels left out.
     fn documented() -> std::collections::BTreeSet<String> {
         let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-        readme
-            .lines()
-            .filter_map(|line| line.strip_prefix("| `"))
-            // The first cell: one name or several, each in backticks.
-            .filter_map(|rest| rest.split(" |").next())
-            .flat_map(|cell| {
-                format!("`{cell}")
-                    .split('`')
-                    .skip(1)
-                    .step_by(2)
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
+        crate::testing::readme_table_names(&readme)
+            .into_iter()
             .filter(|name| name.starts_with("imagegc_") || name.starts_with("image_garbage_collected"))
             .map(|name| name.split('{').next().unwrap_or(&name).to_string())
             .collect()

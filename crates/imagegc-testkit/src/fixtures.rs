@@ -157,3 +157,22 @@ pub fn imagegc_command(binary: impl AsRef<Path>, config: &Path, endpoint: &str, 
         .stdin(Stdio::null());
     command
 }
+
+/// The names the first cell of each row of README's tables gives, each in
+/// backticks (one or several a row: `a`, `b`), labels and all as written:
+/// what the reference tables name, for tests that hold them to the code.
+pub fn readme_table_names(readme: &str) -> Vec<String> {
+    readme
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split(" |").next())
+        .flat_map(|cell| {
+            format!("`{cell}")
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
