@@ -122,11 +122,7 @@ impl<R: Runtime> Collector<R> {
             footprint,
             report.before.as_ref(),
         );
-        self.inventory.freeable = Some(cycle.freeable(footprint));
         self.note_cannot_fit(&pulls.cannot_fit);
-        if let Some(before) = &report.before {
-            self.note_in_force(cycle.target().in_force(before.capacity_bytes));
-        }
         let plan = &cycle.plan;
         self.sinks.emit(&Event::Planned {
             in_use: plan.in_use_count(),

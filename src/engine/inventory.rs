@@ -71,9 +71,6 @@ pub(super) struct Inventory {
     /// The coming pulls room was made for (or found), with what they
     /// still have to bring (see [`crate::policy::RoomMade`]).
     pub(super) room_made: crate::policy::RoomMade,
-    /// What removing every candidate would free, by the last cycle's plan:
-    /// the bound on the room made for coming pulls between cycles.
-    pub(super) freeable: Option<u64>,
     /// The thresholds in force at the last measurement, and whether they
     /// moved since the daemon last asked (a pull sized, a pod bound or
     /// gone): a new crossing.
@@ -96,7 +93,6 @@ impl Inventory {
             largest_pull,
             repo_sizes,
             room_made: crate::policy::RoomMade::default(),
-            freeable: None,
             in_force: None,
             thresholds_moved: false,
             cannot_fit: Vec::new(),

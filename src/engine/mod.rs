@@ -335,8 +335,8 @@ impl<R: Runtime> Collector<R> {
         }
     }
 
-    /// Notes the thresholds in force now: high lowered since the last
-    /// measurement (more room needed) is a new crossing (see
+    /// Notes the thresholds in force at a usage check: high lowered since
+    /// the last (more room needed) is a new crossing (see
     /// [`Collector::thresholds_moved`]); raised, as a pull's blobs land,
     /// it is none.
     fn note_in_force(&mut self, in_force: (u8, u8)) {
@@ -428,12 +428,11 @@ impl<R: Runtime> Collector<R> {
         let landing = self.landing(&coming, Some(&stats));
         let policy = Arc::clone(&self.settings.policy);
         let footprint = self.inventory.footprint;
-        // Bounded by what the last cycle's candidates could free.
-        let room = self
-            .inventory
-            .freeable
-            .map(|freeable| crate::policy::coming::room_above_line(&stats, freeable, policy.eviction));
-        let pulls = policy.room_for_pulls(&waiting, landing, footprint, room);
+        // Not bounded by what images could free: that takes a plan, which
+        // the cycle this starts makes from a fresh listing (a pull that
+        // cannot fit gets no room there). Between cycles every pull
+        // counts, so that no crossing is missed.
+        let pulls = policy.room_for_pulls(&waiting, landing, footprint, None);
         let target = policy.target.with_headroom(policy.headroom_for(
             self.inventory.largest_pull.as_ref(),
             pulls.bytes,
@@ -441,7 +440,6 @@ impl<R: Runtime> Collector<R> {
         ));
         let due = target.due(&stats);
         self.note_in_force(target.in_force(stats.capacity_bytes));
-        self.note_cannot_fit(&pulls.cannot_fit);
         if !due {
             // The room is there: a pull's own blobs must not start a pass.
             self.inventory

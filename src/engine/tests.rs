@@ -2407,11 +2407,9 @@ async fn a_pull_that_cannot_fit_is_said_and_not_answered_by_emptying_the_node() 
     // 900 MB cannot fit above the line whatever goes.
     let (sim, mut c, _dir) = a_node_with_room_for_475_mb_of_pulls(&[900]).await;
     c.set_protections(pods_pulling([0]));
-    assert_eq!(
-        c.check_usage(),
-        Some(false),
-        "usage is below high, and no room can help"
-    );
+    // Between cycles every pull counts (a crossing is never missed); the
+    // cycle, which plans, finds that no room can help.
+    assert_eq!(c.check_usage(), Some(true));
     let report = cycle(&mut c).await;
     assert!(sim.removed().is_empty(), "{report:?}");
     assert_eq!(sample(&c, "imagegc_coming_pulls_cannot_fit").as_deref(), Some("1"));
@@ -2495,8 +2493,9 @@ async fn pulls_sized_one_at_a_time_are_weighed_together_and_each_size_read_is_a_
 /// sizes, other data, thresholds, the eviction line, pulls of any size,
 /// some that cannot fit), the daemon's usage check and `plan` (a new
 /// process on the same state) agree on whether a space pass is due and on
-/// the thresholds in force, and a cycle removes nothing for pulls that
-/// cannot fit.
+/// the thresholds in force where every pull fits (where one cannot, the
+/// check never misses a pass `plan` says is due), and a cycle removes
+/// nothing for pulls that cannot fit.
 #[tokio::test]
 async fn the_daemon_and_plan_agree_on_room_before_pulls_and_nothing_goes_for_a_pull_that_cannot_fit() {
     const MB: u64 = 1_000_000;
@@ -2580,8 +2579,14 @@ async fn the_daemon_and_plan_agree_on_room_before_pulls_and_nothing_goes_for_a_p
         let planned_due = planned.target().due(&stats);
         let in_force = planned.target().in_force(stats.capacity_bytes);
         let daemon_due = c.check_usage();
-        assert_eq!(daemon_due, Some(planned_due), "seed {seed}: {pulls:?}");
-        assert_eq!(c.inventory.in_force, Some(in_force), "seed {seed}: {pulls:?}");
+        if pulls.cannot_fit.is_empty() {
+            assert_eq!(daemon_due, Some(planned_due), "seed {seed}: {pulls:?}");
+            assert_eq!(c.inventory.in_force, Some(in_force), "seed {seed}: {pulls:?}");
+        } else {
+            // Between cycles every pull counts: the check never misses a
+            // pass `plan` says is due, and the cycle bounds the room.
+            assert!(daemon_due == Some(true) || !planned_due, "seed {seed}: {pulls:?}");
+        }
         let configured_due = stats.usage_percent() >= u64::from(high);
         let report = cycle(&mut c).await;
         if pulls.fit.iter().all(|p| p.bytes_on_disk(c.footprint()) == 0) && !configured_due {
