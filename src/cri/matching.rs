@@ -154,15 +154,21 @@ impl<'a> References<'a> {
     /// does. The whole listing is needed, not one image: whether a
     /// container's loose name counts depends on whether its precise names
     /// match any listed image.
-    pub fn matches<'i>(&self, images: impl IntoIterator<Item = &'i Image>) -> Matches {
-        let images: Vec<&'i Image> = images.into_iter().collect();
+    pub fn matches<'i, I>(&self, images: I) -> Matches
+    where
+        I: IntoIterator<Item = &'i Image>,
+        I::IntoIter: Clone,
+    {
+        // Walked twice at most (see `unnamed_repositories`), never copied:
+        // a big node's listing is 100,000 images.
+        let images = images.into_iter();
         // (image, owner and kind) for every form of every image found in
         // the table; most images of a node are named by no container.
         let mut hits: Vec<(u32, u32)> = Vec::new();
         let mut resolved = vec![false; self.containers];
         let mut named = vec![false; self.containers];
         let mut count = 0u32;
-        for &image in &images {
+        for image in images.clone() {
             let at = hits.len();
             self.forms.hits(image, |owner| hits.push((count, owner)));
             for &(_, owner) in &hits[at..] {
@@ -177,7 +183,7 @@ impl<'a> References<'a> {
             }
             count += 1;
         }
-        self.unnamed_repositories(&images, &named, &mut hits);
+        self.unnamed_repositories(images, &named, &mut hits);
         let mut matches = Matches {
             span_of: vec![NO_SPAN; count as usize],
             spans: Vec::new(),
@@ -219,7 +225,12 @@ impl References<'_> {
     /// Adds to `hits` the images of the repositories that the live
     /// containers no listed image matched (`named` false) name, as their
     /// users; the hits stay in listing order.
-    fn unnamed_repositories(&self, images: &[&Image], named: &[bool], hits: &mut Vec<(u32, u32)>) {
+    fn unnamed_repositories<'i>(
+        &self,
+        images: impl Iterator<Item = &'i Image>,
+        named: &[bool],
+        hits: &mut Vec<(u32, u32)>,
+    ) {
         let mut owners: HashMap<&str, Vec<u32>> = HashMap::default();
         for (owner, repository) in &self.repositories {
             if !named[*owner as usize] {
@@ -233,7 +244,7 @@ impl References<'_> {
             return;
         }
         let before = hits.len();
-        for (place, image) in images.iter().enumerate() {
+        for (place, image) in images.enumerate() {
             for name in image.repo_tags.iter().chain(image.repo_digests.iter()) {
                 if let Some(found) = reference::repository_of(name).and_then(|r| owners.get(r.as_str())) {
                     hits.extend(found.iter().map(|&o| (place as u32, o)));
