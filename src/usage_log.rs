@@ -572,7 +572,6 @@ impl Files {
             Chunk::Append(bytes) if bytes.is_empty() => Ok(()),
             Chunk::Append(bytes) => self.open()?.write_all(bytes),
             Chunk::Whole { rotate, listing } => {
-                let mut file = None;
                 if *rotate {
                     match std::fs::rename(&self.path, &self.rotated) {
                         Ok(()) => {}
@@ -580,7 +579,7 @@ impl Files {
                         // The rotated file's place is taken (a directory,
                         // an immutable file): the current file starts
                         // over, its older lines lost, or it would grow
-                        // without bound. The error is still told.
+                        // without bound.
                         Err(e) => {
                             tracing::warn!(
                                 rotated = %self.rotated.display(),
@@ -588,16 +587,11 @@ impl Files {
                                 path = %self.path.display(),
                                 "cannot rotate the usage log: it starts over, its older lines lost"
                             );
-                            let current = safe_file::open_append(&self.path, 0o600)?;
-                            current.set_len(0)?;
-                            file = Some(current);
+                            safe_file::open_append(&self.path, 0o600)?.set_len(0)?;
                         }
                     }
                 }
-                let file = match file {
-                    Some(file) => file,
-                    None => self.open()?,
-                };
+                let file = self.open()?;
                 let mut out = io::BufWriter::with_capacity(64 * 1024, file);
                 listing.write_to(&mut out)?;
                 out.flush()

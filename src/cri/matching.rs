@@ -89,10 +89,9 @@ impl<'a> InUse<'a> {
 /// repositories it names: the images it could mean.
 pub struct References<'a> {
     forms: Forms<'a>,
-    containers: usize,
-    /// The repositories each live container names (see [`reference::repository_of`]),
-    /// for those that match no listed image.
-    repositories: Vec<(u32, String)>,
+    /// The containers, for the repositories of those that may run and
+    /// match no listed image (read only then).
+    containers: &'a [Container],
 }
 
 /// How a reference names its image; see [`References`].
@@ -114,17 +113,7 @@ impl<'a> References<'a> {
     pub fn new(containers: &'a [Container], sandbox: &[&'a str]) -> Self {
         let sandbox_owner = containers.len();
         let mut references = Vec::with_capacity(containers.len() * 2 + sandbox.len());
-        let mut repositories = Vec::new();
         for (i, c) in containers.iter().enumerate() {
-            if may_run(c) {
-                for name in [c.image.as_str(), c.image_ref.as_str(), c.image_id.as_str()] {
-                    if let Some(repository) = reference::repository_of(name)
-                        && !repositories.iter().any(|(o, r)| *o == i as u32 && *r == repository)
-                    {
-                        repositories.push((i as u32, repository));
-                    }
-                }
-            }
             let image_ref = c.image_ref.as_str();
             references.push((i, Kind::Precise, c.image_id.as_str()));
             let ref_kind = if is_precise(image_ref) {
@@ -144,8 +133,7 @@ impl<'a> References<'a> {
         );
         References {
             forms: Forms::new(references),
-            containers: containers.len(),
-            repositories,
+            containers,
         }
     }
 
@@ -165,8 +153,8 @@ impl<'a> References<'a> {
         // (image, owner and kind) for every form of every image found in
         // the table; most images of a node are named by no container.
         let mut hits: Vec<(u32, u32)> = Vec::new();
-        let mut resolved = vec![false; self.containers];
-        let mut named = vec![false; self.containers];
+        let mut resolved = vec![false; self.containers.len()];
+        let mut named = vec![false; self.containers.len()];
         let mut count = 0u32;
         for image in images.clone() {
             let at = hits.len();
@@ -202,7 +190,7 @@ impl<'a> References<'a> {
             users.sort_unstable();
             users.dedup();
             let mut sandbox = false;
-            while users.last().is_some_and(|&u| u as usize >= self.containers) {
+            while users.last().is_some_and(|&u| u as usize >= self.containers.len()) {
                 users.pop();
                 sandbox = true;
             }
@@ -231,13 +219,20 @@ impl References<'_> {
         named: &[bool],
         hits: &mut Vec<(u32, u32)>,
     ) {
-        let mut owners: HashMap<&str, Vec<u32>> = HashMap::default();
-        for (owner, repository) in &self.repositories {
-            if !named[*owner as usize] {
-                owners
-                    .entry(repository.as_str())
-                    .or_default()
-                    .push(owner << KIND_BITS | Kind::Always as u32);
+        // Normalized only for these: most listings have none.
+        let mut owners: HashMap<String, Vec<u32>> = HashMap::default();
+        for (i, c) in self.containers.iter().enumerate() {
+            if named[i] || !may_run(c) {
+                continue;
+            }
+            let owner = (i as u32) << KIND_BITS | Kind::Always as u32;
+            for name in [c.image.as_str(), c.image_ref.as_str(), c.image_id.as_str()] {
+                if let Some(repository) = reference::repository_of(name) {
+                    let list = owners.entry(repository).or_default();
+                    if !list.contains(&owner) {
+                        list.push(owner);
+                    }
+                }
             }
         }
         if owners.is_empty() {
@@ -679,10 +674,10 @@ mod tests {
         let in_use = InUse::new(&familiar, std::slice::from_ref(&by_tag));
         assert!(in_use.is_used("nginx") && !in_use.is_used("redis"));
         // One whose name matches a listed image keeps that one alone.
-        let matched = [naming(Some(crate::cri::ContainerState::Running)), container("d", "one")];
+        let matched = [naming(Some(crate::cri::ContainerState::Running))];
         let mut listed = images.to_vec();
         listed[0].repo_tags = vec!["registry.test/team/app:3".to_string()].into();
-        let in_use = InUse::new(&listed, &matched[..1]);
+        let in_use = InUse::new(&listed, &matched);
         assert_eq!(in_use.containers(&id(1)), ["c"]);
         assert!(!in_use.is_used(&id(2)));
         // An id names one image, never a repository.

@@ -395,9 +395,7 @@ impl<R: Runtime> Collector<R> {
         let line = self
             .settings
             .policy
-            .eviction
-            .min_available_bytes(stats.capacity_bytes)
-            .saturating_add(cx.coming_bytes);
+            .eviction_line(stats.capacity_bytes, cx.coming_bytes);
         walk.hurry(
             self.inventory
                 .layers

@@ -1037,6 +1037,17 @@ impl<R: Runtime> Collector<R> {
 /// removals at once; the others are asked about at the next listings.
 const PENDING_ASKED_PER_LISTING: usize = 4;
 
+/// What `ImageStatus` says of the image of a pending removal the listing
+/// omitted: not found is gone; found is still there (the listing was
+/// partial); an error tells nothing.
+fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
+    match answer {
+        Ok(None) => Seen::Gone,
+        Ok(Some(_)) => Seen::There,
+        Err(_) => Seen::Unsure,
+    }
+}
+
 impl<R: Runtime> Collector<R> {
     /// What `ImageStatus` says of each of `ids` (images a listing omitted),
     /// all asked at once (see [`seen_by_status`]); those it says are gone
@@ -1060,20 +1071,7 @@ impl<R: Runtime> Collector<R> {
         }
         seen
     }
-}
 
-/// What `ImageStatus` says of the image of a pending removal the listing
-/// omitted: not found is gone; found is still there (the listing was
-/// partial); an error tells nothing.
-pub(super) fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
-    match answer {
-        Ok(None) => Seen::Gone,
-        Ok(Some(_)) => Seen::There,
-        Err(_) => Seen::Unsure,
-    }
-}
-
-impl<R: Runtime> Collector<R> {
     /// Whether the journal has the line of the removal `entry` notes: one
     /// for its image that says it was asked at the note's time.
     async fn journaled_already(&self, entry: &JournalEntry) -> bool {

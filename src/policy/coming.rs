@@ -345,6 +345,14 @@ impl RoomMade {
     /// are taken to have landed: what the filesystem lost goes to them
     /// first.
     pub fn still_to_land(&self, coming: &[ComingPull], available: u64) -> u64 {
+        let (still, gone) = self.noted(coming);
+        let arrived = self.available_then.saturating_sub(available);
+        still.saturating_sub(arrived.saturating_sub(gone))
+    }
+
+    /// The bytes noted for the pulls still `coming`, and for those no
+    /// longer coming.
+    fn noted(&self, coming: &[ComingPull]) -> (u64, u64) {
         let (mut still, mut gone) = (0u64, 0u64);
         for (image, bytes) in &self.pulls {
             if coming.iter().any(|pull| pull.image == *image) {
@@ -353,8 +361,7 @@ impl RoomMade {
                 gone = gone.saturating_add(*bytes);
             }
         }
-        let arrived = self.available_then.saturating_sub(available);
-        still.saturating_sub(arrived.saturating_sub(gone))
+        (still, gone)
     }
 
     /// Room is there at `available` bytes for the pulls room was made for
@@ -364,11 +371,7 @@ impl RoomMade {
     /// sized yet are not noted, so that room is made for them once sized.
     pub fn made(&mut self, coming: &[ComingPull], fit: &[ComingPull], available: u64, footprint: DiskFootprint) {
         let still_coming = |image: &str| coming.iter().any(|pull| pull.image == image);
-        let total = self
-            .pulls
-            .iter()
-            .filter(|(image, _)| still_coming(image))
-            .fold(0u64, |sum, (_, bytes)| sum.saturating_add(*bytes));
+        let (total, _) = self.noted(coming);
         let left = self.still_to_land(coming, available);
         let mut pulls: Vec<(String, u64)> = self
             .pulls
@@ -395,13 +398,6 @@ impl RoomMade {
     pub fn contains(&self, image: &str) -> bool {
         self.pulls.iter().any(|(made, _)| made == image)
     }
-}
-
-/// What the `coming` pulls take on disk together, by `footprint`.
-pub fn total_on_disk(coming: &[ComingPull], footprint: DiskFootprint) -> u64 {
-    coming
-        .iter()
-        .fold(0u64, |sum, pull| sum.saturating_add(pull.bytes_on_disk(footprint)))
 }
 
 #[cfg(test)]
@@ -472,7 +468,7 @@ mod tests {
         );
         let footprint = DiskFootprint::for_runtime("containerd");
         assert_eq!(
-            total_on_disk(&coming, footprint),
+            that_fit(&coming, u64::MAX, footprint).bytes,
             500,
             "twice the reported sizes; unknown counts 0"
         );

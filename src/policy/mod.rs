@@ -91,13 +91,7 @@ impl GcPolicy {
         if !self.room_before_pulls {
             return PullRoom::default();
         }
-        let Some(room) = room else {
-            return PullRoom {
-                fit: waiting.to_vec(),
-                cannot_fit: Vec::new(),
-                bytes: coming::total_on_disk(waiting, footprint).saturating_add(landing),
-            };
-        };
+        let room = room.unwrap_or(u64::MAX);
         let mut pulls = coming::that_fit(waiting, room.saturating_sub(landing), footprint);
         pulls.bytes = pulls.bytes.saturating_add(landing).min(room);
         pulls
@@ -115,11 +109,14 @@ impl GcPolicy {
     /// the node): less available than it keeps, so that its eviction
     /// manager evicts pods at its next look unless space comes back first.
     pub fn past_eviction_line(&self, stats: &crate::fs::FsStats, coming: u64) -> bool {
-        stats.available()
-            < self
-                .eviction
-                .min_available_bytes(stats.capacity_bytes)
-                .saturating_add(coming)
+        stats.available() < self.eviction_line(stats.capacity_bytes, coming)
+    }
+
+    /// The bytes a filesystem of `capacity` must keep available not to be
+    /// past the kubelet's eviction line once `coming` bytes more arrive
+    /// (see [`GcPolicy::past_eviction_line`]).
+    pub fn eviction_line(&self, capacity: u64, coming: u64) -> u64 {
+        self.eviction.min_available_bytes(capacity).saturating_add(coming)
     }
 }
 

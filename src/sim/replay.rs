@@ -648,7 +648,13 @@ impl Policy for Imagegc<'_> {
         if self
             .policy
             .target
-            .with_headroom(self.headroom(crate::policy::coming::total_on_disk(&pull, DiskFootprint::default())))
+            .with_headroom(
+                self.headroom(
+                    self.policy
+                        .room_for_pulls(&pull, 0, DiskFootprint::default(), None)
+                        .bytes,
+                ),
+            )
             .due(&node.stats())
         {
             self.cycle(t, node, &pull);
