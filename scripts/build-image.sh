@@ -30,6 +30,10 @@
 #   amd64 on arm64:  not supported by this script (use the Containerfile on an
 #                    amd64 builder)
 #   --push:          skopeo (apt-get install skopeo)
+#   root certificates: /etc/ssl/certs/ca-certificates.crt (Debian's
+#                    ca-certificates: apt-get install ca-certificates), or
+#                    IMAGEGC_CA_BUNDLE naming another PEM bundle; carried in
+#                    the image for the registry lookups (SSL_CERT_FILE)
 # Without Kubernetes support (IMAGEGC_CARGO_FLAGS=--no-default-features) no
 # C compiler is needed at all.
 set -euo pipefail
@@ -71,6 +75,11 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+ca_bundle=${IMAGEGC_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+if [ ! -r "$ca_bundle" ]; then
+    echo "scripts/build-image.sh: no root certificates at $ca_bundle (apt-get install ca-certificates, or set IMAGEGC_CA_BUNDLE)" >&2
+    $dry_run || exit 1
+fi
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 binaries=()
 IFS=, read -ra wanted <<<"$arches"
@@ -115,6 +124,7 @@ for arch in "${wanted[@]}"; do
 done
 
 if $dry_run; then
+    echo "would carry the root certificates of $ca_bundle as /etc/ssl/certs/ca-certificates.crt"
     echo "would write $target_dir/image/imagegc-$version.oci.tar as $image (python3)"
     $push && echo "would push $image (skopeo)"
     [ -n "$load_socket" ] && echo "would import $image into the containerd at $load_socket (ctr)"
@@ -123,7 +133,7 @@ fi
 mkdir -p "$target_dir/image"
 archive=$target_dir/image/imagegc-$version.oci.tar
 python3 scripts/oci-image.py --name "$image" --version "$version" --config deploy/imagegc.toml \
-    --output "$archive" "${binaries[@]}"
+    --ca-bundle "$ca_bundle" --output "$archive" "${binaries[@]}"
 
 if $push; then
     command -v skopeo >/dev/null || { echo "scripts/build-image.sh: --push needs skopeo" >&2; exit 1; }

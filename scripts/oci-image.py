@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Writes imagegc's container image as an OCI image-layout tarball: one
 manifest per architecture under one index, each image the static binary as
-/imagegc and deploy/imagegc.toml as /etc/imagegc/imagegc.toml on an empty
-base (what the Containerfile's final stage holds).
+/imagegc, deploy/imagegc.toml as /etc/imagegc/imagegc.toml and a bundle of
+root certificates as /etc/ssl/certs/ca-certificates.crt (SSL_CERT_FILE) on
+an empty base (what the Containerfile's final stage holds).
 
     scripts/oci-image.py --name ghcr.io/imagegc/imagegc:0.1.0 \\
         --binary amd64=target/x86_64-unknown-linux-musl/release/imagegc \\
         --binary arm64=target/aarch64-unknown-linux-musl/release/imagegc \\
-        --config deploy/imagegc.toml --output target/image/imagegc.oci.tar
+        --config deploy/imagegc.toml --ca-bundle /etc/ssl/certs/ca-certificates.crt \\
+        --output target/image/imagegc.oci.tar
 
 Layers are gzip tars with fixed metadata (mtime 0, uid 0): the same binary
 gives the same digest. Python's standard library only. scripts/build-image.sh
@@ -23,6 +25,10 @@ import json
 import tarfile
 
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+# Where the image keeps its root certificates, for the registry lookups
+# (kubernetes.registry_manifests): Debian's path, which rustls-native-certs
+# also probes, named by SSL_CERT_FILE so that no other place is read.
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CONFIG = "application/vnd.oci.image.config.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -54,6 +60,8 @@ def main():
     parser.add_argument("--binary", action="append", required=True, metavar="ARCH=PATH",
                         help="a static imagegc for one architecture (amd64, arm64)")
     parser.add_argument("--config", required=True, help="baked in as /etc/imagegc/imagegc.toml")
+    parser.add_argument("--ca-bundle", help=f"PEM root certificates, baked in as {CA_BUNDLE} (SSL_CERT_FILE); "
+                        "the file a link names is read")
     parser.add_argument("--version", default="", help="org.opencontainers.image.version")
     parser.add_argument("--output", required=True, help="the OCI image-layout tarball to write")
     args = parser.parse_args()
@@ -67,6 +75,14 @@ def main():
 
     with open(args.config, "rb") as f:
         config_file = f.read()
+    extra, env = [], ["IMAGEGC_CONFIG=/etc/imagegc/imagegc.toml"]
+    if args.ca_bundle:
+        with open(args.ca_bundle, "rb") as f:
+            bundle = f.read()
+        if b"-----BEGIN CERTIFICATE-----" not in bundle:
+            parser.error(f"--ca-bundle {args.ca_bundle} holds no PEM certificate")
+        extra.append((CA_BUNDLE, bundle, 0o644))
+        env.append(f"SSL_CERT_FILE={CA_BUNDLE}")
     labels = {"org.opencontainers.image.source": "https://github.com/imagegc/imagegc",
               "org.opencontainers.image.title": "imagegc"}
     if args.version:
@@ -76,13 +92,13 @@ def main():
         arch, _, path = spec.partition("=")
         with open(path, "rb") as f:
             exe = f.read()
-        raw, compressed = layer([("/imagegc", exe, 0o755), ("/etc/imagegc/imagegc.toml", config_file, 0o644)])
+        raw, compressed = layer([("/imagegc", exe, 0o755), ("/etc/imagegc/imagegc.toml", config_file, 0o644), *extra])
         layer_desc = blob(compressed)
         config = {
             "architecture": arch, "os": "linux",
             "config": {"Entrypoint": ["/imagegc"], "Cmd": ["run", "--config", "/etc/imagegc/imagegc.toml"],
                        "User": "0:0", "ExposedPorts": {"9105/tcp": {}},
-                       "Env": ["IMAGEGC_CONFIG=/etc/imagegc/imagegc.toml"], "Labels": labels},
+                       "Env": env, "Labels": labels},
             "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw).hexdigest()]},
         }
         config_desc = blob(json.dumps(config, sort_keys=True).encode())
