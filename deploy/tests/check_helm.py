@@ -45,10 +45,25 @@ import tomllib
 import jsonschema
 import yaml
 
-CORE_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet", "NetworkPolicy", "ResourceQuota", "Service",
+CORE_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "DaemonSet", "Namespace", "NetworkPolicy",
+              "ResourceQuota", "Service",
               "ServiceAccount"}
 OPERATOR_KINDS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitors",
                   "PrometheusRule": "prometheusrules"}
+# The CRDs of the managed monitoring stacks, copied from their providers'
+# sources into deploy/tests/crds/ (its README names the commits):
+# (API group, kind) -> file.
+PLATFORM_CRDS = {
+    ("monitoring.googleapis.com", "PodMonitoring"): "monitoring.googleapis.com_podmonitorings.yaml",
+    ("azmonitoring.coreos.com", "PodMonitor"): "azmonitoring.coreos.com_podmonitors.yaml",
+}
+PLATFORM_CRD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crds")
+# CiliumNetworkPolicy: its CRD (cilium/cilium,
+# pkg/k8s/apis/cilium.io/client/crds/v2/ciliumnetworkpolicies.yaml) is
+# 400 KB; cilium() checks the few fields imagegc's policy uses instead.
+CILIUM_POLICY = ("cilium.io", "CiliumNetworkPolicy")
+# Cilium's entities (cilium/cilium, pkg/policy/api/entity.go).
+CILIUM_ENTITIES = {"all", "world", "cluster", "host", "init", "remote-node", "health", "none", "kube-apiserver"}
 # Where the API server listens: the kubernetes Service's port, the usual
 # port of its endpoints, and MicroK8s's.
 API_SERVER_PORTS = (443, 6443, 16443)
@@ -103,16 +118,23 @@ def node_config_map(docs):
     return maps[0]
 
 
+def kind_of(doc):
+    """(API group, kind) of a document."""
+    group = doc["apiVersion"].rsplit("/", 1)[0] if "/" in doc["apiVersion"] else ""
+    return group, doc["kind"]
+
+
 def split(render, out):
     docs = load(render)
     core = [d for d in docs if d["kind"] in CORE_KINDS]
-    other = sorted({d["kind"] for d in docs} - CORE_KINDS - set(OPERATOR_KINDS))
+    checked = {("monitoring.coreos.com", k) for k in OPERATOR_KINDS} | set(PLATFORM_CRDS) | {CILIUM_POLICY}
+    other = sorted({f"{g}/{k}" for g, k in map(kind_of, docs) if k not in CORE_KINDS and (g, k) not in checked})
     if other:
-        return [f"{render}: kinds neither validated as core nor as operator CRDs: {other}"]
+        return [f"{render}: kinds neither validated as core nor against their CRDs: {other}"]
     with open(out, "w", encoding="utf-8") as f:
         yaml.safe_dump_all(core, f, sort_keys=False)
     print(f"{len(core)} core resources: {sorted(d['kind'] for d in core)}")
-    print(f"operator resources: {sorted(d['kind'] for d in docs if d['kind'] in OPERATOR_KINDS)}")
+    print(f"other resources: {sorted('/'.join(kind_of(d)) for d in docs if d['kind'] not in CORE_KINDS)}")
     return []
 
 
@@ -150,7 +172,7 @@ def crd_schema(crd_dir, kind, version):
 
 def crds(render, crd_dir, expected):
     problems = Problems()
-    docs = [d for d in load(render) if d["kind"] in OPERATOR_KINDS]
+    docs = [d for d in load(render) if kind_of(d) in {("monitoring.coreos.com", k) for k in OPERATOR_KINDS}]
     for kind in expected:
         problems.check(any(d["kind"] == kind for d in docs), f"{render}: no {kind}")
     for d in docs:
@@ -164,6 +186,62 @@ def crds(render, crd_dir, expected):
             problems.append(f"{d['kind']}/{d['metadata']['name']}: {path}: {e.message}")
         if not errors:
             print(f"{d['kind']}/{d['metadata']['name']} matches the {version} CRD schema")
+    return problems
+
+
+def platform_crds(render, expected):
+    """Every PodMonitoring (GKE) and azmonitoring PodMonitor (AKS) in RENDER
+    against the openAPIV3Schema of its vendored CRD, strictly, and every
+    CiliumNetworkPolicy against cilium(); EXPECTED, (group, kind) pairs,
+    must be present."""
+    problems = Problems()
+    docs = [d for d in load(render) if kind_of(d) in PLATFORM_CRDS or kind_of(d) == CILIUM_POLICY]
+    for key in expected:
+        problems.check(any(kind_of(d) == tuple(key) for d in docs), f"{render}: no {'/'.join(key)}")
+    for d in docs:
+        group, kind = kind_of(d)
+        version = d["apiVersion"].rsplit("/", 1)[1]
+        if (group, kind) == CILIUM_POLICY:
+            problems.extend(cilium(d))
+            continue
+        path = os.path.join(PLATFORM_CRD_DIR, PLATFORM_CRDS[(group, kind)])
+        (crd,) = load(path)
+        versions = {v["name"]: v for v in crd["spec"]["versions"]}
+        if not problems.check(crd["spec"]["group"] == group and version in versions,
+                              f"{kind}/{d['metadata']['name']}: {path} has no {group}/{version}"):
+            continue
+        schema = strict(versions[version]["schema"]["openAPIV3Schema"])
+        schema["properties"]["metadata"] = {"type": "object"}
+        errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(d), key=lambda e: list(e.absolute_path))
+        for e in errors:
+            problems.append(f"{kind}/{d['metadata']['name']}: {'.'.join(str(p) for p in e.absolute_path)}: {e.message}")
+        if not errors:
+            print(f"{group}/{kind}/{d['metadata']['name']} matches its {version} CRD schema ({path})")
+    return problems
+
+
+def cilium(doc):
+    """What imagegc's CiliumNetworkPolicy uses, as cilium.io/v2 defines it:
+    an endpointSelector of labels, egress rules of known entities and ports
+    given as strings with TCP, UDP or ANY."""
+    problems = Problems()
+    name = f"CiliumNetworkPolicy/{doc['metadata'].get('name')}"
+    problems.check(doc["apiVersion"] == "cilium.io/v2", f"{name}: apiVersion {doc['apiVersion']}")
+    spec = doc.get("spec", {})
+    problems.check(set(spec) <= {"endpointSelector", "egress", "ingress", "description"},
+                   f"{name}: spec fields {sorted(spec)}")
+    selector = spec.get("endpointSelector", {})
+    problems.check(set(selector) == {"matchLabels"} and all(isinstance(v, str) for v in selector["matchLabels"].values()),
+                   f"{name}: endpointSelector {selector}")
+    for i, rule in enumerate(spec.get("egress", [])):
+        problems.check(set(rule) <= {"toEntities", "toPorts"}, f"{name}: egress {i} fields {sorted(rule)}")
+        unknown = set(rule.get("toEntities", [])) - CILIUM_ENTITIES
+        problems.check(not unknown, f"{name}: egress {i}: entities Cilium does not have: {sorted(unknown)}")
+        for to in rule.get("toPorts", []):
+            for port in to.get("ports", []):
+                problems.check(set(port) <= {"port", "protocol", "endPort"} and isinstance(port.get("port"), str)
+                               and port.get("protocol", "ANY") in ("TCP", "UDP", "SCTP", "ANY"),
+                               f"{name}: egress {i}: port {port}")
     return problems
 
 
@@ -310,13 +388,20 @@ def values(render, values_file, deploy):
     problems.same("runtime root hostPath", volumes.get("runtime-root", {}).get("hostPath", {}).get("path"), root)
     problems.same("runtime root mount", mounts.get("runtime-root", {}).get("mountPath"), root)
     problems.check(mounts.get("runtime-root", {}).get("readOnly") is True, "the runtime's root is mounted writable")
-    registries = v["kubernetes"]["enabled"] and v["kubernetes"].get("registryManifests", False)
+    # The image carries its root certificates (SSL_CERT_FILE); a node
+    # directory of further ones is mounted beside them, never over them.
+    node_certs = (v["kubernetes"]["enabled"] and v["kubernetes"].get("registryManifests", False)
+                  and v["kubernetes"].get("registryCertificates", ""))
     problems.same("node certificates hostPath", volumes.get("node-certificates", {}).get("hostPath"),
-                  {"path": v["kubernetes"].get("registryCertificates", "/etc/ssl/certs"), "type": "Directory"}
-                  if registries else None)
+                  {"path": node_certs, "type": "Directory"} if node_certs else None)
     problems.same("node certificates mount", mounts.get("node-certificates"),
-                  {"name": "node-certificates", "mountPath": "/etc/ssl/certs", "readOnly": True}
-                  if registries else None)
+                  {"name": "node-certificates", "mountPath": "/etc/ssl/node-certs", "readOnly": True}
+                  if node_certs else None)
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    problems.same("SSL_CERT_DIR", env.get("SSL_CERT_DIR"), "/etc/ssl/node-certs" if node_certs else None)
+    problems.check("SSL_CERT_FILE" not in env, "the pod sets SSL_CERT_FILE: the image's bundle would not be read")
+    problems.check(not any(m["mountPath"].rstrip("/") in ("/etc/ssl", "/etc/ssl/certs") for m in c["volumeMounts"]),
+                   "a volume is mounted over the image's /etc/ssl/certs")
     problems.same("runtime root propagation", mounts.get("runtime-root", {}).get("mountPropagation"), "HostToContainer")
     for d in [x for kind in docs.values() for x in kind]:
         for key, value in v["commonLabels"].items():
@@ -388,8 +473,12 @@ def values(render, values_file, deploy):
 
     (np,) = one("NetworkPolicy")
     (peer,) = np["spec"]["ingress"][0]["from"]
+    managed = [ns for on, ns in ((v.get("gke", {}).get("podMonitoring", {}).get("enabled"), "gmp-system"),
+                                 (v.get("aks", {}).get("podMonitor", {}).get("enabled"), "kube-system"),
+                                 (v.get("openshift", {}).get("userWorkloadMonitoring"),
+                                  "openshift-user-workload-monitoring")) if on]
     problems.same("scrape namespace", peer["namespaceSelector"]["matchLabels"],
-                  {"kubernetes.io/metadata.name": v["networkPolicy"]["scrapeNamespace"]})
+                  {"kubernetes.io/metadata.name": (managed or [v["networkPolicy"].get("scrapeNamespace", "monitoring")])[0]})
     problems.same("scrape pods", peer.get("podSelector", {}).get("matchLabels"), v["networkPolicy"]["scrapePodLabels"])
     problems.same("NetworkPolicy port", np["spec"]["ingress"][0]["ports"], [{"protocol": "TCP", "port": port}])
     registries = v["kubernetes"]["enabled"] and v["kubernetes"].get("registryManifests", False)
@@ -469,7 +558,33 @@ def value_paths(schema, values, prefix=""):
             yield path
 
 
+# Values whose README default describes them in words rather than as YAML.
+DESCRIBED_DEFAULTS = {"affinity", "updateStrategy", "resources"}
+
+
+def schema_at(schema, path):
+    """The values.schema.json node of a dotted value path, or None."""
+    node = schema
+    for part in path.split("."):
+        node = node.get("properties", {}).get(part)
+        if node is None:
+            return None
+    return node
+
+
+def value_at(values, path):
+    node = values
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
 def readme(chart):
+    """The README's values table against values.yaml and its schema: a row
+    for every value and none for a value the chart lacks; each row's
+    default, written as YAML in backquotes (one per value the row names,
+    or one for all), is the value values.yaml sets (but for DESCRIBED_DEFAULTS, which the
+    table describes); every value is in values.schema.json."""
     problems = Problems()
     with open(os.path.join(chart, "values.yaml"), encoding="utf-8") as f:
         values = yaml.safe_load(f)
@@ -478,13 +593,37 @@ def readme(chart):
     with open(os.path.join(chart, "README.md"), encoding="utf-8") as f:
         rows = [line for line in f if line.startswith("| `")]
     documented = set()
-    for row in rows:
-        first = row.split("|")[1]
-        documented.update(part.strip().strip("`") for part in first.split(","))
     paths = set(value_paths(schema, values))
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        names = [part.strip().strip("`") for part in cells[0].split(",")]
+        documented.update(names)
+        if len(cells) < 2 or not set(names) <= paths:
+            continue
+        defaults = [d.strip() for d in cells[1].split("`, `")]
+        if len(defaults) == 1:
+            defaults *= len(names)  # one default said once for all the row names
+        written = len(defaults) == len(names) and cells[1].startswith("`") and cells[1].endswith("`")
+        if not written:
+            problems.check(set(names) <= DESCRIBED_DEFAULTS,
+                           f"README.md's default for {', '.join(names)} is not one YAML value in backquotes "
+                           f"per value: {cells[1]!r}")
+            continue
+        for name, default in zip(names, defaults):
+            text = default.strip("`")
+            try:
+                said = yaml.safe_load(text)
+            except yaml.YAMLError as err:
+                problems.append(f"README.md's default for {name}, {text!r}, is not YAML: {err}")
+                continue
+            actual = value_at(values, name)
+            problems.check(said == actual, f"README.md says {name} defaults to {text}; values.yaml has "
+                                           f"{json.dumps(actual)}")
     for path in sorted(paths - documented):
         problems.append(f"README.md has no row for the value {path}")
     for path in sorted(documented - paths):
         problems.append(f"README.md documents {path}, which values.yaml does not have")
-    print(f"{len(paths)} values, each with its README row")
+    for path in sorted(paths):
+        problems.check(schema_at(schema, path) is not None, f"values.schema.json does not describe {path}")
+    print(f"{len(paths)} values, each with its README row, its default there and its schema")
     return problems

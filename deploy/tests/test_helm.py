@@ -21,6 +21,11 @@ SETS = {
     "everything": ("other", "gc-system", os.path.join(CHART, "ci", "everything-values.yaml")),
     "podmonitor": ("imagegc", "monitoring", os.path.join(CHART, "ci", "podmonitor-values.yaml")),
     "openshift": ("imagegc", "imagegc", os.path.join(CHART, "ci", "openshift-values.yaml")),
+    "gke": ("imagegc", "imagegc", os.path.join(CHART, "ci", "gke-values.yaml")),
+    "aks": ("imagegc", "imagegc", os.path.join(CHART, "ci", "aks-values.yaml")),
+    # A mixed fleet: two releases in one namespace, split by nodeSelector.
+    "fleet-al2023": ("imagegc-al2023", "imagegc", os.path.join(CHART, "ci", "fleet-al2023-values.yaml")),
+    "fleet-bottlerocket": ("imagegc-bottlerocket", "imagegc", os.path.join(CHART, "ci", "fleet-bottlerocket-values.yaml")),
 }
 EACH = [(name, version) for name in SETS for version in K8S_VERSIONS]
 
@@ -109,7 +114,7 @@ def test_helm_template_core_resources_validate(helm, name, version):
 # operator extras, which kubectl apply -k does not cover, too.
 CRD_CASES = [(name, version, kinds) for name, kinds in (
     ("default", []), ("everything", ["ServiceMonitor", "PrometheusRule"]),
-    ("podmonitor", ["PodMonitor", "PrometheusRule"])) for version in K8S_VERSIONS]
+    ("podmonitor", ["PodMonitor", "PrometheusRule"]), ("openshift", ["PodMonitor"])) for version in K8S_VERSIONS]
 CRD_CASES += [("deploy/podmonitor.yaml", None, ["PodMonitor"]), ("deploy/prometheusrule.yaml", None, ["PrometheusRule"])]
 
 
@@ -117,6 +122,74 @@ CRD_CASES += [("deploy/podmonitor.yaml", None, ["PodMonitor"]), ("deploy/prometh
 def test_operator_resources_match_the_crds(helm, operator_crds, name, version, kinds):
     path = helm.render(name, version) if version else os.path.join(REPO, name)
     no_problems(check_helm().crds(path, operator_crds, kinds), f"{name} against the CRD schemas")
+
+
+# The managed stacks' kinds each set must render, against their CRDs
+# (deploy/tests/crds) or, for Cilium, check_helm.cilium.
+PLATFORM_CASES = [("default", []), ("gke", [("monitoring.googleapis.com", "PodMonitoring"),
+                                             ("cilium.io", "CiliumNetworkPolicy")]),
+                  ("aks", [("azmonitoring.coreos.com", "PodMonitor")]),
+                  ("everything", [("cilium.io", "CiliumNetworkPolicy")])]
+
+
+@pytest.mark.parametrize("name,kinds", PLATFORM_CASES, ids=[n for n, _ in PLATFORM_CASES])
+def test_managed_monitoring_and_cilium_resources_match_their_crds(helm, name, kinds):
+    no_problems(check_helm().platform_crds(helm.render(name, "1.26.0"), kinds), f"{name} against the CRDs")
+
+
+@pytest.mark.parametrize("name,namespace", [("default", "monitoring"), ("gke", "gmp-system"), ("aks", "kube-system"),
+                                            ("openshift", "openshift-user-workload-monitoring")])
+def test_helm_network_policy_admits_the_namespace_its_scraper_runs_in(helm, name, namespace):
+    yaml = module("yaml")
+    (policy,) = [d for d in yaml.safe_load_all(helm.render(name, "1.26.0").read_text())
+                 if d and d["kind"] == "NetworkPolicy"]
+    (peer,) = policy["spec"]["ingress"][0]["from"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": namespace}
+
+
+def test_helm_cilium_policy_only_with_kubernetes_awareness(helm):
+    yaml = module("yaml")
+    docs = [d for d in yaml.safe_load_all(helm.render("gke", "1.26.0").read_text()) if d]
+    (policy,) = [d for d in docs if d["kind"] == "CiliumNetworkPolicy"]
+    (np,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert policy["spec"]["endpointSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+    (rule,) = policy["spec"]["egress"]
+    assert rule["toEntities"] == ["kube-apiserver"]
+    assert rule["toPorts"][0]["ports"] == [{"port": str(p["port"]), "protocol": p["protocol"]}
+                                           for p in np["spec"]["egress"][0]["ports"]]
+    import subprocess
+
+    off = subprocess.run([helm.binary, "template", "imagegc", CHART, "--kube-version", "1.26.0",
+                          "--set", "networkPolicy.ciliumApiServer=true"], capture_output=True, text=True, check=True)
+    assert "CiliumNetworkPolicy" not in off.stdout, "a CiliumNetworkPolicy without kubernetes.enabled"
+
+
+def test_helm_mixed_fleet_releases_share_a_namespace_and_split_the_nodes(helm):
+    """The README's mixed fleet: two releases in one namespace, one per kind
+    of node group, each selecting its node groups by a label: no resource
+    name is taken twice, no node matches both, and each reads its nodes'
+    kubelet file."""
+    yaml = module("yaml")
+    renders = {name: [d for d in yaml.safe_load_all(helm.render(name, "1.26.0").read_text()) if d]
+               for name in ("fleet-al2023", "fleet-bottlerocket")}
+    names = {}
+    for name, docs in renders.items():
+        for d in docs:
+            key = (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+            assert key not in names, f"{key} is in both {names.get(key)} and {name}"
+            names[key] = name
+    (al2023,), (bottlerocket,) = ([d for d in docs if d["kind"] == "DaemonSet"] for docs in renders.values())
+    a = al2023["spec"]["template"]["spec"]["nodeSelector"]
+    b = bottlerocket["spec"]["template"]["spec"]["nodeSelector"]
+    assert any(k in b and a[k] != b[k] for k in a), f"a node may match both releases: {a} and {b}"
+    assert al2023["spec"]["selector"] != bottlerocket["spec"]["selector"], "the DaemonSets select the same pods"
+    env = {n: {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+           for n, ds in (("al2023", al2023), ("bottlerocket", bottlerocket))}
+    assert env["al2023"]["IMAGEGC_KUBELET_CONFIG"] == "/etc/kubernetes/kubelet/config.json"
+    assert env["bottlerocket"]["IMAGEGC_KUBELET_CONFIG"] == "/etc/kubernetes/kubelet/config"
+    # Bottlerocket's pods run as container_t: no SELinux type is asked for.
+    assert "seLinuxOptions" not in bottlerocket["spec"]["template"]["spec"]["containers"][0]["securityContext"]
 
 
 def test_helm_default_render_is_the_kustomize_build(helm, kustomized):
@@ -210,7 +283,7 @@ def test_every_configuration_key_is_a_chart_value():
     no_problems(missing_values, "configuration keys without a chart value")
 
 
-@pytest.mark.parametrize("name", ["default", "everything"])
+@pytest.mark.parametrize("name", ["default", "everything", "gke", "fleet-al2023", "fleet-bottlerocket"])
 def test_helm_mounts_the_kubelets_files_only_when_set(helm, name):
     # default: nothing mounted; everything: EKS's file and drop-in directory.
     no_problems(check_helm().kubelet(helm.render(name, "1.26.0"), SETS[name][2]), f"{name}: the kubelet's files")
@@ -251,6 +324,13 @@ REFUSALS = [
     ("an interval over a day", "gc.interval (2d) must be at most 1d", ["gc.interval=2d"]),
     ("a max age over a year", "gc.maxAge (400d) must be at most 365d", ["gc.maxAge=400d"]),
     ("a duration the binary cannot read", "/gc/minAge", ["gc.minAge=soon"]),
+    ("two managed collectors", "pick one", ["gke.podMonitoring.enabled=true", "aks.podMonitor.enabled=true"]),
+    ("a scrape namespace a managed collector does not scrape from", "gke.podMonitoring.enabled scrapes from gmp-system",
+     ["gke.podMonitoring.enabled=true", "networkPolicy.scrapeNamespace=observability"]),
+    ("user workload monitoring and a ServiceMonitor", "pick one",
+     ["openshift.userWorkloadMonitoring=true", "serviceMonitor.enabled=true"]),
+    ("a relative certificates directory", "/kubernetes/registryCertificates",
+     ["kubernetes.registryCertificates=etc/pki"]),
 ]
 
 

@@ -65,10 +65,48 @@ def build_with_component(work, component):
     return path, [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def operator_crds():
+    """The prometheus-operator's CRDs (IMAGEGC_OPERATOR_CRDS), as test_helm.py finds them."""
+    from support import missing
+
+    path = os.environ.get("IMAGEGC_OPERATOR_CRDS")
+    if not path or not os.path.isfile(os.path.join(path, "monitoring.coreos.com_podmonitors.yaml")):
+        missing("operator-crds", f"no monitoring.coreos.com_podmonitors.yaml in IMAGEGC_OPERATOR_CRDS={path}")
+    return path
+
+
+# What each component adds besides core kinds, validated against its CRD:
+# the operator's (from its Go module) or the managed stacks' (deploy/tests/crds).
+COMPONENT_CRD_KINDS = {
+    "scrape-openshift": [("monitoring.coreos.com", "PodMonitor")],
+    "scrape-gke": [("monitoring.googleapis.com", "PodMonitoring")],
+    "scrape-aks": [("azmonitoring.coreos.com", "PodMonitor")],
+    "cilium-kube-apiserver": [("cilium.io", "CiliumNetworkPolicy")],
+}
+
+
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_each_component_builds_and_validates(work, component):
+    module("jsonschema")
+    import check_helm
+
     path, _ = build_with_component(work, component)
-    run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", K8S_VERSIONS[0], path)
+    core = f"{path}.core"
+    no_problems(check_helm.split(path, core), f"components/{component}")
+    run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", K8S_VERSIONS[0], core)
+    kinds = COMPONENT_CRD_KINDS.get(component, [])
+    operator = [k for g, k in kinds if g == "monitoring.coreos.com"]
+    if operator:
+        no_problems(check_helm.crds(path, operator_crds(), operator), f"components/{component} against the CRDs")
+    no_problems(check_helm.platform_crds(path, [k for k in kinds if k[0] != "monitoring.coreos.com"]),
+                f"components/{component} against the CRDs")
+
+
+def test_every_component_is_listed_in_deploy_readme():
+    with open(os.path.join(DEPLOY, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    unlisted = [c for c in COMPONENTS if f"`{c}`" not in text and f"`components/{c}`" not in text]
+    no_problems(unlisted, "components deploy/README.md does not name")
 
 
 def test_openshift_component_grants_the_privileged_scc_and_spc_t(work):
@@ -152,7 +190,7 @@ def test_kubernetes_component_reaches_the_api_server_on_its_usual_ports_and_micr
     }]
 
 
-def test_registry_manifests_component_turns_it_on_with_the_nodes_certificates_and_dns_and_https_out(work):
+def test_registry_manifests_component_turns_it_on_with_the_images_certificates_and_dns_and_https_out(work):
     docs, error = kustomize_overlay(work, "registries", ["kubernetes", "registry-manifests"])
     assert error is None, error
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
@@ -160,10 +198,10 @@ def test_registry_manifests_component_turns_it_on_with_the_nodes_certificates_an
     (container,) = spec["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["IMAGEGC_KUBERNETES"] == "true" and env["IMAGEGC_REGISTRY_MANIFESTS"] == "true", env
-    (volume,) = [v for v in spec["volumes"] if v["name"] == "node-certificates"]
-    assert volume["hostPath"] == {"path": "/etc/ssl/certs", "type": "Directory"}
-    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "node-certificates"]
-    assert mount == {"name": "node-certificates", "mountPath": "/etc/ssl/certs", "readOnly": True}
+    # The image's root certificates (SSL_CERT_FILE, set by the image) are
+    # read: nothing of the node's is mounted over them or named instead.
+    assert not [m for m in container["volumeMounts"] if m["mountPath"].startswith("/etc/ssl")], container["volumeMounts"]
+    assert "SSL_CERT_FILE" not in env and "SSL_CERT_DIR" not in env, env
     anywhere = [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
     assert network_policy(docs)["egress"] == [
         {"to": anywhere, "ports": [{"protocol": "TCP", "port": p} for p in (443, 6443, 16443)]},
@@ -269,3 +307,93 @@ def test_the_kubelets_file_is_mounted_only_with_its_component(kustomized, work):
     assert volumes == [{"name": "kubelet-config", "hostPath": {"path": path, "type": "File"}}]
     assert mounts == [{"name": "kubelet-config", "mountPath": path, "readOnly": True}]
     assert env == {"IMAGEGC_KUBELET_CONFIG": path}
+
+
+def component_parts(work, name, components):
+    """The DaemonSet's kubelet volumes, mounts and variables, and the
+    NetworkPolicy's scrape namespace, of an overlay with COMPONENTS."""
+    docs, error = kustomize_overlay(work, name, components)
+    assert error is None, error
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    volumes, mounts, env = kubelet_parts(module("yaml").safe_dump(ds))
+    (peer,) = network_policy(docs)["ingress"][0]["from"]
+    return docs, (volumes, mounts, env), peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+
+
+@pytest.mark.parametrize("component,volume,env", [
+    # EKS AL2023 (awslabs/amazon-eks-ami, nodeadm/internal/kubelet/config.go):
+    # the directory of config.json and config.json.d, which exists on every node.
+    ("kubelet-config-eks-al2023",
+     {"name": "kubelet-config", "hostPath": {"path": "/etc/kubernetes/kubelet", "type": "Directory"}},
+     {"IMAGEGC_KUBELET_CONFIG": "/etc/kubernetes/kubelet/config.json",
+      "IMAGEGC_KUBELET_CONFIG_DIR": "/etc/kubernetes/kubelet/config.json.d"}),
+    # MicroK8s (canonical/microk8s, the kubelite patch's args file).
+    ("kubelet-args-microk8s",
+     {"name": "kubelet-args-file", "hostPath": {"path": "/var/snap/microk8s/current/args/kubelet", "type": "File"}},
+     {"IMAGEGC_KUBELET_ARGS_FILE": "/var/snap/microk8s/current/args/kubelet"}),
+    # Bottlerocket (bottlerocket-core-kit, kubelet-exec-start-conf: --config).
+    ("kubelet-config-bottlerocket",
+     {"name": "kubelet-config", "hostPath": {"path": "/etc/kubernetes/kubelet/config", "type": "File"}},
+     {"IMAGEGC_KUBELET_CONFIG": "/etc/kubernetes/kubelet/config"}),
+])
+def test_kubelet_components_mount_read_only_what_they_name(work, component, volume, env):
+    _, (volumes, mounts, got_env), _ = component_parts(work, component, [component])
+    assert volumes == [volume]
+    path = volume["hostPath"]["path"]
+    assert mounts == [{"name": volume["name"], "mountPath": path, "readOnly": True}]
+    assert got_env == env
+    # Each variable names a path inside what is mounted.
+    assert all(v == path or v.startswith(path.rstrip("/") + "/") for v in env.values()), env
+
+
+def test_microk8s_args_file_goes_with_the_runtime_component(work):
+    docs, (volumes, _, env), _ = component_parts(work, "microk8s-both", ["microk8s", "kubelet-args-microk8s"])
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    paths = [v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+    assert "/var/snap/microk8s/common/run" in paths and "/var/snap/microk8s/current/args/kubelet" in paths, paths
+
+
+@pytest.mark.parametrize("component,namespace,kind", [
+    ("scrape-gke", "gmp-system", ("monitoring.googleapis.com/v1", "PodMonitoring")),
+    ("scrape-aks", "kube-system", ("azmonitoring.coreos.com/v1", "PodMonitor")),
+    ("scrape-openshift", "openshift-user-workload-monitoring", ("monitoring.coreos.com/v1", "PodMonitor")),
+])
+def test_scrape_components_admit_their_collectors_and_select_imagegcs_pods(work, component, namespace, kind):
+    docs, _, admitted = component_parts(work, component, [component])
+    assert admitted == namespace
+    (monitor,) = [d for d in docs if (d["apiVersion"], d["kind"]) == kind]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert monitor["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+    endpoints = monitor["spec"].get("endpoints") or monitor["spec"].get("podMetricsEndpoints")
+    assert [(e["port"], e["path"]) for e in endpoints] == [("metrics", "/metrics")]
+    # The node's name as `node`, which the alerts and the dashboard use;
+    # the job ImagegcDown matches (job=~"(.*/)?imagegc": the name, or
+    # namespace/name).
+    if kind[1] == "PodMonitoring":
+        assert "node" in monitor["spec"]["targetLabels"]["metadata"]
+    else:
+        assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoints[0]["relabelings"]
+    assert monitor["metadata"]["name"] == "imagegc"
+
+
+def test_openshift_scrape_component_carries_deploys_podmonitor():
+    yaml = module("yaml")
+    with open(os.path.join(DEPLOY, "podmonitor.yaml"), encoding="utf-8") as f:
+        want = yaml.safe_load(f)
+    with open(os.path.join(DEPLOY, "components", "scrape-openshift", "podmonitor.yaml"), encoding="utf-8") as f:
+        got = yaml.safe_load(f)
+    assert got == want, "components/scrape-openshift/podmonitor.yaml differs from deploy/podmonitor.yaml"
+
+
+def test_cilium_component_reaches_the_api_server_by_its_entity_on_the_kubernetes_ports(work):
+    docs, _, _ = component_parts(work, "cilium", ["kubernetes", "cilium-kube-apiserver"])
+    (policy,) = [d for d in docs if d["kind"] == "CiliumNetworkPolicy"]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert policy["spec"]["endpointSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+    (rule,) = policy["spec"]["egress"]
+    assert rule["toEntities"] == ["kube-apiserver"]
+    (ports,) = rule["toPorts"]
+    # The same ports as the NetworkPolicy's egress to the API server.
+    (egress,) = network_policy(docs)["egress"]
+    assert ports["ports"] == [{"port": str(p["port"]), "protocol": p["protocol"]} for p in egress["ports"]]

@@ -38,6 +38,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name (.Chart.Version | replace "+" "_") 
 {{- end -}}
 {{- end -}}
 
+{{/*
+The namespace the NetworkPolicy admits to the metrics port: the managed
+collectors' when one is on (GKE's gmp-system, AKS's kube-system, OpenShift's
+openshift-user-workload-monitoring), else networkPolicy.scrapeNamespace.
+*/}}
+{{- define "imagegc.scrapeNamespace" -}}
+{{- if .Values.gke.podMonitoring.enabled -}}gmp-system
+{{- else if .Values.aks.podMonitor.enabled -}}kube-system
+{{- else if .Values.openshift.userWorkloadMonitoring -}}openshift-user-workload-monitoring
+{{- else -}}{{ .Values.networkPolicy.scrapeNamespace }}
+{{- end -}}
+{{- end -}}
+
 {{/* Where the state directory is mounted in the container (state.dir). */}}
 {{- define "imagegc.stateDir" -}}/var/lib/imagegc{{- end -}}
 
@@ -88,6 +101,21 @@ Cross-field rules the schema cannot express, failing with the value's name.
 {{- end -}}
 {{- if and .Values.podMonitor.enabled .Values.serviceMonitor.enabled -}}
 {{- fail "podMonitor.enabled and serviceMonitor.enabled: pick one, or every node is scraped twice" -}}
+{{- end -}}
+{{- if and .Values.openshift.userWorkloadMonitoring .Values.serviceMonitor.enabled -}}
+{{- fail "openshift.userWorkloadMonitoring and serviceMonitor.enabled: pick one, or every node is scraped twice" -}}
+{{- end -}}
+{{- $managed := list -}}
+{{- range $value, $namespace := dict "gke.podMonitoring.enabled" (and .Values.gke.podMonitoring.enabled "gmp-system") "aks.podMonitor.enabled" (and .Values.aks.podMonitor.enabled "kube-system") "openshift.userWorkloadMonitoring" (and .Values.openshift.userWorkloadMonitoring "openshift-user-workload-monitoring") -}}
+{{- if $namespace -}}
+{{- $managed = append $managed (printf "%s (scrapes from %s)" $value $namespace) -}}
+{{- if not (has $.Values.networkPolicy.scrapeNamespace (list "monitoring" $namespace)) -}}
+{{- fail (printf "networkPolicy.scrapeNamespace %q: %s scrapes from %s, which the NetworkPolicy then admits; leave networkPolicy.scrapeNamespace at monitoring" $.Values.networkPolicy.scrapeNamespace $value $namespace) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (len $managed) 1 -}}
+{{- fail (printf "%s: the NetworkPolicy admits one scraping namespace; pick one" (join " and " $managed)) -}}
 {{- end -}}
 {{- end -}}
 
