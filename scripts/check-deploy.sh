@@ -64,8 +64,11 @@ build_static() {
         echo "==> rustup cannot install $MUSL_TARGET: building a static glibc binary for $target instead"
         flags="-C target-feature=+crt-static"
     fi
+    # The commit the binary names, given as scripts/build-image.sh and the
+    # cluster suite (scripts/testbed-cluster.sh) give it: the same build.
+    local commit=${IMAGEGC_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
     echo "==> static build: cargo build --profile $PROFILE --locked --target $target"
-    RUSTFLAGS=$flags cargo build --profile "$PROFILE" --locked --target "$target" || return 1
+    IMAGEGC_COMMIT=$commit RUSTFLAGS=$flags cargo build --profile "$PROFILE" --locked --target "$target" || return 1
     export IMAGEGC_STATIC_BIN=$TARGET_DIR/$target/$PROFILE_DIR/imagegc
     echo "==> static build took $((SECONDS - started))s"
 }

@@ -68,13 +68,18 @@ prepare_cluster_suite() {
 
     # --- the static imagegc
     local build_started=$SECONDS
+    # The commit the binary names (build.rs), given as scripts/build-image.sh
+    # (and scripts/check-deploy.sh) give it: the upgrade scenario's build of
+    # this checkout's image (deploy/tests/cluster/test_8_upgrade.py) then
+    # finds this build fresh, not one to redo for another IMAGEGC_COMMIT.
+    local commit=${IMAGEGC_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
     target=x86_64-unknown-linux-musl
     if rustup target add "$target" >/dev/null 2>&1; then
-        CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$target"
+        IMAGEGC_COMMIT=$commit CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$target"
     else
         target=$(rustc -vV | sed -n 's/^host: //p')
         echo "==> the musl target cannot be installed: a static glibc build"
-        RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$target"
+        IMAGEGC_COMMIT=$commit RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$target"
     fi
     binary=${CARGO_TARGET_DIR:-$ROOT/target}/$target/release/imagegc
     if readelf -d "$binary" | grep -q NEEDED; then

@@ -71,10 +71,18 @@ def metric(samples, name, **labels):
 class Deployment:
     """One imagegc DaemonSet on the cluster, deployed with kustomize or Helm."""
 
-    def __init__(self, cluster, name, how, config=None, namespace=None, components=(), chart=CHART):
+    def __init__(self, cluster, name, how, config=None, namespace=None, components=(), chart=CHART, deploy=DEPLOY,
+                 image=None, state_dir=True):
         self.cluster = cluster
-        # The chart Helm installs (a directory or a packaged .tgz).
+        # The chart Helm installs (a directory or a packaged .tgz), and the
+        # deploy/ directory the kustomize overlay builds on (a release's own,
+        # for the upgrade scenario).
         self.chart = chart
+        self.deploy = deploy
+        # (repository, tag) of the image, set as an operator does (the
+        # overlay's `images`, the chart's image.repository and image.tag);
+        # None: the manifests' own name, the suite's image.
+        self.image = image
         self.name = name
         self.how = how
         self.config = dict(config or {})
@@ -82,7 +90,9 @@ class Deployment:
         # CRI-O node, its component first, as README says to choose a runtime.
         self.components = (["crio"] if cluster.runtime == "crio" else []) + list(components)
         self.namespace = namespace or ("imagegc" if how == "kustomize" else f"imagegc-{name}")
-        self.state_dir = cluster.path("imagegc-state", name)
+        # The state directory on the node: the scenario's own, or with
+        # state_dir=None the manifests' hostPath as shipped.
+        self.state_dir = cluster.path("imagegc-state", name) if state_dir is True else state_dir
         self.overlay = cluster.path("work", f"overlay-{name}")
 
     # --- kustomize ----------------------------------------------------------
@@ -90,7 +100,7 @@ class Deployment:
     def _daemonset_patch(self):
         """JSON patch ops on deploy/daemonset.yaml: the image is already on the
         node, and the runtime's paths are where the test cluster has them."""
-        with open(os.path.join(DEPLOY, "daemonset.yaml")) as f:
+        with open(os.path.join(self.deploy, "daemonset.yaml")) as f:
             ds = yaml.safe_load(f)
         spec = ds["spec"]["template"]["spec"]
         container = spec["containers"][0]
@@ -100,6 +110,8 @@ class Deployment:
         ops = [{"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Never"}]
         host_paths = {"runtime-socket-dir": c.socket_dir, "runtime-root": c.containerd_root, "state": self.state_dir}
         for name, path in host_paths.items():
+            if path is None:
+                continue
             ops.append({"op": "replace", "path": f"/spec/template/spec/volumes/{volumes.index(name)}/hostPath/path",
                         "value": path})
         # The runtime's root at the same path as on the node: the test
@@ -121,13 +133,13 @@ class Deployment:
 
     def _write_overlay(self):
         os.makedirs(self.overlay, exist_ok=True)
-        with open(os.path.join(DEPLOY, "imagegc.toml")) as f:
+        with open(os.path.join(self.deploy, "imagegc.toml")) as f:
             toml = edit_toml(f.read(), self.config)
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
-            "resources": [os.path.relpath(DEPLOY, self.overlay)],
-            "components": [os.path.relpath(os.path.join(DEPLOY, "components", c), self.overlay)
+            "resources": [os.path.relpath(self.deploy, self.overlay)],
+            "components": [os.path.relpath(os.path.join(self.deploy, "components", c), self.overlay)
                            for c in self.components],
             "patches": [
                 {"target": {"kind": "DaemonSet", "name": "imagegc"}, "patch": json.dumps(self._daemonset_patch())},
@@ -135,6 +147,10 @@ class Deployment:
                  "patch": json.dumps([{"op": "replace", "path": "/data/imagegc.toml", "value": toml}])},
             ],
         }
+        if self.image:
+            # README's overlay: the image by the operator's name and tag.
+            kustomization["images"] = [{"name": "ghcr.io/imagegc/imagegc", "newName": self.image[0],
+                                        "newTag": self.image[1]}]
         if "kubelet-config" in self.components:
             # The kubelet's file where the test cluster has it (the component
             # names kubeadm's path); mounted at the component's path in the
@@ -154,14 +170,18 @@ class Deployment:
     HELM_KEYS = {"gc.max_age": "gc.maxAge", "gc.interval": "gc.interval", "gc.min_age": "gc.minAge",
                  "gc.high_threshold_percent": "gc.highThresholdPercent",
                  "gc.low_threshold_percent": "gc.lowThresholdPercent",
-                 "gc.usage_poll_interval": "gc.usagePollInterval", "gc.image_fs_path": "gc.imageFsPath"}
+                 "gc.usage_poll_interval": "gc.usagePollInterval", "gc.image_fs_path": "gc.imageFsPath",
+                 "protect.images": "protect.images"}
 
     def _helm_values(self):
         c = self.cluster
         values = {"image": {"pullPolicy": "Never"},
                   "runtime": {"socketDir": c.socket_dir, "endpoint": f"unix://{c.socket}",
-                              "rootDir": c.runtime_root},
-                  "stateHostPath": self.state_dir}
+                              "rootDir": c.runtime_root}}
+        if self.state_dir is not None:
+            values["stateHostPath"] = self.state_dir
+        if self.image:
+            values["image"].update(repository=self.image[0], tag=self.image[1])
         for key, value in self.config.items():
             section, leaf = self.HELM_KEYS[key].split(".")
             values.setdefault(section, {})[leaf] = value
@@ -181,7 +201,8 @@ class Deployment:
         else:
             # On CRI-O, the chart's values for it first, as README says; the
             # test bed's paths over them.
-            runtime_values = (["--values", os.path.join(CHART, "runtimes", "crio.yaml")]
+            chart_dir = self.chart if os.path.isdir(self.chart) else CHART
+            runtime_values = (["--values", os.path.join(chart_dir, "runtimes", "crio.yaml")]
                               if self.cluster.runtime == "crio" else [])
             self.cluster.helm("upgrade", "--install", "imagegc", self.chart, "--namespace", self.namespace,
                               "--create-namespace", *runtime_values, "--values", self._helm_values(), "--wait",
