@@ -272,10 +272,9 @@ class Node:
         return flat(tomllib.loads(out))
 
 
-def defaults(binary):
+def defaults(binary, scratch):
     """The configuration `binary` takes with nothing set (its state
-    directory aside: a scratch one)."""
-    scratch = os.path.join(os.path.dirname(binary), "defaults-check")
+    directory aside: `scratch`)."""
     os.makedirs(scratch, exist_ok=True)
     path = os.path.join(scratch, "empty.toml")
     with open(path, "w") as f:
@@ -298,7 +297,8 @@ def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls
     # The operator's checkout of the release: its deploy/ and chart.
     checkout = cluster.path("work", f"operator-{how}")
     deploy = releases.operator_deploy(b.old_deploy, os.path.join(checkout, "deploy"))
-    d = Deployment(cluster, f"release-{how}", how, HISTORY_CONFIG, deploy=deploy,
+    # In README's namespace: its Helm command names it.
+    d = Deployment(cluster, f"release-{how}", how, HISTORY_CONFIG, namespace="imagegc", deploy=deploy,
                    chart=os.path.join(deploy, "helm", "imagegc"), image=(releases.REPOSITORY, RELEASE), state_dir=None)
     node = Node(cluster, d)
     app = w.workload_image(cluster, "upgrade-app")
@@ -338,15 +338,14 @@ def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls
         config = node.config()
         phase("0.1.0 installed, used, an image removed and journaled")
 
-        # --- README's upgrade, as written
+        # --- README's upgrade, as written: from the operator's checkout at
+        # the new release, newTag and `kubectl apply -k`, or its Helm command.
+        releases.operator_deploy(DEPLOY, deploy)
         if how == "kustomize":
-            # The operator's checkout at the new release, and newTag.
-            releases.operator_deploy(DEPLOY, deploy)
             set_new_tag(d.overlay, b.new_tag)
             cluster.kubectl("apply", "-k", d.overlay)
         else:
-            cluster.helm("upgrade", "imagegc", CHART, "--namespace", d.namespace, "--reset-then-reuse-values",
-                         "--set", f"image.tag={b.new_tag}")
+            readme_helm_upgrade(cluster, checkout, b.new_tag)
         rolled(cluster, d, b.new_ref)
         phase("upgrade: the new pod Ready")
         pods = node.runs(b.new_ref, b.new_version)
@@ -364,7 +363,8 @@ def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls
         new_config = node.config()
         changed = {k: (v, new_config.get(k)) for k, v in config.items() if new_config.get(k) != v}
         assert changed == {}, f"the upgrade changed configured values: {changed}"
-        fresh = defaults(os.path.join(releases.target_dir(), releases.MUSL, "release", "imagegc"))
+        fresh = defaults(os.path.join(releases.target_dir(), releases.MUSL, "release", "imagegc"),
+                         cluster.path("work", "defaults-check"))
         added = {k: (v, fresh.get(k)) for k, v in new_config.items() if k not in config and fresh.get(k) != v}
         assert added == {}, f"keys the release lacked that do not take their defaults: {added}"
         assert cluster.image_ids() == images, (images - cluster.image_ids(), cluster.image_ids() - images)
@@ -374,13 +374,12 @@ def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls
         # --- the rollback, the same way
         written = after[0]
         kept = written in changelog_reads(RELEASE)
+        releases.operator_deploy(b.old_deploy, deploy)
         if how == "kustomize":
-            releases.operator_deploy(b.old_deploy, deploy)
             set_new_tag(d.overlay, RELEASE)
             cluster.kubectl("apply", "-k", d.overlay)
         else:
-            cluster.helm("upgrade", "imagegc", os.path.join(deploy, "helm", "imagegc"), "--namespace", d.namespace,
-                         "--reset-then-reuse-values", "--set", f"image.tag={RELEASE}")
+            readme_helm_upgrade(cluster, checkout, RELEASE)
         rolled(cluster, d, b.old_ref)
         phase("rollback: the 0.1.0 pod Ready")
         node.runs(b.old_ref, b.old_version)
@@ -407,6 +406,22 @@ def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls
         if state_dir:
             shutil.rmtree(state_dir, ignore_errors=True)
         phase("teardown")
+
+
+def readme_helm_upgrade(cluster, checkout, tag):
+    """README's Helm upgrade command (its Upgrade section's block), NEW
+    being `tag`, run with bash from the operator's checkout."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        section = f.read().split("\n## Upgrade\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert "image.tag=NEW" in block, block
+    env = dict(os.environ, KUBECONFIG=cluster.kubeconfig,
+               PATH=f"{os.environ['IMAGEGC_KUBERNETES_BIN']}:{os.environ['PATH']}",
+               HELM_CACHE_HOME=cluster.path("work", "helm-cache"), HELM_CONFIG_HOME=cluster.path("work", "helm-config"),
+               HELM_DATA_HOME=cluster.path("work", "helm-data"))
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", block.replace("NEW", tag)], cwd=checkout, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, f"README's upgrade exited {p.returncode}:\n{block}\n{p.stdout}\n{p.stderr}"
 
 
 def set_new_tag(overlay, tag):
