@@ -23,6 +23,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import releases  # noqa: E402
 from cluster import IMAGEGC_IMAGE, RUNTIMES, Cluster  # noqa: E402
 from deploy import DEPLOY, REPO, Prometheus  # noqa: E402
 
@@ -106,6 +107,17 @@ def _scenario_time(request):
     started = time.monotonic()
     yield
     record(request.node.nodeid.split("::", 1)[-1], time.monotonic() - started)
+
+
+def pytest_collection_finish(session):
+    """The release image the upgrade scenario (test_8_upgrade.py) starts
+    from is built in the background, from now on, when it is to run."""
+    if any("release_builds" in getattr(item, "fixturenames", ()) for item in session.items):
+        releases.start_release_image()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    releases.join_release_build()
 
 
 _SESSION_START = time.monotonic()

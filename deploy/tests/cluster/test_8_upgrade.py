@@ -110,8 +110,7 @@ def test_upgrade_from_an_earlier_chart_takes_new_defaults_and_keeps_the_users_va
 
 # --- between two releases ---------------------------------------------------
 
-RELEASE = "0.1.0"
-RELEASE_COMMIT = "91b87e11c56f7f666c9e5cc95382b16b9c462f67"
+RELEASE = releases.RELEASE
 CHANGELOG = os.path.join(REPO, "CHANGELOG.md")
 # The test's settings: cycles every 5 s and age removal after 20 s, so that
 # the release has removed a used image before the upgrade; imagegc's own
@@ -134,8 +133,8 @@ class Builds:
 
     def __init__(self, cluster):
         timings = {}
-        self.old_tar, self.old_version = releases.release_image(f"release-{RELEASE}", RELEASE_COMMIT, RELEASE,
-                                                                timings)
+        # Started in the background when the session collected this scenario.
+        self.old_tar, self.old_version = releases.wait_release_image(timings)
         self.new_tar, self.new_ref, self.new_version = releases.current_image(timings)
         self.old_ref = f"{releases.REPOSITORY}:{RELEASE}"
         self.new_tag = self.new_ref.rsplit(":", 1)[1]
@@ -143,13 +142,14 @@ class Builds:
         cluster.import_oci(self.old_tar, self.old_ref, all_platforms=True)
         cluster.import_oci(self.new_tar, self.new_ref, all_platforms=True)
         timings["both images onto the node"] = time.monotonic() - started
-        self.old_deploy = releases.release_tree(RELEASE_COMMIT, "deploy", cluster.path("work", f"release-{RELEASE}"))
+        self.old_deploy = releases.release_tree(releases.RELEASE_COMMIT, "deploy",
+                                                cluster.path("work", f"release-{RELEASE}"))
         for what, seconds in timings.items():
             record(f"upgrade, images: {what}", seconds)
 
 
 @pytest.fixture(scope="module")
-def builds(cluster):
+def release_builds(cluster):
     b = Builds(cluster)
     yield b
     cluster.remove_images([b.old_ref, b.new_ref])
@@ -163,7 +163,7 @@ def state_path(d):
 
 
 def write_state(directory, removed):
-    """A state file in the format 0.1.0 writes (CHANGELOG: version 7): no
+    """A state file of version 7, the one 0.1.0 writes (CHANGELOG): no
     records, `removed` remembered."""
     os.makedirs(directory, mode=0o700)
     now = int(time.time() * 1000)
@@ -225,14 +225,15 @@ def build_info(samples):
     return [labels for name, labels, _ in samples if name == "imagegc_build_info"]
 
 
-def changelog_reads(version):
-    """The state file versions `version` reads, as its CHANGELOG section says."""
+def changelog_state_versions(version):
+    """(the state file versions `version` reads, the one it writes), as its
+    CHANGELOG section says ("reads versions 1 to 7 and writes version 7")."""
     with open(CHANGELOG) as f:
         text = f.read()
     section = text.split(f"## [{version}]", 1)[1].split("\n## [", 1)[0]
-    m = re.search(r"reads\s+versions\s+(\d+)\s+to\s+(\d+)", section)
-    assert m, f"CHANGELOG's {version} section names no state file versions it reads"
-    return range(int(m.group(1)), int(m.group(2)) + 1)
+    m = re.search(r"reads\s+versions\s+(\d+)\s+to\s+(\d+)\s+and\s+writes\s+version\s+(\d+)", section)
+    assert m, f"CHANGELOG's {version} section names no state file versions it reads and writes"
+    return range(int(m.group(1)), int(m.group(2)) + 1), int(m.group(3))
 
 
 class Node:
@@ -285,8 +286,8 @@ def defaults(binary, scratch):
 
 
 @pytest.mark.parametrize("how", ["kustomize", "helm"])
-def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls_back(cluster, builds, how):
-    b = builds
+def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls_back(cluster, release_builds, how):
+    b = release_builds
     phase_started = time.monotonic()
 
     def phase(name):
@@ -331,7 +332,8 @@ def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls
             return bare(cluster.images()[app]) in s[2] and victim_id in {bare(i) for i in remembered} \
                 and REMEMBERED[0] in remembered and s
         before = wait_for("the state file saved with the records and the removal", saved_with_history, 30, 1)
-        assert before[0] == 7 and set_aside(state_dir) == [], (before[0], set_aside(state_dir))
+        reads, writes = changelog_state_versions(RELEASE)
+        assert before[0] == writes and set_aside(state_dir) == [], (before[0], writes, set_aside(state_dir))
         # Nothing is due any more: what the node has now must stay.
         images = w.until_still("the node's images to hold still", cluster.image_ids, 6, 60)
         history = d.history()
@@ -373,7 +375,7 @@ def test_an_upgrade_from_the_last_release_keeps_its_history_and_images_and_rolls
 
         # --- the rollback, the same way
         written = after[0]
-        kept = written in changelog_reads(RELEASE)
+        kept = written in reads
         releases.operator_deploy(b.old_deploy, deploy)
         if how == "kustomize":
             set_new_tag(d.overlay, RELEASE)
