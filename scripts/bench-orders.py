@@ -7,6 +7,7 @@ and, when SEEDS has seed 1, the sweeps of CI popularity and rollbacks.
     cargo build --release
     scripts/bench-orders.py [target/release/imagegc]      # 17 s on 2 cores
     SEEDS=6,7,8,9,10 QUIET=1 scripts/bench-orders.py      # the summary only
+    AUTO=1 SEEDS=1,2,3 scripts/bench-orders.py            # gc.order = "auto" as "imagegc", beside the three (about 25 min)
 
 Bytes pulled again in GB (10^9). A mark after a figure: K, more than the
 kubelet; k, the same where the kubelet pulled less than the offline
@@ -16,18 +17,24 @@ hours above high than either. "closes" is the mean share of the gap
 between least recently used and the offline schedule an order closes, over
 the runs where that gap is over 0.5 GB."""
 import json, subprocess, sys, concurrent.futures as cf
-import os
+import os, tempfile
 QUIET = os.environ.get("QUIET")
+CONFIG = []
+if os.environ.get("AUTO"):
+    auto = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    auto.write('[gc]\norder = "auto"\n')
+    auto.close()
+    CONFIG = ["--config", auto.name]
 BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/imagegc"
 SEEDS = [int(x) for x in os.environ.get("SEEDS", "1,2,3,4,5").split(",")]
-runs = [(w, s, []) for w in ["service", "ci", "batch", "mixed"] for s in SEEDS]
+runs = [(w, s, []) for w in ["service", "ci", "batch", "mixed", "preview"] for s in SEEDS]
 # The sweeps run on seed 1 only: with the block that has it.
 if 1 in SEEDS:
     runs += [(w, 1, ["--zipf-alpha", a]) for w in ["ci", "mixed"] for a in ["0.6", "1.2"]]
     runs += [(w, 1, ["--rollback", r]) for w in ["service", "mixed"] for r in ["0", "0.1"]]
 def one(run):
     w, s, extra = run
-    out = subprocess.run([BIN, "simulate", "--workload", w, "--seed", str(s), "--output", "json", *extra],
+    out = subprocess.run([BIN, "simulate", *CONFIG, "--workload", w, "--seed", str(s), "--output", "json", *extra],
                          capture_output=True, text=True, check=True).stdout
     return run, json.loads(out)
 rows = []

@@ -42,8 +42,13 @@ struct PlanJson<'a> {
     low_threshold_percent: u8,
     space_pass: bool,
     bytes_to_free: u64,
-    /// `gc.order`: the order of the space removals.
+    /// The order of the space removals in force: `gc.order`, or the one
+    /// `gc.order = "auto"` chose.
     order: &'static str,
+    /// With `gc.order = "auto"`: why that order ("auto: reuse: 12 GiB
+    /// pulled again over the last 7d, against ...").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    order_chosen: Option<String>,
     space_unreachable: Option<SpaceOutlook>,
     /// Why no space pass would run: the measured filesystem is not the
     /// runtime's image filesystem.
@@ -225,11 +230,35 @@ fn frees_in_order(mut freeing: policy::Freeing, plan: &Plan, forecast: Option<&F
         .collect()
 }
 
+/// The order of space removals in force: `gc.order`, or when that is
+/// `auto`, the order the daemon chose (`order.json` in the state
+/// directory) and why, [`Order::PRIOR`] before it chose one.
+fn order_in_force(config: &Config) -> (Order, Option<String>) {
+    if config.gc.order != Order::Auto {
+        return (config.gc.order, None);
+    }
+    match crate::daemon::auto::load(&config.state.dir) {
+        Ok(Some(saved)) => (
+            saved.judgement.order,
+            Some(format!("auto: {}", saved.judgement.describe())),
+        ),
+        Ok(None) => (
+            Order::PRIOR,
+            Some(format!(
+                "auto: {}, until the daemon has judged a day of the node's usage",
+                Order::PRIOR.as_str()
+            )),
+        ),
+        Err(e) => (Order::PRIOR, Some(format!("auto: {} ({e})", Order::PRIOR.as_str()))),
+    }
+}
+
 /// The daemon's collector, writing nothing: its observe, its records, its
 /// cycle's plan. What the daemon learnt of each container and pod costs
 /// no call.
 fn read_only_collector(runtime: CriClient, config: &Config, pods: &Protections, clock: Clock) -> Collector<CriClient> {
-    let settings = Settings::from(config);
+    let mut settings = Settings::from(config);
+    settings.policy = Arc::new(settings.policy.with_order(order_in_force(config).0));
     let restored = Restored::load_from(
         StateStore::new(&config.state.dir).read_only(),
         &config.state.dir,
@@ -295,7 +324,8 @@ struct Shown<'a> {
 impl Shown<'_> {
     /// `plan --output json`.
     fn json<'s>(&'s self, config: &'s Config) -> PlanJson<'s> {
-        let (plan, order, now) = (self.plan, config.gc.order, self.now);
+        let (plan, now) = (self.plan, self.now);
+        let (order, order_chosen) = order_in_force(config);
         PlanJson {
             time: rfc3339(now),
             dry_run: config.gc.dry_run,
@@ -313,6 +343,7 @@ impl Shown<'_> {
             space_pass: self.view.space_pass,
             bytes_to_free: self.view.bytes_to_free,
             order: order.as_str(),
+            order_chosen,
             space_unreachable: self.outlook,
             image_fs_mismatch: self.mismatch.as_deref(),
             headroom: self.headroom.as_ref(),
@@ -367,7 +398,13 @@ impl Shown<'_> {
             self.in_force.1,
             config,
         ));
-        text.push_str(&removals_text(plan, &self.view, &self.frees, config.gc.order, now));
+        text.push_str(&removals_text(
+            plan,
+            &self.view,
+            &self.frees,
+            order_in_force(config),
+            now,
+        ));
         text.push_str(&kept_text(plan));
         let unused_later = if self.view.space_pass { 0 } else { plan.space.len() };
         if unused_later > 0 {
@@ -476,7 +513,13 @@ fn summary(
 }
 
 /// The removals in order, and how many more a short estimate would take.
-fn removals_text(plan: &Plan, view: &PlanView, frees: &[u64], order: Order, now: SystemTime) -> String {
+fn removals_text(
+    plan: &Plan,
+    view: &PlanView,
+    frees: &[u64],
+    (order, chosen): (Order, Option<String>),
+    now: SystemTime,
+) -> String {
     let mut text = String::new();
     let reuse = policy::order::of(order).goes_by_expected_back();
     let mut table = if reuse {
@@ -523,11 +566,18 @@ fn removals_text(plan: &Plan, view: &PlanView, frees: &[u64], order: Order, now:
                  FREES is the estimate: reported sizes by what the runtime keeps on disk per reported byte, \
                  layers other images share counted once, where the runtime names them)\n",
             );
-            text.push_str(&format!(
-                "(space removals in the order of gc.order = \"{}\": {})\n",
-                order.as_str(),
-                policy::order::of(order).explain()
-            ));
+            text.push_str(&match chosen {
+                Some(chosen) => format!(
+                    "(space removals in the order gc.order = \"auto\" chose, {}: {}; {chosen})\n",
+                    order.as_str(),
+                    policy::order::of(order).explain()
+                ),
+                None => format!(
+                    "(space removals in the order of gc.order = \"{}\": {})\n",
+                    order.as_str(),
+                    policy::order::of(order).explain()
+                ),
+            });
         }
     }
     let further = view.space_further(plan);

@@ -158,16 +158,30 @@ pub enum Order {
     /// use's do, about one usual break from now. It keeps a periodic job's
     /// image that is due soon over one used more recently but not needed
     /// for longer.
-    /// The default: of the three, it pulled least again over the simulated
-    /// workloads, and was behind the kubelet or `Lru` on fewest of them
+    /// The default: of the fixed orders, it pulled least again over the
+    /// simulated workloads, and was behind the kubelet or `Lru` on fewest
+    /// of them; `Auto` choosing among the three did no better
     /// (BENCHMARKS.md).
     #[default]
     Reuse,
+    /// Whichever of the others would have pulled least again over the
+    /// node's own recent usage, replayed at its capacity and thresholds
+    /// each day (see `crate::sim::choose`); [`Order::PRIOR`] until there
+    /// is usage to replay.
+    Auto,
 }
 
 impl Order {
     /// Every order, the kubelet's first.
-    pub const ALL: [Order; 3] = [Order::Lru, Order::SupersededFirst, Order::Reuse];
+    pub const ALL: [Order; 4] = [Order::Lru, Order::SupersededFirst, Order::Reuse, Order::Auto];
+
+    /// The orders `auto` chooses from, the kubelet's first.
+    pub const FIXED: [Order; 3] = [Order::Lru, Order::SupersededFirst, Order::Reuse];
+
+    /// The order `auto` runs before it has usage to judge by: of the
+    /// fixed orders, the one that pulled least again over the simulated
+    /// workloads (BENCHMARKS.md).
+    pub const PRIOR: Order = Order::Reuse;
 
     /// The value as the configuration writes it.
     pub fn as_str(self) -> &'static str {
@@ -175,17 +189,13 @@ impl Order {
             Order::Lru => "lru",
             Order::SupersededFirst => "superseded-first",
             Order::Reuse => "reuse",
+            Order::Auto => "auto",
         }
     }
 
     /// The order a configuration names, if any.
     pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "lru" => Some(Order::Lru),
-            "superseded-first" => Some(Order::SupersededFirst),
-            "reuse" => Some(Order::Reuse),
-            _ => None,
-        }
+        Order::ALL.into_iter().find(|order| order.as_str() == text)
     }
 }
 
@@ -948,12 +958,14 @@ mod tests {
         assert_eq!(
             problems,
             [format!(
-                "{file}: gc.order: must be \"lru\", \"superseded-first\" or \"reuse\", got \"mru\""
+                "{file}: gc.order: must be \"auto\", \"lru\", \"superseded-first\" or \"reuse\", got \"mru\""
             )]
         );
         let (_, result) = load_named("b.toml", "[gc]\norder = \"superseded-first\"\n", &overrides);
         assert_eq!(result.unwrap().gc.order, Order::SupersededFirst);
         assert_eq!(Config::default().gc.order, Order::Reuse);
+        let (_, result) = load_named("d.toml", "[gc]\norder = \"auto\"\n", &overrides);
+        assert_eq!(result.unwrap().gc.order, Order::Auto);
         let (_, result) = load_named("c.toml", "[gc]\norder = \"reuse\"\n", &overrides);
         assert_eq!(result.unwrap().gc.order, Order::Reuse);
     }

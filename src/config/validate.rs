@@ -156,7 +156,7 @@ fn gc_section(raw: RawGc, defaults: &GcConfig, keys: &KeyNames, problems: &mut P
         Some(text) => Order::parse(text).unwrap_or_else(|| {
             problems.push(
                 "gc.order",
-                format!("must be \"lru\", \"superseded-first\" or \"reuse\", got {text:?}"),
+                format!("must be \"auto\", \"lru\", \"superseded-first\" or \"reuse\", got {text:?}"),
             );
             defaults.order
         }),

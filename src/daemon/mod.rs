@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, Order};
 use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
 use crate::engine::{Collector, Settings, Tracking, UsageTracker};
@@ -27,6 +27,7 @@ use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::store::state::StartOnly;
 use crate::time::sleep_until_some;
 
+pub mod auto;
 mod start;
 
 pub use crate::outputs::health::Health;
@@ -126,6 +127,10 @@ pub async fn run<R: Runtime>(
     // A coming pull's size read from its registry (see
     // `kubernetes.registry_manifests`): usage is checked against it at once.
     let mut sized = collector.pull_size_answers();
+    // `gc.order = "auto"`: the order judged from the usage log (see
+    // `auto`), in force from the start when one was judged before.
+    let mut auto = auto::Auto::start(&config.state.dir, collector.clock().now());
+    apply_order(&mut collector, &config, &auto);
 
     loop {
         health.heartbeat();
@@ -142,6 +147,7 @@ pub async fn run<R: Runtime>(
             Some(new_config) = reloads.recv() => {
                 let old_interval = config.gc.interval;
                 apply_reload(&mut collector, &health, &mut config, new_config);
+                apply_order(&mut collector, &config, &auto);
                 if let Some(ended) = interval_from
                     && config.gc.interval != old_interval
                 {
@@ -241,6 +247,16 @@ pub async fn run<R: Runtime>(
             Some(Ok(())) = changed(sized.as_mut()) => {
                 next_check = Instant::now();
             }
+            () = sleep_until_some(auto.due()), if config.gc.order == Order::Auto => {
+                auto.begin(&config, collector.records().len());
+            }
+            judged = auto.finished(collector.clock().now()) => {
+                match judged {
+                    Ok(saved) => info!(order = saved.judgement.order.as_str(), "gc.order = \"auto\": {}", saved.judgement.describe()),
+                    Err(e) => warn!("gc.order = \"auto\": no judgement ({e}); the order in force stays, and the next try is in an hour"),
+                }
+                apply_order(&mut collector, &config, &auto);
+            }
             // Wakes the loop to open the event stream (at its top).
             () = sleep_until_some(reopen_at) => {}
             () = sleep_until(heartbeat_at) => {}
@@ -249,6 +265,21 @@ pub async fn run<R: Runtime>(
     sd_notify("STOPPING=1");
     info!("shutting down: saving state");
     collector.save().await;
+}
+
+/// Puts the order `auto` chose in force, when `gc.order` is `auto` and it
+/// chose one, and says which order is in force (`imagegc_gc_order`).
+fn apply_order<R: Runtime>(collector: &mut Collector<R>, config: &Config, auto: &auto::Auto) {
+    let mut settings = collector.settings().clone();
+    if let Some(order) = auto.order() {
+        settings.policy = Arc::new(settings.policy.with_order(order));
+    }
+    collector
+        .metrics()
+        .set_order(settings.policy.order.as_str(), settings.policy.auto);
+    if config.gc.order == Order::Auto && auto.order().is_some() {
+        collector.set_settings(settings);
+    }
 }
 
 /// The next change of `receiver`; never, without one.

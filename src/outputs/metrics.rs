@@ -108,6 +108,13 @@ struct NodeLabels {
     node: String,
 }
 
+/// The order in force, and whether `auto` chose it (`"true"`, `"false"`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OrderLabels {
+    order: &'static str,
+    auto: &'static str,
+}
+
 /// One CRI call: its method (a literal of the CRI client's) and the gRPC
 /// status code it ended with (a closed set: gRPC's own).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -407,6 +414,7 @@ struct NodeFamilies {
     dry_run: Gauge,
     candidates: Gauge,
     node_info: Family<NodeLabels, Gauge>,
+    order: Family<OrderLabels, Gauge>,
 }
 
 /// The families a finished cycle updates, kept together so a [`CycleTimer`] can
@@ -725,6 +733,14 @@ impl NodeFamilies {
             node_info.clone(),
         );
 
+        let order = Family::<OrderLabels, Gauge>::default();
+        registry.register(
+            "imagegc_gc_order",
+            "Always 1; the order label names the order of space removals in force, the auto label whether \
+             gc.order = \"auto\" chose it from the node's usage",
+            order.clone(),
+        );
+
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "imagegc_build_info",
@@ -744,6 +760,7 @@ impl NodeFamilies {
             dry_run,
             candidates,
             node_info,
+            order,
         }
     }
 }
@@ -983,6 +1000,19 @@ impl Metrics {
         self.node
             .node_info
             .get_or_create(&NodeLabels { node: node.to_owned() })
+            .set(1);
+    }
+
+    /// The order of space removals in force, as `imagegc_gc_order{order,
+    /// auto}`. Only the last set is exported.
+    pub fn set_order(&self, order: &'static str, auto: bool) {
+        self.node.order.clear();
+        self.node
+            .order
+            .get_or_create(&OrderLabels {
+                order,
+                auto: if auto { "true" } else { "false" },
+            })
             .set(1);
     }
 

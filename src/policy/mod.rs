@@ -48,8 +48,13 @@ pub struct GcPolicy {
     /// `gc.max_age`: an image unused for longer is removed whatever the
     /// usage; zero: never.
     pub max_age: Duration,
-    /// `gc.order`: the order of the space candidates.
+    /// The order of the space candidates in force: `gc.order`, or when
+    /// that is `auto`, the order it chose (never [`Order::Auto`] itself:
+    /// [`Order::PRIOR`] until it has chosen).
     pub order: Order,
+    /// Whether `gc.order` is `auto`: the order in force is chosen from the
+    /// node's usage (see [`GcPolicy::with_order`]).
+    pub auto: bool,
     /// Why an image is kept: `protect`, `gc.min_age`.
     pub keep: Rules,
     /// The kubelet's hard eviction line on the image filesystem
@@ -97,6 +102,16 @@ impl GcPolicy {
         pulls
     }
 
+    /// The policy with `order` in force, when `gc.order` is `auto` and
+    /// `order` is one it chooses from (else as it is).
+    pub fn with_order(&self, order: Order) -> Self {
+        let mut policy = self.clone();
+        if self.auto && order != Order::Auto {
+            policy.order = order;
+        }
+        policy
+    }
+
     /// Whether pulls are sized from the journal's removals of the last
     /// [`headroom::HEADROOM_WINDOW`] (for `gc.headroom` or
     /// `kubernetes.room_before_pulls`).
@@ -130,7 +145,11 @@ impl From<&Config> for GcPolicy {
                 gc.high_inodes_percent.zip(gc.low_inodes_percent),
             ),
             max_age: config.gc.max_age,
-            order: config.gc.order,
+            order: match config.gc.order {
+                Order::Auto => Order::PRIOR,
+                order => order,
+            },
+            auto: config.gc.order == Order::Auto,
             keep: Rules::from(config),
             eviction: config.eviction_line(),
             headroom: config.gc.headroom,

@@ -12,14 +12,17 @@
 //!   keep this one model.
 //! - [`trace`]: a node's usage over time (layers, images, container starts
 //!   and stops), synthetic or read from a file of JSON lines.
-//! - [`workload`]: four seeded generators of synthetic traces (a service
-//!   node, a CI runner, a batch node, a mixed node), from published figures.
+//! - [`workload`]: five seeded generators of synthetic traces (a service
+//!   node, a CI runner, a batch node, a mixed node, preview environments),
+//!   from published figures where there are any.
 //! - [`replay`]: a trace played on a simulated node with simulated time
 //!   under imagegc's own planner and space walk, or under the kubelet's
 //!   algorithm, counting the bytes pulled again.
 //! - [`bound`]: the offline lower bound on those bytes (PFOO-L at layer
 //!   granularity); [`compare`]: every policy and the bound on one trace and
 //!   disk; [`plot`]: the comparisons as an SVG chart.
+//! - [`choose`]: `gc.order = "auto"`, the fixed orders judged by replaying
+//!   the recent past, for the daemon and for the replay itself.
 //!
 //! Nothing here does IO (beyond reading and writing a trace through the
 //! caller's reader and writer). The replay runs on simulated time; the
@@ -29,6 +32,7 @@
 //! [`FsProbe`]: crate::fs::FsProbe
 
 pub mod bound;
+pub mod choose;
 pub mod compare;
 mod disk;
 mod node;

@@ -182,6 +182,84 @@ impl Trace {
         self.events.last().map_or(0, |e| e.at)
     }
 
+    /// The part of the trace from `from` to `to` (exclusive), on its own
+    /// clock (`from` is 0), with only the images `keep` keeps: what a node
+    /// saw in that time. A container running at `from` starts at 0; one
+    /// still running at `to` runs on to the end. Only the images and
+    /// layers the part uses are in it, renumbered.
+    pub fn window(&self, from: Seconds, to: Seconds, keep: impl Fn(&TraceImage) -> bool) -> Trace {
+        let mut images: HashMap<u32, u32> = HashMap::new();
+        let mut layers: HashMap<u32, u32> = HashMap::new();
+        let mut part = Trace {
+            capacity: self.capacity,
+            ..Trace::default()
+        };
+        let mut image_of = |part: &mut Trace, image: u32| -> Option<u32> {
+            if let Some(&index) = images.get(&image) {
+                return Some(index);
+            }
+            let def = &self.images[image as usize];
+            if !keep(def) {
+                return None;
+            }
+            let index = part.images.len() as u32;
+            let own = def
+                .layers
+                .iter()
+                .map(|&l| {
+                    *layers.entry(l).or_insert_with(|| {
+                        part.layers.push(self.layers[l as usize]);
+                        (part.layers.len() - 1) as u32
+                    })
+                })
+                .collect();
+            part.images.push(TraceImage {
+                id: def.id.clone(),
+                name: def.name.clone(),
+                layers: own,
+            });
+            images.insert(image, index);
+            Some(index)
+        };
+        // Containers running at `from`, in the order they started.
+        let mut running: Vec<(u64, u32)> = Vec::new();
+        let before = self.events.partition_point(|e| e.at < from);
+        for event in &self.events[..before] {
+            match event.action {
+                Action::Start { container, image } => running.push((container, image)),
+                Action::Stop { container } => running.retain(|&(c, _)| c != container),
+            }
+        }
+        let mut kept: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        for (container, image) in running {
+            if let Some(image) = image_of(&mut part, image) {
+                kept.insert(container);
+                part.events.push(TraceEvent {
+                    at: 0,
+                    action: Action::Start { container, image },
+                });
+            }
+        }
+        for event in self.events[before..].iter().take_while(|e| e.at < to) {
+            let action = match event.action {
+                Action::Start { container, image } => match image_of(&mut part, image) {
+                    Some(image) => {
+                        kept.insert(container);
+                        Action::Start { container, image }
+                    }
+                    None => continue,
+                },
+                Action::Stop { container } if kept.remove(&container) => Action::Stop { container },
+                Action::Stop { .. } => continue,
+            };
+            part.events.push(TraceEvent {
+                at: event.at - from,
+                action,
+            });
+        }
+        part
+    }
+
     /// Sorts the events by time, keeping the order of simultaneous ones.
     pub fn sort(&mut self) {
         self.events.sort_by_key(|e| e.at);
@@ -241,7 +319,17 @@ impl Trace {
     /// Reads a recorded log: its rotated file `PATH.1` first, when there
     /// is one, then `PATH`, as one trace.
     pub fn read_log(path: &Path) -> Result<Trace, TraceFileError> {
-        let mut reader = Reader::default();
+        Trace::read_log_sampled(path, 1.0)
+    }
+
+    /// [`Trace::read_log`], keeping only a sample of `rate` of the images
+    /// (see [`sampled`]) and the containers that name them: what is held
+    /// grows with the sample, not with the log's images.
+    pub fn read_log_sampled(path: &Path, rate: f64) -> Result<Trace, TraceFileError> {
+        let mut reader = Reader {
+            rate,
+            ..Reader::default()
+        };
         let mut rotated = path.as_os_str().to_owned();
         rotated.push(".1");
         let rotated = PathBuf::from(rotated);
@@ -267,8 +355,11 @@ impl Trace {
 
 /// What reading a trace keeps between lines (and between the two files
 /// of a rotated log).
-#[derive(Default)]
 struct Reader {
+    /// The share of the images kept (see [`sampled`]).
+    rate: f64,
+    /// Running containers whose image is not in the sample.
+    unsampled: std::collections::HashSet<String>,
     trace: Trace,
     layers: HashMap<String, u32>,
     images: HashMap<String, u32>,
@@ -276,6 +367,21 @@ struct Reader {
     containers: HashMap<String, (u64, u32)>,
     next_container: u64,
     origin: Option<Seconds>,
+}
+
+impl Default for Reader {
+    fn default() -> Self {
+        Reader {
+            rate: 1.0,
+            unsampled: Default::default(),
+            trace: Trace::default(),
+            layers: HashMap::new(),
+            images: HashMap::new(),
+            containers: HashMap::new(),
+            next_container: 0,
+            origin: None,
+        }
+    }
 }
 
 impl Reader {
@@ -327,7 +433,7 @@ impl Reader {
                 layers: listed,
                 ..
             } => {
-                if self.images.contains_key(&id) {
+                if self.images.contains_key(&id) || !sampled(&id, self.rate) {
                     // Announced again (pulled again after a removal, or
                     // a recording's restart): same layers.
                     return Ok(());
@@ -357,6 +463,9 @@ impl Reader {
             }
             Line::Start { container, image } => self.start(number, at, container, &image)?,
             Line::Stop { container } => {
+                if self.unsampled.remove(&container) {
+                    return Ok(());
+                }
                 let Some((id, _)) = self.containers.remove(&container) else {
                     return Err(TraceError::at(
                         number,
@@ -381,6 +490,7 @@ impl Reader {
                     .map(|(c, (id, _))| (c.clone(), *id))
                     .collect();
                 gone.sort_by_key(|(_, id)| *id);
+                self.unsampled.retain(|c| listed.contains_key(c.as_str()));
                 for (container, id) in gone {
                     self.containers.remove(&container);
                     self.trace.events.push(TraceEvent {
@@ -402,6 +512,10 @@ impl Reader {
 
     /// A container starts naming `image`; one already running on it goes on.
     fn start(&mut self, number: usize, at: Seconds, container: String, image: &str) -> Result<(), TraceError> {
+        if !sampled(image, self.rate) {
+            self.unsampled.insert(container);
+            return Ok(());
+        }
         let Some(&image) = self.images.get(image) else {
             return Err(TraceError::at(
                 number,
@@ -433,6 +547,19 @@ impl Reader {
         self.trace.sort();
         self.trace
     }
+}
+
+/// Whether the image `id` is in a sample of `rate` of the images: by a
+/// hash of the id, so that the same images are in it at every judgement.
+pub fn sampled(id: &str, rate: f64) -> bool {
+    if rate >= 1.0 {
+        return true;
+    }
+    // FNV-1a: stable across builds and platforms.
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    ((hash >> 11) as f64 / (1u64 << 53) as f64) < rate
 }
 
 /// A layer's made-up digest in a written synthetic trace.

@@ -64,11 +64,14 @@ pub enum Kind {
     Batch,
     /// Service, CI and batch at once.
     Mixed,
+    /// Preview environments: a hot set, and images used a few times
+    /// over a few hours, then never again.
+    Preview,
 }
 
 impl Kind {
     /// Every kind, in the order reports list them.
-    pub const ALL: [Kind; 4] = [Kind::Service, Kind::Ci, Kind::Batch, Kind::Mixed];
+    pub const ALL: [Kind; 5] = [Kind::Service, Kind::Ci, Kind::Batch, Kind::Mixed, Kind::Preview];
 
     /// The kind's name on the command line.
     pub fn name(self) -> &'static str {
@@ -77,6 +80,7 @@ impl Kind {
             Kind::Ci => "ci",
             Kind::Batch => "batch",
             Kind::Mixed => "mixed",
+            Kind::Preview => "preview",
         }
     }
 
@@ -131,6 +135,7 @@ impl Kind {
                     },
                 );
             }
+            Kind::Preview => preview(&mut b, until, &PreviewParams::default()),
         }
         b.finish()
     }
@@ -677,6 +682,186 @@ fn batch(b: &mut Builder, until: Seconds, p: &BatchParams) {
     }
 }
 
+struct PreviewParams {
+    services: usize,
+    hot: usize,
+    bases: usize,
+    opened_per_hour: f64,
+    life_median_hours: f64,
+    push_every_hours: f64,
+    merged: f64,
+}
+
+impl Default for PreviewParams {
+    fn default() -> Self {
+        PreviewParams {
+            services: 5,
+            hot: 60,
+            bases: 2,
+            opened_per_hour: 2.0,
+            life_median_hours: 3.0,
+            push_every_hours: 2.0,
+            merged: 0.7,
+        }
+    }
+}
+
+/// Preview environments (see [`Kind::Preview`]).
+fn preview(b: &mut Builder, until: Seconds, p: &PreviewParams) {
+    let hot: Vec<u32> = (0..p.hot)
+        .map(|n| {
+            let bytes = kraken_size(&mut b.rng).min(2.0 * GIB);
+            let count = 2 + b.rng.below(4) as usize;
+            let layers = b.layers_of(bytes, count);
+            b.image(format!("docker.example/dep-{n}:1"), layers)
+        })
+        .collect();
+    let hot_law = Zipf::new(p.hot, 1.0);
+    // Bases, refreshed monthly: (from, layers) per version.
+    let mut bases: Vec<Vec<(Seconds, Vec<u32>)>> = Vec::new();
+    for _ in 0..p.bases {
+        let bytes = b.rng.log_uniform(200e6, 800e6);
+        let count = 3 + b.rng.below(3) as usize;
+        let mut versions = vec![(0, b.layers_of(bytes, count))];
+        let mut t = secs(b.rng.uniform(0.0, 30.0 * DAY as f64));
+        while t < until {
+            versions.push((t, b.layers_of(bytes, count)));
+            t += 30 * DAY;
+        }
+        bases.push(versions);
+    }
+    struct Service {
+        base: usize,
+        deps_bytes: f64,
+        code_bytes: f64,
+        /// The dependencies' layers, and the base version they were built on.
+        deps: (usize, Vec<u32>),
+        /// The image `main` runs now.
+        main: u32,
+        builds: u32,
+    }
+    let base_at = |bases: &[Vec<(Seconds, Vec<u32>)>], base: usize, t: Seconds| {
+        bases[base].partition_point(|(at, _)| *at <= t).saturating_sub(1)
+    };
+    // A build of service `s` at `t`: a new code layer, new dependencies
+    // when the base moved or (one build in five) they changed.
+    let build = |b: &mut Builder,
+                 bases: &[Vec<(Seconds, Vec<u32>)>],
+                 service: &mut Service,
+                 (s, branch): (usize, &str),
+                 t: Seconds| {
+        let version = base_at(bases, service.base, t);
+        if version != service.deps.0 || b.rng.chance(0.1) {
+            let count = service.deps.1.len();
+            service.deps = (version, b.layers_of(service.deps_bytes, count));
+        }
+        let code = b.layer(service.code_bytes);
+        service.builds += 1;
+        let layers = [
+            bases[service.base][version].1.clone(),
+            service.deps.1.clone(),
+            vec![code],
+        ]
+        .concat();
+        b.image(format!("preview.example/{branch}/svc-{s}:b{}", service.builds), layers)
+    };
+    let mut services = Vec::with_capacity(p.services);
+    for s in 0..p.services {
+        let own = b.rng.log_uniform(60e6, 400e6);
+        let count = 2 + b.rng.below(3) as usize;
+        let base = s % p.bases;
+        let deps = b.layers_of(own * 0.9, count);
+        let mut service = Service {
+            base,
+            deps_bytes: own * 0.9,
+            code_bytes: own * 0.1,
+            deps: (0, deps),
+            main: 0,
+            builds: 0,
+        };
+        service.main = build(b, &bases, &mut service, (s, "main"), 0);
+        services.push(service);
+    }
+    // Pull requests: a Poisson process, slower at night and at weekends.
+    let mut merges: Vec<(Seconds, usize, u32)> = Vec::new();
+    let mut t = 0;
+    for pull_request in 1.. {
+        let rate = p.opened_per_hour * ci_rate(t);
+        t += secs(b.rng.exponential(HOUR as f64 / rate)).max(1);
+        if t >= until {
+            break;
+        }
+        // Merges that happened by now move `main`.
+        merges.sort_unstable();
+        let done = merges.partition_point(|&(at, _, _)| at <= t);
+        for (_, s, image) in merges.drain(..done) {
+            services[s].main = image;
+        }
+        let life = secs(b.rng.lognormal(
+            p.life_median_hours * HOUR as f64,
+            4.0 * p.life_median_hours * HOUR as f64,
+        ))
+        .clamp(30 * MINUTE, 2 * DAY);
+        let end = t + life;
+        let changed_count = 1 + b.rng.below(3) as usize;
+        let mut changed: Vec<usize> = Vec::with_capacity(changed_count);
+        while changed.len() < changed_count.min(p.services) {
+            let s = b.rng.below(p.services as u64) as usize;
+            if !changed.contains(&s) {
+                changed.push(s);
+            }
+        }
+        // Pushes in its life, each a new build of the services it changes.
+        let mut pushes = vec![t];
+        let mut at = t + secs(b.rng.exponential(p.push_every_hours * HOUR as f64));
+        while at < end {
+            pushes.push(at);
+            at += secs(b.rng.exponential(p.push_every_hours * HOUR as f64)).max(MINUTE);
+        }
+        let mut images_at: Vec<(Seconds, Vec<u32>)> = Vec::with_capacity(pushes.len());
+        let branch = format!("pr-{pull_request}");
+        for &at in &pushes {
+            let own: Vec<u32> = changed
+                .iter()
+                .map(|&s| build(b, &bases, &mut services[s], (s, &branch), at))
+                .collect();
+            images_at.push((at, own));
+        }
+        let unchanged: Vec<u32> = (0..p.services)
+            .filter(|s| !changed.contains(s))
+            .map(|s| services[s].main)
+            .collect();
+        // Wakes: the first when it opens, the others at random in its life.
+        let wakes = 2 + b.rng.below(5);
+        let mut starts: Vec<Seconds> = vec![t];
+        starts.extend((1..wakes).map(|_| t + b.rng.below(life.max(1))));
+        starts.sort_unstable();
+        for start in starts {
+            let length = secs(b.rng.uniform(10.0, 60.0) * MINUTE as f64);
+            let i = images_at.partition_point(|(at, _)| *at <= start).saturating_sub(1);
+            for &image in &images_at[i].1 {
+                b.run(image, start, start + length);
+            }
+            // The services it does not change, one of them in two.
+            for &image in &unchanged {
+                if b.rng.chance(0.5) {
+                    b.run(image, start, start + length);
+                }
+            }
+            for _ in 0..1 + b.rng.below(3) {
+                let image = hot[hot_law.sample(&mut b.rng)];
+                b.run(image, start, start + length);
+            }
+        }
+        if b.rng.chance(p.merged) {
+            let last = images_at.last().map(|(_, own)| own.clone()).unwrap_or_default();
+            for (&s, image) in changed.iter().zip(last) {
+                merges.push((end, s, image));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -755,6 +940,31 @@ mod tests {
             .min()
             .unwrap();
         assert!(smallest as f64 >= 0.4 * GIB, "{smallest}");
+        // Preview: most images are used a few times within two days of
+        // their first use, never after; a hot set is used all month.
+        let preview = Kind::Preview.generate(3, days);
+        let mut spans: HashMap<u32, (u32, Seconds, Seconds)> = HashMap::new();
+        for e in &preview.events {
+            if let Action::Start { image, .. } = e.action {
+                let span = spans.entry(image).or_insert((0, e.at, e.at));
+                span.0 += 1;
+                span.2 = e.at;
+            }
+        }
+        let brief = spans
+            .values()
+            .filter(|&&(n, first, last)| n <= 12 && last - first <= 2 * DAY)
+            .count();
+        assert!(
+            brief * 10 >= spans.len() * 8,
+            "{brief} of {} images used briefly",
+            spans.len()
+        );
+        let hot = spans
+            .values()
+            .filter(|&&(n, first, last)| n > 100 && last - first > 20 * DAY)
+            .count();
+        assert!(hot >= 5, "{hot} hot images");
         // Every workload pulls more over a month than it ever has in use
         // at once: which images a collector keeps matters.
         for kind in Kind::ALL {

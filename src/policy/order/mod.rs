@@ -52,5 +52,7 @@ pub fn of(order: Order) -> &'static dyn SpaceOrder {
         Order::Lru => &lru::Lru,
         Order::SupersededFirst => &superseded_first::SupersededFirst,
         Order::Reuse => &reuse::Reuse,
+        // The policy resolves `auto` before it plans (`GcPolicy::order`).
+        Order::Auto => of(Order::PRIOR),
     }
 }
