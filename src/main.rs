@@ -29,13 +29,13 @@ fn main() -> ExitCode {
     };
     if let Err(err) = init_logging(&cli) {
         eprintln!("imagegc: --log-level: {err}");
-        return ExitCode::from(2);
+        return ExitCode::from(imagegc::cli::exit::CONFIG);
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(err) => {
             eprintln!("imagegc: cannot start the async runtime: {err}");
-            return ExitCode::from(1);
+            return ExitCode::from(imagegc::cli::exit::FAILED);
         }
     };
     let result = runtime.block_on(async {

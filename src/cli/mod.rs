@@ -196,16 +196,34 @@ impl CliError {
     /// holds the state directory, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Config(_) | CliError::Usage(_) => 2,
-            CliError::State(StateError::Unsafe { .. }) => 2,
-            CliError::State(StateError::Locked { .. }) => 4,
-            CliError::Runtime(_) | CliError::State(_) | CliError::Other(_) => 1,
+            CliError::Config(_) | CliError::Usage(_) => exit::CONFIG,
+            CliError::State(StateError::Unsafe { .. }) => exit::CONFIG,
+            CliError::State(StateError::Locked { .. }) => exit::LOCKED,
+            CliError::Runtime(_) | CliError::State(_) | CliError::Other(_) => exit::FAILED,
         }
     }
 }
 
 /// What a successful command asks the process to exit with.
 pub type ExitStatus = u8;
+
+/// The exit statuses imagegc uses (README's "Exit codes" table is checked
+/// against [`exit::ALL`]).
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// The runtime could not be reached or answered with an error, or a
+    /// file could not be read or written.
+    pub const FAILED: u8 = 1;
+    /// A configuration or usage error, or an unsafe state directory.
+    pub const CONFIG: u8 = 2;
+    /// `once`: the cycle ran but could not bring usage to the low threshold.
+    pub const LOW_NOT_REACHED: u8 = 3;
+    /// `run`, `once`: another imagegc holds the state directory's lock.
+    pub const LOCKED: u8 = 4;
+    /// Every status, in order.
+    pub const ALL: [u8; 5] = [OK, FAILED, CONFIG, LOW_NOT_REACHED, LOCKED];
+}
 
 /// Loads the configuration from the flags.
 pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
@@ -426,6 +444,14 @@ mod out {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn readme_lists_every_exit_status_and_no_other() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let listed: Vec<String> = crate::testing::readme_table_under(&readme, "#### Exit codes");
+        let codes: Vec<String> = super::exit::ALL.iter().map(u8::to_string).collect();
+        assert_eq!(listed, codes, "README's exit codes table");
+    }
+
     use super::*;
 
     #[test]

@@ -76,7 +76,7 @@ pub async fn once(
     }
     match &report.outcome {
         Outcome::Success | Outcome::Interrupted => Ok(0),
-        Outcome::LowNotReached { .. } => Ok(3),
+        Outcome::LowNotReached { .. } => Ok(super::exit::LOW_NOT_REACHED),
         Outcome::Failed(err) => Err(CliError::Other(anyhow::anyhow!("{err}"))),
     }
 }

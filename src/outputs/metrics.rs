@@ -1496,6 +1496,22 @@ mod reference {
     }
 
     #[test]
+    fn readme_lists_every_node_event_reason_and_no_other() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let listed = crate::testing::readme_table_under(&readme, "#### Node events");
+        let reasons: Vec<&str> = super::NodeEventReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(listed, reasons, "README's Node events table");
+        // The metric's row names every reason too.
+        let row = readme
+            .lines()
+            .find(|line| line.starts_with("| `imagegc_kubernetes_node_events_total"))
+            .unwrap();
+        for reason in reasons {
+            assert!(row.contains(&format!("`{reason}`")), "{reason} missing from {row}");
+        }
+    }
+
+    #[test]
     fn readme_documents_every_metric_the_registry_exports_and_no_other() {
         let (registered, documented) = (registered(), documented());
         let undocumented: Vec<&String> = registered.difference(&documented).collect();

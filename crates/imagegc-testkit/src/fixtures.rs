@@ -176,3 +176,19 @@ pub fn readme_table_names(readme: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// The first cells of the rows of the first table under the heading
+/// `heading` (a whole line, `#### Exit codes`) in `readme`, backticks
+/// removed: the table's header and separator left out.
+pub fn readme_table_under(readme: &str, heading: &str) -> Vec<String> {
+    readme
+        .lines()
+        .skip_while(|line| line.trim() != heading)
+        .skip(1)
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .skip(2)
+        .filter_map(|line| line.trim_start_matches('|').split('|').next())
+        .map(|cell| cell.trim().trim_matches('`').to_string())
+        .collect()
+}
