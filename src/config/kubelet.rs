@@ -203,6 +203,12 @@ fn read_node_kubelet(
     if let Some((path, _, key)) = dir {
         let files = match drop_ins(path) {
             Ok(files) => files,
+            // Beside a configuration file read, a drop-in directory that
+            // does not exist holds no drop-ins: the kubelet is given
+            // --config-dir only where it exists (EKS's nodeadm writes
+            // config.json.d only for a node group's own kubelet settings),
+            // so one component serves every node group.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound && !sources.is_empty() => Vec::new(),
             Err(err) => {
                 config.warnings.push(unreadable(path, key, &err, "drop-in directory"));
                 return None;
@@ -888,6 +894,34 @@ mod tests {
     }
 
     const GC_OFF: &str = "imageGCHighThresholdPercent: 100\nimageMaximumGCAge: 0s\n";
+
+    /// A node group with no kubelet settings of its own has no drop-in
+    /// directory (EKS AL2023 without `spec.kubelet.config`): beside the
+    /// configuration file, that is no drop-ins, not a file unread.
+    #[test]
+    fn a_missing_drop_in_directory_beside_a_configuration_file_holds_no_drop_ins() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("config.json");
+        std::fs::write(
+            &main,
+            "{\"kind\": \"KubeletConfiguration\", \"imageGCHighThresholdPercent\": 100}",
+        )
+        .unwrap();
+        let imagegc = dir.path().join("imagegc.toml");
+        std::fs::write(
+            &imagegc,
+            format!(
+                "[gc]\nhigh_threshold_percent = 80\nlow_threshold_percent = 50\n[kubelet]\nconfig = {:?}\nconfig_dir = {:?}\n",
+                main.display().to_string(),
+                dir.path().join("config.json.d").display().to_string()
+            ),
+        )
+        .unwrap();
+        let config = load(Some(&imagegc), &Overrides::default()).unwrap();
+        assert!(config.kubelet.read, "{:?}", config.warnings);
+        assert!(!config.kubelet.image_gc_enabled, "the file's setting is read");
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    }
 
     /// EKS (AL2023) keeps /etc/kubernetes/kubelet/config.json, JSON indented
     /// with tabs, and nodeadm's drop-ins in config.json.d: a drop-in that
