@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Order};
 
-use super::replay::{Imagegc, replay};
+use super::replay::{Imagegc, Node, Policy, replay};
 use super::trace::{Seconds, Trace, sampled};
 
 /// How far back a judgement looks: a week, the period of weekly jobs and
@@ -201,6 +201,68 @@ pub fn judge_sampled(
     }
 }
 
+/// imagegc with `gc.order = "auto"` in a replay: an [`Imagegc`] whose
+/// order is judged again every [`EVERY`] on the trace up to then (what
+/// the daemon's usage log would hold: only the past), at the node's disk.
+pub struct Auto<'c> {
+    imagegc: Imagegc<'c>,
+    config: &'c Config,
+    trace: &'c Trace,
+    due: Seconds,
+    /// The judgements made, with their times.
+    pub judgements: Vec<(Seconds, Judgement)>,
+}
+
+impl<'c> Auto<'c> {
+    /// `auto` with `config`, named `label` in reports, over `trace`.
+    pub fn new(config: &'c Config, label: impl Into<String>, trace: &'c Trace) -> Self {
+        Auto {
+            imagegc: Imagegc::new(config, label, trace),
+            config,
+            trace,
+            due: EVERY,
+            judgements: Vec::new(),
+        }
+    }
+}
+
+impl Policy for Auto<'_> {
+    fn name(&self) -> String {
+        self.imagegc.name()
+    }
+
+    fn next_wake(&self) -> Seconds {
+        self.imagegc.next_wake()
+    }
+
+    fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
+        if t >= self.due {
+            let (capacity, other) = node.disk();
+            let judgement = judge_window(self.trace, t, capacity, other, self.config, self.imagegc.order());
+            self.imagegc.set_order(judgement.order);
+            self.judgements.push((t, judgement));
+            self.due = t + EVERY;
+        }
+        self.imagegc.wake(t, node);
+    }
+
+    fn coming(&mut self, t: Seconds, image: u32, node: &mut Node<'_>) {
+        self.imagegc.coming(t, image, node);
+    }
+
+    fn used(&mut self, t: Seconds, image: u32, started: bool, node: &Node<'_>) {
+        self.imagegc.used(t, image, started, node);
+    }
+
+    fn quiet_until(&self, node: &Node<'_>) -> Option<Seconds> {
+        self.imagegc.quiet_until(node)
+    }
+
+    fn skip_to(&mut self, last_skipped: Seconds, to: Seconds, node: &Node<'_>) {
+        self.imagegc.skip_to(last_skipped, to, node);
+    }
+}
+
 /// An order as the configuration writes it.
 mod order_name {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -269,6 +331,26 @@ mod tests {
         let later = judge_window(&trace, 10 * day, 40_000_000_000, 0, &config, Order::PRIOR);
         assert_eq!(later.window_secs, WINDOW.min(10 * day));
         assert_eq!(later.sampled, 1.0);
+    }
+
+    #[test]
+    fn auto_in_a_replay_judges_once_a_day_on_the_past_only() {
+        use crate::sim::workload::Kind;
+        let trace = Kind::Preview.generate(2, 3);
+        let mut config = Config::default();
+        config.gc.order = Order::Auto;
+        let capacity = trace.unique_bytes() / 3;
+        let mut auto = Auto::new(&config, "auto", &trace);
+        let tally = replay(&trace, capacity, capacity / 10, &config, &mut auto);
+        assert_eq!(tally.policy, "auto");
+        let times: Vec<Seconds> = auto.judgements.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times.len(), 2, "{times:?}");
+        assert!(times[0] >= EVERY && times[1] >= times[0] + EVERY, "{times:?}");
+        for (t, judgement) in &auto.judgements {
+            // The whole past, no more (shorter than a window).
+            assert_eq!(judgement.window_secs, *t);
+            assert_eq!(judgement.figures.len(), Order::FIXED.len());
+        }
     }
 
     #[test]

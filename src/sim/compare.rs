@@ -5,7 +5,8 @@
 use crate::config::{Config, Order};
 
 use super::bound::{Bound, pfoo_l};
-use super::replay::{Belady, Imagegc, Kubelet, Tally, replay};
+use super::choose::Auto;
+use super::replay::{Belady, Imagegc, Kubelet, Policy, Tally, replay};
 use super::trace::Trace;
 
 /// The comparison on one trace at one disk size.
@@ -33,7 +34,12 @@ impl Comparison {
     pub fn run(trace: &Trace, capacity: u64, other: u64, config: &Config) -> Self {
         let high_line = (u128::from(capacity) * u128::from(config.gc.high_threshold_percent) / 100) as u64;
         let budget = high_line.saturating_sub(other);
-        let mut imagegc = Imagegc::new(config, "imagegc", trace);
+        // `auto` judges its order on the past of the trace as it goes.
+        let mut imagegc: Box<dyn Policy> = if config.gc.order == Order::Auto {
+            Box::new(Auto::new(config, "imagegc", trace))
+        } else {
+            Box::new(Imagegc::new(config, "imagegc", trace))
+        };
         // The other fixed orders, side by side (`auto`, which replays the
         // past under each of them every simulated day, only when asked).
         let others: Vec<Config> = Order::FIXED
@@ -52,7 +58,7 @@ impl Comparison {
             other_bytes: other,
             budget_bytes: budget,
             unique_bytes: trace.unique_bytes(),
-            policies: std::iter::once(replay(trace, capacity, other, config, &mut imagegc))
+            policies: std::iter::once(replay(trace, capacity, other, config, imagegc.as_mut()))
                 .chain(others.iter().map(|order| {
                     let label = format!("imagegc {}", order.gc.order.as_str());
                     replay(trace, capacity, other, order, &mut Imagegc::new(order, label, trace))

@@ -165,6 +165,11 @@ impl<'t> Node<'t> {
         }
     }
 
+    /// The disk's capacity, and the bytes of it that are not images.
+    pub fn disk(&self) -> (u64, u64) {
+        (self.capacity, self.other)
+    }
+
     /// Used bytes: the images' layers and the other data.
     pub fn used(&self) -> u64 {
         self.other.saturating_add(self.image_bytes)
@@ -458,16 +463,11 @@ pub struct Imagegc<'c> {
     /// The largest image of each repository, as the daemon's inventory
     /// keeps it (see [`crate::policy::coming`]).
     repo_sizes: RepoSizes,
-    /// With `gc.order = "auto"`: the trace, of which each judgement
-    /// replays only the past, and when the next judgement is due.
-    auto: Option<(&'c Trace, Seconds)>,
-    /// The judgements made, in order, with their times.
-    pub judgements: Vec<(Seconds, super::choose::Judgement)>,
 }
 
 impl<'c> Imagegc<'c> {
     /// imagegc with `config`, named `label` in reports, over `trace`'s images.
-    pub fn new(config: &'c Config, label: impl Into<String>, trace: &'c Trace) -> Self {
+    pub fn new(config: &'c Config, label: impl Into<String>, trace: &Trace) -> Self {
         let listed: Vec<Image> = trace
             .images
             .iter()
@@ -497,26 +497,18 @@ impl<'c> Imagegc<'c> {
             quiet_until: None,
             largest_pull: None,
             repo_sizes: RepoSizes::default(),
-            auto: (config.gc.order == Order::Auto).then_some((trace, super::choose::EVERY)),
-            judgements: Vec::new(),
         }
     }
 
-    /// With `gc.order = "auto"`, judges the order again when due, on the
-    /// trace up to `t` (what the daemon's usage log would hold), at this
-    /// node's disk.
-    fn judge(&mut self, t: Seconds, node: &Node<'_>) {
-        let Some((trace, due)) = self.auto else {
-            return;
-        };
-        if t < due {
-            return;
-        }
-        let judgement =
-            super::choose::judge_window(trace, t, node.capacity, node.other, self.config, self.policy.order);
-        self.policy = self.policy.with_order(judgement.order);
-        self.auto = Some((trace, t + super::choose::EVERY));
-        self.judgements.push((t, judgement));
+    /// The order of space removals in force.
+    pub fn order(&self) -> Order {
+        self.policy.order
+    }
+
+    /// Puts `order` in force from the next cycle on, with `gc.order =
+    /// "auto"` (see [`GcPolicy::with_order`]).
+    pub fn set_order(&mut self, order: Order) {
+        self.policy = self.policy.with_order(order);
     }
 
     /// Until when cycles that remove nothing go on removing nothing while
@@ -558,7 +550,6 @@ impl<'c> Imagegc<'c> {
     /// One cycle at `t`: observe, plan, age pass, space pass; `coming`:
     /// the pulls it makes room for.
     fn cycle(&mut self, t: Seconds, node: &mut Node<'_>, coming: &[ComingPull]) {
-        self.judge(t, node);
         let now = instant(t);
         let config = self.config;
         node.tally.cycles += 1;
