@@ -314,28 +314,11 @@ fn circles(src: &Path) -> Vec<String> {
     found
 }
 
-/// The circles between files of one module that are known and still to be
-/// taken apart; any other fails the test below.
-const KNOWN_CIRCLES: [&str; 3] = [
-    "config: protect -> raw -> protect",
-    "policy: layers -> space -> layers",
-    "policy: order -> plan -> order",
-];
-
 #[test]
 fn no_two_files_of_a_module_use_each_other() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let found = circles(&src);
-    let new: Vec<&String> = found.iter().filter(|c| !KNOWN_CIRCLES.contains(&c.as_str())).collect();
-    assert!(new.is_empty(), "circles between files of one module:\n{new:#?}");
-    let gone: Vec<&&str> = KNOWN_CIRCLES
-        .iter()
-        .filter(|k| !found.iter().any(|c| c == *k))
-        .collect();
-    assert!(
-        gone.is_empty(),
-        "known circles no longer there (take them off the list): {gone:?}"
-    );
+    assert!(found.is_empty(), "circles between files of one module:\n{found:#?}");
 }
 
 #[test]

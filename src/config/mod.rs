@@ -37,6 +37,7 @@ pub(crate) use kubelet::parse_quantity;
 mod parse;
 mod protect;
 mod raw;
+mod scalar;
 #[cfg(test)]
 mod tests_support;
 mod validate;

@@ -9,7 +9,7 @@
 
 use serde::Deserialize;
 
-use super::raw::RawInt;
+use super::scalar::RawInt;
 use super::{Problems, toml_string};
 
 /// `[protect]`, validated.

@@ -19,6 +19,7 @@ use serde_json::{Map, Value};
 use super::Problems;
 use super::parse::join_key;
 use super::protect::RawProtect;
+pub(super) use super::scalar::RawInt;
 use crate::time::{NEGATIVE_DURATION, parse_duration};
 
 /// The `kind` of a KubeletConfiguration file, which imagegc also reads.
@@ -127,30 +128,6 @@ pub(super) struct RawKubelet {
     /// Read only for the gates of the fields above; the others are the
     /// kubelet's business and are ignored whatever they hold.
     pub(super) feature_gates: Option<Map<String, Value>>,
-}
-
-/// An integer of any size; ranges are checked when building the `Config`,
-/// so that `-1` and `101` get "must be within" rather than a type error.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct RawInt(pub(super) i64);
-
-impl<'de> Deserialize<'de> for RawInt {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct IntVisitor;
-        impl Visitor<'_> for IntVisitor {
-            type Value = RawInt;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an integer")
-            }
-            fn visit_i64<E: de::Error>(self, value: i64) -> Result<RawInt, E> {
-                Ok(RawInt(value))
-            }
-            fn visit_u64<E: de::Error>(self, value: u64) -> Result<RawInt, E> {
-                Ok(RawInt(i64::try_from(value).unwrap_or(i64::MAX)))
-            }
-        }
-        deserializer.deserialize_any(IntVisitor)
-    }
 }
 
 /// A duration as written in a file: a string with units (`"5m"`, `"1h30m"`,

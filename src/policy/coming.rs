@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::cri::{Image, matching};
 use crate::model::reference;
-use crate::policy::space::{permille_of, times_permille};
+use crate::policy::footprint::{permille_of, times_permille};
 use crate::policy::{DiskFootprint, Protections};
 
 /// How many repositories [`RepoSizes`] remembers: a node that has seen more

@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 use crate::collections::{HashMap, HashSet};
 use crate::cri::Image;
 
-use super::space::DiskFootprint;
+use super::footprint::DiskFootprint;
 
 /// A layer, by [`layer_key`].
 pub type LayerKey = u64;

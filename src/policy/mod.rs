@@ -18,8 +18,10 @@ use std::time::Duration;
 
 use crate::config::{Config, EvictionThreshold, Order};
 
+pub mod candidate;
 pub mod coming;
 pub mod cycle;
+pub mod footprint;
 pub mod headroom;
 pub mod keep;
 pub mod layers;

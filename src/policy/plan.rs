@@ -18,11 +18,12 @@ use crate::cri::matching;
 use crate::cri::{Image, Snapshot};
 pub use crate::model::Reason;
 use crate::model::reference;
-use crate::records::{Break, Listed, Records};
+use crate::records::{Listed, Records};
 
 use super::GcPolicy;
+pub use super::candidate::Candidate;
 use super::keep::{KeepReason, Rules, Uses, elapsed};
-use super::order::{self, expected_back};
+use super::order;
 
 /// Keep rules that come from outside the runtime's listing: the image
 /// references of the pods bound to this node, with each pod's
@@ -63,47 +64,6 @@ impl Protections {
             never_pulled: BTreeSet::new(),
         };
         &NONE
-    }
-}
-
-/// An image the cycle may remove. Borrowed from the snapshot: planning
-/// copies no names.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Candidate<'a> {
-    /// The image id, as the runtime lists it; what `RemoveImage` is called with.
-    pub id: &'a str,
-    /// The image's tags, as the runtime lists them (may be empty: a dangling image).
-    pub tags: &'a Names,
-    /// The image's repository digests, as the runtime lists them.
-    pub digests: &'a Names,
-    /// The size the runtime reports, in bytes (shared layers count in every
-    /// image, so sizes overstate what a removal frees).
-    pub size: u64,
-    /// When imagegc first saw the image (from its records).
-    #[serde(serialize_with = "crate::time::serialize")]
-    pub first_seen: SystemTime,
-    /// When a container last used the image, as far as imagegc saw; the first
-    /// sight when none ever did.
-    #[serde(serialize_with = "crate::time::serialize")]
-    pub last_used: SystemTime,
-    /// Why it may be removed: age or space.
-    pub reason: Reason,
-    /// The image's usual break between uses and its spread, when one is
-    /// known: what [`Candidate::expected_back`] goes by (eight bytes).
-    #[serde(skip)]
-    pub usual_break: Option<Break>,
-}
-
-impl Candidate<'_> {
-    /// When the image is expected to be used again ([`expected_back`]):
-    /// what `gc.order = "reuse"` orders the space candidates by.
-    pub fn expected_back(&self, now: SystemTime) -> SystemTime {
-        expected_back(self.last_used, self.usual_break, now)
-    }
-
-    /// [`Candidate::expected_back`], with what it went by (for `plan`).
-    pub fn expectation(&self, now: SystemTime) -> (SystemTime, order::Basis) {
-        order::expectation(self.last_used, self.usual_break, now)
     }
 }
 
@@ -405,6 +365,8 @@ mod tests {
     use super::*;
     use crate::config::{Config, Order};
     use crate::cri::Container;
+    use crate::policy::order::expected_back;
+    use crate::records::Break;
     use crate::testing::{container_naming as container, library_image as image};
 
     const MIN: Duration = Duration::from_secs(60);

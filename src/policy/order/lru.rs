@@ -2,7 +2,7 @@
 //! ties by first seen.
 
 use super::{Context, SpaceOrder};
-use crate::policy::plan::Candidate;
+use crate::policy::candidate::Candidate;
 
 /// Least recently used first: the order the candidates come in.
 pub struct Lru;

@@ -12,7 +12,7 @@ use crate::config::Order;
 use crate::cri::Snapshot;
 use crate::records::Listed;
 
-use super::plan::Candidate;
+use super::candidate::Candidate;
 
 mod lru;
 mod reuse;

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use super::superseded_first::superseded_first;
 use super::{Context, SpaceOrder};
+use crate::policy::candidate::Candidate;
 use crate::policy::keep::elapsed;
-use crate::policy::plan::Candidate;
 use crate::records::Break;
 
 /// Superseded tags first, then the image expected back last first.
@@ -33,6 +33,20 @@ impl SpaceOrder for Reuse {
 
     fn goes_by_expected_back(&self) -> bool {
         true
+    }
+}
+
+// The expectation of a candidate, where the expectation is.
+impl Candidate<'_> {
+    /// When the image is expected to be used again ([`expected_back`]):
+    /// what `gc.order = "reuse"` orders the space candidates by.
+    pub fn expected_back(&self, now: SystemTime) -> SystemTime {
+        expected_back(self.last_used, self.usual_break, now)
+    }
+
+    /// [`Candidate::expected_back`], with what it went by (for `plan`).
+    pub fn expectation(&self, now: SystemTime) -> (SystemTime, Basis) {
+        expectation(self.last_used, self.usual_break, now)
     }
 }
 

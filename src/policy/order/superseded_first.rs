@@ -19,7 +19,7 @@ use std::time::SystemTime;
 use super::{Context, SpaceOrder};
 use crate::collections::HashMap;
 use crate::model::reference;
-use crate::policy::plan::Candidate;
+use crate::policy::candidate::Candidate;
 
 /// Superseded tags first, then least recently used.
 pub struct SupersededFirst;
