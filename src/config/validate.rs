@@ -84,6 +84,13 @@ pub(super) fn build(raw: RawConfig, keys: &KeyNames, problems: &mut Problems) ->
     let metrics = metrics_section(&raw.metrics, &defaults.metrics, problems);
     let (kubelet_config, kubelet_config_dir, kubelet_args_file) = kubelet_section(raw.kubelet, problems);
     let kubernetes = kubernetes_section(raw.kubernetes, problems);
+    if gc.order == Order::Auto && !state.usage_log {
+        warnings.push(format!(
+            "gc.order = \"auto\" judges the orders on the usage log, which state.usage_log = false turns off: \
+             \"{}\" runs",
+            Order::PRIOR.as_str()
+        ));
+    }
     Config {
         runtime,
         gc,
@@ -595,6 +602,14 @@ mod tests {
     #[test]
     fn the_usage_log_is_on_by_default_and_switched_off_by_its_key() {
         assert!(load_ok("s.toml", "").state.usage_log);
+        // `auto` judges the log: without it, said.
+        let config = load_ok("s.toml", "[gc]\norder = \"auto\"\n[state]\nusage_log = false\n");
+        assert!(
+            config.warnings[0].starts_with("gc.order = \"auto\" judges"),
+            "{:?}",
+            config.warnings
+        );
+        assert!(load_ok("s.toml", "[gc]\norder = \"auto\"\n").warnings.is_empty());
         let config = load_ok("s.toml", "[state]\ndir = \"/srv/imagegc\"\nusage_log = false\n");
         assert!(!config.state.usage_log);
         assert_eq!(config.state.dir, PathBuf::from("/srv/imagegc"));

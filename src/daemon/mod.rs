@@ -247,7 +247,7 @@ pub async fn run<R: Runtime>(
             Some(Ok(())) = changed(sized.as_mut()) => {
                 next_check = Instant::now();
             }
-            () = sleep_until_some(auto.due()), if config.gc.order == Order::Auto => {
+            () = sleep_until_some(auto.due()), if config.gc.order == Order::Auto && config.state.usage_log => {
                 auto.begin(&config, collector.records().len());
             }
             judged = auto.finished(collector.clock().now()) => {
