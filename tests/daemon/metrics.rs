@@ -189,6 +189,49 @@ async fn a_restarted_daemon_reports_the_last_success_of_the_one_before_and_its_n
 /// removes an image imagegc did not ask to remove: the scrape counts it
 /// with its size and time, and `plan` and `check-config` say it from the
 /// usage log.
+/// `gc.order = "auto"`: a restarted daemon goes on with the order judged
+/// before (order.json), and says which (`imagegc_gc_order`); a fixed order
+/// is said as not chosen.
+#[tokio::test]
+async fn the_order_auto_chose_before_a_restart_is_in_force_and_said() {
+    let fake = FakeRuntime::new();
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake.clone().serve(&dir.path().join("cri.sock")).await.unwrap();
+    let endpoint = server.endpoint();
+    let config = dir.path().join("imagegc.toml");
+    let addr = free_local_addr();
+    Settings {
+        interval: "1h",
+        listen: Some(addr),
+        ..Settings::new(dir.path())
+    }
+    .write(&config);
+    let toml = std::fs::read_to_string(&config).unwrap();
+    let state = dir.path().join("state");
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(&state)
+        .unwrap();
+    std::fs::write(
+        state.join("order.json"),
+        r#"{"at":1800000000,"order":"superseded-first","figures":[],"window_secs":604800,"sampled":1.0}"#,
+    )
+    .unwrap();
+    for (order, said) in [
+        ("auto", r#"imagegc_gc_order{order="superseded-first",auto="true"}"#),
+        ("lru", r#"imagegc_gc_order{order="lru",auto="false"}"#),
+    ] {
+        std::fs::write(&config, toml.replace("[gc]\n", &format!("[gc]\norder = \"{order}\"\n"))).unwrap();
+        let mut daemon = Daemon::spawn_with_env(&config, &endpoint, &state, Some(addr), &[]);
+        let deadline = Instant::now() + secs(10);
+        while daemon.metric(said).await != Some(1.0) {
+            assert!(Instant::now() < deadline, "{said} not said:\n{}", daemon.stderr());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        daemon.signal(libc::SIGTERM);
+        assert!(daemon.exited_within(secs(10)).await.is_some_and(|s| s.success()));
+    }
+}
+
 #[tokio::test]
 async fn an_image_removed_by_someone_else_is_counted_and_said_by_plan_and_check_config() {
     let fake = FakeRuntime::new();

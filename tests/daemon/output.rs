@@ -277,4 +277,43 @@ async fn plan_names_its_order_and_with_reuse_when_each_image_is_expected_back() 
         assert_eq!(removal["expected_back_by"], "unused", "{plan:#}");
     }
     assert!(stdout.contains("(unused "), "what the expectation went by: {stdout}");
+
+    // `auto`: the prior order until the daemon judged, then the one it chose
+    // (order.json in the state directory), and why.
+    std::fs::write(&config, toml.replace("[gc]\n", "[gc]\norder = \"auto\"\n")).unwrap();
+    let plan = imagegc_json(&config, &server.endpoint(), &state, &["plan"], 0).await;
+    assert_eq!(plan["order"], "reuse", "{plan:#}");
+    assert!(
+        plan["order_chosen"]
+            .as_str()
+            .unwrap()
+            .contains("until the daemon has judged"),
+        "{plan:#}"
+    );
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(&state)
+        .unwrap();
+    std::fs::write(
+        state.join("order.json"),
+        r#"{"at":1800000000,"order":"lru","figures":[{"order":"lru","repulled_bytes":1000,"hours_above_high":0.0},{"order":"superseded-first","repulled_bytes":5000,"hours_above_high":0.0},{"order":"reuse","repulled_bytes":2000,"hours_above_high":0.0}],"window_secs":604800,"sampled":1.0}"#,
+    )
+    .unwrap();
+    let plan = imagegc_json(&config, &server.endpoint(), &state, &["plan"], 0).await;
+    assert_eq!(plan["order"], "lru", "{plan:#}");
+    assert_eq!(
+        plan["order_chosen"],
+        "auto: lru: 1000 B pulled again over the last 7d, against 4.9 KiB for superseded-first and 2.0 KiB for reuse",
+        "{plan:#}"
+    );
+    assert!(
+        plan["removals"][0].get("expected_back").is_none(),
+        "lru goes by no expectation: {plan:#}"
+    );
+    let output = support::imagegc_command(&config, &server.endpoint(), &state, &["plan"]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("in the order gc.order = \"auto\" chose, lru"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("EXPECTED BACK"), "{stdout}");
 }
