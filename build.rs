@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// changes), else `unknown`.
 fn commit() {
     println!("cargo:rerun-if-env-changed=IMAGEGC_COMMIT");
-    for path in [".git/HEAD", ".git/index", ".git/refs/heads"] {
+    for path in [".git/HEAD", ".git/index", ".git/refs/heads", ".git/packed-refs"] {
         if std::path::Path::new(path).exists() {
             println!("cargo:rerun-if-changed={path}");
         }
