@@ -43,6 +43,14 @@ def head(path):
 
 def test_a_release_is_one_commit_whose_versions_agree(tmp_path):
     repo = clone(tmp_path, "repo")
+    # A change to release, when the checkout is a release itself (its
+    # Unreleased section empty).
+    with open(repo / "CHANGELOG.md", encoding="utf-8") as f:
+        text = f.read()
+    if "## [Unreleased]\n\n## [" in text:
+        with open(repo / "CHANGELOG.md", "w", encoding="utf-8") as f:
+            f.write(text.replace("## [Unreleased]\n", "## [Unreleased]\n\n### Added\n\n- A change.\n", 1))
+        commit(repo, "a change to release")
     with open(repo / "Cargo.toml", encoding="utf-8") as f:
         current = [line.split('"')[1] for line in f if line.startswith("version = ")][0]
     major, minor, _ = map(int, current.split("."))

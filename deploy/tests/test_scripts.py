@@ -26,12 +26,23 @@ def test_build_image_builds_this_machines_architecture_by_default():
     proc = subprocess.run(["scripts/build-image.sh", "--dry-run"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.findall(r"^would build linux/(\w+) ", proc.stdout, re.M) == [host], proc.stdout
-    # Not a release commit: the tag names the commit, never a release's.
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    # The tag is the version on the commit scripts/release.sh made (the
+    # tree clean), else it names the commit, never a release's.
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short=12", "HEAD")
     if commit:
+        with open(f"{REPO}/Cargo.toml", encoding="utf-8") as f:
+            version = [line.split('"')[1] for line in f if line.startswith("version = ")][0]
+        released = git("log", "-1", "--format=%s") == f"release {version}" and not git(
+            "status", "--porcelain", "--untracked-files=no")
         tags = re.findall(r" as ghcr\.io/imagegc/imagegc:(\S+) ", proc.stdout)
-        assert len(tags) == 1 and tags[0].endswith(f"-dev.{commit}"), proc.stdout
+        assert len(tags) == 1, proc.stdout
+        if released:
+            assert tags[0] == version, proc.stdout
+        else:
+            assert tags[0] == f"{version}-dev.{commit}", proc.stdout
     both = subprocess.run(["scripts/build-image.sh", "--dry-run", "--arch", "amd64,arm64"], cwd=REPO,
                           capture_output=True, text=True)
     if host == "amd64":
