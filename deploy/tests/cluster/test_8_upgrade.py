@@ -67,7 +67,10 @@ def rendered_toml(helm_output):
 
 
 def test_upgrade_from_an_earlier_chart_takes_new_defaults_and_keeps_the_users_values(cluster):
-    d = Deployment(cluster, "upgrade", "helm", USER_CONFIG, chart=EARLIER_CHART)
+    # The suite's image, named as a user who installed the earlier chart
+    # names theirs (its own appVersion is an older tag).
+    d = Deployment(cluster, "upgrade", "helm", USER_CONFIG, chart=EARLIER_CHART,
+                   image=tuple(IMAGEGC_IMAGE.rsplit(":", 1)))
     d.apply()
     try:
         ns = d.namespace
