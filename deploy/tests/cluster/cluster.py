@@ -38,7 +38,7 @@ import oci
 
 NODE = "localhost"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
-IMAGEGC_IMAGE = "ghcr.io/imagegc/imagegc:0.1.0"
+IMAGEGC_IMAGE = "ghcr.io/imagegc/imagegc:0.2.0"
 MIB = 1024 * 1024
 FS_SIZE = 1024 * MIB
 # CRI-O's root (the containers' writable layers) on a filesystem of another
