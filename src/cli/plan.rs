@@ -48,7 +48,7 @@ struct PlanJson<'a> {
     /// With `gc.order = "auto"`: why that order ("auto: reuse: 12 GiB
     /// pulled again over the last 7d, against ...").
     #[serde(skip_serializing_if = "Option::is_none")]
-    order_chosen: Option<String>,
+    order_chosen: Option<&'a str>,
     space_unreachable: Option<SpaceOutlook>,
     /// Why no space pass would run: the measured filesystem is not the
     /// runtime's image filesystem.
@@ -116,7 +116,9 @@ pub async fn plan(
     output: Output,
 ) -> Result<ExitStatus, CliError> {
     let clock = Clock::start();
-    let collector = read_only_collector(runtime, &config, pods, clock);
+    // Read once: the plan is made, and said, under one order.
+    let order = order_in_force(&config);
+    let collector = read_only_collector(runtime, &config, pods, clock, order.0);
     #[cfg(feature = "kubernetes")]
     let (mut collector, sizes, _stop_sizes) = with_registry_sizes(collector, &config);
     #[cfg(not(feature = "kubernetes"))]
@@ -181,6 +183,7 @@ pub async fn plan(
         frees,
         once_aged: full_outlook.and_then(|o| o.reached_once_aged()),
         outlook: full_outlook.filter(SpaceOutlook::unreachable),
+        order,
     };
     match output {
         Output::Json => out::json(&shown.json(&config))?,
@@ -256,9 +259,15 @@ fn order_in_force(config: &Config) -> (Order, Option<String>) {
 /// The daemon's collector, writing nothing: its observe, its records, its
 /// cycle's plan. What the daemon learnt of each container and pod costs
 /// no call.
-fn read_only_collector(runtime: CriClient, config: &Config, pods: &Protections, clock: Clock) -> Collector<CriClient> {
+fn read_only_collector(
+    runtime: CriClient,
+    config: &Config,
+    pods: &Protections,
+    clock: Clock,
+    order: Order,
+) -> Collector<CriClient> {
     let mut settings = Settings::from(config);
-    settings.policy = Arc::new(settings.policy.with_order(order_in_force(config).0));
+    settings.policy = Arc::new(settings.policy.with_order(order));
     let restored = Restored::load_from(
         StateStore::new(&config.state.dir).read_only(),
         &config.state.dir,
@@ -319,13 +328,16 @@ struct Shown<'a> {
     expected_to_free: u64,
     once_aged: Option<Duration>,
     outlook: Option<SpaceOutlook>,
+    /// The order of space removals in force, and with `gc.order = "auto"`
+    /// why ([`order_in_force`]).
+    order: (Order, Option<String>),
 }
 
 impl Shown<'_> {
     /// `plan --output json`.
     fn json<'s>(&'s self, config: &'s Config) -> PlanJson<'s> {
         let (plan, now) = (self.plan, self.now);
-        let (order, order_chosen) = order_in_force(config);
+        let (order, order_chosen) = (self.order.0, self.order.1.as_deref());
         PlanJson {
             time: rfc3339(now),
             dry_run: config.gc.dry_run,
@@ -398,13 +410,7 @@ impl Shown<'_> {
             self.in_force.1,
             config,
         ));
-        text.push_str(&removals_text(
-            plan,
-            &self.view,
-            &self.frees,
-            order_in_force(config),
-            now,
-        ));
+        text.push_str(&removals_text(plan, &self.view, &self.frees, &self.order, now));
         text.push_str(&kept_text(plan));
         let unused_later = if self.view.space_pass { 0 } else { plan.space.len() };
         if unused_later > 0 {
@@ -517,9 +523,10 @@ fn removals_text(
     plan: &Plan,
     view: &PlanView,
     frees: &[u64],
-    (order, chosen): (Order, Option<String>),
+    (order, chosen): &(Order, Option<String>),
     now: SystemTime,
 ) -> String {
+    let order = *order;
     let mut text = String::new();
     let reuse = policy::order::of(order).goes_by_expected_back();
     let mut table = if reuse {
