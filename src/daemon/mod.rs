@@ -130,7 +130,7 @@ pub async fn run<R: Runtime>(
     // `gc.order = "auto"`: the order judged from the usage log (see
     // `auto`), in force from the start when one was judged before.
     let mut auto = auto::Auto::start(&config.state.dir, collector.clock().now());
-    apply_order(&mut collector, &config, &auto);
+    apply_order(&mut collector, &auto);
 
     loop {
         health.heartbeat();
@@ -147,7 +147,7 @@ pub async fn run<R: Runtime>(
             Some(new_config) = reloads.recv() => {
                 let old_interval = config.gc.interval;
                 apply_reload(&mut collector, &health, &mut config, new_config);
-                apply_order(&mut collector, &config, &auto);
+                apply_order(&mut collector, &auto);
                 if let Some(ended) = interval_from
                     && config.gc.interval != old_interval
                 {
@@ -255,7 +255,7 @@ pub async fn run<R: Runtime>(
                     Ok(saved) => info!(order = saved.judgement.order.as_str(), "gc.order = \"auto\": {}", saved.judgement.describe()),
                     Err(e) => warn!("gc.order = \"auto\": no judgement ({e}); the order in force stays, and the next try is in an hour"),
                 }
-                apply_order(&mut collector, &config, &auto);
+                apply_order(&mut collector, &auto);
             }
             // Wakes the loop to open the event stream (at its top).
             () = sleep_until_some(reopen_at) => {}
@@ -268,18 +268,17 @@ pub async fn run<R: Runtime>(
 }
 
 /// Puts the order `auto` chose in force, when `gc.order` is `auto` and it
-/// chose one, and says which order is in force (`imagegc_gc_order`).
-fn apply_order<R: Runtime>(collector: &mut Collector<R>, config: &Config, auto: &auto::Auto) {
-    let mut settings = collector.settings().clone();
-    if let Some(order) = auto.order() {
+/// chose one other than the order in force, and says which order is in
+/// force (`imagegc_gc_order`).
+fn apply_order<R: Runtime>(collector: &mut Collector<R>, auto: &auto::Auto) {
+    let policy = &collector.settings().policy;
+    if let Some(order) = auto.order().filter(|&order| policy.auto && order != policy.order) {
+        let mut settings = collector.settings().clone();
         settings.policy = Arc::new(settings.policy.with_order(order));
-    }
-    collector
-        .metrics()
-        .set_order(settings.policy.order.as_str(), settings.policy.auto);
-    if config.gc.order == Order::Auto && auto.order().is_some() {
         collector.set_settings(settings);
     }
+    let policy = &collector.settings().policy;
+    collector.metrics().set_order(policy.order.as_str(), policy.auto);
 }
 
 /// The next change of `receiver`; never, without one.
