@@ -508,20 +508,33 @@ fn kraken_size(rng: &mut Rng) -> f64 {
     }
 }
 
+/// `count` shared bases of 3 to 5 layers, each of the bytes `size` draws,
+/// rebuilt every 30 days from a first refresh within the first month:
+/// (from, layers) per version, per base.
+fn monthly_bases(
+    b: &mut Builder,
+    count: usize,
+    until: Seconds,
+    mut size: impl FnMut(&mut Rng) -> f64,
+) -> Vec<Vec<(Seconds, Vec<u32>)>> {
+    (0..count)
+        .map(|_| {
+            let bytes = size(&mut b.rng);
+            let layers = 3 + b.rng.below(3) as usize;
+            let mut versions = vec![(0, b.layers_of(bytes, layers))];
+            let mut t = secs(b.rng.uniform(0.0, 30.0 * DAY as f64));
+            while t < until {
+                versions.push((t, b.layers_of(bytes, layers)));
+                t += 30 * DAY;
+            }
+            versions
+        })
+        .collect()
+}
+
 fn ci(b: &mut Builder, until: Seconds, p: &CiParams) {
-    // Hot bases, refreshed monthly: (from, layers) per version.
-    let mut bases: Vec<Vec<(Seconds, Vec<u32>)>> = Vec::new();
-    for _ in 0..p.bases {
-        let bytes = 0.6 * kraken_size(&mut b.rng);
-        let count = 3 + b.rng.below(3) as usize;
-        let mut versions = vec![(0, b.layers_of(bytes, count))];
-        let mut t = secs(b.rng.uniform(0.0, 30.0 * DAY as f64));
-        while t < until {
-            versions.push((t, b.layers_of(bytes, count)));
-            t += 30 * DAY;
-        }
-        bases.push(versions);
-    }
+    // Hot bases, refreshed monthly.
+    let bases = monthly_bases(b, p.bases, until, |rng| 0.6 * kraken_size(rng));
     let base_law = Zipf::new(p.bases, 1.0);
     struct Pipeline {
         base: usize,
@@ -717,19 +730,8 @@ fn preview(b: &mut Builder, until: Seconds, p: &PreviewParams) {
         })
         .collect();
     let hot_law = Zipf::new(p.hot, 1.0);
-    // Bases, refreshed monthly: (from, layers) per version.
-    let mut bases: Vec<Vec<(Seconds, Vec<u32>)>> = Vec::new();
-    for _ in 0..p.bases {
-        let bytes = b.rng.log_uniform(200e6, 800e6);
-        let count = 3 + b.rng.below(3) as usize;
-        let mut versions = vec![(0, b.layers_of(bytes, count))];
-        let mut t = secs(b.rng.uniform(0.0, 30.0 * DAY as f64));
-        while t < until {
-            versions.push((t, b.layers_of(bytes, count)));
-            t += 30 * DAY;
-        }
-        bases.push(versions);
-    }
+    // Bases, refreshed monthly.
+    let bases = monthly_bases(b, p.bases, until, |rng| rng.log_uniform(200e6, 800e6));
     struct Service {
         base: usize,
         deps_bytes: f64,
