@@ -207,13 +207,10 @@ fn paths_used(code: &str, here: &[String]) -> BTreeSet<Vec<String>> {
             }
             // The path: names and `::`, and a braced group at its end.
             let rest = &code[at..];
-            let mut end = 0;
-            let chars: Vec<char> = rest.chars().collect();
-            while end < chars.len() && (chars[end].is_alphanumeric() || chars[end] == '_' || chars[end] == ':') {
-                end += 1;
-            }
-            let head: String = chars[..end].iter().collect();
-            let mut segments: Vec<&str> = head.split("::").filter(|s| !s.is_empty()).collect();
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(rest.len());
+            let mut segments: Vec<&str> = rest[..end].split("::").filter(|s| !s.is_empty()).collect();
             let mut base: Vec<String> = Vec::new();
             match segments.first() {
                 Some(&"crate") => {
@@ -237,8 +234,8 @@ fn paths_used(code: &str, here: &[String]) -> BTreeSet<Vec<String>> {
                 .into_iter()
                 .chain(segments.iter().map(ToString::to_string))
                 .collect();
-            if chars.get(end) == Some(&'{') {
-                let group: String = chars[end + 1..].iter().take_while(|&&c| c != '}').collect();
+            if let Some(group) = rest[end..].strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
                 for item in group.split(',') {
                     let first = item.trim().split("::").next().unwrap_or("").trim();
                     if !first.is_empty() && first != "self" {
