@@ -19,6 +19,10 @@ use std::time::{Duration, Instant, SystemTime};
 pub struct Clock {
     wall_at_start: SystemTime,
     mono_at_start: Instant,
+    /// In unit tests that pause tokio's clock: that clock instead, so that
+    /// the collector's time and the daemon's timers advance together.
+    #[cfg(test)]
+    tokio_at_start: Option<tokio::time::Instant>,
 }
 
 impl Clock {
@@ -27,6 +31,8 @@ impl Clock {
         Clock {
             wall_at_start: SystemTime::now(),
             mono_at_start: Instant::now(),
+            #[cfg(test)]
+            tokio_at_start: None,
         }
     }
 
@@ -35,6 +41,18 @@ impl Clock {
         Clock {
             wall_at_start: wall,
             mono_at_start: Instant::now(),
+            #[cfg(test)]
+            tokio_at_start: None,
+        }
+    }
+
+    /// A clock at `wall` now that advances with tokio's clock (paused or
+    /// not) rather than the monotonic one.
+    #[cfg(test)]
+    pub fn following_tokio(wall: SystemTime) -> Self {
+        Clock {
+            tokio_at_start: Some(tokio::time::Instant::now()),
+            ..Self::starting_at(wall)
         }
     }
 
@@ -45,11 +63,15 @@ impl Clock {
 
     /// The start time plus the monotonic time elapsed since.
     pub fn now(&self) -> SystemTime {
-        self.wall_at_start + self.mono_at_start.elapsed()
+        self.wall_at_start + self.elapsed()
     }
 
     /// Monotonic time since the start.
     pub fn elapsed(&self) -> Duration {
+        #[cfg(test)]
+        if let Some(start) = self.tokio_at_start {
+            return start.elapsed();
+        }
         self.mono_at_start.elapsed()
     }
 

@@ -1,6 +1,8 @@
-//! The daemon loop: a cycle at start and every `gc.interval`, usage tracking
-//! between cycles (container events where the runtime streams them, polling
-//! otherwise), configuration reloads, and graceful shutdown.
+//! The daemon loop: cycles when the schedule says ([`Schedule`]: at start,
+//! every `gc.interval`, when usage crosses the high threshold between
+//! cycles; the one `simulate` replays), usage tracking between cycles
+//! (container events where the runtime streams them, polling otherwise),
+//! configuration reloads, and graceful shutdown.
 //!
 //! [`Daemon`] is the composition root `imagegc run` and the tests share: it
 //! serves the HTTP endpoint on a listener it is handed, finds the runtime
@@ -23,7 +25,6 @@ use crate::config::{Config, Order};
 use crate::cri::{Runtime, RuntimeError};
 use crate::engine::report::Outcome;
 use crate::engine::{Collector, Settings, Tracking, UsageTracker};
-use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::store::state::StartOnly;
 use crate::time::sleep_until_some;
 
@@ -36,25 +37,8 @@ pub use start::Daemon;
 /// How long an in-flight cycle may take to reach its next stopping point
 /// after shutdown was requested: well inside the 30 s a DaemonSet pod gets.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
-/// Retry delays after the runtime could not be reached (at start, and for
-/// cycles and event streams later): doubling from the first to the cap (and
-/// never beyond the interval).
-const RETRY_FIRST: Duration = Duration::from_secs(1);
-const RETRY_CAP: Duration = Duration::from_secs(60);
-
-/// The least time between two cycles that usage crossing the high threshold
-/// starts, while the last of them left usage at or above high and no image
-/// arrived since: usage oscillating around high that images cannot bring
-/// down (another writer filling and freeing the disk) starts at most one
-/// cycle per spacing, and a crossing inside it schedules a cycle at its end
-/// rather than being dropped. A cycle that brought usage below high
-/// answered its crossing: the next crossing is a new fill, answered at
-/// once (a disk filling in steps must not wait while eviction nears).
-/// Images listed since the last cycle are something it did not see: at or
-/// above high, they start a cycle at once, crossing or not (see
-/// `Collector::arrivals`; at most one per listing that shows new images).
-/// Three times the kubelet's eviction period.
-pub const CROSSING_SPACING: Duration = Duration::from_secs(30);
+pub use crate::policy::schedule::CROSSING_SPACING;
+use crate::policy::schedule::{Ended, Measured, Schedule, Start};
 
 /// The node's name for `imagegc_node_info`: `NODE_NAME` (the DaemonSet sets
 /// it from `spec.nodeName`), else the host name from `gethostname(2)` (a
@@ -103,24 +87,18 @@ pub async fn run<R: Runtime>(
     }
     collector.metrics().set_node(&node_name());
     sd_notify("READY=1");
-    let mut next_cycle = Instant::now();
-    let mut next_check = Instant::now() + usage_check_interval(&config);
-    // Whether usage was at or above high at the last measurement: a space
-    // pass starts early only when usage crosses high, not while it stays
-    // above after a cycle that could not bring it down.
-    let mut space_due = false;
-    // When the last cycle a crossing started was due to start (see
-    // `CROSSING_SPACING`).
-    let mut crossing_cycle: Option<Instant> = None;
-    // `collector.arrivals()` when the last cycle ended: more since means
-    // images arrived that no cycle has seen (see `CROSSING_SPACING`).
-    let mut arrivals_seen = collector.arrivals();
-    let mut retry = RETRY_FIRST;
+    // When cycles and usage checks come (see `Schedule`, which `simulate`
+    // runs too), in time since `origin`.
+    let origin = Instant::now();
+    let since = |at: Instant| at.saturating_duration_since(origin);
+    let mut schedule = Schedule::new(
+        Duration::ZERO,
+        config.gc.interval,
+        config.gc.usage_poll_interval,
+        collector.arrivals(),
+    );
     let mut runtime_up: Option<bool> = None;
     let mut usage = UsageTracker::new(tracking(&config));
-    // When the last cycle ended, while the next one is scheduled one
-    // interval after it: a reload that changes the interval reschedules it.
-    let mut interval_from: Option<Instant> = None;
     // A pod bound to the node may bring a pull: usage is checked against
     // the room it needs at once (see `kubernetes.room_before_pulls`).
     let mut pods = collector.protections_changes();
@@ -140,19 +118,17 @@ pub async fn run<R: Runtime>(
         let poll_at = usage.poll_at();
         let reopen_at = usage.reopen_at().filter(|_| runtime_up == Some(true));
         let heartbeat_at = Instant::now() + Duration::from_secs(10);
+        let next_cycle = origin + schedule.next_cycle();
+        let next_check = origin + schedule.next_check();
 
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
             Some(new_config) = reloads.recv() => {
-                let old_interval = config.gc.interval;
                 apply_reload(&mut collector, &health, &mut config, new_config);
                 apply_order(&mut collector, &auto);
-                if let Some(ended) = interval_from
-                    && config.gc.interval != old_interval
-                {
-                    next_cycle = ended + config.gc.interval;
-                    debug!(next_in_ms = next_cycle.saturating_duration_since(Instant::now()).as_millis() as u64, "next cycle rescheduled for the new interval");
+                if schedule.reconfigure(config.gc.interval, config.gc.usage_poll_interval) {
+                    debug!(next_in_ms = next_in_ms(origin + schedule.next_cycle()), "next cycle rescheduled for the new interval");
                 }
                 usage.reconfigure(tracking(&config));
             }
@@ -162,31 +138,18 @@ pub async fn run<R: Runtime>(
                     break;
                 }
                 let reached = *ok.as_ref().unwrap_or(&false);
-                arrivals_seen = collector.arrivals();
                 note_runtime(&mut runtime_up, ok.as_ref().err(), &health, collector.runtime().endpoint());
-                if ok.is_ok() {
-                    retry = RETRY_FIRST;
-                    let ended = Instant::now();
-                    next_cycle = ended + config.gc.interval;
-                    interval_from = Some(ended);
+                let ended = if ok.is_ok() {
                     // Low not reached while images too young to remove were
-                    // kept: try again as soon as the first of them may go.
-                    if let Some(at) = collector.look_again_at() {
-                        next_cycle = next_cycle.min(at);
-                    }
+                    // kept: again as soon as the first of them may go.
+                    Ended::Ran { look_again: collector.look_again_at().map(since) }
                 } else {
-                    next_cycle = Instant::now() + retry.min(config.gc.interval);
-                    retry = (retry * 2).min(RETRY_CAP);
-                    interval_from = None;
-                }
-                debug!(reached, next_in_ms = (next_cycle - Instant::now()).as_millis() as u64, "next cycle scheduled");
-                space_due = collector.check_usage().unwrap_or(false);
-                if !space_due {
-                    // Usage below high: the crossing was answered, and the
-                    // next one is a new fill (see CROSSING_SPACING).
-                    crossing_cycle = None;
-                }
-                next_check = Instant::now() + usage_check_interval(&config);
+                    Ended::Failed
+                };
+                let arrivals = collector.arrivals();
+                let due = collector.check_usage();
+                schedule.cycle_ended(since(Instant::now()), ended, arrivals, due);
+                debug!(reached, next_in_ms = next_in_ms(origin + schedule.next_cycle()), "next cycle scheduled");
             }
             () = sleep_until_some(poll_at), if runtime_up == Some(true) => {
                 let polled = tokio::select! {
@@ -194,8 +157,7 @@ pub async fn run<R: Runtime>(
                     () = shutdown.cancelled() => break,
                 };
                 if !polled {
-                    next_cycle = next_cycle.min(Instant::now() + retry);
-                    interval_from = None;
+                    schedule.poll_failed(since(Instant::now()));
                 }
                 usage.polled();
             }
@@ -205,47 +167,34 @@ pub async fn run<R: Runtime>(
                 }
             }
             () = sleep_until(next_check) => {
-                next_check = Instant::now() + usage_check_interval(&config);
-                if let Some(due) = collector.check_usage() {
-                    let now = Instant::now();
-                    // Images arrived, or the thresholds in force went down
-                    // (a coming pull sized, a pod bound): a new crossing.
-                    let moved = collector.thresholds_moved();
-                    let arrived = collector.arrivals() != arrivals_seen || moved;
-                    let at = if arrived {
-                        now
-                    } else {
-                        crossing_cycle.map_or(now, |last| (last + CROSSING_SPACING).max(now))
-                    };
-                    if due && (!space_due || arrived) && next_cycle > at {
-                        if space_due {
-                            info!(
-                                high_threshold_percent = config.gc.high_threshold_percent,
-                                "images arrived, or a coming pull lowered the thresholds in force, since the \
-                                 last cycle while usage is at or above the high \
-                                 threshold: starting a cycle"
-                            );
-                        } else {
-                            info!(
-                                high_threshold_percent = config.gc.high_threshold_percent,
-                                starts_in_ms = (at - now).as_millis() as u64,
-                                "image filesystem usage crossed the high threshold: starting a cycle (while cycles \
-                                 cannot bring usage below high and no image arrives, crossings start at most one \
-                                 every 30s)"
-                            );
-                        }
-                        next_cycle = at;
-                        crossing_cycle = Some(at);
-                        interval_from = None;
-                    }
-                    space_due = due;
+                let measured = collector.check_usage().map(|due| Measured {
+                    due,
+                    arrivals: collector.arrivals(),
+                    thresholds_moved: collector.thresholds_moved(),
+                });
+                let now = since(Instant::now());
+                match schedule.measured(now, measured) {
+                    Some(Start::Arrived { .. }) => info!(
+                        high_threshold_percent = config.gc.high_threshold_percent,
+                        "images arrived, or a coming pull lowered the thresholds in force, since the \
+                         last cycle while usage is at or above the high \
+                         threshold: starting a cycle"
+                    ),
+                    Some(Start::Crossing { at }) => info!(
+                        high_threshold_percent = config.gc.high_threshold_percent,
+                        starts_in_ms = (at - now).as_millis() as u64,
+                        "image filesystem usage crossed the high threshold: starting a cycle (while cycles \
+                         cannot bring usage below high and no image arrives, crossings start at most one \
+                         every 30s)"
+                    ),
+                    None => {}
                 }
             }
             Ok(()) = pods.changed(), if collector.makes_room_before_pulls() => {
-                next_check = Instant::now();
+                schedule.look_now(since(Instant::now()));
             }
             Some(Ok(())) = changed(sized.as_mut()) => {
-                next_check = Instant::now();
+                schedule.look_now(since(Instant::now()));
             }
             () = sleep_until_some(auto.due()), if config.gc.order == Order::Auto && config.state.usage_log => {
                 auto.begin(&config, collector.records().len());
@@ -299,10 +248,9 @@ fn tracking(config: &Config) -> Tracking {
     }
 }
 
-/// How often usage is measured between cycles: [`USAGE_CHECK_INTERVAL`],
-/// or the usage poll interval when that is shorter.
-fn usage_check_interval(config: &Config) -> Duration {
-    USAGE_CHECK_INTERVAL.min(config.gc.usage_poll_interval)
+/// Milliseconds from now to `at` (for the logs).
+fn next_in_ms(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
 }
 
 /// How a cycle was abandoned at shutdown.

@@ -11,12 +11,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{Health, RETRY_CAP, RETRY_FIRST};
+use super::Health;
 use crate::config::Config;
 use crate::cri::{self, CriClient};
 use crate::engine::{Collector, Settings};
 use crate::fs::{FsProbe, Statvfs};
 use crate::outputs::metrics::Metrics;
+use crate::policy::schedule::{RETRY_CAP, RETRY_FIRST};
 use crate::time::Clock;
 use crate::usage_log::UsageLog;
 

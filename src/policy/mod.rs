@@ -8,7 +8,9 @@
 //! candidates ([`Walk`]); [`layers`], what a removal frees when images
 //! share layers ([`Freeing`]); [`cycle`], one cycle's script over them
 //! ([`CyclePlan`]), which the daemon's cycle, the dry run, `plan` and
-//! `simulate` all run.
+//! `simulate` all run; [`schedule`], when cycles and usage checks come
+//! ([`Schedule`]), which the daemon's loop and `simulate`'s replay both
+//! follow.
 //!
 //! A new keep rule goes in [`Rules::why_kept`] (with its [`KeepReason`]);
 //! one that comes from outside the runtime's listing (the pods bound to the
@@ -27,6 +29,7 @@ pub mod keep;
 pub mod layers;
 pub mod order;
 pub mod plan;
+pub mod schedule;
 pub mod space;
 
 pub use coming::{ComingPull, ManifestScale, PullRoom, RepoSizes, RoomMade};
@@ -35,6 +38,7 @@ pub use headroom::{Headroom, LargestPull};
 pub use keep::{KeepReason, Rules, Uses};
 pub use layers::{Freeing, LayerBook};
 pub use plan::{Candidate, Kept, KeptTally, Plan, Protections, Reason, plan, plan_counting_kept, plan_listed};
+pub use schedule::Schedule;
 pub use space::{
     DiskFootprint, Forecast, ImageBytes, ImageBytesSource, SpaceOutlook, SpaceTarget, Step, Walk, total_size,
 };

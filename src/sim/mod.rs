@@ -24,10 +24,13 @@
 //! - [`choose`]: `gc.order = "auto"`, the fixed orders judged by replaying
 //!   the recent past, for the daemon and for the replay itself.
 //!
-//! Nothing here does IO (beyond reading and writing a trace through the
-//! caller's reader and writer). The replay runs on simulated time; the
-//! disk reads tokio's clock (space that comes back a moment after a
-//! removal, another writer by time), which a paused test runtime drives.
+//! The only IO here is reading traces: through the caller's reader and
+//! writer, and the usage log's files (current and rotated) by path
+//! ([`trace::Trace::read_log`]), which `simulate --usage-log` and `auto`
+//! read. The replay runs on simulated time, with the daemon's own schedule
+//! of cycles and usage checks ([`crate::policy::Schedule`]); the disk reads
+//! tokio's clock (space that comes back a moment after a removal, another
+//! writer by time), which a paused test runtime drives.
 //!
 //! [`FsProbe`]: crate::fs::FsProbe
 

@@ -16,14 +16,17 @@
 //!   ([`crate::records::Records`]) updated from a listing, the cycle's
 //!   script ([`crate::policy::CyclePlan`]: the planner, the room the
 //!   coming pulls get, and the space walk [`crate::policy::Walk`] measured
-//!   after each removal). Cycles come
-//!   every `gc.interval` and as soon as usage crosses the high threshold
-//!   between cycles (the daemon measures every 2 s); a cycle that stops
-//!   above low for images too young comes back when the first can go;
-//!   containers mark their image used when they start and when they go
-//!   (the daemon's polls and events see them in between). The thrash
-//!   hold-back (`gc.thrash_window`) and the spacing between cycles that
-//!   crossings start are not simulated.
+//!   after each removal). Cycles and usage checks come when the daemon's
+//!   own schedule ([`crate::policy::Schedule`], which `daemon::run`
+//!   follows) says: every `gc.interval`, at the first usage check after
+//!   usage crosses the high threshold, at once when a pod bound brings a
+//!   pull that needs room, and when a space pass that stopped above low
+//!   for images too young can go on; containers mark their image used
+//!   when they start and when they go (the daemon's polls and events see
+//!   them in between). Images are first seen by the cycles' listings (the
+//!   daemon's usage polls, which may see them sooner, are not simulated),
+//!   and the runtime never fails. The thrash hold-back
+//!   (`gc.thrash_window`) is not simulated.
 //! - [`Kubelet`]: the kubelet's image GC (docs/kubelet.md): every 5 minutes
 //!   it detects images and the containers using them, and when usage is at
 //!   or above high, removes unused images in its order (never used first,
@@ -45,6 +48,7 @@ use crate::config::{Config, Order};
 use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::fs::FsStats;
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
+use crate::policy::schedule::{Ended, Measured, Schedule};
 use crate::policy::{
     AgePass, ComingPull, CyclePlan, DiskFootprint, GcPolicy, Headroom, KeptImages, LargestPull, LayerBook, Protections,
     RepoSizes, SpaceTarget, Step,
@@ -110,6 +114,11 @@ pub struct Tally {
     #[cfg(test)]
     #[serde(skip)]
     pub removed: Vec<u32>,
+    /// When imagegc's cycles started, skipped ones included, as runs
+    /// (first, period, how many): tests compare them with the daemon's.
+    #[cfg(test)]
+    #[serde(skip)]
+    pub cycle_starts: Vec<(Seconds, Seconds, u64)>,
 }
 
 /// The simulated node: layers on disk, images, containers.
@@ -425,6 +434,10 @@ fn skip_quiet_wakes(t: Seconds, next_event: Seconds, before: &Tally, node: &mut 
     }
     let skipped = last - 1;
     let tally = &mut node.tally;
+    #[cfg(test)]
+    if tally.cycles > before.cycles {
+        tally.cycle_starts.push((t + period, period, skipped));
+    }
     let times = |now: u64, then: u64| now.saturating_sub(then).saturating_mul(skipped);
     tally.cycles = tally.cycles.saturating_add(times(tally.cycles, before.cycles));
     tally.space_passes = tally
@@ -453,8 +466,15 @@ pub struct Imagegc<'c> {
     /// The trace's images as the runtime lists them, by index.
     listed: Vec<Image>,
     by_id: HashMap<String, u32>,
-    next_cycle: Seconds,
-    space_due: bool,
+    /// When cycles and usage checks come: the daemon's own schedule.
+    schedule: Schedule,
+    /// The node changed since usage was last measured: the daemon's next
+    /// usage check would find it (checks that cannot find anything are
+    /// not run).
+    changed: bool,
+    /// How many cycles' listings showed images first seen then (the
+    /// daemon's `Collector::arrivals`; its polls are not simulated).
+    arrivals: u64,
     /// See [`Policy::quiet_until`], as the last cycle found it.
     quiet_until: Option<Seconds>,
     /// The largest image that arrived lately, as the daemon's inventory
@@ -492,8 +512,9 @@ impl<'c> Imagegc<'c> {
             records: Records::new(),
             listed,
             by_id,
-            next_cycle: 0,
-            space_due: false,
+            schedule: Schedule::new(Duration::ZERO, interval(config), config.gc.usage_poll_interval, 0),
+            changed: false,
+            arrivals: 0,
             quiet_until: None,
             largest_pull: None,
             repo_sizes: RepoSizes::default(),
@@ -553,8 +574,11 @@ impl<'c> Imagegc<'c> {
         let now = instant(t);
         let config = self.config;
         node.tally.cycles += 1;
+        #[cfg(test)]
+        node.tally.cycle_starts.push((t, 0, 1));
         let snapshot = node.snapshot(&self.listed);
         let (observed, listed) = self.records.observe_snapshot(&snapshot, now);
+        self.arrivals += u64::from(!observed.new.is_empty());
         for image in observed.new.iter().filter_map(|&i| snapshot.images.get(i)) {
             LargestPull::note(&mut self.largest_pull, LargestPull::of(image, now), now);
             self.repo_sizes.note_image(image, now);
@@ -612,11 +636,15 @@ impl<'c> Imagegc<'c> {
             }
         }
         // When the daemon comes back: the interval, or sooner when the
-        // first image kept for being too young may go (in whole seconds,
-        // rounded up).
-        let look = cycle.look_again(config.gc.interval.max(Duration::from_secs(1)), low_reached);
-        self.next_cycle = t + look.as_secs() + u64::from(look.subsec_nanos() > 0);
-        self.space_due = target.due(&node.stats());
+        // first image kept for being too young may go.
+        let interval = interval(config);
+        let look = cycle.look_again(interval, low_reached);
+        let ended = Ended::Ran {
+            look_again: (look < interval).then(|| at(t) + look),
+        };
+        let due = target.due(&node.stats());
+        self.schedule.cycle_ended(at(t), ended, self.arrivals, Some(due));
+        self.changed = false;
         self.quiet_until = self.quiet_until(t, node);
     }
 }
@@ -630,17 +658,63 @@ impl Imagegc<'_> {
     }
 }
 
+impl Imagegc<'_> {
+    /// The daemon's usage check at `t`.
+    fn check(&mut self, t: Seconds, node: &Node<'_>) {
+        let due = self.policy.target.with_headroom(self.headroom(0)).due(&node.stats());
+        self.changed = false;
+        // A check is no cycle: what the last cycle found quiet may not be.
+        self.quiet_until = None;
+        self.schedule.measured(
+            at(t),
+            Some(Measured {
+                due,
+                arrivals: self.arrivals,
+                thresholds_moved: false,
+            }),
+        );
+    }
+}
+
+/// `gc.interval` as the replay runs it: a second at least.
+fn interval(config: &Config) -> Duration {
+    config.gc.interval.max(Duration::from_secs(1))
+}
+
+/// Second `t` of the simulation, as the schedule counts time.
+fn at(t: Seconds) -> Duration {
+    Duration::from_secs(t)
+}
+
+/// The first whole second at or after `d`.
+fn secs_up(d: Duration) -> Seconds {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
 impl Policy for Imagegc<'_> {
     fn name(&self) -> String {
         self.label.clone()
     }
 
     fn next_wake(&self) -> Seconds {
-        self.next_cycle
+        let cycle = secs_up(self.schedule.next_cycle());
+        if self.changed {
+            cycle.min(secs_up(self.schedule.next_check()))
+        } else {
+            cycle
+        }
     }
 
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
-        self.cycle(t, node, &[]);
+        // A check first, unless a cycle is due with it (the daemon's loop
+        // asks for the cycle first, which measures usage after it); a check
+        // that finds usage crossing starts the cycle at once.
+        if secs_up(self.schedule.next_cycle()) > t {
+            self.check(t, node);
+        }
+        if secs_up(self.schedule.next_cycle()) <= t {
+            self.cycle(t, node, &[]);
+        }
     }
 
     fn coming(&mut self, t: Seconds, image: u32, node: &mut Node<'_>) {
@@ -661,18 +735,23 @@ impl Policy for Imagegc<'_> {
             pod: String::new(),
             like: Some(like),
         }];
-        if self
+        // The pod bound moves the thresholds in force: usage is measured
+        // at once against them, and a cycle starts at once when due.
+        let room = self
             .policy
-            .target
-            .with_headroom(
-                self.headroom(
-                    self.policy
-                        .room_for_pulls(&pull, 0, DiskFootprint::default(), None)
-                        .bytes,
-                ),
-            )
-            .due(&node.stats())
-        {
+            .room_for_pulls(&pull, 0, DiskFootprint::default(), None)
+            .bytes;
+        let due = self.policy.target.with_headroom(self.headroom(room)).due(&node.stats());
+        self.schedule.look_now(at(t));
+        self.schedule.measured(
+            at(t),
+            Some(Measured {
+                due,
+                arrivals: self.arrivals,
+                thresholds_moved: true,
+            }),
+        );
+        if secs_up(self.schedule.next_cycle()) <= t {
             self.cycle(t, node, &pull);
         }
     }
@@ -687,10 +766,10 @@ impl Policy for Imagegc<'_> {
         let in_use = node.images_on_disk().filter(|&i| node.users(i) > 0);
         let ids: Vec<&str> = in_use.map(|i| self.listed[i as usize].id.as_str()).collect();
         self.records.mark_still_used(ids, instant(last_skipped));
-        self.next_cycle = to;
+        self.schedule.skipped_cycles(at(last_skipped), at(to));
     }
 
-    fn used(&mut self, t: Seconds, image: u32, started: bool, node: &Node<'_>) {
+    fn used(&mut self, t: Seconds, image: u32, started: bool, _node: &Node<'_>) {
         let listed = &self.listed[image as usize];
         if self.records.get(&listed.id).is_none() {
             // Pulled since the last listing: the daemon's next poll sees it.
@@ -705,12 +784,12 @@ impl Policy for Imagegc<'_> {
             // it all along, so this is no break.
             self.records.mark_still_used(id, instant(t));
         }
-        // Usage measured between cycles: a cycle starts when it crosses high.
-        let due = self.policy.target.with_headroom(self.headroom(0)).due(&node.stats());
-        if due && !self.space_due && self.next_cycle > t + USAGE_CHECK {
-            self.next_cycle = t + USAGE_CHECK;
+        // A pull changes usage: the daemon's next usage check finds it
+        // (the checks before it found nothing new).
+        if started && !self.changed {
+            self.schedule.checks_found_nothing_until(at(t));
+            self.changed = true;
         }
-        self.space_due = due;
     }
 }
 
@@ -922,7 +1001,7 @@ pub(crate) mod tests {
             images: (0..sizes.len())
                 .map(|i| TraceImage {
                     id: format!("sha256:{i:064x}"),
-                    name: format!("app-{i}:1"),
+                    name: image_name(i as u32),
                     layers: vec![i as u32],
                 })
                 .collect(),
@@ -937,6 +1016,48 @@ pub(crate) mod tests {
 
     fn stop(container: u64) -> Action {
         Action::Stop { container }
+    }
+
+    /// When imagegc's cycles start under `config` on a node of `capacity`
+    /// bytes whose containers start and stop as `events` say (second,
+    /// container, image, started) over images of `sizes`, until the last
+    /// event (`engine::tests` compares them with the daemon's).
+    pub(crate) fn cycle_starts(
+        sizes: &[u64],
+        events: &[(Seconds, u64, u32, bool)],
+        capacity: u64,
+        config: &Config,
+    ) -> Vec<Seconds> {
+        let events: Vec<_> = events
+            .iter()
+            .map(|&(at, container, image, started)| {
+                (
+                    at,
+                    if started {
+                        start(container, image)
+                    } else {
+                        stop(container)
+                    },
+                )
+            })
+            .collect();
+        let trace = trace(sizes, &events);
+        let runs = replay(
+            &trace,
+            capacity,
+            0,
+            config,
+            &mut Imagegc::new(config, "imagegc", &trace),
+        )
+        .cycle_starts;
+        runs.into_iter()
+            .flat_map(|(first, period, n)| (0..n).map(move |k| first + k * period))
+            .collect()
+    }
+
+    /// The name of image `i` in a trace made by [`trace`].
+    pub(crate) fn image_name(i: u32) -> String {
+        format!("app-{i}:1")
     }
 
     fn config(high: u8, low: u8) -> Config {
