@@ -54,6 +54,10 @@
 //! Test support (fixtures, a fake CRI runtime served over gRPC, real
 //! runtimes started for a test) is the workspace's dev crate,
 //! crates/imagegc-testkit. docs/development.md lists the files.
+// clippy.toml's rules (the wall clock, blocking sleeps) hold in the
+// library; its unit tests read the wall clock as they need.
+#![cfg_attr(not(test), warn(clippy::disallowed_methods))]
+
 // In layers, each using only those before it (tests/layering.rs).
 // Leaves.
 pub mod time;

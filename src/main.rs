@@ -1,6 +1,9 @@
 //! The `imagegc` binary: parse the command line, set up logging, run the
 //! command on a current-thread runtime, and turn the result into an exit code.
 
+// clippy.toml's rules (the wall clock, blocking sleeps) hold here.
+#![warn(clippy::disallowed_methods)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -27,6 +27,10 @@ pub struct Clock {
 
 impl Clock {
     /// Starts the clock at the current wall-clock time.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the wall-clock time at start, which the monotonic clock then advances"
+    )]
     pub fn start() -> Self {
         Clock {
             wall_at_start: SystemTime::now(),
@@ -79,6 +83,10 @@ impl Clock {
     /// on this clock: as long before [`Clock::now`] as it is before the
     /// wall clock now. A stamp in the future is now: nothing is used later
     /// than it is seen.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "how long ago another party's stamp was, by the wall clock it was stamped with"
+    )]
     pub fn from_wall(&self, stamped: SystemTime) -> SystemTime {
         let ago = SystemTime::now().duration_since(stamped).unwrap_or_default();
         let now = self.now();

@@ -10,6 +10,10 @@ use crate::store::journal::Journal;
 use crate::store::state::StateStore;
 
 /// `history`: removals from the journal.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "history --since is relative to the wall clock, as the journal's stamps are"
+)]
 pub fn history(config: &Config, since: Option<&str>, output: Output) -> Result<ExitStatus, CliError> {
     let since = match since {
         Some(s) => {

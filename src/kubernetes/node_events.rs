@@ -354,6 +354,10 @@ impl Poster {
     }
 }
 
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a unique name for a Node event, as the kubelet names its own"
+)]
 fn unix_nanos() -> u128 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

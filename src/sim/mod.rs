@@ -1,15 +1,21 @@
 //! Simulations of what imagegc acts on, run in process: a disk, and a
 //! node's image usage replayed under a collection policy.
 //!
-//! - [`SimDisk`] is an image filesystem that implements [`FsProbe`]: a
+//! Test support, only with the `test-util` feature (the test kit turns it
+//! on; a release build has neither):
+//!
+//! - `SimDisk` is an image filesystem that implements [`FsProbe`]: a
 //!   capacity, available bytes, and what each image really occupies,
 //!   changed by whoever holds it and measured by the collector like a real
 //!   one. The engine's tests, the integration tests and the benches
 //!   measure it instead of a real disk.
-//! - [`SimNode`] is what a fake node holds (images, their layers,
+//! - `SimNode` is what a fake node holds (images, their layers,
 //!   containers, the removals its runtime made): the engine tests' fake
 //!   runtime, the test kit's gRPC fake runtime and the invariant harness
 //!   keep this one model.
+//!
+//! The simulator:
+//!
 //! - [`trace`]: a node's usage over time (layers, images, container starts
 //!   and stops), synthetic or read from a file of JSON lines.
 //! - [`workload`]: five seeded generators of synthetic traces (a service
@@ -37,12 +43,16 @@
 pub mod bound;
 pub mod choose;
 pub mod compare;
+#[cfg(any(test, feature = "test-util"))]
 mod disk;
+#[cfg(any(test, feature = "test-util"))]
 mod node;
 pub mod plot;
 pub mod replay;
 pub mod trace;
 pub mod workload;
 
+#[cfg(any(test, feature = "test-util"))]
 pub use disk::SimDisk;
+#[cfg(any(test, feature = "test-util"))]
 pub use node::{SimNode, names};

@@ -403,6 +403,7 @@ impl StateStore {
         }
     }
 
+    #[expect(clippy::disallowed_methods, reason = "names a corrupt file set aside, for people")]
     fn set_aside(&self, reason: Corruption) -> Loaded {
         if self.read_only {
             return Loaded::Corrupt { reason, moved_to: None };
@@ -600,6 +601,7 @@ fn process_exists(pid: libc::pid_t) -> bool {
 }
 
 /// Random bytes from the kernel; the time and the pid when there are none.
+#[expect(clippy::disallowed_methods, reason = "entropy when the kernel has none")]
 fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
     // SAFETY: getrandom writes at most `bytes.len()` bytes into `bytes`.
