@@ -98,6 +98,9 @@ fn sources(src: &Path) -> Vec<(String, PathBuf)> {
     let mut found = Vec::new();
     let mut dirs = vec![src.to_path_buf()];
     let mut test_files: BTreeSet<PathBuf> = BTreeSet::new();
+    // The directories of test modules (`engine/tests/`): every file under
+    // one is test code too.
+    let mut test_dirs: BTreeSet<PathBuf> = BTreeSet::new();
     let mut all = Vec::new();
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
@@ -114,6 +117,7 @@ fn sources(src: &Path) -> Vec<(String, PathBuf)> {
                 for name in declared {
                     test_files.insert(here.join(format!("{name}.rs")));
                     test_files.insert(here.join(&name).join("mod.rs"));
+                    test_dirs.insert(here.join(&name));
                 }
                 all.push(path);
             }
@@ -123,7 +127,8 @@ fn sources(src: &Path) -> Vec<(String, PathBuf)> {
         let relative = path.strip_prefix(src).unwrap();
         let top = relative.components().next().unwrap().as_os_str().to_string_lossy();
         let top = top.strip_suffix(".rs").unwrap_or(&top).to_string();
-        if top == "lib" || top == "main" || test_files.contains(&path) {
+        if top == "lib" || top == "main" || test_files.contains(&path) || test_dirs.iter().any(|d| path.starts_with(d))
+        {
             continue;
         }
         found.push((top, path));
@@ -175,6 +180,28 @@ fn the_reading_skips_comments_and_test_code_only() {
          #[cfg(test)]\nmod testing;\n",
     );
     assert_eq!(order, ["time", "fs", "k"]);
+}
+
+#[test]
+fn a_test_modules_files_are_test_code_however_deep() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let write = |path: &str, text: &str| {
+        let path = src.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("lib.rs", "pub mod a;\n");
+    write("a/mod.rs", "mod b;\n#[cfg(test)]\nmod tests;\n");
+    write("a/b.rs", "");
+    write("a/tests/mod.rs", "mod topic;\n");
+    write("a/tests/topic.rs", "use crate::later::X;\n");
+    write("a/tests/deeper/more.rs", "");
+    let found: Vec<PathBuf> = sources(src)
+        .into_iter()
+        .map(|(_, path)| path.strip_prefix(src).unwrap().to_path_buf())
+        .collect();
+    assert_eq!(found, [PathBuf::from("a/b.rs"), PathBuf::from("a/mod.rs")]);
 }
 
 /// The module path of a source file of src/ (`src/policy/order/reuse.rs`:
