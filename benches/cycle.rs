@@ -185,7 +185,7 @@ fn collector(client: CriClient, config: &Config) -> Collector<CriClient> {
 
 /// [`collector`], its calls timed in `metrics`.
 fn collector_with(client: CriClient, config: &Config, metrics: Arc<Metrics>) -> Collector<CriClient> {
-    let client = client.observed_by(Arc::clone(&metrics));
+    let client = client.observed_by(Arc::new(imagegc::engine::sinks::CriCallMetrics::new(&metrics)));
     Collector::load(
         client,
         Settings::from(config),

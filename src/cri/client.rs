@@ -23,7 +23,6 @@ use super::{
     RuntimeError, RuntimeStatus, RuntimeVersion,
 };
 use crate::model::reference::{bare_id, canonical_id};
-use crate::outputs::metrics::Metrics;
 
 /// Endpoints tried in order when none is configured: the supported runtimes
 /// at their default paths, containerd then CRI-O (cri-dockerd is not
@@ -53,8 +52,22 @@ pub struct CriClient {
     /// Whether the runtime lists ids as bare hex (CRI-O): imagegc uses
     /// `sha256:<hex>` everywhere and gives the runtime back its own form.
     bare_ids: Arc<AtomicBool>,
-    /// Where every call is counted and timed, by method and status code.
-    metrics: Option<Arc<Metrics>>,
+    /// Who hears of every call's end: its method, status code and time.
+    observer: Option<Arc<dyn CallObserver>>,
+}
+
+/// Who hears of every call the client makes to the runtime when it ends:
+/// its CRI method, the gRPC status code it ended with, as grpc-go spells it
+/// (`"OK"`, `"Unavailable"`; `"DeadlineExceeded"` for a call imagegc gave
+/// up on at its deadline, `"Canceled"` for one dropped first), and how long
+/// it took. The client measures, since only it sees each call's code (a
+/// `NotFound` it turns into an answer, a transport failure it turns into a
+/// connection error); what the measure becomes is the observer's (the
+/// daemon's metrics count and time it). `GetContainerEvents` ends when the
+/// stream is opened.
+pub trait CallObserver: Send + Sync {
+    /// One call ended.
+    fn call_ended(&self, method: &'static str, code: &'static str, took: Duration);
 }
 
 /// Parses `unix:///path` (or a bare absolute path) into the socket path.
@@ -102,7 +115,7 @@ pub fn connect(endpoint: &str, timeout: Duration) -> Result<CriClient, RuntimeEr
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         channel,
         bare_ids: Arc::new(AtomicBool::new(false)),
-        metrics: None,
+        observer: None,
     })
 }
 
@@ -141,11 +154,9 @@ impl CriClient {
         self.image.clone()
     }
 
-    /// Counts and times every call in `metrics`
-    /// (`imagegc_cri_requests_total{method,code}` and
-    /// `imagegc_cri_request_duration_seconds{method}`).
-    pub fn observed_by(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = Some(metrics);
+    /// Tells `observer` of every call's end (see [`CallObserver`]).
+    pub fn observed_by(mut self, observer: Arc<dyn CallObserver>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -154,10 +165,10 @@ impl CriClient {
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        // Counted when the call ends, or as cancelled when the caller drops
-        // it first (shutdown): the runtime saw it either way.
+        // Told when the call ends, or as cancelled when the caller drops it
+        // first (shutdown): the runtime saw it either way.
         let mut record = CallRecord {
-            metrics: self.metrics.as_deref(),
+            observer: self.observer.as_deref(),
             rpc,
             started: Instant::now(),
             code: tonic::Code::Cancelled,
@@ -186,10 +197,10 @@ impl CriClient {
     }
 }
 
-/// One call to the runtime, counted in the metrics when dropped: with its
+/// One call to the runtime, told to the observer when dropped: with its
 /// answer's code, or `Canceled` when the caller gave up on it.
 struct CallRecord<'m> {
-    metrics: Option<&'m Metrics>,
+    observer: Option<&'m dyn CallObserver>,
     rpc: &'static str,
     started: Instant,
     code: tonic::Code,
@@ -197,8 +208,8 @@ struct CallRecord<'m> {
 
 impl Drop for CallRecord<'_> {
     fn drop(&mut self) {
-        if let Some(metrics) = self.metrics {
-            metrics.cri_request(self.rpc, code_name(self.code), self.started.elapsed());
+        if let Some(observer) = self.observer {
+            observer.call_ended(self.rpc, code_name(self.code), self.started.elapsed());
         }
     }
 }
@@ -584,7 +595,7 @@ impl Runtime for CriClient {
     fn container_events(&self) -> EventStream {
         let mut client = self.runtime.clone();
         let endpoint = self.endpoint.clone();
-        let metrics = self.metrics.clone();
+        let observer = self.observer.clone();
         // No deadline: runtimes answer the open only with the first event,
         // which on an idle node may be hours away. The stream is polled in
         // the daemon's loop beside everything else, so waiting costs nothing.
@@ -592,9 +603,9 @@ impl Runtime for CriClient {
             let request = tonic::Request::new(proto::GetEventsRequest {});
             let started = Instant::now();
             let answer = client.get_container_events(request).await;
-            if let Some(metrics) = &metrics {
+            if let Some(observer) = &observer {
                 let code = answer.as_ref().map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
-                metrics.cri_request("GetContainerEvents", code_name(code), started.elapsed());
+                observer.call_ended("GetContainerEvents", code_name(code), started.elapsed());
             }
             match answer {
                 Ok(response) => {

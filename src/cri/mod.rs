@@ -15,7 +15,7 @@ pub mod proto;
 use std::future::Future;
 use std::time::Duration;
 
-pub use client::{CriClient, DEFAULT_ENDPOINTS, connect, discover};
+pub use client::{CallObserver, CriClient, DEFAULT_ENDPOINTS, connect, discover};
 pub use names::Names;
 
 /// An image as the runtime lists it.

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use super::Health;
 use crate::config::Config;
 use crate::cri::{self, CriClient};
+use crate::engine::sinks::CriCallMetrics;
 use crate::engine::{Collector, Settings};
 use crate::fs::{FsProbe, Statvfs};
 use crate::outputs::metrics::Metrics;
@@ -202,7 +203,7 @@ async fn find_runtime(
     let mut warned = false;
     loop {
         match cri::discover(config.runtime.endpoint.as_deref(), config.runtime.timeout).await {
-            Ok(client) => return Some(client.observed_by(Arc::clone(metrics))),
+            Ok(client) => return Some(client.observed_by(Arc::new(CriCallMetrics::new(metrics)))),
             Err(err) => {
                 metrics.set_runtime_up(false);
                 if !std::mem::replace(&mut warned, true) {

@@ -16,6 +16,8 @@
 //! - [`events`]: what the engine reports, typed, and the [`Sink`]s that
 //!   turn it into logs, metrics and health. A new metric or log line is a
 //!   sink's business, not the engine's.
+//! - [`sinks`]: the outputs, one to a file (the CRI client's call
+//!   metrics among them).
 //! - [`report`]: what a cycle did ([`CycleReport`]).
 //! - `settings`: what the engine reads of the configuration
 //!   ([`Settings`]: the policy and a few settings of how it runs), made
@@ -50,6 +52,7 @@ mod others;
 mod removal;
 pub mod report;
 mod settings;
+pub mod sinks;
 mod thrash;
 mod usage;
 
