@@ -54,6 +54,9 @@ impl<R: Runtime> Collector<R> {
         self.settle_notes();
         self.save_if_due().await;
         report.duration = started.elapsed();
+        if report.succeeded() {
+            self.inventory.last_success = Some(self.clock.now());
+        }
         self.sinks.emit(&Event::CycleFinished(&report));
         report
     }

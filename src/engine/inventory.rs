@@ -30,6 +30,9 @@ pub(super) struct Inventory {
     pub(super) store: StateStore,
     /// When the records were last saved by this process.
     pub(super) last_saved: Option<SystemTime>,
+    /// When the last successful cycle ended, this process's or, until it
+    /// has one, the one the state file remembers: saved with the records.
+    pub(super) last_success: Option<SystemTime>,
     pub(super) observer: observe::Observer,
     /// Images of the last listing, to resolve container references between cycles.
     pub(super) last_images: Vec<Image>,
@@ -100,6 +103,7 @@ impl Inventory {
             records: Arc::new(records),
             store,
             last_saved: None,
+            last_success: None,
             observer: observe::Observer::default(),
             last_images: Vec::new(),
             footprint: DiskFootprint::default(),
@@ -119,6 +123,12 @@ impl Inventory {
 impl Inventory {
     /// Notes the images a listing found for the first time (`new`, their
     /// places in `images`) as pulls at `now`.
+    /// The last successful cycle the state file remembers.
+    pub(super) fn with_last_success(mut self, last_success: Option<SystemTime>) -> Self {
+        self.last_success = last_success;
+        self
+    }
+
     pub(super) fn note_pulls(&mut self, images: &[Image], new: &[usize], now: SystemTime) {
         if !new.is_empty() {
             self.arrivals += 1;

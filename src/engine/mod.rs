@@ -193,7 +193,7 @@ impl<R: Runtime> Collector<R> {
             metrics,
             sinks,
             clock,
-            inventory: Inventory::new(records, store, &recent, clock.now()),
+            inventory: Inventory::new(records, store, &recent, clock.now()).with_last_success(last_success),
             remover: Remover::new(pending, journal, recent, clock.now().checked_sub(thrash_window)),
             said: Said::default(),
             look_again_at: None,
@@ -275,6 +275,12 @@ impl<R: Runtime> Collector<R> {
     /// The metric families this collector updates.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// When the last successful cycle ended: this process's, or the one
+    /// the state file remembers (what the next save keeps).
+    pub fn last_success(&self) -> Option<std::time::SystemTime> {
+        self.inventory.last_success
     }
 
     /// The removal in flight, as it goes (see [`crate::daemon`]'s shutdown).
@@ -468,7 +474,7 @@ impl<R: Runtime> Collector<R> {
         let store = self.inventory.store.clone();
         let records = Arc::clone(&self.inventory.records);
         let now = self.clock.now();
-        let last_success = self.metrics.last_success();
+        let last_success = self.inventory.last_success;
         let result =
             tokio::task::spawn_blocking(move || store.save_with_last_success(&records, now, last_success)).await;
         match result {

@@ -109,14 +109,11 @@ async fn a_restarted_collector_reports_the_last_success_of_the_one_before() {
     let (mut c, _dir) = collector(&sim, |_| {});
     let report = cycle(&mut c).await;
     assert_eq!(report.outcome, Outcome::Success);
-    let before = c.metrics().last_success().expect("a success");
+    let before = c.last_success().expect("a success");
     c.save().await;
     let restarted = next_process(&c, Clock::starting_at(SystemTime::now()));
     drop(c);
-    let restored = restarted
-        .metrics()
-        .last_success()
-        .expect("restored from the state file");
+    let restored = restarted.last_success().expect("restored from the state file");
     let millis = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis();
     assert_eq!(millis(restored), millis(before));
     assert_ne!(
