@@ -47,9 +47,10 @@
 //! `engine::observe`, disk footprints in `policy::space`: one place for
 //! all of them is still to come); a metric's family in `outputs::metrics`
 //! (README's table is checked against it), set by a sink of
-//! `engine::events` from an event the engine sends (the CRI client's call
-//! metrics, the start's and the Kubernetes watch's are set where they are
-//! measured); a log line in `engine::events`' log sink.
+//! `engine::sinks` from an event the engine sends (the CRI client's call
+//! metrics by `engine::sinks::CriCallMetrics`, which the client tells of
+//! each call; the start's and the Kubernetes watch's are set where they
+//! are measured); a log line in `engine::sinks`' log sink.
 //!
 //! Test support (fixtures, a fake CRI runtime served over gRPC, real
 //! runtimes started for a test) is the workspace's dev crate,

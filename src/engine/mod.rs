@@ -61,7 +61,7 @@ mod fake;
 #[cfg(test)]
 mod tests;
 
-pub use events::{Event, HealthSink, LogSink, MetricsSink, Sink, Sinks};
+pub use events::{Event, Sink};
 use inventory::Inventory;
 pub use inventory::Restored;
 pub use observe::{ImageFs, Observation, Observer};
@@ -69,6 +69,7 @@ pub use removal::RemovalInFlight;
 use removal::Remover;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
 pub use settings::Settings;
+pub use sinks::{HealthSink, LogSink, MetricsSink, Sinks};
 pub use usage::{Listing, Tracking, UsageTracker};
 
 /// The longest the state file goes unsaved while only last-used times of

@@ -2,7 +2,7 @@
 //! log's format ([`log`]), the metric families and their registry
 //! ([`metrics`]), liveness and readiness ([`health`]), and the listener
 //! that serves them ([`http`]: `/metrics`, `/healthz`, `/readyz`). The
-//! engine's events reach them through its sinks (`engine::events`).
+//! engine's events reach them through its sinks (`engine::sinks`).
 
 pub mod health;
 pub mod http;
