@@ -10,8 +10,8 @@
 //!   `collections`, `safe_file`, `model` (a removal and its reason;
 //!   `model::reference`, image names as people and runtimes write them and
 //!   the glob patterns of `protect.images`), [`outputs`] (the log's format, the
-//!   metric families and their registry, health, and the listener that
-//!   serves metrics and probes).
+//!   registry the sinks register their metric families in, health, and the
+//!   listener that serves metrics and probes).
 //! - [`config`]: raw files to a validated configuration (TOML or a
 //!   KubeletConfiguration), every problem named by its field.
 //! - [`cri`]: the runtime boundary: the [`cri::Runtime`] trait and the CRI
@@ -45,12 +45,11 @@
 //! a `gc.order` in a file of `policy::order`; a runtime quirk where it
 //! shows (names in `cri::matching`, listings in `cri` and
 //! `engine::observe`, disk footprints in `policy::space`: one place for
-//! all of them is still to come); a metric's family in `outputs::metrics`
-//! (README's table is checked against it), set by a sink of
-//! `engine::sinks` from an event the engine sends (the CRI client's call
-//! metrics by `engine::sinks::CriCallMetrics`, which the client tells of
-//! each call; the start's and the Kubernetes watch's are set where they
-//! are measured); a log line in `engine::sinks`' log sink.
+//! all of them is still to come); a metric in the sink that sets it, which
+//! registers its family (`engine::sinks::metrics` for the engine's events,
+//! `engine::sinks::cri_calls` for the CRI client's calls, which the client
+//! tells it of; README's table is checked against the registry); a log
+//! line in `engine::sinks`' log sink.
 //!
 //! Test support (fixtures, a fake CRI runtime served over gRPC, real
 //! runtimes started for a test) is the workspace's dev crate,

@@ -6,7 +6,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
+use imagegc::cri::CallObserver as _;
 use imagegc::daemon::Health;
+use imagegc::engine::MetricsSink;
+use imagegc::engine::sinks::CriCallMetrics;
 use imagegc::outputs::http::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_HEADER_BYTES, serve};
 use imagegc::outputs::metrics::{Metrics, Reason};
 use tokio::net::TcpListener;
@@ -32,6 +35,7 @@ async fn start_with(health: Health) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("local addr");
     let metrics = Arc::new(Metrics::new());
+    imagegc::engine::sinks::register_every_family(&metrics);
     let health = Arc::new(health);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(serve(
@@ -154,8 +158,9 @@ async fn get_accepting(addr: SocketAddr, path: &str, accept: &str) -> Response {
 #[tokio::test]
 async fn metrics_are_served_in_the_openmetrics_format() {
     let server = start().await;
-    server.metrics.removed(Reason::Space, 4096);
-    server.metrics.removed(Reason::Space, 4096);
+    let sink = MetricsSink::new(&server.metrics);
+    sink.removed(Reason::Space, 4096);
+    sink.removed(Reason::Space, 4096);
 
     let response = get_accepting(server.addr, "/metrics", PROMETHEUS_ACCEPT).await;
 
@@ -181,7 +186,7 @@ async fn metrics_are_served_in_the_openmetrics_format() {
 #[tokio::test]
 async fn a_client_that_does_not_ask_for_openmetrics_gets_the_classic_text_format() {
     let server = start().await;
-    server.metrics.removed(Reason::Age, 100);
+    MetricsSink::new(&server.metrics).removed(Reason::Age, 100);
 
     for accept in [None, Some("text/plain;version=0.0.4"), Some("*/*")] {
         let response = match accept {
@@ -620,9 +625,9 @@ async fn health_probes_are_answered_under_a_flood_of_hundreds_of_connections() {
     let addr = server.addr;
     // Make /metrics a few kilobytes, as on a node.
     for method in ["ListImages", "ListContainers", "ImageFsInfo", "Status", "RemoveImage"] {
-        server.metrics.cri_request(method, "OK", Duration::from_millis(3));
+        CriCallMetrics::new(&server.metrics).call_ended(method, "OK", Duration::from_millis(3));
     }
-    server.metrics.removed(Reason::Space, 1);
+    MetricsSink::new(&server.metrics).removed(Reason::Space, 1);
     // The daemon serves on its one thread, which a cycle keeps busy now and
     // then (planning a large listing): connections queue up meanwhile, and
     // a probe waits behind the ones that came before it.

@@ -85,7 +85,7 @@ pub async fn run<R: Runtime>(
              imagegc still tracks image use and serves metrics"
         );
     }
-    collector.metrics().set_node(&node_name());
+    crate::engine::MetricsSink::new(collector.metrics()).set_node(&node_name());
     sd_notify("READY=1");
     // When cycles and usage checks come (see `Schedule`, which `simulate`
     // runs too), in time since `origin`.
@@ -227,7 +227,7 @@ fn apply_order<R: Runtime>(collector: &mut Collector<R>, auto: &auto::Auto) {
         collector.set_settings(settings);
     }
     let policy = &collector.settings().policy;
-    collector.metrics().set_order(policy.order.as_str(), policy.auto);
+    crate::engine::MetricsSink::new(collector.metrics()).set_order(policy.order.as_str(), policy.auto);
 }
 
 /// The next change of `receiver`; never, without one.

@@ -14,8 +14,8 @@ use tracing::{info, warn};
 use super::Health;
 use crate::config::Config;
 use crate::cri::{self, CriClient};
-use crate::engine::sinks::CriCallMetrics;
-use crate::engine::{Collector, Settings};
+use crate::engine::sinks::{CriCallMetrics, MetricsSink, register_every_family};
+use crate::engine::{Collector, Event, Settings, Sink as _};
 use crate::fs::{FsProbe, Statvfs};
 use crate::outputs::metrics::Metrics;
 use crate::policy::schedule::{RETRY_CAP, RETRY_FIRST};
@@ -46,11 +46,13 @@ impl Daemon {
     /// liveness window fit for the configuration, serving no HTTP.
     pub fn new(config: Config) -> Self {
         let health = Arc::new(Health::new(liveness_window(&config)));
+        let metrics = Arc::new(Metrics::new());
+        register_every_family(&metrics);
         Daemon {
             config,
             listener: None,
             probe: Arc::new(Statvfs),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             health,
             #[cfg(feature = "kubernetes")]
             cluster: None,
@@ -205,7 +207,7 @@ async fn find_runtime(
         match cri::discover(config.runtime.endpoint.as_deref(), config.runtime.timeout).await {
             Ok(client) => return Some(client.observed_by(Arc::new(CriCallMetrics::new(metrics)))),
             Err(err) => {
-                metrics.set_runtime_up(false);
+                MetricsSink::new(metrics).emit(&Event::RuntimeUp(false));
                 if !std::mem::replace(&mut warned, true) {
                     warn!(error = %err, "container runtime not found; retrying with backoff");
                 }

@@ -1,6 +1,6 @@
 //! What imagegc says to the outside, apart from its commands' output: the
-//! log's format ([`log`]), the metric families and their registry
-//! ([`metrics`]), liveness and readiness ([`health`]), and the listener
+//! log's format ([`log`]), the registry every sink registers its metric
+//! families in ([`metrics`]), liveness and readiness ([`health`]), and the listener
 //! that serves them ([`http`]: `/metrics`, `/healthz`, `/readyz`). The
 //! engine's events reach them through its sinks (`engine::sinks`).
 

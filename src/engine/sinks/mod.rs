@@ -24,6 +24,14 @@ pub use health::HealthSink;
 pub use log::LogSink;
 pub use metrics::MetricsSink;
 
+/// Registers every metric family imagegc exports in `metrics`, so that a
+/// scrape shows each from the start: the daemon's registry, and the one
+/// README's table is checked against.
+pub fn register_every_family(metrics: &Metrics) {
+    let _ = MetricsSink::new(metrics);
+    let _ = CriCallMetrics::new(metrics);
+}
+
 /// Every sink the engine reports to, in order.
 #[derive(Clone, Default)]
 pub struct Sinks(Vec<Arc<dyn Sink>>);
@@ -50,5 +58,71 @@ impl Sinks {
 impl std::fmt::Debug for Sinks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Sinks({})", self.0.len())
+    }
+}
+
+/// README's table of metrics is the registry's: a family registered and
+/// not documented, or documented and gone, fails here.
+#[cfg(test)]
+mod reference {
+    use super::{Metrics, register_every_family};
+
+    /// The metric names the registry exports (counters with `_total`).
+    fn registered() -> std::collections::BTreeSet<String> {
+        let metrics = Metrics::new();
+        register_every_family(&metrics);
+        metrics
+            .encode()
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|rest| {
+                let (name, kind) = rest.split_once(' ')?;
+                Some(if kind == "counter" {
+                    format!("{name}_total")
+                } else {
+                    name.to_string()
+                })
+            })
+            .collect()
+    }
+
+    /// The names README's metrics table gives, labels left out.
+    fn documented() -> std::collections::BTreeSet<String> {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        crate::testing::readme_table_names(&readme)
+            .into_iter()
+            .filter(|name| name.starts_with("imagegc_") || name.starts_with("image_garbage_collected"))
+            .map(|name| name.split('{').next().unwrap_or(&name).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn readme_lists_every_node_event_reason_and_no_other() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let listed = crate::testing::readme_table_under(&readme, "#### Node events");
+        let reasons: Vec<&str> = crate::outputs::metrics::NodeEventReason::ALL
+            .iter()
+            .map(|r| r.as_str())
+            .collect();
+        assert_eq!(listed, reasons, "README's Node events table");
+        // The metric's row names every reason too.
+        let row = readme
+            .lines()
+            .find(|line| line.starts_with("| `imagegc_kubernetes_node_events_total"))
+            .unwrap();
+        for reason in reasons {
+            assert!(row.contains(&format!("`{reason}`")), "{reason} missing from {row}");
+        }
+    }
+
+    #[test]
+    fn readme_documents_every_metric_the_registry_exports_and_no_other() {
+        let (registered, documented) = (registered(), documented());
+        let undocumented: Vec<&String> = registered.difference(&documented).collect();
+        let gone: Vec<&String> = documented.difference(&registered).collect();
+        assert!(
+            undocumented.is_empty() && gone.is_empty(),
+            "README's metrics table lacks {undocumented:?} and documents {gone:?}, which the registry does not export"
+        );
     }
 }
