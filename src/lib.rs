@@ -48,7 +48,8 @@
 //! all of them is still to come); a metric in the sink that sets it, which
 //! registers its family (`engine::sinks::metrics` for the engine's events,
 //! `engine::sinks::cri_calls` for the CRI client's calls, which the client
-//! tells it of; README's table is checked against the registry); a log
+//! tells it of, `engine::sinks::kubernetes` for what the `kubernetes`
+//! module measures; README's table is checked against the registry); a log
 //! line in `engine::sinks`' log sink.
 //!
 //! Test support (fixtures, a fake CRI runtime served over gRPC, real

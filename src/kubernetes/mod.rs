@@ -299,7 +299,7 @@ async fn check_node(
         _ => node::OwnPod::Unchecked,
     };
     let verdict = node::Verdict { node: lookup, own_pod };
-    metrics.set_node_found(verdict.found());
+    crate::engine::sinks::KubernetesMetrics::new(&metrics).set_node_found(verdict.found());
     let warnings = verdict.warnings(&node);
     if warnings.is_empty() {
         info!(node, "this node's Node found: kubernetes.node_name is right");

@@ -40,8 +40,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::engine::sinks::{KubernetesMetrics, NodeEventReason, NodeEventResult};
 use crate::engine::{Event, Outcome, Sink};
-use crate::outputs::metrics::{Metrics, NodeEventReason, NodeEventResult};
+use crate::outputs::metrics::Metrics;
 
 /// The least time between two events of one reason: an episode that ends
 /// and starts again at every cycle is said once per ten minutes (the
@@ -213,7 +214,7 @@ impl Sink for NodeEventSink {
                     reason = reason.as_str(),
                     "node event dropped: the API server is not keeping up"
                 );
-                self.metrics.node_event(reason, NodeEventResult::Dropped);
+                KubernetesMetrics::new(&self.metrics).node_event(reason, NodeEventResult::Dropped);
             }
         }
     }
@@ -265,11 +266,11 @@ impl Poster {
             match result {
                 Ok(name) => {
                     info!(reason = reason.as_str(), event = name, "node event posted");
-                    self.metrics.node_event(reason, NodeEventResult::Posted);
+                    KubernetesMetrics::new(&self.metrics).node_event(reason, NodeEventResult::Posted);
                 }
                 Err(err) => {
                     warn!(reason = reason.as_str(), error = err, "could not post a node event");
-                    self.metrics.node_event(reason, NodeEventResult::Failed);
+                    KubernetesMetrics::new(&self.metrics).node_event(reason, NodeEventResult::Failed);
                 }
             }
         }

@@ -245,7 +245,7 @@ pub fn spawn(
     let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
     let (synced_tx, synced) = watch::channel(false);
     let (listed_tx, listed) = watch::channel(None);
-    metrics.set_pods_watch_enabled();
+    crate::engine::sinks::KubernetesMetrics::new(&metrics).set_pods_watch_enabled();
     let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics).listed_to(listed_tx);
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default()
@@ -464,7 +464,11 @@ impl WatchState {
     }
 
     fn publish_metrics(&self) {
-        self.metrics.set_pods_watch(self.up, self.pods.len(), self.stale);
+        crate::engine::sinks::KubernetesMetrics::new(&self.metrics).set_pods_watch(
+            self.up,
+            self.pods.len(),
+            self.stale,
+        );
     }
 }
 
@@ -750,7 +754,9 @@ status: {phase: Succeeded}
     async fn a_started_watch_says_it_runs_before_the_api_server_answers() {
         let api = Arc::new(fake_api::cluster::FakeApi::default());
         api.go_down();
-        assert!(metric(&Metrics::new(), "imagegc_kubernetes_pods_watch_enabled 0"));
+        let fresh = Metrics::new();
+        crate::engine::sinks::register_every_family(&fresh);
+        assert!(metric(&fresh, "imagegc_kubernetes_pods_watch_enabled 0"));
         let (_watch, metrics, shutdown) = watch_on(&api, Duration::from_secs(3600)).await;
         assert!(metric(&metrics, "imagegc_kubernetes_pods_watch_enabled 1"));
         assert!(metric(&metrics, "imagegc_kubernetes_pods_watch_up 0"));

@@ -4,6 +4,8 @@
 //! - `log`: the log lines ([`LogSink`]).
 //! - `metrics`: the metrics the engine's events set ([`MetricsSink`]).
 //! - `health`: liveness ([`HealthSink`]).
+//! - `kubernetes`: what imagegc knows of the cluster ([`KubernetesMetrics`],
+//!   set by the `kubernetes` module).
 //! - `cri_calls`: every call to the runtime, counted and timed
 //!   ([`CriCallMetrics`], the CRI client's [`crate::cri::CallObserver`]).
 //!
@@ -16,11 +18,13 @@ use crate::outputs::metrics::Metrics;
 
 mod cri_calls;
 mod health;
+mod kubernetes;
 mod log;
 mod metrics;
 
 pub use cri_calls::CriCallMetrics;
 pub use health::HealthSink;
+pub use kubernetes::{KubernetesMetrics, NodeEventReason, NodeEventResult};
 pub use log::LogSink;
 pub use metrics::MetricsSink;
 
@@ -30,6 +34,7 @@ pub use metrics::MetricsSink;
 pub fn register_every_family(metrics: &Metrics) {
     let _ = MetricsSink::new(metrics);
     let _ = CriCallMetrics::new(metrics);
+    let _ = KubernetesMetrics::new(metrics);
 }
 
 /// Every sink the engine reports to, in order.
@@ -100,10 +105,7 @@ mod reference {
     fn readme_lists_every_node_event_reason_and_no_other() {
         let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
         let listed = crate::testing::readme_table_under(&readme, "#### Node events");
-        let reasons: Vec<&str> = crate::outputs::metrics::NodeEventReason::ALL
-            .iter()
-            .map(|r| r.as_str())
-            .collect();
+        let reasons: Vec<&str> = super::NodeEventReason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(listed, reasons, "README's Node events table");
         // The metric's row names every reason too.
         let row = readme
