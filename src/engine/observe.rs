@@ -118,13 +118,13 @@ impl MountCache {
 /// The sandbox images named in pods' verbose statuses, by pod: each pod
 /// costs one `PodSandboxStatus`, when it is first listed.
 #[derive(Debug, Default)]
-pub struct PodImages {
+pub struct PodSandboxImages {
     by_pod: HashMap<String, Option<String>>,
     /// Whether `by_pod` changed since it was last noted.
     changed: bool,
 }
 
-impl PodImages {
+impl PodSandboxImages {
     /// The sandbox images the runtime's pods name (each once).
     pub async fn images<R: Runtime>(&mut self, runtime: &R) -> Result<Vec<String>, RuntimeError> {
         let pods = runtime.pod_sandboxes().await?;
@@ -185,7 +185,7 @@ pub async fn sandbox_images<R: Runtime>(
     runtime: &R,
     configured: Option<&str>,
     from_status: Option<&str>,
-    pods: &mut PodImages,
+    pods: &mut PodSandboxImages,
     images: &[Image],
 ) -> SandboxImages {
     let mut found = SandboxImages::default();
@@ -338,7 +338,7 @@ pub struct Observation {
 #[derive(Debug, Default)]
 pub struct Observer {
     mounts: MountCache,
-    pod_images: PodImages,
+    pod_images: PodSandboxImages,
     sandbox_image: Option<String>,
     footprint: Option<DiskFootprint>,
 }
@@ -352,7 +352,7 @@ impl Observer {
                 by_container: known.containers,
                 ..MountCache::default()
             },
-            pod_images: PodImages {
+            pod_images: PodSandboxImages {
                 by_pod: known.pods,
                 changed: false,
             },

@@ -205,7 +205,7 @@ pub fn judge_sampled(
 /// imagegc with `gc.order = "auto"` in a replay: an [`Imagegc`] whose
 /// order is judged again every [`EVERY`] on the trace up to then (what
 /// the daemon's usage log would hold: only the past), at the node's disk.
-pub struct Auto<'c> {
+pub struct AutoReplay<'c> {
     imagegc: Imagegc<'c>,
     settings: &'c Settings,
     trace: &'c Trace,
@@ -214,10 +214,10 @@ pub struct Auto<'c> {
     pub judgements: Vec<(Seconds, Judgement)>,
 }
 
-impl<'c> Auto<'c> {
+impl<'c> AutoReplay<'c> {
     /// `auto` with `settings`, named `label` in reports, over `trace`.
     pub fn new(settings: &'c Settings, label: impl Into<String>, trace: &'c Trace) -> Self {
-        Auto {
+        AutoReplay {
             imagegc: Imagegc::new(settings, label, trace),
             settings,
             trace,
@@ -227,7 +227,7 @@ impl<'c> Auto<'c> {
     }
 }
 
-impl Policy for Auto<'_> {
+impl Policy for AutoReplay<'_> {
     fn name(&self) -> String {
         self.imagegc.name()
     }
@@ -344,7 +344,7 @@ mod tests {
         config.gc.order = Order::Auto;
         let capacity = trace.unique_bytes() / 3;
         let settings = Settings::from(&config);
-        let mut auto = Auto::new(&settings, "auto", &trace);
+        let mut auto = AutoReplay::new(&settings, "auto", &trace);
         let tally = replay(&trace, capacity, capacity / 10, &settings, &mut auto);
         assert_eq!(tally.policy, "auto");
         let times: Vec<Seconds> = auto.judgements.iter().map(|(t, _)| *t).collect();

@@ -6,7 +6,7 @@ use crate::config::Order;
 use crate::engine::Settings;
 
 use super::bound::{Bound, pfoo_l};
-use super::choose::Auto;
+use super::choose::AutoReplay;
 use super::replay::{Belady, Imagegc, Kubelet, Policy, Tally, replay};
 use super::trace::Trace;
 
@@ -38,7 +38,7 @@ impl Comparison {
         let budget = high_line.saturating_sub(other);
         // `auto` judges its order on the past of the trace as it goes.
         let mut imagegc: Box<dyn Policy> = if policy.auto {
-            Box::new(Auto::new(settings, "imagegc", trace))
+            Box::new(AutoReplay::new(settings, "imagegc", trace))
         } else {
             Box::new(Imagegc::new(settings, "imagegc", trace))
         };
