@@ -40,9 +40,10 @@ use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use crate::cri::matching::InUse;
-use crate::cri::{Container, Image, Names};
 use crate::engine::{Event, Sink};
 use crate::fs::FsStats;
+use crate::model::names::Names;
+use crate::model::{Container, Image};
 use crate::safe_file;
 use crate::sim::trace::{Line, Seconds, TraceLine};
 use crate::time::Clock;

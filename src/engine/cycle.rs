@@ -25,9 +25,11 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::{Runtime, Snapshot};
+use crate::cri::Runtime;
+
 use crate::fs::FsStats;
 use crate::model::Reason;
+use crate::model::Snapshot;
 use crate::policy::{AgePass, Candidate, CyclePlan, KeptImages, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
 use crate::records::Listed;
 

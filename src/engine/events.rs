@@ -14,9 +14,9 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use super::report::{CycleReport, Outcome};
-use crate::cri::Names;
-use crate::cri::{Container, Image};
 use crate::fs::FsStats;
+use crate::model::names::Names;
+use crate::model::{Container, Image};
 use crate::model::{Reason, Removal};
 use crate::outputs::health::Health;
 use crate::outputs::metrics::{CycleTimer, Metrics};

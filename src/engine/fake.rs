@@ -12,8 +12,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cri::{Container, Image, ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+use crate::cri::{ImageFsUsage, Removed, Runtime, RuntimeError, RuntimeStatus, RuntimeVersion};
+
 use crate::fs::{FsError, FsProbe, FsStats};
+use crate::model::{Container, Image};
 use crate::sim::{SimDisk, SimNode};
 
 /// A runtime and a disk in one: removing an image gives back the bytes

@@ -14,9 +14,10 @@ use tracing::debug;
 
 use crate::collections::HashMap;
 use crate::cri::matching;
-use crate::cri::{Container, Image, ImageFsUsage, Runtime, RuntimeError, Snapshot};
+use crate::cri::{ImageFsUsage, Runtime, RuntimeError};
 use crate::fs::{FsProbe, FsStats};
 use crate::model::reference::ProtectPattern;
+use crate::model::{Container, Image, Snapshot};
 use crate::policy::DiskFootprint;
 use crate::store::state::Known;
 

@@ -28,8 +28,9 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::matching;
-use crate::cri::{Container, Image, Removed, Runtime, RuntimeError, Snapshot};
+use crate::cri::{Removed, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
+use crate::model::{Container, Image, Snapshot};
 use crate::model::{Reason, Removal};
 use crate::policy::{Candidate, KeepReason, Uses};
 use crate::records::History;

@@ -12,7 +12,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::config::Config;
-use crate::cri::Image;
+use crate::model::Image;
 use crate::model::Reason;
 use crate::model::reference::ProtectPattern;
 use crate::records::History;

@@ -45,9 +45,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
 use crate::config::Order;
-use crate::cri::{Container, ContainerState, Image, Snapshot};
 use crate::engine::Settings;
 use crate::fs::FsStats;
+use crate::model::{Container, ContainerState, Image, Snapshot};
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::policy::schedule::{Ended, Measured, Schedule};
 use crate::policy::{
