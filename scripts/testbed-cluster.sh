@@ -67,26 +67,8 @@ prepare_cluster_suite() {
     fi
 
     # --- the static imagegc
-    local build_started=$SECONDS
-    # The commit the binary names (build.rs), given as scripts/build-image.sh
-    # (and scripts/check-deploy.sh) give it: the upgrade scenario's build of
-    # this checkout's image (deploy/tests/cluster/test_8_upgrade.py) then
-    # finds this build fresh, not one to redo for another IMAGEGC_COMMIT.
-    local commit=${IMAGEGC_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
-    target=x86_64-unknown-linux-musl
-    if rustup target add "$target" >/dev/null 2>&1; then
-        IMAGEGC_COMMIT=$commit CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$target"
-    else
-        target=$(rustc -vV | sed -n 's/^host: //p')
-        echo "==> the musl target cannot be installed: a static glibc build"
-        IMAGEGC_COMMIT=$commit RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$target"
-    fi
-    binary=${CARGO_TARGET_DIR:-$ROOT/target}/$target/release/imagegc
-    if readelf -d "$binary" | grep -q NEEDED; then
-        echo "scripts/testbed-cluster.sh: $binary links shared libraries" >&2
-        return 1
-    fi
-    echo "==> static imagegc built in $((SECONDS - build_started))s: $("$binary" --version)"
+    build_static_imagegc || return 1
+    binary=$IMAGEGC_STATIC_BIN
 
     # --- Prometheus
     # From its Go module: Debian's package is built without the Kubernetes
@@ -119,4 +101,32 @@ prepare_cluster_suite() {
     export IMAGEGC_PROMETHEUS=$prometheus
     export CLUSTER_PYTHON=$VENV/bin/python
     echo "==> cluster test bed prerequisites ready in $((SECONDS - started))s"
+}
+
+# The static imagegc (musl, or static glibc where the musl target cannot be
+# installed), the binary the image ships; exports IMAGEGC_STATIC_BIN. Also
+# sourced by scripts/test-systemd.sh: whichever runs first builds it, the
+# other finds it fresh.
+build_static_imagegc() {
+    local target binary commit build_started=$SECONDS
+    # The commit the binary names (build.rs), given as scripts/build-image.sh
+    # (and scripts/check-deploy.sh) give it: the upgrade scenario's build of
+    # this checkout's image (deploy/tests/cluster/test_8_upgrade.py) then
+    # finds this build fresh, not one to redo for another IMAGEGC_COMMIT.
+    commit=${IMAGEGC_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+    target=x86_64-unknown-linux-musl
+    if rustup target add "$target" >/dev/null 2>&1; then
+        IMAGEGC_COMMIT=$commit CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$target"
+    else
+        target=$(rustc -vV | sed -n 's/^host: //p')
+        echo "==> the musl target cannot be installed: a static glibc build"
+        IMAGEGC_COMMIT=$commit RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$target"
+    fi
+    binary=${CARGO_TARGET_DIR:-$PWD/target}/$target/release/imagegc
+    if readelf -d "$binary" | grep -q NEEDED; then
+        echo "scripts/testbed-cluster.sh: $binary links shared libraries" >&2
+        return 1
+    fi
+    echo "==> static imagegc built in $((SECONDS - build_started))s: $("$binary" --version)"
+    export IMAGEGC_STATIC_BIN=$binary
 }

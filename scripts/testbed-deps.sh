@@ -4,7 +4,8 @@
 # runc; conmon, skopeo and the distribution registry for CRI-O; gcc,
 # libc6-dev, pkg-config and libseccomp-dev to build the static sleeper,
 # pinns and CRI-O; mkfs.ext4 and losetup for the loop-mounted image
-# filesystems. Run as root.
+# filesystems; systemd-nspawn and debootstrap for the systemd unit's node
+# (scripts/test-systemd.sh). Run as root.
 install_testbed_deps() {
     local missing=() pkg
     command -v containerd >/dev/null || missing+=(containerd)
@@ -21,6 +22,8 @@ install_testbed_deps() {
     done
     command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
     command -v losetup >/dev/null || missing+=(mount)
+    command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
     if [ ${#missing[@]} -gt 0 ]; then
         echo "==> installing ${missing[*]}"
         apt-get update -q

@@ -88,9 +88,19 @@ build_testbed_kubernetes() {
         echo "==> building helm $HELM_VERSION"
         (GOBIN=$bin GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION") || return 1
     fi
+    build_testbed_crictl || return 1
+    echo "==> Kubernetes ready in $((SECONDS - started))s: $("$bin/kubelet" --version), etcd $("$bin/etcd" --version | head -n 1 | cut -d' ' -f3), helm $("$bin/helm" version --short), crictl $("$bin/crictl" --version | cut -d' ' -f3)"
+}
+
+# crictl alone, into the same directory (scripts/test-systemd.sh starts its
+# containers over CRI with it, before the cluster suite builds the rest).
+# Exports IMAGEGC_CRICTL.
+build_testbed_crictl() {
+    local bin=${IMAGEGC_KUBERNETES_DIR:-$PWD/target/kubernetes}/$KUBERNETES_VERSION/bin
+    export PATH="$PATH:/usr/local/go/bin"
     if [ ! -x "$bin/crictl" ]; then
         echo "==> building crictl $CRICTL_VERSION"
         (GOBIN=$bin GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION") || return 1
     fi
-    echo "==> Kubernetes ready in $((SECONDS - started))s: $("$bin/kubelet" --version), etcd $("$bin/etcd" --version | head -n 1 | cut -d' ' -f3), helm $("$bin/helm" version --short), crictl $("$bin/crictl" --version | cut -d' ' -f3)"
+    export IMAGEGC_CRICTL=$bin/crictl
 }

@@ -7,7 +7,8 @@
 //! the code to that order. From the leaves to the commands:
 //!
 //! - Leaves: [`time`] (the clock), [`fs`] (the filesystem probe),
-//!   `collections`, `safe_file`, `model` (a removal and its reason;
+//!   `collections`, `safe_file`, `model` (the domain types: what a runtime
+//!   lists, images, containers and one listing of both; a removal and its reason;
 //!   `model::reference`, image names as people and runtimes write them and
 //!   the glob patterns of `protect.images`), [`outputs`] (the log's format, the
 //!   registry the sinks register their metric families in, health, and the

@@ -17,10 +17,10 @@
 use std::collections::hash_map::Entry;
 use std::time::{Duration, SystemTime};
 
-/// A record's tags or digests: the listing's own, shared (see [`Names`]).
-pub use crate::cri::Names;
 use crate::cri::matching::{Matches, References};
-use crate::cri::{Container, Image, Snapshot};
+/// A record's tags or digests: the listing's own, shared (see [`Names`]).
+pub use crate::model::names::Names;
+use crate::model::{Container, Image, Snapshot};
 
 use crate::collections::HashMap;
 

@@ -40,11 +40,12 @@ use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use crate::cri::matching::InUse;
-use crate::cri::{Container, Image, Names};
 use crate::engine::{Event, Sink};
 use crate::fs::FsStats;
+use crate::model::names::Names;
+use crate::model::{Container, Image};
 use crate::safe_file;
-use crate::sim::trace::{Line, Record, Seconds};
+use crate::sim::trace::{Line, Seconds, TraceLine};
 use crate::time::Clock;
 
 /// The log's name inside the state directory (rotated to `usage.jsonl.1`).
@@ -484,7 +485,7 @@ fn removed(id: &str, by: &str, bytes: Option<u64>) -> Line {
 
 fn push(lines: &mut Vec<u8>, at: Seconds, line: Line) {
     // Serializing plain strings and numbers into a Vec cannot fail.
-    if serde_json::to_writer(&mut *lines, &Record { at, line }).is_ok() {
+    if serde_json::to_writer(&mut *lines, &TraceLine { at, line }).is_ok() {
         lines.push(b'\n');
     }
 }
@@ -521,10 +522,10 @@ impl RemovedByOthers {
                 if !contains(&line, br#""by":"other""#) {
                     continue;
                 }
-                let Ok(Record {
+                let Ok(TraceLine {
                     at,
                     line: Line::Removed { bytes, .. },
-                }) = serde_json::from_slice::<Record>(&line)
+                }) = serde_json::from_slice::<TraceLine>(&line)
                 else {
                     continue;
                 };

@@ -4,8 +4,10 @@ import pytest
 
 from support import run, tool
 
-# The entry point, what it sources to install the tools, and the image build.
-SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh", "scripts/build-image.sh", "scripts/release.sh"]
+# The entry point, what it sources to install the tools, the image build,
+# and the systemd unit's test (with what it sources).
+SCRIPTS = ["scripts/check-deploy.sh", "scripts/testbed-deploy-tools.sh", "scripts/build-image.sh", "scripts/release.sh",
+           "scripts/test-systemd.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -1,9 +1,12 @@
 """The systemd unit (systemd/imagegc.service)."""
 
+import pathlib
 import re
 import subprocess
 
 from support import REPO, run, tool
+
+REPO_PATH = pathlib.Path(REPO)
 
 
 def test_systemd_analyze_verify(any_imagegc_bin, work):
@@ -22,6 +25,14 @@ def test_systemd_analyze_verify(any_imagegc_bin, work):
     # verify exits 0 on unknown keys and prints a warning: any output fails.
     out = run(analyze, "verify", path)
     assert not out.strip(), f"systemd-analyze verify warns:\n{out}"
+    # With the drop-ins README installs beside it (read from
+    # imagegc.service.d/ next to the unit, as from /etc/systemd/system).
+    dropins = unit_dir / "imagegc.service.d"
+    dropins.mkdir()
+    for name in ("kubernetes.conf", "registry-manifests.conf"):
+        (dropins / name).write_text((REPO_PATH / "systemd" / name).read_text(encoding="utf-8"))
+    out = run(analyze, "verify", path)
+    assert not out.strip(), f"systemd-analyze verify warns with the drop-ins:\n{out}"
     # How exposed the service is, for the record (not a check).
     security = subprocess.run([analyze, "security", "--offline=yes", path], capture_output=True, text=True)
     print("systemd-analyze security:", *re.findall(r"Overall exposure level.*", security.stdout))

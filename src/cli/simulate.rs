@@ -111,6 +111,8 @@ pub fn simulate(config: &Config, args: &SimulateArgs) -> Result<ExitStatus, CliE
             write_traces(path, &traces)?;
         }
     }
+    // The replay reads what the daemon's engine reads of the configuration.
+    let settings = crate::engine::Settings::from(config);
     let mut runs = Vec::with_capacity(traces.len());
     for (name, kind, trace) in &traces {
         let disks = if !capacities.is_empty() {
@@ -118,13 +120,13 @@ pub fn simulate(config: &Config, args: &SimulateArgs) -> Result<ExitStatus, CliE
         } else if let (None, Some(capacity)) = (kind, trace.capacity) {
             vec![capacity]
         } else {
-            reference_disks(trace, config, args.other_percent).to_vec()
+            reference_disks(trace, &settings, args.other_percent).to_vec()
         };
         let comparisons = disks
             .iter()
             .map(|&capacity| {
                 let other = (u128::from(capacity) * u128::from(args.other_percent) / 100) as u64;
-                Comparison::run(trace, capacity, other, config)
+                Comparison::run(trace, capacity, other, &settings)
             })
             .collect();
         runs.push(Run {

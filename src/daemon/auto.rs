@@ -88,7 +88,7 @@ pub fn judge(state_dir: &Path, config: &Config, current: Order, images: usize) -
         trace.duration(),
         capacity,
         other,
-        config,
+        &crate::engine::Settings::from(config),
         current,
         rate,
     ))

@@ -25,14 +25,16 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::{Runtime, Snapshot};
+use crate::cri::Runtime;
+
 use crate::fs::FsStats;
 use crate::model::Reason;
+use crate::model::Snapshot;
 use crate::policy::{AgePass, Candidate, CyclePlan, KeptImages, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
 use crate::records::Listed;
 
 use super::observe::ImageFs;
-use super::removal::{Ahead, Confirming, CycleContext, Disk, Removing, Step};
+use super::removal::{Ahead, Confirming, CycleContext, Disk, Fate, Removing};
 use super::report::{CycleError, CycleReport, Outcome};
 use super::usage::Listing;
 use super::{Collector, Event};
@@ -203,7 +205,7 @@ impl<R: Runtime> Collector<R> {
             }
             let next = age.get(i + 1);
             match self.remove(candidate, rechecked.take(), next, cx).await? {
-                Removing::Finished(Step::Unknown) => return Ok(ControlFlow::Break(())),
+                Removing::Finished(Fate::Unknown) => return Ok(ControlFlow::Break(())),
                 Removing::Finished(_) => {}
                 Removing::Confirming(confirming) => {
                     let next = next.filter(|_| !cx.cancel.is_cancelled());
@@ -345,14 +347,14 @@ impl<R: Runtime> Collector<R> {
                                 .await
                                 .zip(next)
                                 .map(|(r, c)| (c.id, r));
-                            Step::Removed
+                            Fate::Removed
                         }
                     };
                     match step {
-                        Step::Removed if walk.estimating() => _ = walk.removed(candidate.size, None),
+                        Fate::Removed if walk.estimating() => _ = walk.removed(candidate.size, None),
                         // One reading, not waited on.
-                        Step::Removed if walk.hurrying() => _ = walk.removed(candidate.size, disk.measure().ok()),
-                        Step::Removed => match disk.measure() {
+                        Fate::Removed if walk.hurrying() => _ = walk.removed(candidate.size, disk.measure().ok()),
+                        Fate::Removed => match disk.measure() {
                             Ok(stats) => _ = walk.removed(candidate.size, Some(stats)),
                             Err(err) => {
                                 self.sinks.emit(&Event::MeasureFailedMidWalk(&err.to_string()));
@@ -361,8 +363,8 @@ impl<R: Runtime> Collector<R> {
                         },
                         // Kept here, but someone else may have removed it
                         // (or something else freed space) meanwhile.
-                        Step::Kept => walk.kept(disk.measure().ok()),
-                        Step::Unknown => break,
+                        Fate::Kept => walk.kept(disk.measure().ok()),
+                        Fate::Unknown => break,
                     }
                 }
                 WalkStep::HoldBack(candidate) => {

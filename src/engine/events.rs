@@ -11,9 +11,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::report::CycleReport;
-use crate::cri::Names;
-use crate::cri::{Container, Image};
 use crate::fs::FsStats;
+use crate::model::names::Names;
+use crate::model::{Container, Image};
 use crate::model::{Reason, Removal};
 use crate::policy::{KeepReason, SpaceOutlook};
 use crate::records::{Observed, Unlisted};

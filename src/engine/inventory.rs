@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{info, warn};
 
-use crate::cri::Image;
+use crate::model::Image;
 use crate::policy::{DiskFootprint, LargestPull, RepoSizes};
 use crate::records::Records;
 use crate::store::journal::{Journal, JournalEntry};

@@ -36,8 +36,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cri::{Image, Runtime};
+use crate::cri::Runtime;
+
 use crate::fs::{FsProbe, FsStats};
+use crate::model::Image;
 use crate::outputs::metrics::Metrics;
 use crate::policy::{ComingPull, DiskFootprint, Protections};
 use crate::records::Records;

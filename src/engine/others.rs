@@ -22,7 +22,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::cri::{Image, Runtime};
+use crate::cri::Runtime;
+
+use crate::model::Image;
 use crate::records::{Unlisted, VANISHED_GRACE};
 use crate::store::pending::Seen;
 

@@ -14,8 +14,11 @@
 //! [`SETTLE_TIMEOUT`]), a slow journal or a slow log make it stale, and
 //! the image is re-checked again right before the call. The pending note
 //! (an fsync) is written before the re-check it precedes, never between
-//! the re-check and the call. What no CRI client can close remains: the
-//! re-check's own round trip, plus those few milliseconds.
+//! the re-check and the call. The re-check's containers are those of a
+//! `ListContainers` followed by no other call (containers it shows for the
+//! first time are asked about, then listed again: see
+//! `observe::MountCache::list_fresh`). What no CRI client can close
+//! remains: the re-check's own round trip, plus those few milliseconds.
 //!
 //! Every removal known to have happened, at once or settled later (by this
 //! process or the next), goes through [`Collector::removed`]: one event,
@@ -28,8 +31,9 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::matching;
-use crate::cri::{Container, Image, Removed, Runtime, RuntimeError, Snapshot};
+use crate::cri::{Removed, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
+use crate::model::{Container, Image, Snapshot};
 use crate::model::{Reason, Removal};
 use crate::policy::{Candidate, KeepReason, Uses};
 use crate::records::History;
@@ -61,7 +65,7 @@ pub(super) struct CycleContext<'a> {
 
 /// What became of one candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Step {
+pub(super) enum Fate {
     /// Removed (or, in dry run, would have been).
     Removed,
     /// Kept: in use, already gone, or the removal failed.
@@ -171,7 +175,7 @@ impl Confirming {
 /// What a call to [`Collector::remove`] came to.
 pub(super) enum Removing {
     /// Done with the candidate.
-    Finished(Step),
+    Finished(Fate),
     /// Removed; its space is still to confirm.
     Confirming(Box<Confirming>),
 }
@@ -472,7 +476,7 @@ impl<R: Runtime> Collector<R> {
     /// second collector, `crictl rmi`) is not this collector's removal, a
     /// runtime that answers OK and still lists the image did not remove it,
     /// and a call that timed out or broke is watched until the image is gone
-    /// or the outcome stays unknown (see [`Step::Unknown`]), and then stays
+    /// or the outcome stays unknown (see [`Fate::Unknown`]), and then stays
     /// pending (see [`crate::store::pending`]) until a listing settles it.
     ///
     /// `next`, the candidate removed next whatever this removal comes to
@@ -501,7 +505,7 @@ impl<R: Runtime> Collector<R> {
             Ok(Some(fresh)) => fresh,
             Ok(None) => {
                 self.remover.pending.forget(candidate.id);
-                return Ok(Removing::Finished(Step::Kept));
+                return Ok(Removing::Finished(Fate::Kept));
             }
             Err(err) => {
                 self.remover.pending.forget(candidate.id);
@@ -521,7 +525,7 @@ impl<R: Runtime> Collector<R> {
         };
         if cx.report.dry_run {
             self.removed(removal, None, cx.report).await;
-            return Ok(Removing::Finished(Step::Removed));
+            return Ok(Removing::Finished(Fate::Removed));
         }
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
@@ -544,7 +548,7 @@ impl<R: Runtime> Collector<R> {
         };
         let (step, after, unverified) = self.outcome(candidate, result, before, next.is_some(), cx).await;
         match (step, after) {
-            (Step::Removed, Some(Returned::Back { before, first })) => {
+            (Fate::Removed, Some(Returned::Back { before, first })) => {
                 return Ok(Removing::Confirming(Box::new(Confirming {
                     removal,
                     before,
@@ -553,14 +557,14 @@ impl<R: Runtime> Collector<R> {
                     unverified,
                 })));
             }
-            (Step::Removed, after) => {
+            (Fate::Removed, after) => {
                 // Settled, or not measured (a confirm went to the arm above).
                 let after = after.map(|(Returned::Settled(stats) | Returned::Back { first: stats, .. })| stats);
                 removal.freed_bytes = Disk::freed(before, after);
                 self.journal_removal(removal, cx.report).await;
             }
-            (Step::Kept, _) => self.remover.pending.forget(candidate.id),
-            (Step::Unknown, _) => self.remover.pending.mark_unknown(candidate.id),
+            (Fate::Kept, _) => self.remover.pending.forget(candidate.id),
+            (Fate::Unknown, _) => self.remover.pending.mark_unknown(candidate.id),
         }
         drop(in_flight);
         Ok(Removing::Finished(step))
@@ -801,12 +805,12 @@ impl<R: Runtime> Collector<R> {
         before: Option<FsStats>,
         verify_later: bool,
         cx: &mut CycleContext<'_>,
-    ) -> (Step, Option<Returned>, bool) {
+    ) -> (Fate, Option<Returned>, bool) {
         let (disk, cancel) = (cx.disk, cx.cancel);
         let step = match result {
             Ok(Removed::AlreadyGone) => {
                 self.gone_already(candidate);
-                Step::Kept
+                Fate::Kept
             }
             Ok(Removed::Done) => {
                 // Whether the image is really gone is asked while the
@@ -818,7 +822,7 @@ impl<R: Runtime> Collector<R> {
                     && !hurried
                     && let Some(back) = disk.back_at_once(before)
                 {
-                    return (Step::Removed, Some(back), true);
+                    return (Fate::Removed, Some(back), true);
                 }
                 let returned = async {
                     if hurried {
@@ -829,9 +833,9 @@ impl<R: Runtime> Collector<R> {
                 };
                 let (returned, status) = tokio::join!(returned, self.runtime.image_status(candidate.id));
                 if self.still_there(candidate.id, &status, cx.report) {
-                    return (Step::Kept, None, false);
+                    return (Fate::Kept, None, false);
                 }
-                return (Step::Removed, returned, false);
+                return (Fate::Removed, returned, false);
             }
             // The call failed, but the runtime may have removed the image
             // all the same (a deadline that passed while it worked, a
@@ -844,7 +848,7 @@ impl<R: Runtime> Collector<R> {
                         error: &error,
                     });
                     return (
-                        Step::Removed,
+                        Fate::Removed,
                         disk.settled(before).await.ok().map(Returned::Settled),
                         false,
                     );
@@ -858,7 +862,7 @@ impl<R: Runtime> Collector<R> {
                         error: &error,
                     });
                     cx.report.failed.push((candidate.id.to_string(), error));
-                    Step::Kept
+                    Fate::Kept
                 }
                 None => {
                     let error = err.to_string();
@@ -867,7 +871,7 @@ impl<R: Runtime> Collector<R> {
                         error: &error,
                     });
                     cx.report.unsettled.push(candidate.id.to_string());
-                    Step::Unknown
+                    Fate::Unknown
                 }
             },
         };

@@ -20,6 +20,10 @@ pub struct Settings {
     pub dry_run: bool,
     /// `gc.interval`: from one cycle to the next.
     pub interval: Duration,
+    /// `gc.usage_poll_interval`: how often images and containers are
+    /// listed between cycles (and usage measured, at most every two
+    /// seconds: see [`crate::policy::Schedule`]).
+    pub usage_poll_interval: Duration,
     /// `gc.thrash_window`: how long an image removed for space is held
     /// back while images cannot bring usage to low.
     pub thrash_window: Duration,
@@ -36,12 +40,24 @@ pub struct Settings {
     pub kubelet: KubeletView,
 }
 
+impl Settings {
+    /// These settings with the fixed `order` in force (see
+    /// [`GcPolicy::fixed`]).
+    pub fn with_fixed_order(&self, order: crate::config::Order) -> Settings {
+        Settings {
+            policy: Arc::new(self.policy.fixed(order)),
+            ..self.clone()
+        }
+    }
+}
+
 impl From<&Config> for Settings {
     fn from(config: &Config) -> Self {
         Settings {
             policy: Arc::new(GcPolicy::from(config)),
             dry_run: config.gc.dry_run,
             interval: config.gc.interval,
+            usage_poll_interval: config.gc.usage_poll_interval,
             thrash_window: config.gc.thrash_window,
             runtime_timeout: config.runtime.timeout,
             image_fs_path: config.gc.image_fs_path.clone(),

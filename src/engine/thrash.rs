@@ -5,8 +5,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::cri::Image;
-use crate::cri::Names;
+use crate::model::Image;
+use crate::model::names::Names;
 use crate::model::reference;
 use crate::policy::SpaceOutlook;
 

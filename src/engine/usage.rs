@@ -13,8 +13,9 @@ use tokio_stream::StreamExt as _;
 use tracing::{debug, info, warn};
 
 use crate::cri::matching::{self, InUse};
-use crate::cri::{ContainerEvent, EventStream, Image, Runtime, RuntimeError, Snapshot};
+use crate::cri::{ContainerEvent, EventStream, Runtime, RuntimeError};
 use crate::fs::FsStats;
+use crate::model::{Image, Snapshot};
 use crate::policy::{CyclePlan, KeptImages, Protections};
 use crate::records::{Listed, Observed};
 

@@ -475,7 +475,7 @@ impl WatchState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::Image;
+    use crate::model::Image;
 
     fn image(id: &str, tags: &[&str], digests: &[&str]) -> Image {
         Image {

@@ -687,7 +687,7 @@ impl crate::engine::PullSizes for ManifestSizes {
         size
     }
 
-    fn read_for(&self, image: &crate::cri::Image) -> Option<u64> {
+    fn read_for(&self, image: &crate::model::Image) -> Option<u64> {
         let map = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let read: Vec<(&str, u64)> = map
             .iter()

@@ -1,11 +1,17 @@
-//! The data every layer shares about a removal: why an image goes
-//! ([`Reason`]) and what one removal was ([`Removal`], also what the
-//! journal records); and how images are named ([`reference`]: references
-//! and the patterns of `protect.images`). Data only: no IO.
+//! The data every layer shares: what a runtime lists ([`Image`],
+//! [`Container`], [`Snapshot`], and an image's tags and digests held once,
+//! [`names::Names`]); why an image goes ([`Reason`]) and what one removal
+//! was ([`Removal`], also what the journal records); and how images are
+//! named ([`reference`]: references and the patterns of `protect.images`).
+//! Data only: no IO.
 
 use std::time::SystemTime;
 
+mod image;
+pub mod names;
 pub(crate) mod reference;
+
+pub use image::{Container, ContainerState, Image, Snapshot};
 
 /// Why an image is removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

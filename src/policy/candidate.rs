@@ -4,8 +4,8 @@
 
 use std::time::SystemTime;
 
-use crate::cri::Names;
 use crate::model::Reason;
+use crate::model::names::Names;
 use crate::records::Break;
 
 /// An image the cycle may remove. Borrowed from the snapshot: planning

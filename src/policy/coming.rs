@@ -16,7 +16,9 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::cri::{Image, matching};
+use crate::cri::matching;
+
+use crate::model::Image;
 use crate::model::reference;
 use crate::policy::footprint::{permille_of, times_permille};
 use crate::policy::{DiskFootprint, Protections};

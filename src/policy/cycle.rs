@@ -17,8 +17,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::cri::Snapshot;
 use crate::fs::FsStats;
+use crate::model::Snapshot;
 use crate::records::Listed;
 
 use super::layers::LayerBook;
@@ -230,7 +230,7 @@ impl<'p, 'a> SpacePass<'p, 'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::Image;
+    use crate::model::Image;
     use crate::records::Records;
     use crate::testing::{container_using, library_image};
 

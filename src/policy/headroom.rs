@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::config::EvictionThreshold;
-use crate::cri::Image;
+use crate::model::Image;
 
 /// How long a pull counts for the headroom: a week, which covers the
 /// weekly jobs and releases that bring the biggest images back.

@@ -12,7 +12,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::config::Config;
-use crate::cri::Image;
+use crate::model::Image;
 use crate::model::Reason;
 use crate::model::reference::ProtectPattern;
 use crate::records::History;
@@ -176,6 +176,11 @@ impl From<&Config> for Rules {
 }
 
 impl Rules {
+    /// `gc.min_age`.
+    pub fn min_age(&self) -> Duration {
+        self.min_age
+    }
+
     /// The rules of `protect.images`, `protect.keep_recent_per_repository`
     /// and `gc.min_age`.
     pub fn new(protect: &[String], keep_recent: u32, min_age: Duration) -> Self {

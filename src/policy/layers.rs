@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::collections::{HashMap, HashSet};
-use crate::cri::Image;
+use crate::model::Image;
 
 use super::footprint::DiskFootprint;
 

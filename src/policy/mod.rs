@@ -118,6 +118,23 @@ impl GcPolicy {
         policy
     }
 
+    /// The policy with the fixed `order` in force, whatever `gc.order`
+    /// says (`simulate`'s side-by-side orders, `auto`'s judgements).
+    pub fn fixed(&self, order: Order) -> Self {
+        let mut policy = self.clone();
+        if order != Order::Auto {
+            policy.order = order;
+            policy.auto = false;
+        }
+        policy
+    }
+
+    /// `gc.min_age`: an image first seen less long ago is kept from a
+    /// space pass.
+    pub fn min_age(&self) -> Duration {
+        self.keep.min_age()
+    }
+
     /// Whether pulls are sized from the journal's removals of the last
     /// [`headroom::HEADROOM_WINDOW`] (for `gc.headroom` or
     /// `kubernetes.room_before_pulls`).

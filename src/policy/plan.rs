@@ -13,11 +13,11 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
-use crate::cri::Names;
 use crate::cri::matching;
-use crate::cri::{Image, Snapshot};
 pub use crate::model::Reason;
+use crate::model::names::Names;
 use crate::model::reference;
+use crate::model::{Image, Snapshot};
 use crate::records::{Listed, Records};
 
 use super::GcPolicy;
@@ -364,7 +364,7 @@ fn keep_recent<'a>(snapshot: &'a Snapshot, listed: &Listed, keep: u32) -> HashMa
 mod tests {
     use super::*;
     use crate::config::{Config, Order};
-    use crate::cri::Container;
+    use crate::model::Container;
     use crate::policy::order::expected_back;
     use crate::records::Break;
     use crate::testing::{container_naming as container, library_image as image};

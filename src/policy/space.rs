@@ -5,8 +5,8 @@
 //! that the cycle drives with measurements and `plan` and the dry run drive
 //! with the estimate: one stopping rule for all three.
 
-use crate::cri::Image;
 use crate::fs::FsStats;
+use crate::model::Image;
 use crate::policy::headroom::Headroom;
 
 use std::time::Duration;

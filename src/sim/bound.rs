@@ -221,6 +221,7 @@ fn saved_in_windows(
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::engine::Settings;
     use crate::sim::replay::{Imagegc, Kubelet, replay};
     use crate::sim::trace::{TraceEvent, TraceImage};
     use crate::sim::workload::Kind;
@@ -296,11 +297,12 @@ mod tests {
             let trace = kind.generate(11, 10);
             let capacity = trace.unique_bytes() / 3;
             let other = capacity / 10;
-            let mut imagegc = Imagegc::new(&config, "imagegc", &trace);
-            let mut kubelet = Kubelet::new(&config);
+            let settings = Settings::from(&config);
+            let mut imagegc = Imagegc::new(&settings, "imagegc", &trace);
+            let mut kubelet = Kubelet::new(&settings);
             for tally in [
-                replay(&trace, capacity, other, &config, &mut imagegc),
-                replay(&trace, capacity, other, &config, &mut kubelet),
+                replay(&trace, capacity, other, &settings, &mut imagegc),
+                replay(&trace, capacity, other, &settings, &mut kubelet),
             ] {
                 // Within its own average, and within its own peak at every instant.
                 let averaged = pfoo_l_averaged(&trace, tally.mean_image_bytes);

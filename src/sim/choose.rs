@@ -19,7 +19,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Order};
+use crate::config::Order;
+use crate::engine::Settings;
 
 use super::replay::{Imagegc, Node, Policy, replay};
 use super::trace::{Seconds, Trace, sampled};
@@ -101,19 +102,19 @@ impl Judgement {
 }
 
 /// Replays `trace` on a disk of `capacity` bytes, `other` of them not
-/// images, under each fixed order with `config`'s thresholds and ages.
-pub fn judge(trace: &Trace, capacity: u64, other: u64, config: &Config) -> Vec<Figure> {
+/// images, under each fixed order with the thresholds and ages of
+/// `settings`.
+pub fn judge(trace: &Trace, capacity: u64, other: u64, settings: &Settings) -> Vec<Figure> {
     Order::FIXED
         .into_iter()
         .map(|order| {
-            let mut config = config.clone();
-            config.gc.order = order;
+            let settings = settings.with_fixed_order(order);
             let tally = replay(
                 trace,
                 capacity,
                 other,
-                &config,
-                &mut Imagegc::new(&config, order.as_str(), trace),
+                &settings,
+                &mut Imagegc::new(&settings, order.as_str(), trace),
             );
             Figure {
                 order,
@@ -152,17 +153,17 @@ pub fn judge_window(
     to: Seconds,
     capacity: u64,
     other: u64,
-    config: &Config,
+    settings: &Settings,
     current: Order,
 ) -> Judgement {
     let from = to.saturating_sub(WINDOW);
     let window = trace.window(from, to, |_| true);
     if window.images.len() <= MAX_IMAGES {
-        return judge_sampled(&window, to - from, capacity, other, config, current, 1.0);
+        return judge_sampled(&window, to - from, capacity, other, settings, current, 1.0);
     }
     let rate = MAX_IMAGES as f64 / window.images.len() as f64;
     let sample = trace.window(from, to, |image| sampled(&image.id, rate));
-    judge_sampled(&sample, to - from, capacity, other, config, current, rate)
+    judge_sampled(&sample, to - from, capacity, other, settings, current, rate)
 }
 
 /// Judges the window of `trace` that ends at `to` (all of it, when it is
@@ -174,7 +175,7 @@ pub fn judge_sampled(
     to: Seconds,
     capacity: u64,
     other: u64,
-    config: &Config,
+    settings: &Settings,
     current: Order,
     rate: f64,
 ) -> Judgement {
@@ -187,7 +188,7 @@ pub fn judge_sampled(
         trace
     };
     let scale = |bytes: u64| (bytes as f64 * rate) as u64;
-    let mut figures = judge(trace, scale(capacity), scale(other), config);
+    let mut figures = judge(trace, scale(capacity), scale(other), settings);
     if rate < 1.0 {
         for figure in &mut figures {
             figure.repulled_bytes = (figure.repulled_bytes as f64 / rate) as u64;
@@ -204,21 +205,21 @@ pub fn judge_sampled(
 /// imagegc with `gc.order = "auto"` in a replay: an [`Imagegc`] whose
 /// order is judged again every [`EVERY`] on the trace up to then (what
 /// the daemon's usage log would hold: only the past), at the node's disk.
-pub struct Auto<'c> {
+pub struct AutoReplay<'c> {
     imagegc: Imagegc<'c>,
-    config: &'c Config,
+    settings: &'c Settings,
     trace: &'c Trace,
     due: Seconds,
     /// The judgements made, with their times.
     pub judgements: Vec<(Seconds, Judgement)>,
 }
 
-impl<'c> Auto<'c> {
-    /// `auto` with `config`, named `label` in reports, over `trace`.
-    pub fn new(config: &'c Config, label: impl Into<String>, trace: &'c Trace) -> Self {
-        Auto {
-            imagegc: Imagegc::new(config, label, trace),
-            config,
+impl<'c> AutoReplay<'c> {
+    /// `auto` with `settings`, named `label` in reports, over `trace`.
+    pub fn new(settings: &'c Settings, label: impl Into<String>, trace: &'c Trace) -> Self {
+        AutoReplay {
+            imagegc: Imagegc::new(settings, label, trace),
+            settings,
             trace,
             due: EVERY,
             judgements: Vec::new(),
@@ -226,7 +227,7 @@ impl<'c> Auto<'c> {
     }
 }
 
-impl Policy for Auto<'_> {
+impl Policy for AutoReplay<'_> {
     fn name(&self) -> String {
         self.imagegc.name()
     }
@@ -238,7 +239,7 @@ impl Policy for Auto<'_> {
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
         if t >= self.due {
             let (capacity, other) = node.disk();
-            let judgement = judge_window(self.trace, t, capacity, other, self.config, self.imagegc.order());
+            let judgement = judge_window(self.trace, t, capacity, other, self.settings, self.imagegc.order());
             self.imagegc.set_order(judgement.order);
             self.judgements.push((t, judgement));
             self.due = t + EVERY;
@@ -284,6 +285,7 @@ mod order_name {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn figure(order: Order, repulled_bytes: u64) -> Figure {
         Figure {
@@ -319,7 +321,8 @@ mod tests {
         let trace = Kind::Preview.generate(1, 10);
         let config = Config::default();
         let day = 24 * 3600;
-        let judgement = judge_window(&trace, 3 * day, 40_000_000_000, 0, &config, Order::PRIOR);
+        let settings = Settings::from(&config);
+        let judgement = judge_window(&trace, 3 * day, 40_000_000_000, 0, &settings, Order::PRIOR);
         assert_eq!(judgement.window_secs, 3 * day, "less usage than a window: all of it");
         // Only images used by then are replayed: the same as the trace
         // cut there.
@@ -327,8 +330,8 @@ mod tests {
             events: trace.events.iter().copied().filter(|e| e.at < 3 * day).collect(),
             ..trace.clone()
         };
-        assert_eq!(judge(&cut, 40_000_000_000, 0, &config), judgement.figures);
-        let later = judge_window(&trace, 10 * day, 40_000_000_000, 0, &config, Order::PRIOR);
+        assert_eq!(judge(&cut, 40_000_000_000, 0, &settings), judgement.figures);
+        let later = judge_window(&trace, 10 * day, 40_000_000_000, 0, &settings, Order::PRIOR);
         assert_eq!(later.window_secs, WINDOW.min(10 * day));
         assert_eq!(later.sampled, 1.0);
     }
@@ -340,8 +343,9 @@ mod tests {
         let mut config = Config::default();
         config.gc.order = Order::Auto;
         let capacity = trace.unique_bytes() / 3;
-        let mut auto = Auto::new(&config, "auto", &trace);
-        let tally = replay(&trace, capacity, capacity / 10, &config, &mut auto);
+        let settings = Settings::from(&config);
+        let mut auto = AutoReplay::new(&settings, "auto", &trace);
+        let tally = replay(&trace, capacity, capacity / 10, &settings, &mut auto);
         assert_eq!(tally.policy, "auto");
         let times: Vec<Seconds> = auto.judgements.iter().map(|(t, _)| *t).collect();
         assert_eq!(times.len(), 2, "{times:?}");

@@ -2,10 +2,11 @@
 //! with the configuration given, the kubelet's algorithm, and the offline
 //! bound at the same budget.
 
-use crate::config::{Config, Order};
+use crate::config::Order;
+use crate::engine::Settings;
 
 use super::bound::{Bound, pfoo_l};
-use super::choose::Auto;
+use super::choose::AutoReplay;
 use super::replay::{Belady, Imagegc, Kubelet, Policy, Tally, replay};
 use super::trace::Trace;
 
@@ -29,43 +30,40 @@ pub struct Comparison {
 
 impl Comparison {
     /// Replays `trace` on a disk of `capacity` bytes, `other` of them not
-    /// images, under imagegc (`config`) and the kubelet (`config`'s
+    /// images, under imagegc (`settings`) and the kubelet (their
     /// thresholds and minimum age), and bounds it.
-    pub fn run(trace: &Trace, capacity: u64, other: u64, config: &Config) -> Self {
-        let high_line = (u128::from(capacity) * u128::from(config.gc.high_threshold_percent) / 100) as u64;
+    pub fn run(trace: &Trace, capacity: u64, other: u64, settings: &Settings) -> Self {
+        let policy = &settings.policy;
+        let high_line = (u128::from(capacity) * u128::from(policy.target.high_percent()) / 100) as u64;
         let budget = high_line.saturating_sub(other);
         // `auto` judges its order on the past of the trace as it goes.
-        let mut imagegc: Box<dyn Policy> = if config.gc.order == Order::Auto {
-            Box::new(Auto::new(config, "imagegc", trace))
+        let mut imagegc: Box<dyn Policy> = if policy.auto {
+            Box::new(AutoReplay::new(settings, "imagegc", trace))
         } else {
-            Box::new(Imagegc::new(config, "imagegc", trace))
+            Box::new(Imagegc::new(settings, "imagegc", trace))
         };
         // The other fixed orders, side by side (`auto`, which replays the
         // past under each of them every simulated day, only when asked).
-        let others: Vec<Config> = Order::FIXED
+        let others: Vec<(Order, Settings)> = Order::FIXED
             .into_iter()
-            .filter(|&order| order != config.gc.order)
-            .map(|order| {
-                let mut other = config.clone();
-                other.gc.order = order;
-                other
-            })
+            .filter(|&order| policy.auto || order != policy.order)
+            .map(|order| (order, settings.with_fixed_order(order)))
             .collect();
-        let mut kubelet = Kubelet::new(config);
-        let mut offline = Belady::new(config, trace);
+        let mut kubelet = Kubelet::new(settings);
+        let mut offline = Belady::new(settings, trace);
         Comparison {
             capacity_bytes: capacity,
             other_bytes: other,
             budget_bytes: budget,
             unique_bytes: trace.unique_bytes(),
-            policies: std::iter::once(replay(trace, capacity, other, config, imagegc.as_mut()))
-                .chain(others.iter().map(|order| {
-                    let label = format!("imagegc {}", order.gc.order.as_str());
-                    replay(trace, capacity, other, order, &mut Imagegc::new(order, label, trace))
+            policies: std::iter::once(replay(trace, capacity, other, settings, imagegc.as_mut()))
+                .chain(others.iter().map(|(order, with)| {
+                    let label = format!("imagegc {}", order.as_str());
+                    replay(trace, capacity, other, with, &mut Imagegc::new(with, label, trace))
                 }))
                 .chain([
-                    replay(trace, capacity, other, config, &mut kubelet),
-                    replay(trace, capacity, other, config, &mut offline),
+                    replay(trace, capacity, other, settings, &mut kubelet),
+                    replay(trace, capacity, other, settings, &mut offline),
                 ])
                 .collect(),
             bound: pfoo_l(trace, budget),
@@ -78,10 +76,11 @@ impl Comparison {
 /// holds the peak of bytes in use plus 15%, then 35%, of every other byte
 /// the trace ever pulls. Rounded up to a whole GB. A disk sized from the
 /// trace, not fixed per workload, puts every seed under comparable pressure.
-pub fn reference_disks(trace: &Trace, config: &Config, other_percent: u8) -> [u64; 2] {
+pub fn reference_disks(trace: &Trace, settings: &Settings, other_percent: u8) -> [u64; 2] {
     let peak = trace.peak_in_use_bytes();
     let rest = trace.unique_bytes().saturating_sub(peak);
-    let share = u64::from(config.gc.high_threshold_percent.saturating_sub(other_percent).max(1));
+    let high = settings.policy.target.high_percent();
+    let share = u64::from(high.saturating_sub(other_percent).max(1));
     [15u64, 35].map(|percent| {
         let budget = u128::from(peak) + u128::from(rest) * u128::from(percent) / 100;
         let capacity = (budget * 100).div_ceil(u128::from(share));

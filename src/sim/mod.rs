@@ -30,6 +30,9 @@
 //! - [`choose`]: `gc.order = "auto"`, the fixed orders judged by replaying
 //!   the recent past, for the daemon and for the replay itself.
 //!
+//! The replays read what the daemon's engine reads of the configuration
+//! ([`crate::engine::Settings`]), nothing else of it.
+//!
 //! The only IO here is reading traces: through the caller's reader and
 //! writer, and the usage log's files (current and rotated) by path
 //! ([`trace::Trace::read_log`]), which `simulate --usage-log` and `auto`

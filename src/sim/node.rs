@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use crate::cri::{Container, Image};
+use crate::model::{Container, Image};
 
 /// The images, layers and containers of a fake node, and the removals
 /// its runtime made.

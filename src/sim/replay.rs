@@ -44,9 +44,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
-use crate::config::{Config, Order};
-use crate::cri::{Container, ContainerState, Image, Snapshot};
+use crate::config::Order;
+use crate::engine::Settings;
 use crate::fs::FsStats;
+use crate::model::{Container, ContainerState, Image, Snapshot};
 use crate::policy::cycle::USAGE_CHECK_INTERVAL;
 use crate::policy::schedule::{Ended, Measured, Schedule};
 use crate::policy::{
@@ -68,10 +69,6 @@ const USAGE_CHECK: Seconds = USAGE_CHECK_INTERVAL.as_secs();
 
 /// The kubelet's image GC period.
 const KUBELET_PERIOD: Seconds = 300;
-
-/// The kubelet's default hard eviction line for the image filesystem:
-/// `imagefs.available<15%`.
-const DEFAULT_EVICTION_PERCENT: f64 = 15.0;
 
 /// What one policy did over a replay.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -148,16 +145,13 @@ pub struct Node<'t> {
 impl<'t> Node<'t> {
     /// An empty node: `capacity` bytes of disk, `other` of them taken by
     /// data that is not images.
-    pub fn new(trace: &'t Trace, capacity: u64, other: u64, config: &Config) -> Self {
-        let eviction_available = config.eviction_imagefs_available.map_or_else(
-            || (capacity as f64 * DEFAULT_EVICTION_PERCENT / 100.0) as u64,
-            |t| t.min_available_bytes(capacity),
-        );
+    pub fn new(trace: &'t Trace, capacity: u64, other: u64, settings: &Settings) -> Self {
+        let eviction_available = settings.policy.eviction.min_available_bytes(capacity);
         Node {
             trace,
             capacity,
             other,
-            high: config.gc.high_threshold_percent,
+            high: settings.policy.target.high_percent(),
             eviction_available,
             layer_refs: vec![0; trace.layers.len()],
             layer_seen: vec![false; trace.layers.len()],
@@ -362,13 +356,19 @@ pub trait Policy {
 /// change (see [`Policy::quiet_until`]) are counted without being run: a
 /// gap of any length in a trace costs a few steps, and the result is the
 /// one every wake would give.
-pub fn replay(trace: &Trace, capacity: u64, other: u64, config: &Config, policy: &mut dyn Policy) -> Tally {
-    replay_steps(trace, capacity, other, config, policy).0
+pub fn replay(trace: &Trace, capacity: u64, other: u64, settings: &Settings, policy: &mut dyn Policy) -> Tally {
+    replay_steps(trace, capacity, other, settings, policy).0
 }
 
 /// [`replay`], and how many wakes it ran.
-fn replay_steps(trace: &Trace, capacity: u64, other: u64, config: &Config, policy: &mut dyn Policy) -> (Tally, u64) {
-    let mut node = Node::new(trace, capacity, other, config);
+fn replay_steps(
+    trace: &Trace,
+    capacity: u64,
+    other: u64,
+    settings: &Settings,
+    policy: &mut dyn Policy,
+) -> (Tally, u64) {
+    let mut node = Node::new(trace, capacity, other, settings);
     let mut steps = 0u64;
     for event in &trace.events {
         while policy.next_wake() <= event.at {
@@ -458,8 +458,8 @@ fn instant(t: Seconds) -> SystemTime {
 /// imagegc's own rules: records, planner and space walk (see the module
 /// docs for what is simulated around them).
 pub struct Imagegc<'c> {
-    config: &'c Config,
-    /// The planner's policy, made once from `config`.
+    settings: &'c Settings,
+    /// The planner's policy: the settings', with the order `auto` chose.
     policy: GcPolicy,
     label: String,
     records: Records,
@@ -487,7 +487,7 @@ pub struct Imagegc<'c> {
 
 impl<'c> Imagegc<'c> {
     /// imagegc with `config`, named `label` in reports, over `trace`'s images.
-    pub fn new(config: &'c Config, label: impl Into<String>, trace: &Trace) -> Self {
+    pub fn new(settings: &'c Settings, label: impl Into<String>, trace: &Trace) -> Self {
         let listed: Vec<Image> = trace
             .images
             .iter()
@@ -506,13 +506,13 @@ impl<'c> Imagegc<'c> {
             .map(|(i, image)| (image.id.clone(), i as u32))
             .collect();
         Imagegc {
-            config,
-            policy: GcPolicy::from(config),
+            settings,
+            policy: GcPolicy::clone(&settings.policy),
             label: label.into(),
             records: Records::new(),
             listed,
             by_id,
-            schedule: Schedule::new(Duration::ZERO, interval(config), config.gc.usage_poll_interval, 0),
+            schedule: Schedule::new(Duration::ZERO, interval(settings), settings.usage_poll_interval, 0),
             changed: false,
             arrivals: 0,
             quiet_until: None,
@@ -539,14 +539,13 @@ impl<'c> Imagegc<'c> {
     /// when a cycle would learn something at each wake: an image in use
     /// seen again after `MIN_BREAK` (an interval that long).
     fn quiet_until(&self, t: Seconds, node: &Node<'_>) -> Option<Seconds> {
-        let config = self.config;
         let in_use = node.images_on_disk().any(|i| node.users(i) > 0);
-        if in_use && config.gc.interval >= crate::records::MIN_BREAK {
+        if in_use && self.settings.interval >= crate::records::MIN_BREAK {
             return None;
         }
         let secs = |at: SystemTime| at.duration_since(instant(0)).map_or(0, |d| d.as_secs());
-        let max_age = config.gc.max_age.as_secs();
-        let min_age = config.gc.min_age.as_secs();
+        let max_age = self.policy.max_age.as_secs();
+        let min_age = self.policy.min_age().as_secs();
         let mut until = Seconds::MAX;
         let mut note = |at: Seconds| {
             if at > t {
@@ -572,7 +571,6 @@ impl<'c> Imagegc<'c> {
     /// the pulls it makes room for.
     fn cycle(&mut self, t: Seconds, node: &mut Node<'_>, coming: &[ComingPull]) {
         let now = instant(t);
-        let config = self.config;
         node.tally.cycles += 1;
         #[cfg(test)]
         node.tally.cycle_starts.push((t, 0, 1));
@@ -637,7 +635,7 @@ impl<'c> Imagegc<'c> {
         }
         // When the daemon comes back: the interval, or sooner when the
         // first image kept for being too young may go.
-        let interval = interval(config);
+        let interval = interval(self.settings);
         let look = cycle.look_again(interval, low_reached);
         let ended = Ended::Ran {
             look_again: (look < interval).then(|| at(t) + look),
@@ -677,8 +675,8 @@ impl Imagegc<'_> {
 }
 
 /// `gc.interval` as the replay runs it: a second at least.
-fn interval(config: &Config) -> Duration {
-    config.gc.interval.max(Duration::from_secs(1))
+fn interval(settings: &Settings) -> Duration {
+    settings.interval.max(Duration::from_secs(1))
 }
 
 /// Second `t` of the simulation, as the schedule counts time.
@@ -804,12 +802,13 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
-    /// The kubelet with `config`'s thresholds and minimum age.
-    pub fn new(config: &Config) -> Self {
+    /// The kubelet with the thresholds and minimum age of `settings`.
+    pub fn new(settings: &Settings) -> Self {
+        let policy = &settings.policy;
         Kubelet {
-            high: config.gc.high_threshold_percent,
-            low: config.gc.low_threshold_percent,
-            min_age: config.gc.min_age.as_secs(),
+            high: policy.target.high_percent(),
+            low: policy.target.low_percent(),
+            min_age: policy.min_age().as_secs(),
             records: HashMap::new(),
             next: 0,
         }
@@ -898,18 +897,19 @@ impl Policy for Kubelet {
 /// needed furthest in the future, until usage is at or below low. Not a
 /// bound: an achievable schedule, so the optimum lies between the bound
 /// and it.
-pub struct Belady<'c> {
-    config: &'c Config,
-    /// When a space pass is due and done, as `config` sets it.
+pub struct Belady {
+    /// `gc.interval`.
+    interval: Seconds,
+    /// When a space pass is due and done, as the settings say.
     target: SpaceTarget,
     /// When each image is needed, in time order.
     starts: Vec<Vec<Seconds>>,
     next_cycle: Seconds,
 }
 
-impl<'c> Belady<'c> {
-    /// Over `trace`, with `config`'s thresholds and interval.
-    pub fn new(config: &'c Config, trace: &Trace) -> Self {
+impl Belady {
+    /// Over `trace`, with the thresholds and interval of `settings`.
+    pub fn new(settings: &Settings, trace: &Trace) -> Self {
         let mut starts = vec![Vec::new(); trace.images.len()];
         for event in &trace.events {
             if let Action::Start { image, .. } = event.action {
@@ -917,8 +917,8 @@ impl<'c> Belady<'c> {
             }
         }
         Belady {
-            config,
-            target: GcPolicy::from(config).target,
+            interval: settings.interval.as_secs().max(1),
+            target: settings.policy.target,
             starts,
             next_cycle: 0,
         }
@@ -934,7 +934,7 @@ impl<'c> Belady<'c> {
     }
 }
 
-impl Policy for Belady<'_> {
+impl Policy for Belady {
     fn name(&self) -> String {
         "offline".to_string()
     }
@@ -945,7 +945,7 @@ impl Policy for Belady<'_> {
 
     fn wake(&mut self, t: Seconds, node: &mut Node<'_>) {
         node.tally.cycles += 1;
-        self.next_cycle = t + self.config.gc.interval.as_secs().max(1);
+        self.next_cycle = t + self.interval;
         let target = self.target;
         if !target.due(&node.stats()) {
             return;
@@ -990,6 +990,7 @@ impl Policy for Belady<'_> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::sim::trace::{TraceEvent, TraceImage};
 
     const MB: u64 = 1_000_000;
@@ -1042,12 +1043,13 @@ pub(crate) mod tests {
             })
             .collect();
         let trace = trace(sizes, &events);
+        let settings = Settings::from(config);
         let runs = replay(
             &trace,
             capacity,
             0,
-            config,
-            &mut Imagegc::new(config, "imagegc", &trace),
+            &settings,
+            &mut Imagegc::new(&settings, "imagegc", &trace),
         )
         .cycle_starts;
         runs.into_iter()
@@ -1088,12 +1090,13 @@ pub(crate) mod tests {
         events.extend([(pull_at, start(container, pulled)), (pull_at + 60, stop(container))]);
         events.sort_by_key(|&(at, _)| at);
         let trace = trace(sizes, &events);
+        let settings = Settings::from(config);
         replay(
             &trace,
             capacity,
             0,
-            config,
-            &mut Imagegc::new(config, "imagegc", &trace),
+            &settings,
+            &mut Imagegc::new(&settings, "imagegc", &trace),
         )
         .removed
     }
@@ -1119,12 +1122,13 @@ pub(crate) mod tests {
         let run = |room: bool| {
             let mut config = config.clone();
             config.kubernetes.enabled = room;
+            let settings = Settings::from(&config);
             replay(
                 &trace,
                 1000 * MB,
                 0,
-                &config,
-                &mut Imagegc::new(&config, "imagegc", &trace),
+                &settings,
+                &mut Imagegc::new(&settings, "imagegc", &trace),
             )
         };
         let reacting = run(false);
@@ -1144,8 +1148,9 @@ pub(crate) mod tests {
         let mut config = config(85, 50);
         config.gc.max_age = Duration::from_secs(86_400);
         let interval = config.gc.interval.as_secs();
-        let mut imagegc = Imagegc::new(&config, "imagegc", &trace);
-        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &config, &mut imagegc);
+        let settings = Settings::from(&config);
+        let mut imagegc = Imagegc::new(&settings, "imagegc", &trace);
+        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &settings, &mut imagegc);
         assert!(steps < 100, "{steps} steps for a trace of four events");
         // Every cycle of the gap counted; the unused image removed by age
         // a day after its last use, and pulled again after the gap.
@@ -1156,12 +1161,12 @@ pub(crate) mod tests {
         let running = imagegc.records.get(&trace.images[1].id).unwrap();
         assert_eq!(running.usual_break, None);
         assert_eq!(running.last_used, instant(GAP / interval * interval));
-        let mut kubelet = Kubelet::new(&config);
-        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &config, &mut kubelet);
+        let mut kubelet = Kubelet::new(&settings);
+        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &settings, &mut kubelet);
         assert!(steps < 100, "kubelet: {steps} steps");
         assert_eq!(tally.cycles, GAP / KUBELET_PERIOD + 1);
-        let mut offline = Belady::new(&config, &trace);
-        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &config, &mut offline);
+        let mut offline = Belady::new(&settings, &trace);
+        let (tally, steps) = replay_steps(&trace, 1000 * MB, 0, &settings, &mut offline);
         assert!(steps < 100, "offline: {steps} steps");
         assert_eq!(tally.cycles, GAP / interval + 1);
     }
@@ -1182,8 +1187,9 @@ pub(crate) mod tests {
         ];
         let trace = trace(&[400 * MB, 300 * MB, 300 * MB], &events);
         let config = config(85, 50);
-        let mut imagegc = Imagegc::new(&config, "imagegc", &trace);
-        let tally = replay(&trace, 1000 * MB, 0, &config, &mut imagegc);
+        let settings = Settings::from(&config);
+        let mut imagegc = Imagegc::new(&settings, "imagegc", &trace);
+        let tally = replay(&trace, 1000 * MB, 0, &settings, &mut imagegc);
         // Pulling c fills the disk to 100%: a cycle removes a (least
         // recently used), which reaches 60%... not low: then b too.
         assert_eq!(tally.first_pull_bytes, 1000 * MB);
@@ -1207,7 +1213,8 @@ pub(crate) mod tests {
             .map(|&(at, action)| TraceEvent { at, action })
             .collect();
         let config = config(85, 80);
-        let mut node = Node::new(&trace, 1000 * MB, 0, &config);
+        let settings = Settings::from(&config);
+        let mut node = Node::new(&trace, 1000 * MB, 0, &settings);
         node.start(1, 0);
         node.start(2, 1);
         assert_eq!(node.used(), 700 * MB, "the base is stored once");
@@ -1240,8 +1247,9 @@ pub(crate) mod tests {
         ];
         trace.events = events.iter().map(|&(at, action)| TraceEvent { at, action }).collect();
         let config = config(85, 40);
-        let mut kubelet = Kubelet::new(&config);
-        let tally = replay(&trace, 500 * MB, 50 * MB, &config, &mut kubelet);
+        let settings = Settings::from(&config);
+        let mut kubelet = Kubelet::new(&settings);
+        let tally = replay(&trace, 500 * MB, 50 * MB, &settings, &mut kubelet);
         // At 300 every image is too young (first detected then); at 600
         // the first removal credits 350 MB (freed 50): done, to its mind,
         // at 90%.
@@ -1252,8 +1260,8 @@ pub(crate) mod tests {
             tally.hours_above_high * 3600.0 > 699.0,
             "above high from 0 to the end: {tally:?}"
         );
-        let mut imagegc = Imagegc::new(&config, "imagegc", &trace);
-        let tally = replay(&trace, 500 * MB, 50 * MB, &config, &mut imagegc);
+        let mut imagegc = Imagegc::new(&settings, "imagegc", &trace);
+        let tally = replay(&trace, 500 * MB, 50 * MB, &settings, &mut imagegc);
         // imagegc comes back as soon as the images are old enough (421 s)
         // and measures: all three go (the base with the last), then image
         // 0 is pulled again whole.

@@ -411,7 +411,7 @@ impl Reader {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let record: Record = match serde_json::from_slice(&line) {
+            let record: TraceLine = match serde_json::from_slice(&line) {
                 Ok(record) => record,
                 // Cut short: a crash in the middle of an append.
                 Err(e) if e.is_eof() => continue,
@@ -422,7 +422,7 @@ impl Reader {
         Ok(())
     }
 
-    fn line(&mut self, number: usize, Record { at, line: what }: Record) -> Result<(), TraceError> {
+    fn line(&mut self, number: usize, TraceLine { at, line: what }: TraceLine) -> Result<(), TraceError> {
         let origin = *self.origin.get_or_insert(at);
         let at = at.saturating_sub(origin);
         match what {
@@ -568,13 +568,13 @@ fn layer_digest(layer: u32) -> String {
 }
 
 fn write_line(out: &mut impl Write, at: Seconds, line: Line) -> std::io::Result<()> {
-    serde_json::to_writer(&mut *out, &Record { at, line })?;
+    serde_json::to_writer(&mut *out, &TraceLine { at, line })?;
     out.write_all(b"\n")
 }
 
 /// A line of a trace file: when, and what.
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct Record {
+pub(crate) struct TraceLine {
     /// Seconds.
     pub at: Seconds,
     /// What.

@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::config::Config;
-use crate::cri::Image;
 use crate::fs::FsStats;
+use crate::model::Image;
 use crate::policy::Reason;
 use crate::records::Records;
 use crate::store::journal::Journal;

@@ -304,11 +304,11 @@ async fn a_container_naming_its_image_by_a_name_the_recheck_does_not_give_keeps_
         sim.with(|s| {
             s.appear_at_list = Some((
                 2,
-                crate::cri::Container {
+                crate::model::Container {
                     id: "late".to_string(),
                     image: "registry.test/b:2".to_string(),
                     image_ref: reference,
-                    state: Some(crate::cri::ContainerState::Running),
+                    state: Some(crate::model::ContainerState::Running),
                     ..Default::default()
                 },
             ));

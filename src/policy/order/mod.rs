@@ -9,7 +9,7 @@
 use std::time::SystemTime;
 
 use crate::config::Order;
-use crate::cri::Snapshot;
+use crate::model::Snapshot;
 use crate::records::Listed;
 
 use super::candidate::Candidate;
