@@ -58,6 +58,8 @@ pub(super) struct Sim {
     pub(super) removed_at: Vec<tokio::time::Instant>,
     /// How long ListContainers takes (tokio's clock).
     pub(super) list_delay: Duration,
+    /// How long each `ContainerStatus` (a container's mounts) takes.
+    pub(super) mounts_delay: Duration,
     /// Containers that appear right before the n-th ListContainers call.
     pub(super) appear_at_list: Option<(usize, Container)>,
     /// A container that appears right after the n-th ListContainers call
@@ -258,6 +260,13 @@ impl Runtime for SimHandle {
             sim.node.containers.push(c);
         }
         Ok(answer)
+    }
+    async fn container_mounts(&self, _id: &str) -> Result<Vec<String>, RuntimeError> {
+        let delay = self.0.lock().unwrap().mounts_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        Ok(Vec::new())
     }
     async fn image_fs_info(&self) -> Result<Vec<ImageFsUsage>, RuntimeError> {
         Ok(vec![ImageFsUsage {

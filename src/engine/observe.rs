@@ -26,6 +26,14 @@ use crate::store::state::Known;
 /// to leave the runtime to the kubelet.
 const CONTAINER_STATUS_CONCURRENCY: usize = 4;
 
+/// How many `ListContainers` a re-check makes at most: one, and one more
+/// after each round of `ContainerStatus` calls for containers not seen
+/// before (those calls take time, in which a container may be created
+/// that the listing before them cannot show). The last listing is followed
+/// by no call: a container it shows for the first time counts as mounting
+/// any image (see [`Container::mounts_unknown`]), and the candidate is kept.
+const RECHECK_LISTINGS: usize = 3;
+
 /// The images each container mounts as volumes (CRI `Mount.image`), which
 /// only `ContainerStatus` reports. A container's mounts never change, so
 /// each container costs one call, when it is first listed.
@@ -51,12 +59,43 @@ impl MountCache {
     /// mount is first read: the container mounts that image, and keeps it
     /// in use after the tag moves to another one.
     pub async fn list<R: Runtime>(&mut self, runtime: &R, images: &[Image]) -> Result<Vec<Container>, RuntimeError> {
+        Ok(self.list_asking(runtime, images, true).await?.0)
+    }
+
+    /// [`MountCache::list`] for the re-check before a removal: the
+    /// containers as a `ListContainers` answered last, with nothing slow
+    /// after that answer, so that the re-check's freshness counts from it
+    /// (see [`RECHECK_LISTINGS`]).
+    pub async fn list_fresh<R: Runtime>(
+        &mut self,
+        runtime: &R,
+        images: &[Image],
+    ) -> Result<Vec<Container>, RuntimeError> {
+        for _ in 1..RECHECK_LISTINGS {
+            let (containers, asked) = self.list_asking(runtime, images, true).await?;
+            if !asked {
+                return Ok(containers);
+            }
+        }
+        Ok(self.list_asking(runtime, images, false).await?.0)
+    }
+
+    /// Lists the containers and, when `ask`, learns the mounts of those
+    /// not seen before (else they count as mounting any image); also says
+    /// whether any `ContainerStatus` was asked.
+    async fn list_asking<R: Runtime>(
+        &mut self,
+        runtime: &R,
+        images: &[Image],
+        ask: bool,
+    ) -> Result<(Vec<Container>, bool), RuntimeError> {
         let mut containers = runtime.list_containers().await?;
         let new: Vec<&str> = containers
             .iter()
-            .filter(|c| !self.by_container.contains_key(&c.id))
+            .filter(|c| ask && !self.by_container.contains_key(&c.id))
             .map(|c| c.id.as_str())
             .collect();
+        let asked = !new.is_empty();
         // At most CONTAINER_STATUS_CONCURRENCY calls in flight.
         let mut learnt = Vec::new();
         {
@@ -106,7 +145,7 @@ impl MountCache {
                 None => container.mounts_unknown = true,
             }
         }
-        Ok(containers)
+        Ok((containers, asked))
     }
 
     /// Why a container's mounted images could not be read at the last
@@ -438,12 +477,13 @@ impl Observer {
     }
 
     /// The containers as they are now, with their mounts (the re-check
-    /// before a removal); `images` resolves mounts named by a tag.
+    /// before a removal: see [`MountCache::list_fresh`]); `images`
+    /// resolves mounts named by a tag.
     pub async fn containers<R: Runtime>(
         &mut self,
         runtime: &R,
         images: &[Image],
     ) -> Result<Vec<Container>, RuntimeError> {
-        self.mounts.list(runtime, images).await
+        self.mounts.list_fresh(runtime, images).await
     }
 }

@@ -14,8 +14,11 @@
 //! [`SETTLE_TIMEOUT`]), a slow journal or a slow log make it stale, and
 //! the image is re-checked again right before the call. The pending note
 //! (an fsync) is written before the re-check it precedes, never between
-//! the re-check and the call. What no CRI client can close remains: the
-//! re-check's own round trip, plus those few milliseconds.
+//! the re-check and the call. The re-check's containers are those of a
+//! `ListContainers` followed by no other call (containers it shows for the
+//! first time are asked about, then listed again: see
+//! `observe::MountCache::list_fresh`). What no CRI client can close
+//! remains: the re-check's own round trip, plus those few milliseconds.
 //!
 //! Every removal known to have happened, at once or settled later (by this
 //! process or the next), goes through [`Collector::removed`]: one event,

@@ -165,6 +165,27 @@ async fn container_created_after_the_recheck_ahead(node: impl FnOnce(&SimHandle)
     sim.removed()
 }
 
+/// A re-check whose listing shows a container not seen before asks its
+/// `ContainerStatus` (its image volumes), which takes a second here: a
+/// container created on the candidate right after that listing answered
+/// is in the listing made after those calls, and the candidate is kept.
+#[tokio::test(start_paused = true)]
+async fn a_container_created_while_a_recheck_asks_about_new_containers_keeps_its_image() {
+    let sim = SimHandle::default();
+    let records = old_images(&sim, 2);
+    let (mut c, _dir) = collector_with_history(&sim, |c| c.gc.max_age = Duration::from_secs(3600), records);
+    // The listing is the first ListContainers, old00's re-check the second:
+    // it shows `busy` for the first time, and `new` is created on old00
+    // right after it answered.
+    sim.with(|s| {
+        s.mounts_delay = Duration::from_secs(1);
+        s.appear_at_list = Some((2, crate::testing::container_naming("busy", "elsewhere")));
+        s.appear_after_list = Some((2, crate::testing::container_naming("new", "old00")));
+    });
+    cycle(&mut c).await;
+    assert_eq!(sim.removed(), ["old01"], "old00 is in use by `new`");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_age_pass_never_removes_on_a_recheck_gone_stale_while_another_writer_moves_free_space() {
     let removed = container_created_after_the_recheck_ahead(|sim| old_images(sim, 2)).await;
