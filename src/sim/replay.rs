@@ -657,9 +657,15 @@ impl Imagegc<'_> {
 }
 
 impl Imagegc<'_> {
-    /// The daemon's usage check at `t`.
-    fn check(&mut self, t: Seconds, node: &Node<'_>) {
-        let due = self.policy.target.with_headroom(self.headroom(0)).due(&node.stats());
+    /// The daemon's usage check at `t`; `bound`: the room a pod just bound
+    /// needs for its pull, which moves the thresholds in force.
+    fn check(&mut self, t: Seconds, node: &Node<'_>, bound: Option<u64>) {
+        let coming = bound.unwrap_or(0);
+        let due = self
+            .policy
+            .target
+            .with_headroom(self.headroom(coming))
+            .due(&node.stats());
         self.changed = false;
         // A check is no cycle: what the last cycle found quiet may not be.
         self.quiet_until = None;
@@ -668,7 +674,7 @@ impl Imagegc<'_> {
             Some(Measured {
                 due,
                 arrivals: self.arrivals,
-                thresholds_moved: false,
+                thresholds_moved: bound.is_some(),
             }),
         );
     }
@@ -708,7 +714,7 @@ impl Policy for Imagegc<'_> {
         // asks for the cycle first, which measures usage after it); a check
         // that finds usage crossing starts the cycle at once.
         if secs_up(self.schedule.next_cycle()) > t {
-            self.check(t, node);
+            self.check(t, node, None);
         }
         if secs_up(self.schedule.next_cycle()) <= t {
             self.cycle(t, node, &[]);
@@ -739,16 +745,8 @@ impl Policy for Imagegc<'_> {
             .policy
             .room_for_pulls(&pull, 0, DiskFootprint::default(), None)
             .bytes;
-        let due = self.policy.target.with_headroom(self.headroom(room)).due(&node.stats());
         self.schedule.look_now(at(t));
-        self.schedule.measured(
-            at(t),
-            Some(Measured {
-                due,
-                arrivals: self.arrivals,
-                thresholds_moved: true,
-            }),
-        );
+        self.check(t, node, Some(room));
         if secs_up(self.schedule.next_cycle()) <= t {
             self.cycle(t, node, &pull);
         }
