@@ -22,11 +22,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// changes), else `unknown`.
 fn commit() {
     println!("cargo:rerun-if-env-changed=IMAGEGC_COMMIT");
-    for path in [".git/HEAD", ".git/index", ".git/refs/heads", ".git/packed-refs"] {
-        if std::path::Path::new(path).exists() {
-            println!("cargo:rerun-if-changed={path}");
-        }
-    }
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)
@@ -35,6 +30,24 @@ fn commit() {
             .filter(|out| out.status.success())
             .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
+    // Where git keeps this checkout's HEAD and index, and the branches: the
+    // same `.git` in a plain clone, apart in a worktree (`.git` is a file
+    // there naming its own directory under the main one's).
+    let own = git(&["rev-parse", "--path-format=absolute", "--git-dir"]);
+    let common = git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]);
+    let watched = [
+        (own.as_deref(), "HEAD"),
+        (own.as_deref(), "index"),
+        (common.as_deref(), "refs/heads"),
+        (common.as_deref(), "packed-refs"),
+    ];
+    for (dir, name) in watched {
+        let Some(dir) = dir else { continue };
+        let path = std::path::Path::new(dir).join(name);
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
     let commit = std::env::var("IMAGEGC_COMMIT")
         .ok()
         .filter(|c| !c.is_empty())
