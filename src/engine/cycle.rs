@@ -57,7 +57,7 @@ impl<R: Runtime> Collector<R> {
         self.save_if_due().await;
         report.duration = started.elapsed();
         if report.succeeded() {
-            self.inventory.last_success = Some(self.clock.now());
+            self.inventory.cycle_succeeded(self.clock.now());
         }
         self.sinks.emit(&Event::CycleFinished(&report));
         report
@@ -68,7 +68,7 @@ impl<R: Runtime> Collector<R> {
         // a big node at once would double the daemon's memory. (Container
         // events until the next listing that answers find no image to mark:
         // the runtime is down, or that listing comes within the call.)
-        self.inventory.last_images = Vec::new();
+        self.inventory.listing_started();
         let Listing {
             snapshot,
             listed,
@@ -78,7 +78,7 @@ impl<R: Runtime> Collector<R> {
         let result = self.execute(&snapshot, &listed, image_fs, cancel, report).await;
         // Kept for matching container events and polls until the next
         // cycle: moved, not copied.
-        self.inventory.last_images = snapshot.images;
+        self.inventory.keep_images(snapshot.images);
         result
     }
 
@@ -93,10 +93,10 @@ impl<R: Runtime> Collector<R> {
     ) -> Result<(), CycleError> {
         report.runtime_reached = true;
         self.sinks.emit(&Event::Progress);
-        if let Some(err) = &self.inventory.sandbox_unknown {
+        if let Some(err) = self.inventory.sandbox_unknown() {
             // containerd 1.6 neither pins its pause image nor lists it under a
             // container: without Status it would look unused.
-            return Err(CycleError::SandboxUnknown(err.clone()));
+            return Err(CycleError::SandboxUnknown(err.to_string()));
         }
         // The latest; shared, not borrowed: the plan holds on to it through
         // removals.
@@ -105,13 +105,13 @@ impl<R: Runtime> Collector<R> {
         // The pulls pods bound to the node are about to make, and of them
         // those room is not made for yet.
         let coming = self.coming_pulls(&snapshot.images, &protections);
-        let waiting = self.inventory.room_made.waiting(&coming);
+        let waiting = self.inventory.waiting(&coming);
         let disk = self.disk(image_fs);
         // Usage before the cycle removes anything: what the summary's
         // `usage_before` reports, also when the age pass frees space.
         report.before = disk.measure().ok();
         let landing = self.landing(&coming, report.before.as_ref());
-        let footprint = self.inventory.footprint;
+        let footprint = self.inventory.footprint();
         // The kept images counted, not listed: a big node's list is 10 MiB.
         let (cycle, pulls) = CyclePlan::new(
             snapshot,
@@ -122,7 +122,7 @@ impl<R: Runtime> Collector<R> {
             KeptImages::Counted,
         )
         .with_room_for(
-            self.inventory.largest_pull.as_ref(),
+            self.inventory.largest_pull(),
             (&waiting, landing),
             footprint,
             report.before.as_ref(),
@@ -152,17 +152,16 @@ impl<R: Runtime> Collector<R> {
         if !plan.age.is_empty() {
             self.save_if_due().await;
         }
-        if let Some(why) = &self.inventory.image_fs_mismatch {
+        if let Some(why) = self.inventory.image_fs_mismatch() {
             self.sinks.emit(&Event::SpacePassSkipped(why));
-            cx.report.image_fs_mismatch = Some(why.clone());
+            cx.report.image_fs_mismatch = Some(why.to_string());
             return Ok(());
         }
         self.space_pass(&cycle, &mut cx).await?;
         // Made, or there already, for the pulls that fit.
         if let Ok(after) = disk.measure() {
             self.inventory
-                .room_made
-                .made(&coming, &pulls.fit, after.available(), footprint);
+                .room_made(&coming, &pulls.fit, after.available(), footprint);
         }
         Ok(())
     }
@@ -177,11 +176,7 @@ impl<R: Runtime> Collector<R> {
                 (None, None)
             }
         };
-        Disk {
-            probe: Arc::clone(&self.probe),
-            path,
-            image_bytes,
-        }
+        Disk::new(Arc::clone(&self.probe), path, image_bytes)
     }
 
     /// The age pass: each age candidate re-checked and removed (in dry run,
@@ -250,9 +245,9 @@ impl<R: Runtime> Collector<R> {
         let pass = cycle.space(
             stats,
             age,
-            self.inventory.footprint,
-            &self.inventory.layers,
-            disk.image_bytes,
+            self.inventory.footprint(),
+            self.inventory.layers(),
+            disk.image_bytes(),
         );
         let Some(pass) = pass else {
             self.sinks.emit(&Event::SpacePassNotDue {
@@ -264,7 +259,7 @@ impl<R: Runtime> Collector<R> {
         };
         cx.report.space_pass = true;
         self.note_outlook(Some(pass.outlook));
-        cx.report.space_unreachable = self.remover.thrash.unreachable();
+        cx.report.space_unreachable = self.remover.unreachable();
         let (high, low) = target.in_force(stats.capacity_bytes);
         self.sinks.emit(&Event::SpacePassStarted {
             stats: &stats,
@@ -275,7 +270,7 @@ impl<R: Runtime> Collector<R> {
         if !cx.coming.is_empty() {
             self.sinks.emit(&Event::MakingRoom {
                 pulls: cx.coming,
-                footprint: self.inventory.footprint,
+                footprint: self.inventory.footprint(),
             });
         }
         let Some(walk) = self.walk(pass.walk, cx).await? else {
@@ -403,8 +398,8 @@ impl<R: Runtime> Collector<R> {
             .eviction_line(stats.capacity_bytes, cx.coming_bytes);
         walk.hurry(
             self.inventory
-                .layers
-                .freeing(&cx.snapshot.images, self.inventory.footprint),
+                .layers()
+                .freeing(&cx.snapshot.images, self.inventory.footprint()),
             line,
         );
         cx.report.hurried = true;
@@ -429,11 +424,8 @@ impl<R: Runtime> Collector<R> {
     /// removed it within `gc.thrash_window` while images cannot bring usage
     /// to low.
     fn holds_back(&self, now: std::time::SystemTime, candidate: &Candidate<'_>) -> bool {
-        self.remover.thrash.unreachable().is_some()
-            && self
-                .remover
-                .thrash
-                .removed_recently(now, self.settings.thrash_window, candidate.id, candidate.digests)
+        self.remover
+            .holds_back(now, self.settings.thrash_window, candidate.id, candidate.digests)
     }
 
     /// Starts or ends an episode in which images cannot bring usage to low
@@ -442,7 +434,7 @@ impl<R: Runtime> Collector<R> {
         if let Some((outlook, first_after)) = outlook.and_then(|o| Some((o, o.reached_once_aged()?))) {
             self.sinks.emit(&Event::SpaceReachedOnceAged { outlook, first_after });
         }
-        if let Some(change) = self.remover.thrash.note_outlook(outlook) {
+        if let Some(change) = self.remover.note_outlook(outlook) {
             self.sinks.emit(&Event::SpaceUnreachable {
                 outlook: change,
                 thrash_window: self.settings.thrash_window,

@@ -2,88 +2,121 @@
 //! a collector starts from ([`Restored`]: the state directory as it was
 //! found, the only IO of a start).
 
+use std::collections::HashSet;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::model::Image;
-use crate::policy::{DiskFootprint, LargestPull, RepoSizes};
-use crate::records::Records;
+use crate::cri::matching;
+use crate::model::{Container, Image, Snapshot};
+use crate::policy::{
+    ComingPull, DiskFootprint, LargestPull, LayerBook, ManifestScale, Protections, RepoSizes, RoomMade,
+};
+use crate::records::{Listed, Observed, Records};
 use crate::store::journal::{Journal, JournalEntry};
 use crate::store::pending::Pending;
 use crate::store::state::{Loaded, StateStore};
 use crate::time::{Clock, rfc3339};
 
-use super::Settings;
 use super::observe;
+use super::removal::Remover;
+use super::{PullSizes, Settings};
+
+/// How many images' layers one listing asks the runtime for at most (a
+/// verbose `ImageStatus` each, in turn): a node of 10,000 images has them
+/// all within 40 listings, and no listing costs the runtime more than
+/// that.
+const LAYERS_PER_LISTING: usize = 256;
+
+/// How many images' layers `plan` asks for at most (about a second of
+/// calls); on a bigger node the rest count whole in its estimate.
+const LAYERS_FOR_PLAN: usize = 4_096;
+
+/// After this many images in a row whose layers the runtime did not name
+/// (and none it did), it is not asked again: a runtime that names none
+/// costs a call and an id's memory per image otherwise.
+const LAYERS_UNTOLD_MAX: usize = 16;
 
 /// The collector's knowledge of the node: the records and their saves,
-/// the last listing, the image filesystem and the sandbox image, and what
-/// an image takes on disk.
+/// the last listing, the image filesystem and the sandbox image, what an
+/// image takes on disk, and the pulls that came and are coming. Listings
+/// come in through its `observed*` methods, removals through
+/// [`Inventory::removed`]; the rest of the engine reads it.
 pub(super) struct Inventory {
     /// Shared with a save in progress only: the save is awaited before the
     /// records change again, so `Arc::make_mut` never copies them (a copy
     /// of 100,000 records would double their memory for the save).
-    pub(super) records: Arc<Records>,
-    pub(super) store: StateStore,
+    records: Arc<Records>,
+    store: StateStore,
     /// When the records were last saved by this process.
-    pub(super) last_saved: Option<SystemTime>,
+    last_saved: Option<SystemTime>,
     /// When the last successful cycle ended, this process's or, until it
     /// has one, the one the state file remembers: saved with the records.
-    pub(super) last_success: Option<SystemTime>,
-    pub(super) observer: observe::Observer,
+    last_success: Option<SystemTime>,
+    observer: observe::Observer,
     /// Images of the last listing, to resolve container references between cycles.
-    pub(super) last_images: Vec<Image>,
+    last_images: Vec<Image>,
     /// What an image takes on disk per reported byte, from the runtime's
     /// name and this process's measured removals.
-    pub(super) footprint: DiskFootprint,
+    footprint: DiskFootprint,
     /// The images' layers, where the runtime names them, and the layers
     /// measured removals sized (see [`crate::policy::layers`]).
-    pub(super) layers: crate::policy::LayerBook,
+    layers: LayerBook,
     /// Listed images whose layers the runtime did not tell: not asked again.
-    pub(super) layers_untold: std::collections::HashSet<String>,
+    layers_untold: HashSet<String>,
     /// The runtime names no image's layers: not asked.
-    pub(super) layers_unsupported: bool,
+    layers_unsupported: bool,
     /// What the runtime reports per byte of a registry's manifest, from
     /// its name and the images manifests sized once they arrived.
-    pub(super) manifest_scale: crate::policy::ManifestScale,
+    manifest_scale: ManifestScale,
     /// Whether the runtime's name was learnt (for [`DiskFootprint`]).
-    pub(super) runtime_named: bool,
+    runtime_named: bool,
     /// The footprint an earlier process learnt (the state file), taken
     /// back once the runtime is named (see [`DiskFootprint::restore`]).
-    pub(super) restored_footprint: Option<(u64, u64)>,
+    restored_footprint: Option<(u64, u64)>,
     /// Why the measured filesystem is not the runtime's image filesystem,
     /// while it is not (see [`super::ImageFs::mismatch`]): no space pass runs.
-    pub(super) image_fs_mismatch: Option<String>,
+    image_fs_mismatch: Option<String>,
     /// The image filesystem as the last listing found it, when it can be
     /// trusted: what [`super::Collector::check_usage`] measures between cycles.
-    pub(super) disk_path: Option<PathBuf>,
+    disk_path: Option<PathBuf>,
     /// Why `Status` failed while no sandbox image was known yet: the sandbox
     /// image cannot be told from an unused image then, so nothing is removed.
-    pub(super) sandbox_unknown: Option<String>,
+    sandbox_unknown: Option<String>,
     /// The largest image that arrived lately (see [`crate::policy::Headroom`]):
     /// from the records and the journal at start, then from each listing's
     /// new images. Kept when the image goes: it may be pulled again.
-    pub(super) largest_pull: Option<LargestPull>,
+    largest_pull: Option<LargestPull>,
     /// The largest image of each repository the node had (see
     /// [`crate::policy::coming`]): from the records and the journal at
     /// start, then from each listing's new images.
-    pub(super) repo_sizes: RepoSizes,
+    repo_sizes: RepoSizes,
     /// The coming pulls room was made for (or found), with what they
     /// still have to bring (see [`crate::policy::RoomMade`]).
-    pub(super) room_made: crate::policy::RoomMade,
+    room_made: RoomMade,
     /// The thresholds in force at the last measurement, and whether they
     /// moved since the daemon last asked (a pull sized, a pod bound or
     /// gone): a new crossing.
-    pub(super) in_force: Option<(u8, u8)>,
-    pub(super) thresholds_moved: bool,
+    in_force: Option<(u8, u8)>,
+    thresholds_moved: bool,
     /// The coming pulls last said to not fit.
-    pub(super) cannot_fit: Vec<String>,
+    cannot_fit: Vec<String>,
     /// How many listings showed images first seen then (see
     /// [`super::Collector::arrivals`]).
-    pub(super) arrivals: u64,
+    arrivals: u64,
+}
+
+/// Whether the measured filesystem stopped or started being the runtime's
+/// image filesystem at a listing (see [`Inventory::observed_image_fs`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum MismatchChange {
+    /// It is not, since this listing: why.
+    Started(String),
+    /// It is again.
+    Ended,
 }
 
 impl Inventory {
@@ -91,11 +124,11 @@ impl Inventory {
         let largest_pull = largest_pull(&records, recent, now);
         let repo_sizes = repo_sizes(&records, recent);
         let restored_footprint = records.footprint();
-        let layers = crate::policy::LayerBook::restored(&records, now);
+        let layers = LayerBook::restored(&records, now);
         Inventory {
             largest_pull,
             repo_sizes,
-            room_made: crate::policy::RoomMade::default(),
+            room_made: RoomMade::default(),
             in_force: None,
             thresholds_moved: false,
             cannot_fit: Vec::new(),
@@ -108,9 +141,9 @@ impl Inventory {
             last_images: Vec::new(),
             footprint: DiskFootprint::default(),
             layers,
-            layers_untold: std::collections::HashSet::new(),
+            layers_untold: HashSet::new(),
             layers_unsupported: false,
-            manifest_scale: crate::policy::ManifestScale::default(),
+            manifest_scale: ManifestScale::default(),
             runtime_named: false,
             restored_footprint,
             image_fs_mismatch: None,
@@ -118,17 +151,169 @@ impl Inventory {
             sandbox_unknown: None,
         }
     }
-}
 
-impl Inventory {
-    /// Notes the images a listing found for the first time (`new`, their
-    /// places in `images`) as pulls at `now`.
     /// The last successful cycle the state file remembers.
     pub(super) fn with_last_success(mut self, last_success: Option<SystemTime>) -> Self {
         self.last_success = last_success;
         self
     }
 
+    /// The same, knowing what `known` notes of containers and pods (see
+    /// [`crate::store::state::Known`]).
+    pub(super) fn knowing(mut self, known: crate::store::state::Known) -> Self {
+        self.observer = observe::Observer::knowing(known);
+        self
+    }
+
+    // What it knows.
+
+    pub(super) fn records(&self) -> &Records {
+        &self.records
+    }
+
+    #[cfg(test)]
+    pub(super) fn store(&self) -> &StateStore {
+        &self.store
+    }
+
+    /// Whether this inventory writes nothing (`imagegc plan`).
+    pub(super) fn read_only(&self) -> bool {
+        self.store.is_read_only()
+    }
+
+    pub(super) fn footprint(&self) -> DiskFootprint {
+        self.footprint
+    }
+
+    pub(super) fn layers(&self) -> &LayerBook {
+        &self.layers
+    }
+
+    pub(super) fn manifest_scale(&self) -> &ManifestScale {
+        &self.manifest_scale
+    }
+
+    /// The images of the last listing (empty while a listing is made).
+    pub(super) fn last_images(&self) -> &[Image] {
+        &self.last_images
+    }
+
+    pub(super) fn largest_pull(&self) -> Option<&LargestPull> {
+        self.largest_pull.as_ref()
+    }
+
+    pub(super) fn image_fs_mismatch(&self) -> Option<&str> {
+        self.image_fs_mismatch.as_deref()
+    }
+
+    /// The image filesystem usage checks measure, when it can be trusted.
+    pub(super) fn disk_path(&self) -> Option<&Path> {
+        self.disk_path.as_deref()
+    }
+
+    pub(super) fn sandbox_unknown(&self) -> Option<&str> {
+        self.sandbox_unknown.as_deref()
+    }
+
+    pub(super) fn arrivals(&self) -> u64 {
+        self.arrivals
+    }
+
+    pub(super) fn last_success(&self) -> Option<SystemTime> {
+        self.last_success
+    }
+
+    /// The thresholds in force at the last usage check.
+    #[cfg(test)]
+    pub(super) fn in_force(&self) -> Option<(u8, u8)> {
+        self.in_force
+    }
+
+    /// The listings of containers and pods, with what they know of mounts.
+    pub(super) fn observer(&mut self) -> &mut observe::Observer {
+        &mut self.observer
+    }
+
+    // Listings.
+
+    /// A listing is about to be made: the last one's images go first (two
+    /// listings of a big node at once would double the daemon's memory).
+    pub(super) fn listing_started(&mut self) {
+        self.last_images = Vec::new();
+    }
+
+    /// The listing failed: last-used times cannot be trusted to be
+    /// current until one answers again.
+    pub(super) fn observation_broken(&mut self) {
+        self.records_mut().observation_broken();
+    }
+
+    /// A cycle's listing: the records updated from it.
+    pub(super) fn observed_snapshot(&mut self, snapshot: &Snapshot, now: SystemTime) -> (Observed, Listed) {
+        self.records_mut().observe_snapshot(snapshot, now)
+    }
+
+    /// A listing between cycles: the records updated from it.
+    pub(super) fn observed(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Observed {
+        self.records_mut().observe(images, containers, now)
+    }
+
+    /// Keeps the images of a listing (moved, not copied) for container
+    /// events and polls until the next one.
+    pub(super) fn keep_images(&mut self, images: Vec<Image>) {
+        self.last_images = images;
+    }
+
+    /// What a listing's `Status` answer said of the sandbox image: why it
+    /// is unknown, if it is.
+    pub(super) fn observed_sandbox(&mut self, unknown: Option<String>) {
+        self.sandbox_unknown = unknown;
+    }
+
+    /// The runtime named itself: what an image takes on disk per reported
+    /// byte (`footprint`), raised by what an earlier process measured for
+    /// a runtime of the same kind. Learnt once.
+    pub(super) fn observed_runtime(&mut self, footprint: Option<DiskFootprint>) {
+        let Some(mut footprint) = footprint.filter(|_| !self.runtime_named) else {
+            return;
+        };
+        // Measured removals raise it from here on (an earlier process's
+        // too, for a runtime of the same kind).
+        self.runtime_named = true;
+        if let Some(restored) = self.restored_footprint {
+            footprint.restore(restored);
+        }
+        self.footprint = footprint;
+        self.manifest_scale = ManifestScale::for_footprint(footprint);
+    }
+
+    /// The image filesystem a listing found: its path when it is the
+    /// runtime's (`mismatch`: why it is not). Returns how the mismatch
+    /// changed, when it did. A listing that found none (`path` `None`,
+    /// no mismatch) leaves the episode as it was.
+    pub(super) fn observed_image_fs(
+        &mut self,
+        path: Option<&Path>,
+        mismatch: Option<String>,
+    ) -> Option<MismatchChange> {
+        let mut change = None;
+        if path.is_some() || mismatch.is_some() {
+            change = match (&mismatch, &self.image_fs_mismatch) {
+                (Some(why), None) => Some(MismatchChange::Started(why.clone())),
+                (None, Some(_)) => Some(MismatchChange::Ended),
+                _ => None,
+            };
+            self.image_fs_mismatch = mismatch;
+        }
+        self.disk_path = path
+            .filter(|_| self.image_fs_mismatch.is_none())
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf);
+        change
+    }
+
+    /// Notes the images a listing found for the first time (`new`, their
+    /// places in `images`) as pulls at `now`.
     pub(super) fn note_pulls(&mut self, images: &[Image], new: &[usize], now: SystemTime) {
         if !new.is_empty() {
             self.arrivals += 1;
@@ -139,6 +324,207 @@ impl Inventory {
         }
     }
 
+    /// An image a registry's manifest sized (`manifest` bytes) arrived,
+    /// reported at `reported` bytes.
+    pub(super) fn learn_manifest(&mut self, manifest: u64, reported: u64) {
+        self.manifest_scale.learn(manifest, reported);
+    }
+
+    /// Marks the images `ids` used at `at`.
+    pub(super) fn mark_used<'i>(&mut self, ids: impl IntoIterator<Item = &'i str>, at: SystemTime) {
+        self.records_mut().mark_used(ids, at);
+    }
+
+    /// Marks the images of the last listing that `names` name (a
+    /// container event's references) used at `at`.
+    pub(super) fn mark_named_used<'n>(&mut self, names: impl Iterator<Item = &'n str>, at: SystemTime) {
+        let ids = matching::images_named(&self.last_images, names);
+        Arc::make_mut(&mut self.records).mark_used(ids, at);
+    }
+
+    // Layers.
+
+    /// The listed images whose layers to ask the runtime for: those not
+    /// known yet, at most [`LAYERS_PER_LISTING`] ([`LAYERS_FOR_PLAN`] for
+    /// `plan`); those of images no longer listed are forgotten first.
+    /// `None` when the runtime names no image's layers; beside them,
+    /// whether they are all the listed images whose layers are not known.
+    pub(super) fn layers_to_learn<'i>(&mut self, images: &'i [Image]) -> Option<(Vec<&'i Image>, bool)> {
+        if self.layers_unsupported {
+            return None;
+        }
+        if !self.layers.is_empty() {
+            self.layers.retain(images.iter().map(|i| i.id.as_str()));
+        }
+        if !self.layers_untold.is_empty() {
+            let listed: crate::collections::HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
+            self.layers_untold.retain(|id| listed.contains(id.as_str()));
+        }
+        let limit = if self.read_only() {
+            LAYERS_FOR_PLAN
+        } else {
+            LAYERS_PER_LISTING
+        };
+        let unknown: Vec<&Image> = images
+            .iter()
+            .filter(|i| !self.layers.knows(&i.id) && !self.layers_untold.contains(&i.id))
+            .take(limit)
+            .collect();
+        // Fewer than the limit: these are all the images not known.
+        let all = unknown.len() < limit;
+        Some((unknown, all))
+    }
+
+    /// What the runtime told of `id`'s layers (`None`: nothing). Breaks
+    /// when the runtime turns out to name no image's layers: it is not
+    /// asked again.
+    pub(super) fn learnt_layers(&mut self, id: &str, layers: Option<&[String]>) -> ControlFlow<()> {
+        match layers {
+            Some(layers) => self.layers.insert(id, layers),
+            None => {
+                self.layers_untold.insert(id.to_string());
+                if self.layers.is_empty() && self.layers_untold.len() >= LAYERS_UNTOLD_MAX {
+                    debug!("the runtime names no image's layers: each image counts whole");
+                    self.layers_unsupported = true;
+                    self.layers_untold = HashSet::new();
+                    return ControlFlow::Break(());
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Every listed image's layers were asked for: layers measured for
+    /// images no longer there are let go when idle.
+    pub(super) fn all_layers_asked(&mut self) {
+        self.layers.drop_idle_ghosts();
+    }
+
+    // Removals.
+
+    /// This process removed `id` (`size` bytes as reported) at `now`; the
+    /// filesystem measured `freed` bytes more after it, when it was
+    /// measured (which sizes the layers it freed; else they are forgotten).
+    pub(super) fn removed(&mut self, id: &str, size: u64, freed: Option<u64>, now: SystemTime) {
+        match freed {
+            Some(freed) => self.layers.removed(id, size, freed, now),
+            None => self.layers.forget(id),
+        }
+        self.records_mut().remove(id, now);
+    }
+
+    /// A record only: `id` is gone (removed by someone else).
+    pub(super) fn forget(&mut self, id: &str, now: SystemTime) {
+        self.records_mut().remove(id, now);
+    }
+
+    /// A measured removal: `size` reported bytes freed `freed` on disk.
+    pub(super) fn learn_footprint(&mut self, size: u64, freed: u64) {
+        self.footprint.learn(size, freed);
+    }
+
+    // Coming pulls.
+
+    /// The pulls that pods bound to the node (`protections`) are about to
+    /// make of images not among `images`, sized by the node's largest image
+    /// of their repository, else by `sizes` (a registry's manifest, scaled
+    /// to what the runtime reports; `capacity`: the image filesystem's
+    /// size, past which a registry is not believed); those sized by
+    /// neither are left out.
+    pub(super) fn coming_pulls(
+        &self,
+        images: &[Image],
+        protections: &Protections,
+        sizes: Option<&dyn PullSizes>,
+        capacity: impl FnOnce() -> Option<u64>,
+        now: SystemTime,
+    ) -> Vec<ComingPull> {
+        let mut coming = crate::policy::coming::coming_pulls(images, protections, &self.repo_sizes);
+        if let Some(sizes) = sizes {
+            let mut capacity = Some(capacity);
+            let mut total = None;
+            for pull in coming.iter_mut().filter(|pull| pull.like.is_none()) {
+                let Some(size) = sizes.size_of(&pull.image) else {
+                    continue;
+                };
+                // A pull larger than the whole image filesystem cannot be
+                // made room for: a registry that says so is not believed.
+                if let Some(capacity) = capacity.take() {
+                    total = capacity();
+                }
+                if total.is_some_and(|total| self.footprint.on_disk(size) > total) {
+                    debug!(image = %pull.image, size_bytes = size, "a manifest's size larger than the image filesystem is not believed");
+                    continue;
+                }
+                pull.like = Some(crate::policy::coming::Seen {
+                    tag: pull.image.clone(),
+                    // What the runtime will report for it (see ManifestScale).
+                    size_bytes: self.manifest_scale.reported(size),
+                    at: now,
+                    from: crate::policy::coming::SizedBy::Manifest,
+                    manifest_bytes: Some(size),
+                });
+            }
+        }
+        coming.retain(|pull| pull.like.is_some());
+        coming
+    }
+
+    /// Of `coming`, the pulls room is not made for yet.
+    pub(super) fn waiting(&self, coming: &[ComingPull]) -> Vec<ComingPull> {
+        self.room_made.waiting(coming)
+    }
+
+    /// What the coming pulls room was made for still have to bring, with
+    /// `available` bytes free (`None`: unread, all of it).
+    pub(super) fn landing(&self, coming: &[ComingPull], available: Option<u64>) -> u64 {
+        self.room_made.still_to_land(coming, available.unwrap_or(u64::MAX))
+    }
+
+    /// Usage was below high with room for the pulls `fit` of `coming`
+    /// (weighed with `footprint`): room is made for them.
+    pub(super) fn room_made(
+        &mut self,
+        coming: &[ComingPull],
+        fit: &[ComingPull],
+        available: u64,
+        footprint: DiskFootprint,
+    ) {
+        self.room_made.made(coming, fit, available, footprint);
+    }
+
+    /// The coming pulls that cannot fit are `images`: whether that changed.
+    pub(super) fn note_cannot_fit(&mut self, images: Vec<String>) -> bool {
+        if images == self.cannot_fit {
+            return false;
+        }
+        self.cannot_fit = images;
+        true
+    }
+
+    /// Notes the thresholds in force at a usage check: high lowered since
+    /// the last (more room needed) is a new crossing (see
+    /// [`Inventory::take_thresholds_moved`]); raised, as a pull's blobs
+    /// land, it is none.
+    pub(super) fn note_in_force(&mut self, in_force: (u8, u8)) {
+        if self.in_force.is_some_and(|before| in_force.0 < before.0) {
+            self.thresholds_moved = true;
+        }
+        self.in_force = Some(in_force);
+    }
+
+    /// Whether the thresholds in force went down since this was last asked.
+    pub(super) fn take_thresholds_moved(&mut self) -> bool {
+        std::mem::take(&mut self.thresholds_moved)
+    }
+
+    // Saving.
+
+    /// A cycle succeeded at `now`.
+    pub(super) fn cycle_succeeded(&mut self, now: SystemTime) {
+        self.last_success = Some(now);
+    }
+
     /// Whether the records are to be saved at `now`: something other than
     /// the last-used times of images in use changed, or the last save by
     /// this process is [`super::STATE_REFRESH`] old (or there was none).
@@ -147,6 +533,51 @@ impl Inventory {
             .last_saved
             .is_none_or(|at| now.duration_since(at).map_or(true, |d| d >= super::STATE_REFRESH));
         self.records.changed() || stale
+    }
+
+    /// Saves the records with what was learnt of the footprint and the
+    /// layers, at `now`, off the async threads. The records saved, or why
+    /// not.
+    pub(super) async fn save(&mut self, now: SystemTime) -> Result<usize, String> {
+        if self.runtime_named && self.footprint.learnt() != self.records.footprint() {
+            let learnt = self.footprint.learnt();
+            self.records_mut().set_footprint(learnt);
+        }
+        if self.layers.learned_changed() {
+            self.layers.save_into(Arc::make_mut(&mut self.records));
+        }
+        let store = self.store.clone();
+        let records = Arc::clone(&self.records);
+        let last_success = self.last_success;
+        let result =
+            tokio::task::spawn_blocking(move || store.save_with_last_success(&records, now, last_success)).await;
+        match result {
+            Ok(Ok(())) => {
+                self.records_mut().saved();
+                self.last_saved = Some(now);
+                Ok(self.records.len())
+            }
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
+    /// Writes what the listings learnt of containers and pods, for `plan`
+    /// and `images` (they need not ask about those): best effort.
+    pub(super) async fn save_known(&mut self) {
+        let Some(known) = self.observer.learnt() else {
+            return;
+        };
+        let dir = self.store.dir().to_path_buf();
+        match tokio::task::spawn_blocking(move || known.write(&dir)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => debug!(error = %err, "could not note the containers' mounts for plan"),
+            Err(err) => debug!(error = %err, "could not note the containers' mounts for plan"),
+        }
+    }
+
+    fn records_mut(&mut self) -> &mut Records {
+        Arc::make_mut(&mut self.records)
     }
 }
 
@@ -191,17 +622,17 @@ pub fn repo_sizes(records: &Records, recent: &[JournalEntry]) -> RepoSizes {
 /// are counted against). [`Restored::load`] is the only IO of a start:
 /// [`super::Collector::new`] does none.
 pub struct Restored {
-    pub(super) records: Records,
+    records: Records,
     /// The last successful cycle of the process that saved the records.
-    pub(super) last_success: Option<SystemTime>,
-    pub(super) store: StateStore,
-    pub(super) journal: Journal,
-    pub(super) pending: Pending,
+    last_success: Option<SystemTime>,
+    store: StateStore,
+    journal: Journal,
+    pending: Pending,
     /// The journal's removals (not dry runs) within the thrash window, or
     /// the headroom's when that is on and longer.
-    pub(super) recent: Vec<JournalEntry>,
+    recent: Vec<JournalEntry>,
     /// `gc.thrash_window`: how far back `recent` counts for re-pulls.
-    pub(super) thrash_window: Duration,
+    thrash_window: Duration,
 }
 
 impl Restored {
@@ -242,6 +673,23 @@ impl Restored {
             recent,
             thrash_window,
         }
+    }
+
+    /// The collector's inventory and remover at `now`, from what was
+    /// loaded.
+    pub(super) fn into_parts(self, now: SystemTime) -> (Inventory, Remover) {
+        let Restored {
+            records,
+            last_success,
+            store,
+            journal,
+            pending,
+            recent,
+            thrash_window,
+        } = self;
+        let inventory = Inventory::new(records, store, &recent, now).with_last_success(last_success);
+        let remover = Remover::new(pending, journal, recent, now.checked_sub(thrash_window));
+        (inventory, remover)
     }
 
     /// The same, with `records` in place of the ones loaded.

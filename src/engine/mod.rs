@@ -178,16 +178,10 @@ impl<R: Runtime> Collector<R> {
         clock: Clock,
     ) -> Self {
         let sinks = Sinks::standard(&metrics);
-        let Restored {
-            records,
-            last_success,
-            store,
-            journal,
-            pending,
-            recent,
-            thrash_window,
-        } = restored;
-        sinks.emit(&Event::HistoryLoaded { last_success });
+        let (inventory, remover) = restored.into_parts(clock.now());
+        sinks.emit(&Event::HistoryLoaded {
+            last_success: inventory.last_success(),
+        });
         sinks.emit(&configured(&settings));
         Collector {
             runtime,
@@ -196,8 +190,8 @@ impl<R: Runtime> Collector<R> {
             metrics,
             sinks,
             clock,
-            inventory: Inventory::new(records, store, &recent, clock.now()).with_last_success(last_success),
-            remover: Remover::new(pending, journal, recent, clock.now().checked_sub(thrash_window)),
+            inventory,
+            remover,
             said: Said::default(),
             look_again_at: None,
             protections: watch::channel(Arc::default()).1,
@@ -262,7 +256,7 @@ impl<R: Runtime> Collector<R> {
 
     /// The per-image records as of the last listing (saved to the state file).
     pub fn records(&self) -> &Records {
-        &self.inventory.records
+        self.inventory.records()
     }
 
     /// The runtime the collector talks to.
@@ -283,18 +277,18 @@ impl<R: Runtime> Collector<R> {
     /// When the last successful cycle ended: this process's, or the one
     /// the state file remembers (what the next save keeps).
     pub fn last_success(&self) -> Option<std::time::SystemTime> {
-        self.inventory.last_success
+        self.inventory.last_success()
     }
 
     /// The removal in flight, as it goes (see [`crate::daemon`]'s shutdown).
     pub fn removal_in_flight(&self) -> RemovalInFlight {
-        self.remover.in_flight.clone()
+        self.remover.in_flight()
     }
 
     /// Why the measured filesystem is not the runtime's image filesystem,
     /// as the last listing found it.
     pub fn image_fs_mismatch(&self) -> Option<&str> {
-        self.inventory.image_fs_mismatch.as_deref()
+        self.inventory.image_fs_mismatch()
     }
 
     /// When the last cycle could not reach low: when the next one comes, by
@@ -312,57 +306,43 @@ impl<R: Runtime> Collector<R> {
     /// the new images may be removable (or may go once older than
     /// `gc.min_age`).
     pub fn arrivals(&self) -> u64 {
-        self.inventory.arrivals
+        self.inventory.arrivals()
     }
 
     /// The images' layers and the measured layers, as this collector knows
     /// them (see [`crate::policy::layers`]).
     pub fn layers(&self) -> &crate::policy::LayerBook {
-        &self.inventory.layers
+        self.inventory.layers()
     }
 
     /// What an image takes on disk per reported byte, as this collector
     /// knows it.
     pub fn footprint(&self) -> DiskFootprint {
-        self.inventory.footprint
+        self.inventory.footprint()
     }
 
     /// What the coming pulls room was made for still have to bring when
     /// `stats` was read (all of it, unread).
     fn landing(&self, coming: &[ComingPull], stats: Option<&FsStats>) -> u64 {
-        self.inventory
-            .room_made
-            .still_to_land(coming, stats.map_or(u64::MAX, FsStats::available))
+        self.inventory.landing(coming, stats.map(FsStats::available))
     }
 
     /// Says which coming pulls cannot fit, when that changed.
     fn note_cannot_fit(&mut self, pulls: &[ComingPull]) {
         let images: Vec<String> = pulls.iter().map(|pull| pull.image.clone()).collect();
-        if images != self.inventory.cannot_fit {
+        if self.inventory.note_cannot_fit(images) {
             self.sinks.emit(&Event::PullsCannotFit {
                 pulls,
-                footprint: self.inventory.footprint,
+                footprint: self.inventory.footprint(),
             });
-            self.inventory.cannot_fit = images;
         }
-    }
-
-    /// Notes the thresholds in force at a usage check: high lowered since
-    /// the last (more room needed) is a new crossing (see
-    /// [`Collector::thresholds_moved`]); raised, as a pull's blobs land,
-    /// it is none.
-    fn note_in_force(&mut self, in_force: (u8, u8)) {
-        if self.inventory.in_force.is_some_and(|before| in_force.0 < before.0) {
-            self.inventory.thresholds_moved = true;
-        }
-        self.inventory.in_force = Some(in_force);
     }
 
     /// Whether the thresholds in force went down since this was last
     /// asked (a coming pull sized, a pod bound to the node): for the
     /// daemon's loop, a new crossing of high, whatever usage was before.
     pub fn thresholds_moved(&mut self) -> bool {
-        std::mem::take(&mut self.inventory.thresholds_moved)
+        self.inventory.take_thresholds_moved()
     }
 
     /// The pulls that pods bound to the node (`protections`) are about to
@@ -375,44 +355,25 @@ impl<R: Runtime> Collector<R> {
         if !self.settings.policy.room_before_pulls {
             return Vec::new();
         }
-        let mut coming = crate::policy::coming::coming_pulls(images, protections, &self.inventory.repo_sizes);
-        if let Some(sizes) = &self.pull_sizes {
-            let mut capacity = None;
-            for pull in coming.iter_mut().filter(|pull| pull.like.is_none()) {
-                let Some(size) = sizes.size_of(&pull.image) else {
-                    continue;
-                };
-                // A pull larger than the whole image filesystem cannot be
-                // made room for: a registry that says so is not believed.
-                let total = *capacity.get_or_insert_with(|| self.image_fs_bytes());
-                if total.is_some_and(|total| self.inventory.footprint.on_disk(size) > total) {
-                    tracing::debug!(image = %pull.image, size_bytes = size, "a manifest's size larger than the image filesystem is not believed");
-                    continue;
-                }
-                pull.like = Some(crate::policy::coming::Seen {
-                    tag: pull.image.clone(),
-                    // What the runtime will report for it (see ManifestScale).
-                    size_bytes: self.inventory.manifest_scale.reported(size),
-                    at: self.clock.now(),
-                    from: crate::policy::coming::SizedBy::Manifest,
-                    manifest_bytes: Some(size),
-                });
-            }
-        }
-        coming.retain(|pull| pull.like.is_some());
-        coming
+        self.inventory.coming_pulls(
+            images,
+            protections,
+            self.pull_sizes.as_deref(),
+            || self.image_fs_bytes(),
+            self.clock.now(),
+        )
     }
 
     /// The image filesystem's size, when it can be measured.
     fn image_fs_bytes(&self) -> Option<u64> {
-        let path = self.inventory.disk_path.as_ref()?;
+        let path = self.inventory.disk_path()?;
         self.probe.stats(path).ok().map(|stats| stats.capacity_bytes)
     }
 
     /// The same collector, knowing what `known` notes of containers and
     /// pods (see [`crate::store::state::Known`]): those cost no call.
     pub fn knowing(mut self, known: crate::store::state::Known) -> Self {
-        self.inventory.observer = observe::Observer::knowing(known);
+        self.inventory = self.inventory.knowing(known);
         self
     }
 
@@ -433,30 +394,27 @@ impl<R: Runtime> Collector<R> {
     /// due; `None` when there is nothing to measure yet, or the measurement
     /// failed (the next cycle reports it).
     pub fn check_usage(&mut self) -> Option<bool> {
-        let path = self.inventory.disk_path.as_ref()?;
-        let stats = self.probe.stats(path).ok()?;
-        let coming = self.coming_pulls(&self.inventory.last_images, &self.protections());
-        let waiting = self.inventory.room_made.waiting(&coming);
+        let stats = self.probe.stats(self.inventory.disk_path()?).ok()?;
+        let coming = self.coming_pulls(self.inventory.last_images(), &self.protections());
+        let waiting = self.inventory.waiting(&coming);
         let landing = self.landing(&coming, Some(&stats));
         let policy = Arc::clone(&self.settings.policy);
-        let footprint = self.inventory.footprint;
+        let footprint = self.inventory.footprint();
         // Not bounded by what images could free: that takes a plan, which
         // the cycle this starts makes from a fresh listing (a pull that
         // cannot fit gets no room there). Between cycles every pull
         // counts, so that no crossing is missed.
         let pulls = policy.room_for_pulls(&waiting, landing, footprint, None);
-        let target = policy.target.with_headroom(policy.headroom_for(
-            self.inventory.largest_pull.as_ref(),
-            pulls.bytes,
-            footprint,
-        ));
+        let target =
+            policy
+                .target
+                .with_headroom(policy.headroom_for(self.inventory.largest_pull(), pulls.bytes, footprint));
         let due = target.due(&stats);
-        self.note_in_force(target.in_force(stats.capacity_bytes));
+        self.inventory.note_in_force(target.in_force(stats.capacity_bytes));
         if !due {
             // The room is there: a pull's own blobs must not start a pass.
             self.inventory
-                .room_made
-                .made(&coming, &pulls.fit, stats.available(), footprint);
+                .room_made(&coming, &pulls.fit, stats.available(), footprint);
         }
         self.sinks.emit(&Event::Usage { stats: &stats, due });
         Some(due)
@@ -465,40 +423,11 @@ impl<R: Runtime> Collector<R> {
     /// Saves the records; a failure is logged, never fatal: the collector
     /// goes on and tries again at the next save.
     pub async fn save(&mut self) {
-        if self.inventory.runtime_named && self.inventory.footprint.learnt() != self.inventory.records.footprint() {
-            let learnt = self.inventory.footprint.learnt();
-            Arc::make_mut(&mut self.inventory.records).set_footprint(learnt);
+        match self.inventory.save(self.clock.now()).await {
+            Ok(records) => self.sinks.emit(&Event::Saved(Ok(records))),
+            Err(err) => self.sinks.emit(&Event::Saved(Err(&err))),
         }
-        if self.inventory.layers.learned_changed() {
-            self.inventory
-                .layers
-                .save_into(Arc::make_mut(&mut self.inventory.records));
-        }
-        let store = self.inventory.store.clone();
-        let records = Arc::clone(&self.inventory.records);
-        let now = self.clock.now();
-        let last_success = self.inventory.last_success;
-        let result =
-            tokio::task::spawn_blocking(move || store.save_with_last_success(&records, now, last_success)).await;
-        match result {
-            Ok(Ok(())) => {
-                self.sinks.emit(&Event::Saved(Ok(self.inventory.records.len())));
-                Arc::make_mut(&mut self.inventory.records).saved();
-                self.inventory.last_saved = Some(now);
-            }
-            Ok(Err(err)) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
-            Err(err) => self.sinks.emit(&Event::Saved(Err(&err.to_string()))),
-        }
-        // For `plan` and `images`: the containers and pods they need not
-        // ask about (best effort).
-        if let Some(known) = self.inventory.observer.learnt() {
-            let dir = self.inventory.store.dir().to_path_buf();
-            match tokio::task::spawn_blocking(move || known.write(&dir)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => tracing::debug!(error = %err, "could not note the containers' mounts for plan"),
-                Err(err) => tracing::debug!(error = %err, "could not note the containers' mounts for plan"),
-            }
-        }
+        self.inventory.save_known().await;
     }
 
     /// Saves the records when something other than the last-used times of

@@ -19,7 +19,6 @@
 //! `check-config`), logs and a node event once per episode.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::cri::Runtime;
@@ -42,6 +41,57 @@ pub(super) struct Unconfirmed {
     images: Vec<(Unlisted, SystemTime)>,
 }
 
+impl Unconfirmed {
+    /// Watches `fresh` (omitted by the listing of `images` at `now`) with
+    /// those watched before; lets go of those listed again (the listing
+    /// that omitted them was partial) or unsure for longer than the
+    /// records keep them. The ones to ask about now: none after a listing
+    /// of nothing (a runtime restarting tells nothing).
+    pub(super) fn watch<'u>(
+        &mut self,
+        fresh: impl Iterator<Item = &'u Unlisted>,
+        images: &[Image],
+        now: SystemTime,
+    ) -> Vec<String> {
+        self.images.extend(fresh.map(|u| (u.clone(), now)));
+        if self.images.is_empty() {
+            return Vec::new();
+        }
+        let listed: HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
+        self.images.retain(|(u, since)| {
+            !listed.contains(u.id.as_str()) && now.duration_since(*since).unwrap_or_default() < VANISHED_GRACE
+        });
+        if images.is_empty() {
+            return Vec::new();
+        }
+        self.images
+            .iter()
+            .take(ASKED_PER_LISTING)
+            .map(|(u, _)| u.id.clone())
+            .collect()
+    }
+
+    /// What `ImageStatus` said of `id`: there, it is let go; unsure, asked
+    /// again after the others waiting; gone, it is returned.
+    pub(super) fn seen(&mut self, id: &str, seen: Seen) -> Option<Unlisted> {
+        let place = self.images.iter().position(|(u, _)| u.id == id);
+        match seen {
+            Seen::Unsure => {
+                if let Some(place) = place {
+                    let unsure = self.images.remove(place);
+                    self.images.push(unsure);
+                }
+                None
+            }
+            Seen::There => {
+                self.images.retain(|(u, _)| u.id != id);
+                None
+            }
+            Seen::Gone => place.map(|place| self.images.remove(place).0),
+        }
+    }
+}
+
 impl<R: Runtime> Collector<R> {
     /// Finds the images of `unlisted` (and of earlier listings, still
     /// unconfirmed) that someone else removed, after the pending removals
@@ -54,63 +104,21 @@ impl<R: Runtime> Collector<R> {
         asked: &HashSet<String>,
     ) {
         let now = self.clock.now();
-        let pending_now: HashSet<&str> = self
-            .remover
-            .pending
-            .entries()
-            .iter()
-            .map(|p| p.entry.image.as_str())
-            .collect();
-        let fresh: Vec<(Unlisted, SystemTime)> = unlisted
-            .iter()
-            .filter(|u| !asked.contains(&u.id) && !pending_now.contains(u.id.as_str()))
-            .map(|u| (u.clone(), now))
-            .collect();
-        let watch = &mut self.remover.others.images;
-        watch.extend(fresh);
-        if watch.is_empty() {
+        let ids = self.remover.watch_unlisted(unlisted, images, asked, now);
+        if ids.is_empty() {
             return;
         }
-        let listed: HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
-        // Listed again (the listing that omitted it was partial), or unsure
-        // for longer than the records keep it: not counted.
-        watch.retain(|(u, since)| {
-            !listed.contains(u.id.as_str()) && now.duration_since(*since).unwrap_or_default() < VANISHED_GRACE
-        });
-        if images.is_empty() || watch.is_empty() {
-            // A listing of nothing tells nothing: a runtime restarting.
-            return;
-        }
-        let ids: Vec<String> = watch
-            .iter()
-            .take(ASKED_PER_LISTING)
-            .map(|(u, _)| u.id.clone())
-            .collect();
         let answers = self.seen_twice(&ids).await;
         let mut gone = Vec::new();
         for (id, seen) in ids.iter().zip(answers) {
-            match seen {
-                // Asked again after the others waiting.
-                Seen::Unsure => {
-                    if let Some(place) = self.remover.others.images.iter().position(|(u, _)| &u.id == id) {
-                        let unsure = self.remover.others.images.remove(place);
-                        self.remover.others.images.push(unsure);
-                    }
-                }
-                Seen::There => self.remover.others.images.retain(|(u, _)| &u.id != id),
-                Seen::Gone => {
-                    if let Some(place) = self.remover.others.images.iter().position(|(u, _)| &u.id == id) {
-                        gone.push(self.remover.others.images.remove(place).0);
-                    }
-                }
-            }
+            gone.extend(self.remover.unlisted_seen(id, seen));
         }
         let gone = self.not_journaled(gone).await;
         if gone.is_empty() {
             return;
         }
         for image in &gone {
-            Arc::make_mut(&mut self.inventory.records).remove(&image.id, now);
+            self.inventory.forget(&image.id, now);
         }
         // Saved before it is said: a process that ends in between says it
         // no more (the next one has no record of the image to find
@@ -126,7 +134,7 @@ impl<R: Runtime> Collector<R> {
         let Some(since) = gone.iter().map(|u| u.first_seen).min() else {
             return gone;
         };
-        let journal = self.remover.journal.clone();
+        let journal = self.remover.journal();
         let since = since.checked_sub(std::time::Duration::from_secs(1));
         // A journal that cannot be read leaves the doubt: nothing counted.
         let Some(entries) = tokio::task::spawn_blocking(move || journal.read(since))

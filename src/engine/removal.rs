@@ -24,6 +24,7 @@
 //! process or the next), goes through [`Collector::removed`]: one event,
 //! one journal line, the record dropped, the re-pull memory fed.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -33,10 +34,11 @@ use tokio_util::sync::CancellationToken;
 use crate::cri::matching;
 use crate::cri::{Removed, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
+use crate::model::names::Names;
 use crate::model::{Container, Image, Snapshot};
 use crate::model::{Reason, Removal};
-use crate::policy::{Candidate, KeepReason, Uses};
-use crate::records::History;
+use crate::policy::{Candidate, KeepReason, SpaceOutlook, Uses};
+use crate::records::{History, Unlisted};
 use crate::store::journal::{Journal, JournalEntry};
 use crate::store::pending::{Pending, Seen, Settled};
 
@@ -182,13 +184,29 @@ pub(super) enum Removing {
 
 /// A view of the filesystem for one cycle: where it is and how to measure it.
 pub(super) struct Disk {
-    pub(super) probe: Arc<dyn FsProbe>,
-    pub(super) path: Option<PathBuf>,
+    probe: Arc<dyn FsProbe>,
+    path: Option<PathBuf>,
     /// What the runtime says images use of it (`ImageFsInfo`), when it says.
-    pub(super) image_bytes: Option<u64>,
+    image_bytes: Option<u64>,
 }
 
 impl Disk {
+    /// The filesystem at `path` (`None`: the runtime did not say where it
+    /// is), measured by `probe`; `image_bytes`: what the runtime says
+    /// images use of it.
+    pub(super) fn new(probe: Arc<dyn FsProbe>, path: Option<PathBuf>, image_bytes: Option<u64>) -> Self {
+        Disk {
+            probe,
+            path,
+            image_bytes,
+        }
+    }
+
+    /// What the runtime says images use of it, when it says.
+    pub(super) fn image_bytes(&self) -> Option<u64> {
+        self.image_bytes
+    }
+
     /// The filesystem once a removal's space has come back: re-measured
     /// until available space has grown and then held still for one step,
     /// for at most [`SETTLE_TIMEOUT`] (an image whose layers are all shared
@@ -282,16 +300,16 @@ impl Disk {
 /// (re-pulls), and images a listing omitted that no removal of this
 /// process explains yet.
 pub(super) struct Remover {
-    pub(super) pending: Pending,
-    pub(super) journal: Journal,
-    pub(super) thrash: super::thrash::Thrash,
+    pending: Pending,
+    journal: Journal,
+    thrash: super::thrash::Thrash,
     /// The removal in flight: shutdown waits for it, and for nothing else.
-    pub(super) in_flight: RemovalInFlight,
+    in_flight: RemovalInFlight,
     /// Images a listing omitted, not yet known removed by someone else.
-    pub(super) others: super::others::Unconfirmed,
+    others: super::others::Unconfirmed,
     /// The candidate whose pending note was written beside the call before
     /// its removal (see [`Collector::remove`]), until its removal uses it.
-    pub(super) noted_ahead: Option<String>,
+    noted_ahead: Option<String>,
 }
 
 impl Remover {
@@ -320,6 +338,91 @@ impl Remover {
             others: super::others::Unconfirmed::default(),
             noted_ahead: None,
         }
+    }
+
+    /// The removal in flight, as it goes.
+    pub(super) fn in_flight(&self) -> RemovalInFlight {
+        self.in_flight.clone()
+    }
+
+    /// The removals noted as pending (this process's, or an earlier one's
+    /// not settled yet).
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> &[crate::store::pending::PendingRemoval] {
+        self.pending.entries()
+    }
+
+    /// The images of the pending removals.
+    pub(super) fn pending_images(&self) -> HashSet<String> {
+        self.pending.entries().iter().map(|p| p.entry.image.clone()).collect()
+    }
+
+    /// The journal removals end in.
+    pub(super) fn journal(&self) -> Journal {
+        self.journal.clone()
+    }
+
+    /// The episode in which images cannot bring usage to low, when one is
+    /// on (see [`super::thrash::Thrash`]).
+    pub(super) fn unreachable(&self) -> Option<SpaceOutlook> {
+        self.thrash.unreachable()
+    }
+
+    /// Whether `id` (`digests`) is held back: this process removed it
+    /// within `window` before `now` while images cannot bring usage to
+    /// low (removing it again would only have it pulled again).
+    pub(super) fn holds_back(&self, now: SystemTime, window: Duration, id: &str, digests: &Names) -> bool {
+        self.thrash.unreachable().is_some() && self.thrash.removed_recently(now, window, id, digests)
+    }
+
+    /// Whether this process (or one before it, by the journal) removed
+    /// `id` within `window` before `now`.
+    #[cfg(test)]
+    pub(super) fn removed_recently(&self, now: SystemTime, window: Duration, id: &str, digests: &Names) -> bool {
+        self.thrash.removed_recently(now, window, id, digests)
+    }
+
+    /// Notes a space pass's outlook (`None`: low was reached, or no pass
+    /// was due); the change of episode, when there is one.
+    pub(super) fn note_outlook(&mut self, outlook: Option<SpaceOutlook>) -> Option<Option<SpaceOutlook>> {
+        self.thrash.note_outlook(outlook)
+    }
+
+    /// The images of `new` (places in `images`, first seen now) that this
+    /// process removed within `window` before `now`: re-pulls.
+    pub(super) fn repulls(
+        &mut self,
+        now: SystemTime,
+        window: Duration,
+        images: &[Image],
+        new: &[usize],
+    ) -> Vec<super::thrash::Repull> {
+        self.thrash.repulls(now, window, images, new)
+    }
+
+    /// Images a listing omitted (`unlisted`; `images`: what it listed),
+    /// watched with those omitted before until they are known removed by
+    /// someone else or still there: the ones to ask the runtime about now.
+    /// The removals imagegc asked for never count: those pending before
+    /// the listing (`asked`) and now.
+    pub(super) fn watch_unlisted(
+        &mut self,
+        unlisted: &[Unlisted],
+        images: &[Image],
+        asked: &HashSet<String>,
+        now: SystemTime,
+    ) -> Vec<String> {
+        let pending_now: HashSet<&str> = self.pending.entries().iter().map(|p| p.entry.image.as_str()).collect();
+        let fresh = unlisted
+            .iter()
+            .filter(|u| !asked.contains(&u.id) && !pending_now.contains(u.id.as_str()));
+        self.others.watch(fresh, images, now)
+    }
+
+    /// What `ImageStatus` twice said of `id`, an image watched since a
+    /// listing omitted it: the image, when it is gone.
+    pub(super) fn unlisted_seen(&mut self, id: &str, seen: Seen) -> Option<Unlisted> {
+        self.others.seen(id, seen)
     }
 }
 
@@ -381,7 +484,7 @@ impl<R: Runtime> Collector<R> {
         // tagged), so neither order sees more than the other.
         let runtime = &self.runtime;
         let (containers, current, also) = tokio::join!(
-            self.inventory.observer.containers(runtime, images),
+            self.inventory.observer().containers(runtime, images),
             runtime.image_status(candidate.id),
             async {
                 match also {
@@ -425,7 +528,7 @@ impl<R: Runtime> Collector<R> {
             .pods_naming(std::slice::from_ref(&current))
             .first()
             .map(|&(_, pod)| pod);
-        let history = self.inventory.records.get(candidate.id).map(History::of);
+        let history = self.inventory.records().get(candidate.id).map(History::of);
         let now = self.clock.now();
         let policy = Arc::clone(&self.settings.policy);
         let why = policy
@@ -438,7 +541,7 @@ impl<R: Runtime> Collector<R> {
         if let KeepReason::InUse { containers } = &why
             && !containers.is_empty()
         {
-            Arc::make_mut(&mut self.inventory.records).mark_used([candidate.id], now);
+            self.inventory.mark_used([candidate.id], now);
             cx.report.became_in_use.push(candidate.id.to_string());
         }
         self.sinks.emit(&Event::Kept {
@@ -786,7 +889,7 @@ impl<R: Runtime> Collector<R> {
     /// it is journaled.
     async fn journal_removal(&mut self, removal: Removal, report: &mut CycleReport) {
         if let Some(freed) = removal.freed_bytes {
-            self.inventory.footprint.learn(removal.size, freed);
+            self.inventory.learn_footprint(removal.size, freed);
         }
         self.removed(removal, None, report).await;
     }
@@ -963,14 +1066,8 @@ impl<R: Runtime> Collector<R> {
         let _ = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
         if !removal.dry_run {
             // What a measured removal freed sizes the layers it freed.
-            match removal.freed_bytes {
-                Some(freed) => self
-                    .inventory
-                    .layers
-                    .removed(&removal.id, removal.size, freed, self.clock.now()),
-                None => self.inventory.layers.forget(&removal.id),
-            }
-            Arc::make_mut(&mut self.inventory.records).remove(&removal.id, self.clock.now());
+            self.inventory
+                .removed(&removal.id, removal.size, removal.freed_bytes, self.clock.now());
             self.remover
                 .thrash
                 .remember(self.clock.now(), removal.id.clone(), removal.digests.clone());

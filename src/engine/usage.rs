@@ -12,13 +12,14 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 use tracing::{debug, info, warn};
 
-use crate::cri::matching::{self, InUse};
+use crate::cri::matching::InUse;
 use crate::cri::{ContainerEvent, EventStream, Runtime, RuntimeError};
 use crate::fs::FsStats;
 use crate::model::{Image, Snapshot};
 use crate::policy::{CyclePlan, KeptImages, Protections};
 use crate::records::{Listed, Observed};
 
+use super::inventory::MismatchChange;
 use super::observe::{ImageFs, Observation};
 use super::{Collector, Event};
 
@@ -36,21 +37,6 @@ pub struct Listing {
     pub protections: Arc<Protections>,
 }
 
-/// How many images' layers one listing asks the runtime for at most (a
-/// verbose `ImageStatus` each, in turn): a node of 10,000 images has them
-/// all within 40 listings, and no listing costs the runtime more than
-/// that.
-const LAYERS_PER_LISTING: usize = 256;
-
-/// How many images' layers `plan` asks for at most (about a second of
-/// calls); on a bigger node the rest count whole in its estimate.
-const LAYERS_FOR_PLAN: usize = 4_096;
-
-/// After this many images in a row whose layers the runtime did not name
-/// (and none it did), it is not asked again: a runtime that names none
-/// costs a call and an id's memory per image otherwise.
-const LAYERS_UNTOLD_MAX: usize = 16;
-
 impl<R: Runtime> Collector<R> {
     /// Asks the runtime for the layers of listed images whose layers are
     /// not known yet (see [`crate::policy::layers`]), at most
@@ -58,39 +44,13 @@ impl<R: Runtime> Collector<R> {
     /// An image the runtime says nothing of is not asked about again; a
     /// failed call ends the asking until the next listing.
     async fn learn_layers(&mut self, images: &[Image]) {
-        let inventory = &mut self.inventory;
-        if inventory.layers_unsupported {
+        let Some((unknown, mut all_asked)) = self.inventory.layers_to_learn(images) else {
             return;
-        }
-        if !inventory.layers.is_empty() {
-            inventory.layers.retain(images.iter().map(|i| i.id.as_str()));
-        }
-        if !inventory.layers_untold.is_empty() {
-            let listed: crate::collections::HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
-            inventory.layers_untold.retain(|id| listed.contains(id.as_str()));
-        }
-        let limit = if inventory.store.is_read_only() {
-            LAYERS_FOR_PLAN
-        } else {
-            LAYERS_PER_LISTING
         };
-        let unknown: Vec<&Image> = images
-            .iter()
-            .filter(|i| !inventory.layers.knows(&i.id) && !inventory.layers_untold.contains(&i.id))
-            .take(limit)
-            .collect();
-        // Fewer than the limit: these are all the images not known.
-        let mut all_asked = unknown.len() < limit;
         for image in unknown {
             match self.runtime.image_layers(&image.id).await {
-                Ok(Some(layers)) => self.inventory.layers.insert(&image.id, &layers),
-                Ok(None) => {
-                    self.inventory.layers_untold.insert(image.id.clone());
-                    if self.inventory.layers.is_empty() && self.inventory.layers_untold.len() >= LAYERS_UNTOLD_MAX {
-                        // A runtime that names no image's layers: not asked again.
-                        debug!("the runtime names no image's layers: each image counts whole");
-                        self.inventory.layers_unsupported = true;
-                        self.inventory.layers_untold = Default::default();
+                Ok(layers) => {
+                    if self.inventory.learnt_layers(&image.id, layers.as_deref()).is_break() {
                         return;
                     }
                 }
@@ -102,7 +62,7 @@ impl<R: Runtime> Collector<R> {
             }
         }
         if all_asked {
-            self.inventory.layers.drop_idle_ghosts();
+            self.inventory.all_layers_asked();
         }
     }
 
@@ -112,7 +72,7 @@ impl<R: Runtime> Collector<R> {
         let settings = &self.settings;
         let observation = self
             .inventory
-            .observer
+            .observer()
             .observe(
                 &self.runtime,
                 settings.image_fs_path.as_deref(),
@@ -121,7 +81,7 @@ impl<R: Runtime> Collector<R> {
             .await;
         self.sinks.emit(&Event::RuntimeUp(observation.is_ok()));
         if observation.is_err() {
-            Arc::make_mut(&mut self.inventory.records).observation_broken();
+            self.inventory.observation_broken();
         }
         let Observation {
             snapshot,
@@ -131,28 +91,15 @@ impl<R: Runtime> Collector<R> {
             mounts_unread,
             footprint,
         } = observation?;
-        self.inventory.sandbox_unknown = sandbox_unknown;
-        if !self.inventory.runtime_named
-            && let Some(footprint) = footprint
-        {
-            // Measured removals raise it from here on (an earlier process's
-            // too, for a runtime of the same kind).
-            self.inventory.runtime_named = true;
-            let mut footprint = footprint;
-            if let Some(restored) = self.inventory.restored_footprint {
-                footprint.restore(restored);
-            }
-            self.inventory.footprint = footprint;
-            self.inventory.manifest_scale = crate::policy::ManifestScale::for_footprint(footprint);
-        }
+        self.inventory.observed_sandbox(sandbox_unknown);
+        self.inventory.observed_runtime(footprint);
         self.note_image_fs(image_fs.as_ref().ok());
         self.note_sources(&snapshot, sandbox_configured_unmatched, mounts_unread.as_deref());
         self.sinks.emit(&Event::Seen {
             images: &snapshot.images,
             containers: &snapshot.containers,
         });
-        let (observed, listed) =
-            Arc::make_mut(&mut self.inventory.records).observe_snapshot(&snapshot, self.clock.now());
+        let (observed, listed) = self.inventory.observed_snapshot(&snapshot, self.clock.now());
         self.note_listing(&observed, &snapshot.images).await;
         Ok(Listing {
             snapshot,
@@ -182,9 +129,9 @@ impl<R: Runtime> Collector<R> {
             KeptImages::Listed,
         )
         .with_room_for(
-            self.inventory.largest_pull.as_ref(),
-            (&self.inventory.room_made.waiting(&coming), self.landing(&coming, stats)),
-            self.inventory.footprint,
+            self.inventory.largest_pull(),
+            (&self.inventory.waiting(&coming), self.landing(&coming, stats)),
+            self.inventory.footprint(),
             stats,
         )
     }
@@ -194,16 +141,12 @@ impl<R: Runtime> Collector<R> {
     /// `kubernetes.room_before_pulls` is on.
     pub fn pulls_waiting(&self, listing: &Listing) -> Vec<crate::policy::ComingPull> {
         self.inventory
-            .room_made
             .waiting(&self.coming_pulls(&listing.snapshot.images, &listing.protections))
     }
 
     /// The largest recent pull, when `gc.headroom` keeps room for it.
     pub fn largest_recent_pull(&self) -> Option<&crate::policy::LargestPull> {
-        self.inventory
-            .largest_pull
-            .as_ref()
-            .filter(|_| self.settings.policy.headroom)
+        self.inventory.largest_pull().filter(|_| self.settings.policy.headroom)
     }
 
     /// Lists images and containers between cycles: images first seen now
@@ -213,21 +156,21 @@ impl<R: Runtime> Collector<R> {
     /// answered: between cycles the poll is what notices an outage.
     pub async fn poll_usage(&mut self) -> Result<usize, RuntimeError> {
         // Not held beside the new listing (see the cycle).
-        self.inventory.last_images = Vec::new();
-        let listings = self.inventory.observer.list(&self.runtime).await;
+        self.inventory.listing_started();
+        let listings = self.inventory.observer().list(&self.runtime).await;
         self.sinks.emit(&Event::RuntimeUp(listings.is_ok()));
         if listings.is_err() {
-            Arc::make_mut(&mut self.inventory.records).observation_broken();
+            self.inventory.observation_broken();
         }
         let (images, containers) = listings?;
         self.sinks.emit(&Event::Seen {
             images: &images,
             containers: &containers,
         });
-        let observed = Arc::make_mut(&mut self.inventory.records).observe(&images, &containers, self.clock.now());
+        let observed = self.inventory.observed(&images, &containers, self.clock.now());
         self.note_listing(&observed, &images).await;
         let in_use = InUse::new(&images, &containers).len();
-        self.inventory.last_images = images;
+        self.inventory.keep_images(images);
         Ok(in_use)
     }
 
@@ -237,11 +180,11 @@ impl<R: Runtime> Collector<R> {
     /// A replayed event (containerd replays recent events to a new
     /// subscriber) counts at its own time, not at its arrival.
     pub fn mark_used_by_event(&mut self, event: &ContainerEvent) {
-        let ids = matching::images_named(&self.inventory.last_images, event.images.iter().map(String::as_str));
         let at = event
             .created_at
             .map_or_else(|| self.clock.now(), |stamped| self.clock.from_wall(stamped));
-        Arc::make_mut(&mut self.inventory.records).mark_used(ids, at);
+        self.inventory
+            .mark_named_used(event.images.iter().map(String::as_str), at);
     }
 
     /// What a listing did beyond last-used times: the records' changes,
@@ -254,8 +197,8 @@ impl<R: Runtime> Collector<R> {
             // reports per manifest byte.
             for image in observed.new.iter().filter_map(|&i| images.get(i)) {
                 if let Some(manifest) = sizes.read_for(image) {
-                    self.inventory.manifest_scale.learn(manifest, image.size);
-                    tracing::debug!(image = %image.id, manifest_bytes = manifest, reported_bytes = image.size, factor = self.inventory.manifest_scale.factor(), "a pull a manifest sized arrived");
+                    self.inventory.learn_manifest(manifest, image.size);
+                    tracing::debug!(image = %image.id, manifest_bytes = manifest, reported_bytes = image.size, factor = self.inventory.manifest_scale().factor(), "a pull a manifest sized arrived");
                 }
             }
         }
@@ -263,17 +206,13 @@ impl<R: Runtime> Collector<R> {
             observed,
             images: images.len(),
         });
-        if self.inventory.store.is_read_only() {
+        if self.inventory.read_only() {
             // `plan`: the daemon settles, journals and counts these.
             return;
         }
         let window = self.settings.thrash_window;
-        let unreachable = self.remover.thrash.unreachable();
-        for repull in self
-            .remover
-            .thrash
-            .repulls(self.clock.now(), window, images, &observed.new)
-        {
+        let unreachable = self.remover.unreachable();
+        for repull in self.remover.repulls(self.clock.now(), window, images, &observed.new) {
             self.sinks.emit(&Event::Repulled {
                 image: &images[repull.index],
                 removed_ago: repull.removed_ago,
@@ -282,13 +221,7 @@ impl<R: Runtime> Collector<R> {
             });
         }
         // The removals imagegc asked for, before settling moves them on.
-        let asked: std::collections::HashSet<String> = self
-            .remover
-            .pending
-            .entries()
-            .iter()
-            .map(|p| p.entry.image.clone())
-            .collect();
+        let asked = self.remover.pending_images();
         self.settle_pending(images).await;
         self.find_removed_by_others(&observed.unlisted, images, &asked).await;
     }
@@ -298,17 +231,13 @@ impl<R: Runtime> Collector<R> {
     /// notes the path the usage checks between cycles measure.
     fn note_image_fs(&mut self, image_fs: Option<&ImageFs>) {
         let mismatch = image_fs.and_then(|fs| fs.mismatch(self.probe.as_ref()));
-        if image_fs.is_some() || mismatch.is_some() {
-            if mismatch != self.inventory.image_fs_mismatch {
-                match &mismatch {
-                    Some(why) if self.inventory.image_fs_mismatch.is_none() => {
-                        self.sinks.emit(&Event::ImageFsMismatch(Some(why)));
-                    }
-                    None => self.sinks.emit(&Event::ImageFsMismatch(None)),
-                    Some(_) => {}
-                }
-            }
-            self.inventory.image_fs_mismatch = mismatch;
+        match self
+            .inventory
+            .observed_image_fs(image_fs.map(|fs| fs.path.as_path()), mismatch)
+        {
+            Some(MismatchChange::Started(why)) => self.sinks.emit(&Event::ImageFsMismatch(Some(&why))),
+            Some(MismatchChange::Ended) => self.sinks.emit(&Event::ImageFsMismatch(None)),
+            None => {}
         }
         let container_fs = image_fs.and_then(|fs| fs.container_fs(self.probe.as_ref()));
         self.sinks.emit(&Event::ContainerFsUsage(
@@ -326,10 +255,6 @@ impl<R: Runtime> Collector<R> {
         if image_fs.is_some() {
             self.said.container_fs = container_path;
         }
-        self.inventory.disk_path = image_fs
-            .filter(|_| self.inventory.image_fs_mismatch.is_none())
-            .map(|fs| fs.path.clone())
-            .filter(|p| !p.as_os_str().is_empty());
     }
 
     /// Says, once per episode, that a container's mounts or a pod's sandbox

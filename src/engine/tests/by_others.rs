@@ -41,7 +41,7 @@ fn after_an_earlier_process_removed_a() -> (
     });
     let (mut c, dir) = collector(&sim, |_| {});
     an_earlier_process_asked_to_remove(&mut c, &dir, "a");
-    let note = c.remover.pending.entries()[0].entry.clone();
+    let note = c.remover.pending()[0].entry.clone();
     (sim, c, dir, note)
 }
 
@@ -66,7 +66,7 @@ async fn a_removal_journaled_just_before_a_kill_is_not_journaled_again_by_the_ne
         Some("0"),
         "counted by the process that made it, not again"
     );
-    assert!(c.remover.pending.entries().is_empty());
+    assert!(c.remover.pending().is_empty());
 }
 
 #[tokio::test]

@@ -55,7 +55,7 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
         s.disk.set(1000, 900);
     });
     let (mut c, _dir) = collector(&sim, |_| {});
-    let path = c.inventory.store.path().to_path_buf();
+    let path = c.inventory.store().path().to_path_buf();
     let read = || std::fs::read(&path).expect("the state file");
     cycle(&mut c).await;
     let first = read();
@@ -67,7 +67,7 @@ async fn idle_cycles_save_only_changes_and_a_periodic_refresh() {
     cycle(&mut c).await;
     let second = read();
     assert_ne!(second, first);
-    match StateStore::new(c.inventory.store.dir()).load(c.clock.now(), Duration::from_secs(300)) {
+    match StateStore::new(c.inventory.store().dir()).load(c.clock.now(), Duration::from_secs(300)) {
         Loaded::Records { records, .. } => assert!(records.get("n").is_some()),
         _ => panic!("the state file does not load"),
     }

@@ -85,14 +85,14 @@ fn start_with(
 /// The next process, as [`next_process`], started now from `records` (as
 /// if its state file held them).
 fn next_process_with_history(c: &Collector<SimHandle>, records: Records) -> Collector<SimHandle> {
-    let dir = c.inventory.store.dir().to_path_buf();
+    let dir = c.inventory.store().dir().to_path_buf();
     start_with(c.runtime(), c.settings().clone(), &dir, *c.clock(), Some(records))
 }
 
 /// The next process on the same node, settings and state directory
 /// (after `c` was killed or stopped), its clock starting at `clock`.
 fn next_process(c: &Collector<SimHandle>, clock: Clock) -> Collector<SimHandle> {
-    let dir = c.inventory.store.dir().to_path_buf();
+    let dir = c.inventory.store().dir().to_path_buf();
     start_with(c.runtime(), c.settings().clone(), &dir, clock, None)
 }
 
@@ -110,11 +110,7 @@ async fn settle(readings: &[u64]) -> (u64, Duration) {
         s.disk.set(1000, 0);
         s.disk.script_readings(readings.iter().copied());
     });
-    let disk = Disk {
-        probe: Arc::new(sim),
-        path: Some(PathBuf::from("/sim")),
-        image_bytes: None,
-    };
+    let disk = Disk::new(Arc::new(sim), Some(PathBuf::from("/sim")), None);
     let before = FsStats {
         capacity_bytes: 1000,
         available_bytes: 100,

@@ -338,7 +338,7 @@ async fn a_manifests_size_is_scaled_to_what_the_runtime_reports_and_each_arrival
     // footprint is 1): a manifest's 150 MB of compressed layers are 390 MB
     // reported at the median compression ratio, past the line from 35 %.
     let (sim, c, _dir, _) = a_pod_on_a_node_that_had_its_repository(true).await;
-    assert!(!c.inventory.footprint.reports_compressed());
+    assert!(!c.inventory.footprint().reports_compressed());
     let sizes = Arc::new(GivenSizes::default());
     sizes.answer("registry.test/other:1", 150 * MB);
     let mut c = c.with_pull_sizes(Arc::clone(&sizes) as Arc<dyn super::PullSizes>);
@@ -366,8 +366,8 @@ async fn a_manifests_size_is_scaled_to_what_the_runtime_reports_and_each_arrival
         });
     });
     cycle(&mut c).await;
-    assert_eq!(c.inventory.manifest_scale.factor(), 1.8);
-    assert_eq!(c.inventory.manifest_scale.reported(100 * MB), 180 * MB);
+    assert_eq!(c.inventory.manifest_scale().factor(), 1.8);
+    assert_eq!(c.inventory.manifest_scale().reported(100 * MB), 180 * MB);
 }
 
 #[tokio::test]
@@ -619,7 +619,7 @@ async fn the_daemon_and_plan_agree_on_room_before_pulls_and_nothing_goes_for_a_p
         let daemon_due = c.check_usage();
         if pulls.cannot_fit.is_empty() {
             assert_eq!(daemon_due, Some(planned_due), "seed {seed}: {pulls:?}");
-            assert_eq!(c.inventory.in_force, Some(in_force), "seed {seed}: {pulls:?}");
+            assert_eq!(c.inventory.in_force(), Some(in_force), "seed {seed}: {pulls:?}");
         } else {
             // Between cycles every pull counts: the check never misses a
             // pass `plan` says is due, and the cycle bounds the room.

@@ -56,7 +56,7 @@ async fn in_the_age_pass_each_note_is_written_beside_the_call_before_and_on_disk
     assert_eq!(ids, ["old00", "old01", "old02", "old03"]);
     assert!(journal.iter().all(|e| e.asked.is_some()), "{journal:?}");
     // Done: nothing pending, in memory or on disk.
-    assert!(c.remover.pending.entries().is_empty());
+    assert!(c.remover.pending().is_empty());
     assert!(!file.exists());
 }
 
@@ -83,11 +83,7 @@ async fn in_the_age_pass_a_removal_the_runtime_keeps_is_not_believed_and_the_pas
         sample(&c, "image_garbage_collected_total{reason=\"age\"}").as_deref(),
         Some("1")
     );
-    assert!(
-        c.remover.pending.entries().is_empty(),
-        "{:?}",
-        c.remover.pending.entries()
-    );
+    assert!(c.remover.pending().is_empty(), "{:?}", c.remover.pending());
     assert!(!dir.path().join(crate::store::pending::FILE_NAME).exists());
 }
 
@@ -100,7 +96,7 @@ async fn the_last_age_removal_the_runtime_keeps_is_not_believed_either() {
     let failed: Vec<&str> = report.failed.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(failed, ["old01"], "{report:?}");
     assert_eq!(journaled(&dir).len(), 1);
-    assert!(c.remover.pending.entries().is_empty());
+    assert!(c.remover.pending().is_empty());
 }
 
 #[tokio::test]
@@ -122,8 +118,7 @@ async fn a_removal_of_unknown_outcome_ends_the_age_pass_and_the_note_written_bes
     // `old01`'s note, written beside the call, named a call never sent.
     let pending: Vec<(&str, crate::store::pending::Phase)> = c
         .remover
-        .pending
-        .entries()
+        .pending()
         .iter()
         .map(|p| (p.entry.image.as_str(), p.phase))
         .collect();
@@ -363,7 +358,6 @@ async fn an_image_pulled_again_soon_after_removal_counts_as_a_repull() {
     assert!(
         restarted
             .remover
-            .thrash
             .removed_recently(now, window, "a", &Default::default())
     );
     drop(dir);
