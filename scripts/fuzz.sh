@@ -7,6 +7,8 @@
 # and `cargo fuzz run <target> <that file>` replays it.
 #
 #   scripts/fuzz.sh [SECONDS]
+#   scripts/fuzz.sh build     installs cargo-fuzz and builds the targets only
+#                             (scripts/test.sh, in the background, early)
 #
 # Installs cargo-fuzz when it is missing (a few minutes: cargo compiles it).
 # cargo-fuzz passes nightly-only -Z flags to rustc; RUSTC_BOOTSTRAP=1 makes a
@@ -15,6 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+build_only=
+if [ "${1:-}" = build ]; then
+    build_only=1
+    shift
+fi
 seconds="${1:-60}"
 sanitizer="${FUZZ_SANITIZER:-address}"
 targets=(config state)
@@ -31,6 +38,9 @@ echo "==> building the fuzz targets (sanitizer: $sanitizer)"
 started=$(date +%s)
 cargo fuzz build --sanitizer "$sanitizer"
 echo "==> built in $(($(date +%s) - started))s"
+if [ -n "$build_only" ]; then
+    exit 0
+fi
 
 failed=()
 for target in "${targets[@]}"; do

@@ -28,6 +28,46 @@ fi
 install_testbed_deps
 build_testbed_runtimes
 
+# Built in the background at the lowest CPU priority, beside the phases
+# below, which leave a core idle much of the time (tests waiting on
+# runtimes, timers and each other): the cluster suites' tools from their Go
+# modules (Kubernetes, etcd, helm, crictl, Prometheus: about 10 minutes on
+# a cold machine) and the fuzz pass's cargo-fuzz and instrumented targets
+# (about 5 minutes cold; its own target directory, fuzz/target, so no lock
+# is shared with the phases' cargo). Each is waited for before the phase
+# that needs it; one that failed fails the run with its log. Seconds each
+# when already built.
+declare -A background=()
+in_background() { # NAME COMMAND...: runs COMMAND in a session of its own
+    local name=$1
+    shift
+    setsid nice -n 19 "$@" >"target/background-$name.log" 2>&1 &
+    background[$name]=$!
+}
+wait_background() { # NAME
+    local name=$1 status=0 started=$SECONDS
+    wait "${background[$name]}" || status=$?
+    unset "background[$name]"
+    phase "background build $name: waited $((SECONDS - started))s, exit $status (target/background-$name.log)"
+    grep '^==>' "target/background-$name.log" || true
+    if [ "$status" -ne 0 ]; then
+        tail -n 60 "target/background-$name.log"
+        exit 1
+    fi
+}
+stop_background() {
+    local pid
+    for pid in "${background[@]}"; do
+        kill -- "-$pid" 2>/dev/null || true
+    done
+}
+trap stop_background EXIT
+mkdir -p target
+in_background cluster-tools bash -euo pipefail -c '. scripts/testbed-cluster.sh; build_cluster_tools'
+if [ -z "${IMAGEGC_SKIP_FUZZ:-}" ]; then
+    in_background fuzz scripts/fuzz.sh build
+fi
+
 phase "cargo fmt --check"
 cargo fmt --all -- --check
 phase "cargo clippy (the package and its test kit, crates/imagegc-testkit)"
@@ -82,6 +122,7 @@ phase "systemd unit time: $((SECONDS - started))s"
 # private single-node Kubernetes cluster, and its scenarios: the eviction
 # race, the image filesystem, restarts (deploy/tests/cluster/). Builds
 # Kubernetes, etcd, helm, crictl and Prometheus from their Go modules once.
+wait_background cluster-tools
 phase "cluster suite (scripts/test-cluster.sh)"
 started=$SECONDS
 scripts/test-cluster.sh
@@ -119,6 +160,7 @@ if [ -x scripts/check-deploy.sh ]; then
     scripts/check-deploy.sh
 fi
 if [ -z "${IMAGEGC_SKIP_FUZZ:-}" ]; then
+    wait_background fuzz
     phase "fuzzing the configuration loader and the state reader (60 s each)"
     scripts/fuzz.sh 60
 fi

@@ -49,10 +49,9 @@ prepare_cluster_suite() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
     fi
 
-    # --- Kubernetes, containerd
-    . scripts/testbed-kubernetes.sh
+    # --- Kubernetes, etcd, helm, crictl, Prometheus; containerd
+    build_cluster_tools || return 1
     . scripts/testbed-runtimes.sh
-    build_testbed_kubernetes
     dir=$IMAGEGC_KUBERNETES_DIR
     containerd_bin=${IMAGEGC_RUNTIMES_DIR:-$ROOT/target/runtimes}/containerd-$CONTAINERD2_VERSION/bin
     crio_bin=${IMAGEGC_RUNTIMES_DIR:-$ROOT/target/runtimes}/crio-$CRIO_VERSION/bin
@@ -70,19 +69,7 @@ prepare_cluster_suite() {
     build_static_imagegc || return 1
     binary=$IMAGEGC_STATIC_BIN
 
-    # --- Prometheus
-    # From its Go module: Debian's package is built without the Kubernetes
-    # service discovery the suite scrapes through. Built with the Kubernetes
-    # discovery alone (Prometheus's remove_all_sd and enable_kubernetes_sd
-    # tags): every other provider's cloud SDK left out, which took most of
-    # the 20 minutes a full build took cold here. Kept once built.
     prometheus=$dir/prometheus-$PROMETHEUS_VERSION/prometheus
-    if [ ! -x "$prometheus" ]; then
-        echo "==> building prometheus $PROMETHEUS_VERSION (github.com/prometheus/prometheus, Kubernetes discovery only)"
-        (cd /tmp && GOBIN=$(dirname "$prometheus") GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath \
-            -tags remove_all_sd,enable_kubernetes_sd \
-            -ldflags "-s -w" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION") || return 1
-    fi
 
     # --- Python
     VENV=$ROOT/target/cluster-venv
@@ -101,6 +88,29 @@ prepare_cluster_suite() {
     export IMAGEGC_PROMETHEUS=$prometheus
     export CLUSTER_PYTHON=$VENV/bin/python
     echo "==> cluster test bed prerequisites ready in $((SECONDS - started))s"
+}
+
+# build_cluster_tools builds what the cluster test bed runs from Go modules,
+# each when not built yet: Kubernetes, etcd, helm and crictl
+# (scripts/testbed-kubernetes.sh) and Prometheus, into
+# $IMAGEGC_KUBERNETES_DIR. About 10 minutes on a cold machine, seconds once
+# built: scripts/test.sh starts it in the background before its first phase.
+build_cluster_tools() {
+    . scripts/testbed-kubernetes.sh
+    build_testbed_kubernetes || return 1
+    # Prometheus from its Go module: Debian's package is built without the
+    # Kubernetes service discovery the suite scrapes through. Built with the
+    # Kubernetes discovery alone (Prometheus's remove_all_sd and
+    # enable_kubernetes_sd tags): every other provider's cloud SDK left out,
+    # which took most of the 20 minutes a full build took cold here. Kept
+    # once built.
+    local prometheus=$IMAGEGC_KUBERNETES_DIR/prometheus-$PROMETHEUS_VERSION/prometheus
+    if [ ! -x "$prometheus" ]; then
+        echo "==> building prometheus $PROMETHEUS_VERSION (github.com/prometheus/prometheus, Kubernetes discovery only)"
+        (cd /tmp && GOBIN=$(dirname "$prometheus") GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath \
+            -tags remove_all_sd,enable_kubernetes_sd \
+            -ldflags "-s -w" "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION") || return 1
+    fi
 }
 
 # The static imagegc (musl, or static glibc where the musl target cannot be
