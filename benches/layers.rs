@@ -48,7 +48,10 @@ fn measure(n: usize) {
     for _ in 0..5 {
         let at = rss_kib();
         let started = Instant::now();
-        let mut freeing = book.freeing(&images, DiskFootprint::for_runtime("containerd"));
+        let mut freeing = book.freeing(
+            &images,
+            DiskFootprint::for_dialect(&imagegc::cri::Dialect::of("containerd")),
+        );
         times.push(started.elapsed());
         extra_kib = extra_kib.max(rss_kib().saturating_sub(at));
         let freed = images

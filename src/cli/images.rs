@@ -17,7 +17,7 @@ use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::model::Snapshot;
 use crate::model::names::Names;
-use crate::policy::ImageBytes;
+use crate::policy::{DiskFootprint, ImageBytes};
 use crate::store::state::Known;
 
 #[derive(Serialize)]
@@ -88,7 +88,11 @@ pub async fn images(runtime: &CriClient, config: &Config, output: Output) -> Res
             config.runtime.sandbox_image.as_deref(),
         )
         .await?;
-    let footprint = observation.footprint.unwrap_or_default();
+    let footprint = observation
+        .dialect
+        .as_ref()
+        .map(DiskFootprint::for_dialect)
+        .unwrap_or_default();
     let Snapshot {
         images,
         containers,

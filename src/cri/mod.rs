@@ -19,7 +19,7 @@ pub use client::{CallObserver, CriClient, DEFAULT_ENDPOINTS, connect, discover};
 // The names of images, interned as listings are decoded.
 pub(crate) use crate::model::names;
 
-pub use crate::model::{Container, ContainerState, Image, Snapshot};
+pub use crate::model::{Container, ContainerState, Dialect, Image, Snapshot};
 pub use names::Names;
 
 impl ContainerState {

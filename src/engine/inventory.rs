@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use tracing::{debug, info, warn};
 
 use crate::cri::matching;
-use crate::model::{Container, Image, Snapshot};
+use crate::model::{Container, Dialect, Image, Snapshot};
 use crate::policy::{
     ComingPull, DiskFootprint, LargestPull, LayerBook, ManifestScale, Protections, RepoSizes, RoomMade,
 };
@@ -72,8 +72,8 @@ pub(super) struct Inventory {
     /// What the runtime reports per byte of a registry's manifest, from
     /// its name and the images manifests sized once they arrived.
     manifest_scale: ManifestScale,
-    /// Whether the runtime's name was learnt (for [`DiskFootprint`]).
-    runtime_named: bool,
+    /// How the runtime speaks, once its `Version` answered.
+    dialect: Option<Dialect>,
     /// The footprint an earlier process learnt (the state file), taken
     /// back once the runtime is named (see [`DiskFootprint::restore`]).
     restored_footprint: Option<(u64, u64)>,
@@ -144,7 +144,7 @@ impl Inventory {
             layers_untold: HashSet::new(),
             layers_unsupported: false,
             manifest_scale: ManifestScale::default(),
-            runtime_named: false,
+            dialect: None,
             restored_footprint,
             image_fs_mismatch: None,
             disk_path: None,
@@ -270,16 +270,22 @@ impl Inventory {
         self.sandbox_unknown = unknown;
     }
 
-    /// The runtime named itself: what an image takes on disk per reported
-    /// byte (`footprint`), raised by what an earlier process measured for
-    /// a runtime of the same kind. Learnt once.
-    pub(super) fn observed_runtime(&mut self, footprint: Option<DiskFootprint>) {
-        let Some(mut footprint) = footprint.filter(|_| !self.runtime_named) else {
+    /// The runtime named itself (`dialect`): what an image takes on disk
+    /// per reported byte follows, raised by what an earlier process
+    /// measured for a runtime of the same kind. Learnt once.
+    pub(super) fn observed_runtime(&mut self, dialect: Option<Dialect>) {
+        let Some(dialect) = dialect.filter(|_| self.dialect.is_none()) else {
             return;
         };
+        debug!(
+            runtime = dialect.name(),
+            reports_compressed = dialect.reports_compressed(),
+            "the runtime's dialect"
+        );
         // Measured removals raise it from here on (an earlier process's
         // too, for a runtime of the same kind).
-        self.runtime_named = true;
+        let mut footprint = DiskFootprint::for_dialect(&dialect);
+        self.dialect = Some(dialect);
         if let Some(restored) = self.restored_footprint {
             footprint.restore(restored);
         }
@@ -539,7 +545,7 @@ impl Inventory {
     /// layers, at `now`, off the async threads. The records saved, or why
     /// not.
     pub(super) async fn save(&mut self, now: SystemTime) -> Result<usize, String> {
-        if self.runtime_named && self.footprint.learnt() != self.records.footprint() {
+        if self.dialect.is_some() && self.footprint.learnt() != self.records.footprint() {
             let learnt = self.footprint.learnt();
             self.records_mut().set_footprint(learnt);
         }

@@ -17,8 +17,7 @@ use crate::cri::matching;
 use crate::cri::{ImageFsUsage, Runtime, RuntimeError};
 use crate::fs::{FsProbe, FsStats};
 use crate::model::reference::ProtectPattern;
-use crate::model::{Container, Image, Snapshot};
-use crate::policy::DiskFootprint;
+use crate::model::{Container, Dialect, Image, Snapshot};
 use crate::store::state::Known;
 
 /// `ContainerStatus` calls in flight at once while learning new
@@ -367,9 +366,8 @@ pub struct Observation {
     pub sandbox_configured_unmatched: bool,
     /// Why a container's mounted images could not be read, when one could not.
     pub mounts_unread: Option<String>,
-    /// What an image takes on disk per reported byte on this runtime, once
-    /// its name is known (`Version`).
-    pub footprint: Option<DiskFootprint>,
+    /// How the runtime speaks, once its `Version` answered.
+    pub dialect: Option<Dialect>,
 }
 
 /// What reading the runtime remembers between listings: each container's
@@ -380,7 +378,7 @@ pub struct Observer {
     mounts: MountCache,
     pod_images: PodSandboxImages,
     sandbox_image: Option<String>,
-    footprint: Option<DiskFootprint>,
+    dialect: Option<Dialect>,
 }
 
 impl Observer {
@@ -431,10 +429,10 @@ impl Observer {
         let image_fs = image_fs(runtime, image_fs_path);
         let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
         let (images, containers) = listings?;
-        if self.footprint.is_none()
+        if self.dialect.is_none()
             && let Ok(version) = runtime.version().await
         {
-            self.footprint = Some(DiskFootprint::for_runtime(&version.runtime_name));
+            self.dialect = Some(Dialect::of(&version.runtime_name));
         }
         let mut sandbox_unknown = None;
         match status {
@@ -467,7 +465,7 @@ impl Observer {
             sandbox_unknown,
             sandbox_configured_unmatched: sandbox.configured_unmatched,
             mounts_unread: self.mounts.unread().map(str::to_string),
-            footprint: self.footprint,
+            dialect: self.dialect.clone(),
         })
     }
 

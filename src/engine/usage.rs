@@ -89,10 +89,10 @@ impl<R: Runtime> Collector<R> {
             sandbox_unknown,
             sandbox_configured_unmatched,
             mounts_unread,
-            footprint,
+            dialect,
         } = observation?;
         self.inventory.observed_sandbox(sandbox_unknown);
-        self.inventory.observed_runtime(footprint);
+        self.inventory.observed_runtime(dialect);
         self.note_image_fs(image_fs.as_ref().ok());
         self.note_sources(&snapshot, sandbox_configured_unmatched, mounts_unread.as_deref());
         self.sinks.emit(&Event::Seen {

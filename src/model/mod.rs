@@ -2,15 +2,18 @@
 //! [`Container`], [`Snapshot`], and an image's tags and digests held once,
 //! [`names::Names`]); why an image goes ([`Reason`]) and what one removal
 //! was ([`Removal`], also what the journal records); and how images are
-//! named ([`reference`]: references and the patterns of `protect.images`).
+//! named ([`reference`]: references and the patterns of `protect.images`);
+//! how a runtime speaks where the CRI leaves it open ([`Dialect`]).
 //! Data only: no IO.
 
 use std::time::SystemTime;
 
+mod dialect;
 mod image;
 pub mod names;
 pub(crate) mod reference;
 
+pub use dialect::Dialect;
 pub use image::{Container, ContainerState, Image, Snapshot};
 
 /// Why an image is removed.

@@ -405,6 +405,7 @@ impl RoomMade {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Dialect;
     use std::time::Duration;
 
     fn image(id: &str, tags: &[&str], size: u64) -> Image {
@@ -468,7 +469,7 @@ mod tests {
                 ("never.example/seen:1", "default/unknown", None),
             ]
         );
-        let footprint = DiskFootprint::for_runtime("containerd");
+        let footprint = DiskFootprint::for_dialect(&Dialect::of("containerd"));
         assert_eq!(
             that_fit(&coming, u64::MAX, footprint).bytes,
             500,
@@ -479,9 +480,9 @@ mod tests {
 
     #[test]
     fn a_manifest_is_read_as_the_runtime_reports_and_learnt_from_what_arrives() {
-        let containerd = ManifestScale::for_footprint(DiskFootprint::for_runtime("containerd"));
+        let containerd = ManifestScale::for_footprint(DiskFootprint::for_dialect(&Dialect::of("containerd")));
         assert_eq!(containerd.reported(100), 100, "containerd reports compressed content");
-        let mut crio = ManifestScale::for_footprint(DiskFootprint::for_runtime("cri-o"));
+        let mut crio = ManifestScale::for_footprint(DiskFootprint::for_dialect(&Dialect::of("cri-o")));
         assert_eq!(crio.reported(100), 260, "the median compression ratio");
         // Halfway to each arrival: 3.0 shown, then 1.0 (incompressible).
         crio.learn(100, 300);

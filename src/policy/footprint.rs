@@ -2,6 +2,8 @@
 //! reports for it ([`DiskFootprint`]), and the per-thousand arithmetic the
 //! policy sizes with.
 
+use crate::model::Dialect;
+
 /// How many bytes of the image filesystem an image takes per byte of the
 /// size the runtime reports for it. containerd reports the compressed size
 /// of an image's content, and keeps on the same filesystem both that content
@@ -25,15 +27,10 @@ pub struct DiskFootprint {
 const FOOTPRINT_CAP_PERMILLE: u64 = 8_000;
 
 impl DiskFootprint {
-    /// The factor for a runtime by the name its `Version` call gives
-    /// (`containerd`, `cri-o`, `docker`): twice for containerd, once for
-    /// the others.
-    pub fn for_runtime(name: &str) -> Self {
-        let permille = if name.eq_ignore_ascii_case("containerd") {
-            2_000
-        } else {
-            1_000
-        };
+    /// The factor for a runtime of `dialect`: twice for one that reports
+    /// an image's compressed content, once for the others.
+    pub fn for_dialect(dialect: &Dialect) -> Self {
+        let permille = if dialect.reports_compressed() { 2_000 } else { 1_000 };
         DiskFootprint {
             permille,
             floor: permille,
@@ -97,6 +94,6 @@ pub(crate) fn permille_of(of: u64, per: u64) -> Option<u64> {
 impl Default for DiskFootprint {
     /// Once: the factor of a runtime that reports what it stores.
     fn default() -> Self {
-        DiskFootprint::for_runtime("")
+        DiskFootprint::for_dialect(&Dialect::default())
     }
 }

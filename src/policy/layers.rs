@@ -687,6 +687,7 @@ fn solve(rows: &[Vec<u32>], sizes: &[u64], extra_bytes: &[u64], fixed: &[u64], o
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Dialect;
     use crate::testing::library_image;
 
     const MIB: u64 = 1 << 20;
@@ -736,7 +737,7 @@ mod tests {
             library_image("app", 70 * MIB),
             library_image("other", 10 * MIB),
         ];
-        let mut freeing = book.freeing(&images, DiskFootprint::for_runtime("containerd"));
+        let mut freeing = book.freeing(&images, DiskFootprint::for_dialect(&Dialect::of("containerd")));
         assert_eq!(freeing.would_free("other", 10 * MIB), 20 * MIB);
         assert_eq!(freeing.release("base", 50 * MIB), 0, "the app holds the base");
         assert_eq!(freeing.release("app", 70 * MIB), 140 * MIB);
@@ -852,7 +853,7 @@ mod tests {
             library_image("b", u64::MAX / 3),
             library_image("c", 0),
         ];
-        let mut freeing = book.freeing(&images, DiskFootprint::for_runtime("containerd"));
+        let mut freeing = book.freeing(&images, DiskFootprint::for_dialect(&Dialect::of("containerd")));
         let total = [("a", u64::MAX), ("b", u64::MAX / 3), ("c", 0)]
             .iter()
             .fold(0u64, |sum, (id, size)| sum.saturating_add(freeing.release(id, *size)));

@@ -572,6 +572,7 @@ pub fn total_size<'c, 'a: 'c>(candidates: impl IntoIterator<Item = &'c Candidate
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Dialect;
     use crate::policy::Reason;
     use crate::testing::library_image as image;
     use std::time::{Duration, SystemTime};
@@ -596,9 +597,9 @@ mod tests {
 
     #[test]
     fn containerd_images_take_at_least_twice_their_reported_size_and_measured_removals_raise_it() {
-        let mut containerd = DiskFootprint::for_runtime("containerd");
+        let mut containerd = DiskFootprint::for_dialect(&Dialect::of("containerd"));
         assert_eq!(containerd.on_disk(100), 200);
-        assert_eq!(DiskFootprint::for_runtime("cri-o").on_disk(100), 100);
+        assert_eq!(DiskFootprint::for_dialect(&Dialect::of("cri-o")).on_disk(100), 100);
         // A removal that freed less (shared layers) never lowers it.
         containerd.learn(100, 50);
         assert_eq!(containerd.on_disk(100), 200);
@@ -630,7 +631,7 @@ mod tests {
             &candidates,
             &KeptTally::default(),
             &images,
-            DiskFootprint::for_runtime("containerd"),
+            DiskFootprint::for_dialect(&Dialect::of("containerd")),
             None,
         );
         assert!(!outlook.unreachable(), "{outlook:?}");
@@ -642,7 +643,7 @@ mod tests {
             &candidates,
             &KeptTally::default(),
             &images,
-            DiskFootprint::for_runtime("cri-o"),
+            DiskFootprint::for_dialect(&Dialect::of("cri-o")),
             None,
         );
         assert!(naive.unreachable());
@@ -705,7 +706,7 @@ mod tests {
     #[test]
     fn the_runtimes_image_bytes_count_only_when_the_listing_does_not_contradict_them() {
         let images: Vec<Image> = ["a", "b"].iter().map(|n| image(n, 100)).collect();
-        let containerd = DiskFootprint::for_runtime("containerd");
+        let containerd = DiskFootprint::for_dialect(&Dialect::of("containerd"));
         let from = |reported| ImageBytes::new(reported, &images, containerd, 800);
         // Plausible and more than the estimate: used.
         assert_eq!(from(Some(500)).source, ImageBytesSource::Runtime);
@@ -759,7 +760,10 @@ mod tests {
         // Low 80 %: 200 to free; containerd's footprint counts 100 a removal.
         let target = SpaceTarget::new(90, 80, None);
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 1000);
+        walk.hurry(
+            Freeing::whole(DiskFootprint::for_dialect(&Dialect::of("containerd"))),
+            1000,
+        );
         assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "a"));
         // A reading taken meanwhile (nothing back yet) changes nothing.
         walk.removed(50, Some(full));
@@ -780,13 +784,19 @@ mod tests {
         // A reading taken meanwhile that shows more back than expected (a
         // runtime that deletes before it answers) counts.
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 1000);
+        walk.hurry(
+            Freeing::whole(DiskFootprint::for_dialect(&Dialect::of("containerd"))),
+            1000,
+        );
         let _ = walk.next(|_| false);
         walk.removed(50, Some(after));
         assert_eq!(walk.remaining(), 50, "150 seen back, not the 100 expected");
         // Not measurable: the walk estimates from the hurry's estimate on.
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 1000);
+        walk.hurry(
+            Freeing::whole(DiskFootprint::for_dialect(&Dialect::of("containerd"))),
+            1000,
+        );
         let _ = walk.next(|_| false);
         walk.removed(50, None);
         assert_eq!(walk.corrected(None), Some((100, None)));
@@ -799,7 +809,10 @@ mod tests {
         // The hurry ends where the line is cleared by the estimate (100
         // available: one removal), not at low: the walk measures then.
         let mut walk = Walk::measured(target, full, &candidates);
-        walk.hurry(Freeing::whole(DiskFootprint::for_runtime("containerd")), 100);
+        walk.hurry(
+            Freeing::whole(DiskFootprint::for_dialect(&Dialect::of("containerd"))),
+            100,
+        );
         assert!(matches!(walk.next(|_| false), Step::Remove(c) if c.id == "a"));
         walk.removed(50, None);
         assert_eq!(walk.next(|_| false), Step::Done, "past the line by the estimate");
