@@ -10,14 +10,15 @@
 //!   `collections`, `safe_file`, `model` (the domain types: what a runtime
 //!   lists, images, containers and one listing of both; a removal and its reason;
 //!   `model::reference`, image names as people and runtimes write them and
-//!   the glob patterns of `protect.images`), [`outputs`] (the log's format, the
+//!   the glob patterns of `protect.images`; `model::matching`, how a
+//!   container names an image in every runtime's way; `model::Dialect`,
+//!   how a runtime speaks where the CRI leaves it open), [`outputs`] (the log's format, the
 //!   registry the sinks register their metric families in, health, and the
 //!   listener that serves metrics and probes).
 //! - [`config`]: raw files to a validated configuration (TOML or a
 //!   KubeletConfiguration), every problem named by its field.
 //! - [`cri`]: the runtime boundary: the [`cri::Runtime`] trait and the CRI
-//!   v1 client; `cri::matching` reads how a container names an image, in
-//!   every runtime's dialect.
+//!   v1 client.
 //! - [`records`]: first seen and last used per image; [`store`], the state
 //!   directory: [`store::journal`] (the removals), `store::pending`
 //!   (removals whose outcome is not known yet), [`store::state`] (the
@@ -43,10 +44,11 @@
 //!
 //! Where a change goes: a keep rule in `policy::keep` (the planner and the
 //! re-check before each removal both ask it), its key in `config::protect`;
-//! a `gc.order` in a file of `policy::order`; a runtime quirk where it
-//! shows (names in `cri::matching`, listings in `cri` and
-//! `engine::observe`, disk footprints in `policy::space`: one place for
-//! all of them is still to come); a metric in the sink that sets it, which
+//! a `gc.order` in a file of `policy::order`; a runtime quirk as a fact of
+//! `model::Dialect` (decided there from the runtime's `Version` answer)
+//! read where it is acted on, how a container names an image in
+//! `model::matching` (every runtime's way), a call a runtime answers its
+//! own way in `cri` or `engine::observe`; a metric in the sink that sets it, which
 //! registers its family (`engine::sinks::metrics` for the engine's events,
 //! `engine::sinks::cri_calls` for the CRI client's calls, which the client
 //! tells it of, `engine::sinks::kubernetes` for what the `kubernetes`

@@ -17,7 +17,7 @@
 use std::collections::hash_map::Entry;
 use std::time::{Duration, SystemTime};
 
-use crate::cri::matching::{Matches, References};
+use crate::model::matching::{Matches, References};
 /// A record's tags or digests: the listing's own, shared (see [`Names`]).
 pub use crate::model::names::Names;
 use crate::model::{Container, Image, Snapshot};
@@ -754,7 +754,7 @@ mod tests {
             assert_eq!(r.first_seen, t(0));
             assert_eq!(r.last_used, t(0));
         }
-        let in_use = crate::cri::matching::InUse::new(&images, &containers);
+        let in_use = crate::model::matching::InUse::new(&images, &containers);
         assert!(!in_use.is_used("0"));
         assert!(in_use.is_used("1") && in_use.is_used("2"));
     }

@@ -39,9 +39,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use crate::cri::matching::InUse;
 use crate::engine::{Event, Sink};
 use crate::fs::FsStats;
+use crate::model::matching::InUse;
 use crate::model::names::Names;
 use crate::model::{Container, Image};
 use crate::safe_file;

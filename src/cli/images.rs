@@ -11,11 +11,11 @@ use super::table::{
 };
 use super::{CliError, ExitStatus, Output, out};
 use crate::config::Config;
-use crate::cri::matching::InUse;
 use crate::cri::{CriClient, Runtime};
 use crate::engine::{ImageFs, Observer};
 use crate::fs::{FsProbe, FsStats, Statvfs};
 use crate::model::Snapshot;
+use crate::model::matching::InUse;
 use crate::model::names::Names;
 use crate::policy::{DiskFootprint, ImageBytes};
 use crate::store::state::Known;

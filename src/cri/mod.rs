@@ -9,7 +9,6 @@
 pub mod client;
 mod list_images;
 mod listing;
-pub(crate) mod matching;
 pub mod proto;
 
 use std::future::Future;

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{debug, info, warn};
 
-use crate::cri::matching;
+use crate::model::matching;
 use crate::model::{Container, Dialect, Image, Snapshot};
 use crate::policy::{
     ComingPull, DiskFootprint, LargestPull, LayerBook, ManifestScale, Protections, RepoSizes, RoomMade,

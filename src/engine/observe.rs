@@ -13,9 +13,9 @@ use futures_util::StreamExt as _;
 use tracing::debug;
 
 use crate::collections::HashMap;
-use crate::cri::matching;
 use crate::cri::{ImageFsUsage, Runtime, RuntimeError};
 use crate::fs::{FsProbe, FsStats};
+use crate::model::matching;
 use crate::model::reference::ProtectPattern;
 use crate::model::{Container, Dialect, Image, Snapshot};
 use crate::store::state::Known;

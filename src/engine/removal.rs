@@ -31,9 +31,9 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::matching;
 use crate::cri::{Removed, Runtime, RuntimeError};
 use crate::fs::{FsError, FsProbe, FsStats};
+use crate::model::matching;
 use crate::model::names::Names;
 use crate::model::{Container, Image, Snapshot};
 use crate::model::{Reason, Removal};

@@ -12,9 +12,9 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 use tracing::{debug, info, warn};
 
-use crate::cri::matching::InUse;
 use crate::cri::{ContainerEvent, EventStream, Runtime, RuntimeError};
 use crate::fs::FsStats;
+use crate::model::matching::InUse;
 use crate::model::{Image, Snapshot};
 use crate::policy::{CyclePlan, KeptImages, Protections};
 use crate::records::{Listed, Observed};

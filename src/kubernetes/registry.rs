@@ -697,7 +697,7 @@ impl crate::engine::PullSizes for ManifestSizes {
             })
             .collect();
         let references: Vec<&str> = read.iter().map(|(reference, _)| *reference).collect();
-        crate::cri::matching::named_by(std::slice::from_ref(image), &references)
+        crate::model::matching::named_by(std::slice::from_ref(image), &references)
             .first()
             .map(|&(_, r)| read[r].1)
     }

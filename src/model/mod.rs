@@ -10,6 +10,7 @@ use std::time::SystemTime;
 
 mod dialect;
 mod image;
+pub(crate) mod matching;
 pub mod names;
 pub(crate) mod reference;
 

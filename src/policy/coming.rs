@@ -16,7 +16,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::cri::matching;
+use crate::model::matching;
 
 use crate::model::Image;
 use crate::model::reference;

@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use crate::collections::HashMap;
-use crate::cri::matching;
 pub use crate::model::Reason;
+use crate::model::matching;
 use crate::model::names::Names;
 use crate::model::reference;
 use crate::model::{Image, Snapshot};

@@ -150,7 +150,7 @@ fn only_the_clock_and_reporting_read_the_wall_clock() {
         "engine/",
         "policy/",
         "records.rs",
-        "cri/matching.rs",
+        "model/matching.rs",
         "store/pending.rs",
         "daemon/",
     ] {

@@ -12,8 +12,8 @@ use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 
 use crate::collections::HashMap;
-use crate::cri::{Container, Image};
 use crate::model::reference;
+use crate::model::{Container, Image};
 
 /// Which images are referenced by which containers.
 ///
@@ -255,7 +255,7 @@ impl References<'_> {
 /// Whether a container may run its image (created, running, or in a state
 /// not known): one that exited keeps what it names, and no more.
 fn may_run(container: &Container) -> bool {
-    !matches!(container.state, Some(crate::cri::ContainerState::Exited))
+    !matches!(container.state, Some(crate::model::ContainerState::Exited))
 }
 
 /// What [`References::matches`] found, by each image's place in the listing.
@@ -552,7 +552,7 @@ mod tests {
         assert!(!by(Container {
             image: "nginx:1.28".to_string(),
             image_ref: "sha256:3333333333333333333333333333333333333333333333333333333333333333".to_string(),
-            state: Some(crate::cri::ContainerState::Exited),
+            state: Some(crate::model::ContainerState::Exited),
             ..Default::default()
         }));
     }
@@ -655,9 +655,9 @@ mod tests {
             ..Default::default()
         };
         for state in [
-            Some(crate::cri::ContainerState::Running),
-            Some(crate::cri::ContainerState::Created),
-            Some(crate::cri::ContainerState::Unknown),
+            Some(crate::model::ContainerState::Running),
+            Some(crate::model::ContainerState::Created),
+            Some(crate::model::ContainerState::Unknown),
             None,
         ] {
             let containers = [naming(state)];
@@ -666,7 +666,7 @@ mod tests {
             assert_eq!(in_use.containers(&id(2)), ["c"], "{state:?}");
             assert!(!in_use.is_used("other"), "{state:?}");
         }
-        let exited = naming(Some(crate::cri::ContainerState::Exited));
+        let exited = naming(Some(crate::model::ContainerState::Exited));
         assert_eq!(InUse::new(&images, std::slice::from_ref(&exited)).len(), 0);
         // Named by a familiar tag, the repository is the normalized one.
         let familiar = [image("nginx", 1), image("redis", 1)];
@@ -674,7 +674,7 @@ mod tests {
         let in_use = InUse::new(&familiar, std::slice::from_ref(&by_tag));
         assert!(in_use.is_used("nginx") && !in_use.is_used("redis"));
         // One whose name matches a listed image keeps that one alone.
-        let matched = [naming(Some(crate::cri::ContainerState::Running))];
+        let matched = [naming(Some(crate::model::ContainerState::Running))];
         let mut listed = images.to_vec();
         listed[0].repo_tags = vec!["registry.test/team/app:3".to_string()].into();
         let in_use = InUse::new(&listed, &matched);
