@@ -734,7 +734,7 @@ mod tests {
         let pull = ComingPull {
             image: "registry.test/app:2".to_string(),
             pod: "default/app-5f4".to_string(),
-            like: Some(policy::coming::Seen {
+            like: Some(policy::coming::PullSize {
                 tag: "registry.test/app:1".to_string(),
                 size_bytes: 420 << 20,
                 at: now,
@@ -775,7 +775,7 @@ mod tests {
         let pull = ComingPull {
             image: "registry.test/new:1".to_string(),
             pod: "default/new".to_string(),
-            like: Some(policy::coming::Seen {
+            like: Some(policy::coming::PullSize {
                 tag: "registry.test/new:1".to_string(),
                 size_bytes: 420 << 20,
                 at: now,

@@ -462,7 +462,7 @@ impl Inventory {
                     debug!(image = %pull.image, size_bytes = size, "a manifest's size larger than the image filesystem is not believed");
                     continue;
                 }
-                pull.like = Some(crate::policy::coming::Seen {
+                pull.like = Some(crate::policy::coming::PullSize {
                     tag: pull.image.clone(),
                     // What the runtime will report for it (see ManifestScale).
                     size_bytes: self.manifest_scale.reported(size),

@@ -31,13 +31,13 @@ pub const MAX_REPOSITORIES: usize = 4096;
 /// its normalized repository (`docker.io/library/nginx`).
 #[derive(Debug, Clone, Default)]
 pub struct RepoSizes {
-    by_repository: HashMap<String, Seen>,
+    by_repository: HashMap<String, PullSize>,
 }
 
 /// What a coming pull is sized by: an image of the same repository the
 /// node had, or the manifest its registry gave.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Seen {
+pub struct PullSize {
     /// The node's image's tag, as listed; for a manifest, the reference
     /// itself.
     pub tag: String,
@@ -51,7 +51,7 @@ pub struct Seen {
     pub from: SizedBy,
     /// For a manifest, the bytes it gives (what the runtime reports at
     /// least: layers never take less than their compressed size), where
-    /// [`Seen::size_bytes`] is the estimate scaled by the compression
+    /// [`PullSize::size_bytes`] is the estimate scaled by the compression
     /// this node's pulls showed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub manifest_bytes: Option<u64>,
@@ -67,7 +67,7 @@ pub enum SizedBy {
     Manifest,
 }
 
-impl Seen {
+impl PullSize {
     /// What `plan` and the logs say of it: "like registry.test/app:1" or
     /// "by its registry's manifest".
     pub fn says(&self) -> String {
@@ -86,7 +86,7 @@ impl RepoSizes {
             let Some(repository) = reference::repository_of(tag) else {
                 continue;
             };
-            let seen = Seen {
+            let seen = PullSize {
                 tag: tag.to_owned(),
                 size_bytes: size,
                 at,
@@ -113,7 +113,7 @@ impl RepoSizes {
 
     /// The largest image of the repository `reference` names, when the
     /// node had one.
-    pub fn of(&self, reference: &str) -> Option<&Seen> {
+    pub fn of(&self, reference: &str) -> Option<&PullSize> {
         self.by_repository.get(&reference::repository_of(reference)?)
     }
 
@@ -149,7 +149,7 @@ pub struct ComingPull {
     pub pod: String,
     /// What the node's largest image of the same repository was, when it
     /// had one: the estimate of this pull's size.
-    pub like: Option<Seen>,
+    pub like: Option<PullSize>,
 }
 
 impl ComingPull {
@@ -506,7 +506,7 @@ mod tests {
         ComingPull {
             image: image.to_string(),
             pod: format!("default/{image}"),
-            like: Some(Seen {
+            like: Some(PullSize {
                 tag: image.to_string(),
                 size_bytes: bytes,
                 at: at(0),

@@ -99,7 +99,7 @@ impl Sink for LogSink {
                     info!(
                         image = %pull.image,
                         pod = %pull.pod,
-                        sized = pull.like.as_ref().map_or_else(String::new, crate::policy::coming::Seen::says),
+                        sized = pull.like.as_ref().map_or_else(String::new, crate::policy::coming::PullSize::says),
                         bytes_on_disk = pull.bytes_on_disk(*footprint),
                         "a pod bound to this node names an image the node lacks: making room before the kubelet pulls it"
                     );
@@ -110,7 +110,7 @@ impl Sink for LogSink {
                     warn!(
                         image = %pull.image,
                         pod = %pull.pod,
-                        sized = pull.like.as_ref().map_or_else(String::new, crate::policy::coming::Seen::says),
+                        sized = pull.like.as_ref().map_or_else(String::new, crate::policy::coming::PullSize::says),
                         bytes_on_disk = pull.bytes_on_disk(*footprint),
                         "a pod bound to this node names an image that would not fit above the kubelet's eviction \
                          line even with every removable image gone: no room is made for it (removing images \
