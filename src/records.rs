@@ -209,7 +209,7 @@ struct Removed {
 
 /// What one listing did to the records, beyond last-used times.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Observed {
+pub struct RecordChanges {
     /// Images seen for the first time, by their place in the listing (not
     /// their ids: on a first cycle that would be a copy of every id).
     pub new: Vec<usize>,
@@ -385,24 +385,24 @@ impl Records {
     }
 
     /// Updates the records from a full listing of images and containers.
-    pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Observed {
+    pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> RecordChanges {
         let matches = References::new(containers, &[]).matches(images);
         self.observe_matched(images, matches, now).0
     }
 
     /// Updates the records from a snapshot (as [`Records::observe`]) and
     /// returns, beside what changed, what the planner needs of every listed
-    /// image by its place in the listing ([`Listed`]): the containers and
+    /// image by its place in the listing ([`ImageFacts`]): the containers and
     /// sandbox references that name it, and its record's times. A cycle
     /// matches its listing once and looks every image up once.
-    pub fn observe_snapshot(&mut self, snapshot: &Snapshot, now: SystemTime) -> (Observed, Listed) {
+    pub fn observe_snapshot(&mut self, snapshot: &Snapshot, now: SystemTime) -> (RecordChanges, ImageFacts) {
         self.observe_matched(&snapshot.images, matches(snapshot), now)
     }
 
-    /// What the planner needs of every image of `snapshot` ([`Listed`]), from
+    /// What the planner needs of every image of `snapshot` ([`ImageFacts`]), from
     /// the records as they are, without updating them.
-    pub fn listed(&self, snapshot: &Snapshot) -> Listed {
-        let mut listed = Listed::new(matches(snapshot), snapshot.images.len());
+    pub fn listed(&self, snapshot: &Snapshot) -> ImageFacts {
+        let mut listed = ImageFacts::new(matches(snapshot), snapshot.images.len());
         let mut first: HashMap<&str, usize> =
             HashMap::with_capacity_and_hasher(snapshot.images.len(), Default::default());
         for (i, image) in snapshot.images.iter().enumerate() {
@@ -422,8 +422,8 @@ impl Records {
 
     // Long on purpose: one pass over the listing updates each record and
     // notes its place, so the planner looks nothing up again.
-    fn observe_matched(&mut self, images: &[Image], matches: Matches, now: SystemTime) -> (Observed, Listed) {
-        let mut observed = Observed::default();
+    fn observe_matched(&mut self, images: &[Image], matches: Matches, now: SystemTime) -> (RecordChanges, ImageFacts) {
+        let mut observed = RecordChanges::default();
         // The first listing after a break in observation resumes it: a gap
         // that began before it was not observed whole.
         let since = *self.observed_since.get_or_insert(now);
@@ -431,7 +431,7 @@ impl Records {
         // on a first cycle of 100,000 images the last doubling held the
         // old table beside the new.
         self.map.reserve(images.len().saturating_sub(self.map.len()));
-        let mut out = Listed::new(matches, images.len());
+        let mut out = ImageFacts::new(matches, images.len());
         let mut listed: HashMap<&str, usize> = HashMap::with_capacity_and_hasher(images.len(), Default::default());
         for (i, image) in images.iter().enumerate() {
             let later = out.note_listing(&mut listed, &image.id, i);
@@ -623,12 +623,13 @@ fn matches(snapshot: &Snapshot) -> Matches {
     References::new(&snapshot.containers, &sandbox).matches(&snapshot.images)
 }
 
-/// What the planner needs of each image of one listing, by its place in
-/// the listing: made by [`Records::observe_snapshot`] as it updates the
-/// records (or by [`Records::listed`]), read by [`crate::policy::plan_listed`]
-/// without a lookup.
+/// What the records know of each image of one listing that the planner
+/// needs (its facts), by its place in the listing: made by
+/// [`Records::observe_snapshot`] as it updates the records (or by
+/// [`Records::listed`]), read by [`crate::policy::plan_listed`] without a
+/// lookup.
 #[derive(Debug, Default)]
-pub struct Listed {
+pub struct ImageFacts {
     /// Which containers, and whether a sandbox reference, name each image.
     pub(crate) matches: Matches,
     /// One per image of the listing.
@@ -638,9 +639,9 @@ pub struct Listed {
     pub(crate) repeated: HashMap<usize, Vec<usize>>,
 }
 
-impl Listed {
+impl ImageFacts {
     fn new(matches: Matches, images: usize) -> Self {
-        Listed {
+        ImageFacts {
             matches,
             places: Vec::with_capacity(images),
             repeated: HashMap::default(),

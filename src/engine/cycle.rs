@@ -31,12 +31,12 @@ use crate::fs::FsStats;
 use crate::model::Reason;
 use crate::model::Snapshot;
 use crate::policy::{AgePass, Candidate, CyclePlan, KeptImages, SpaceOutlook, SpaceTarget, Step as WalkStep, Walk};
-use crate::records::Listed;
+use crate::records::ImageFacts;
 
 use super::observe::ImageFs;
 use super::removal::{Ahead, Confirming, CycleContext, Disk, Fate, Removing};
 use super::report::{CycleError, CycleReport, Outcome};
-use super::usage::Listing;
+use super::usage::NodeView;
 use super::{Collector, Event};
 
 impl<R: Runtime> Collector<R> {
@@ -69,7 +69,7 @@ impl<R: Runtime> Collector<R> {
         // events until the next listing that answers find no image to mark:
         // the runtime is down, or that listing comes within the call.)
         self.inventory.listing_started();
-        let Listing {
+        let NodeView {
             snapshot,
             listed,
             image_fs,
@@ -86,7 +86,7 @@ impl<R: Runtime> Collector<R> {
     async fn execute(
         &mut self,
         snapshot: &Snapshot,
-        listed: &Listed,
+        listed: &ImageFacts,
         image_fs: Result<ImageFs, crate::cri::RuntimeError>,
         cancel: &CancellationToken,
         report: &mut CycleReport,

@@ -16,7 +16,7 @@ use crate::model::names::Names;
 use crate::model::{Container, Image};
 use crate::model::{Reason, Removal};
 use crate::policy::{KeepReason, SpaceOutlook};
-use crate::records::{Observed, Unlisted};
+use crate::records::{RecordChanges, Unlisted};
 use crate::store::pending::Settled;
 
 /// One fact the engine reports.
@@ -53,7 +53,7 @@ pub enum Event<'a> {
     /// What a listing did to the records beyond last-used times.
     Listed {
         /// The changes.
-        observed: &'a Observed,
+        observed: &'a RecordChanges,
         /// How many images the runtime listed.
         images: usize,
     },

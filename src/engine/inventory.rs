@@ -15,7 +15,7 @@ use crate::model::{Container, Dialect, Image, Snapshot};
 use crate::policy::{
     ComingPull, DiskFootprint, LargestPull, LayerBook, ManifestScale, Protections, RepoSizes, RoomMade,
 };
-use crate::records::{Listed, Observed, Records};
+use crate::records::{ImageFacts, RecordChanges, Records};
 use crate::store::journal::{Journal, JournalEntry};
 use crate::store::pending::Pending;
 use crate::store::state::{Loaded, StateStore};
@@ -249,12 +249,12 @@ impl Inventory {
     }
 
     /// A cycle's listing: the records updated from it.
-    pub(super) fn observed_snapshot(&mut self, snapshot: &Snapshot, now: SystemTime) -> (Observed, Listed) {
+    pub(super) fn observed_snapshot(&mut self, snapshot: &Snapshot, now: SystemTime) -> (RecordChanges, ImageFacts) {
         self.records_mut().observe_snapshot(snapshot, now)
     }
 
     /// A listing between cycles: the records updated from it.
-    pub(super) fn observed(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> Observed {
+    pub(super) fn observed(&mut self, images: &[Image], containers: &[Container], now: SystemTime) -> RecordChanges {
         self.records_mut().observe(images, containers, now)
     }
 

@@ -66,13 +66,13 @@ mod tests;
 pub use events::{Event, Sink};
 use inventory::Inventory;
 pub use inventory::Restored;
-pub use observe::{ImageFs, Observation, Observer};
+pub use observe::{ImageFs, Observer, RuntimeRead};
 pub use removal::RemovalInFlight;
 use removal::Remover;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
 pub use settings::Settings;
 pub use sinks::{HealthSink, LogSink, MetricsSink, Sinks};
-pub use usage::{Listing, Tracking, UsageTracker};
+pub use usage::{NodeView, Tracking, UsageTracker};
 
 /// The longest the state file goes unsaved while only last-used times of
 /// images in use move: it bounds how late age removals can come after a

@@ -352,9 +352,11 @@ pub async fn image_fs<R: Runtime>(runtime: &R, configured: Option<&Path>) -> Res
     })
 }
 
-/// One listing of the runtime, as [`Observer::observe`] returns it.
+/// One read of the runtime ([`Observer::observe`]): the listing
+/// ([`Snapshot`]) and what its other calls answered beside it (the image
+/// filesystem, the sandbox image, the runtime's dialect).
 #[derive(Debug)]
-pub struct Observation {
+pub struct RuntimeRead {
     /// What the runtime listed.
     pub snapshot: Snapshot,
     /// The image filesystem (see [`ImageFs`]), or why it is unknown.
@@ -424,7 +426,7 @@ impl Observer {
         runtime: &R,
         image_fs_path: Option<&Path>,
         sandbox_image: Option<&str>,
-    ) -> Result<Observation, RuntimeError> {
+    ) -> Result<RuntimeRead, RuntimeError> {
         let listings = list_images_and_containers(runtime, &mut self.mounts);
         let image_fs = image_fs(runtime, image_fs_path);
         let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
@@ -454,7 +456,7 @@ impl Observer {
             &images,
         )
         .await;
-        Ok(Observation {
+        Ok(RuntimeRead {
             snapshot: Snapshot {
                 images,
                 containers,

@@ -17,19 +17,21 @@ use crate::fs::FsStats;
 use crate::model::matching::InUse;
 use crate::model::{Image, Snapshot};
 use crate::policy::{CyclePlan, KeptImages, Protections};
-use crate::records::{Listed, Observed};
+use crate::records::{ImageFacts, RecordChanges};
 
 use super::inventory::MismatchChange;
-use super::observe::{ImageFs, Observation};
+use super::observe::{ImageFs, RuntimeRead};
 use super::{Collector, Event};
 
-/// One listing of the runtime, as [`Collector::observe`] returns it.
+/// The node as one listing found it, with all a plan reads ([`Collector::observe`]):
+/// the listing ([`Snapshot`]), what the records know of each of its images
+/// ([`ImageFacts`]), the image filesystem and the keep rules from outside it.
 #[derive(Debug)]
-pub struct Listing {
+pub struct NodeView {
     /// What the runtime listed.
     pub snapshot: Snapshot,
     /// What the records made of it, by each image's place in the listing.
-    pub listed: Listed,
+    pub listed: ImageFacts,
     /// The image filesystem (see [`ImageFs`]), or why it is unknown.
     pub image_fs: Result<ImageFs, RuntimeError>,
     /// The keep rules from outside the listing as they were when it was
@@ -68,7 +70,7 @@ impl<R: Runtime> Collector<R> {
 
     /// Lists images, containers and the sandbox image, and updates the
     /// records. Also returns the image filesystem (see [`ImageFs`]).
-    pub async fn observe(&mut self) -> Result<Listing, RuntimeError> {
+    pub async fn observe(&mut self) -> Result<NodeView, RuntimeError> {
         let settings = &self.settings;
         let observation = self
             .inventory
@@ -83,7 +85,7 @@ impl<R: Runtime> Collector<R> {
         if observation.is_err() {
             self.inventory.observation_broken();
         }
-        let Observation {
+        let RuntimeRead {
             snapshot,
             image_fs,
             sandbox_unknown,
@@ -101,7 +103,7 @@ impl<R: Runtime> Collector<R> {
         });
         let (observed, listed) = self.inventory.observed_snapshot(&snapshot, self.clock.now());
         self.note_listing(&observed, &snapshot.images).await;
-        Ok(Listing {
+        Ok(NodeView {
             snapshot,
             listed,
             image_fs,
@@ -116,7 +118,7 @@ impl<R: Runtime> Collector<R> {
     /// those that cannot, as the daemon's cycle weighs them.
     pub fn cycle_plan<'a>(
         &'a self,
-        listing: &'a Listing,
+        listing: &'a NodeView,
         stats: Option<&FsStats>,
     ) -> (CyclePlan<'a>, crate::policy::PullRoom) {
         let coming = self.coming_pulls(&listing.snapshot.images, &listing.protections);
@@ -139,7 +141,7 @@ impl<R: Runtime> Collector<R> {
     /// The pulls the pods of `listing` are about to make that room is not
     /// made for yet (see [`crate::policy::coming`]), when
     /// `kubernetes.room_before_pulls` is on.
-    pub fn pulls_waiting(&self, listing: &Listing) -> Vec<crate::policy::ComingPull> {
+    pub fn pulls_waiting(&self, listing: &NodeView) -> Vec<crate::policy::ComingPull> {
         self.inventory
             .waiting(&self.coming_pulls(&listing.snapshot.images, &listing.protections))
     }
@@ -189,7 +191,7 @@ impl<R: Runtime> Collector<R> {
 
     /// What a listing did beyond last-used times: the records' changes,
     /// re-pulls, and the pending removals it settles.
-    async fn note_listing(&mut self, observed: &Observed, images: &[Image]) {
+    async fn note_listing(&mut self, observed: &RecordChanges, images: &[Image]) {
         self.inventory.note_pulls(images, &observed.new, self.clock.now());
         self.learn_layers(images).await;
         if let Some(sizes) = &self.pull_sizes {
@@ -304,7 +306,7 @@ const HEALTHY_AFTER: Duration = REOPEN_CAP;
 
 /// How the loop learns about container use between cycles.
 enum Source {
-    /// Listing containers every `gc.usage_poll_interval`: the default, and
+    /// NodeView containers every `gc.usage_poll_interval`: the default, and
     /// what a runtime without events gets.
     Polling,
     /// Following the runtime's container events. The stream opens when it

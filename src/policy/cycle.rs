@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::fs::FsStats;
 use crate::model::Snapshot;
-use crate::records::Listed;
+use crate::records::ImageFacts;
 
 use super::layers::LayerBook;
 use super::space::{DiskFootprint, Forecast, SpaceOutlook, SpaceTarget, Walk};
@@ -90,7 +90,7 @@ impl<'a> CyclePlan<'a> {
     /// observing (the kubelet's guard on age removals).
     pub fn new(
         snapshot: &'a Snapshot,
-        listed: &Listed,
+        listed: &ImageFacts,
         policy: &'a GcPolicy,
         protections: &'a Protections,
         (now, running_since): (SystemTime, SystemTime),

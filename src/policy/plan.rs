@@ -18,7 +18,7 @@ use crate::model::matching;
 use crate::model::names::Names;
 use crate::model::reference;
 use crate::model::{Image, Snapshot};
-use crate::records::{Listed, Records};
+use crate::records::{ImageFacts, Records};
 
 use super::GcPolicy;
 pub use super::candidate::Candidate;
@@ -175,7 +175,7 @@ pub fn plan<'a>(
 /// When `listed` is not of this snapshot's listing (another length).
 pub fn plan_listed<'a>(
     snapshot: &'a Snapshot,
-    listed: &Listed,
+    listed: &ImageFacts,
     policy: &'a GcPolicy,
     protections: &'a Protections,
     now: SystemTime,
@@ -188,7 +188,7 @@ pub fn plan_listed<'a>(
 /// the kept images counted ([`Plan::tally`]) but not listed.
 pub fn plan_counting_kept<'a>(
     snapshot: &'a Snapshot,
-    listed: &Listed,
+    listed: &ImageFacts,
     policy: &'a GcPolicy,
     protections: &'a Protections,
     now: SystemTime,
@@ -199,7 +199,7 @@ pub fn plan_counting_kept<'a>(
 
 fn plan_images<'a>(
     snapshot: &'a Snapshot,
-    listed: &Listed,
+    listed: &ImageFacts,
     policy: &'a GcPolicy,
     protections: &'a Protections,
     (now, running_since): (SystemTime, SystemTime),
@@ -335,7 +335,7 @@ fn held_by_pods<'a>(snapshot: &Snapshot, protections: &'a Protections) -> HashMa
 
 /// For each repository, the newest `keep` images (by first seen, then id)
 /// that carry a tag of it: image id → (repository, rank from 1).
-fn keep_recent<'a>(snapshot: &'a Snapshot, listed: &Listed, keep: u32) -> HashMap<&'a str, (&'a str, u32)> {
+fn keep_recent<'a>(snapshot: &'a Snapshot, listed: &ImageFacts, keep: u32) -> HashMap<&'a str, (&'a str, u32)> {
     let mut kept = HashMap::default();
     if keep == 0 {
         return kept;
@@ -389,7 +389,7 @@ mod tests {
         config: Config,
         start: SystemTime,
         /// The last listing observed, and what the records made of it.
-        observed: Option<(Snapshot, Listed)>,
+        observed: Option<(Snapshot, ImageFacts)>,
     }
 
     impl World {

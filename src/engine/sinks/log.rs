@@ -10,7 +10,7 @@ use crate::engine::events::{Event, Sink};
 use crate::engine::report::{CycleReport, Outcome};
 use crate::model::Reason;
 use crate::policy::{KeepReason, SpaceOutlook};
-use crate::records::Observed;
+use crate::records::RecordChanges;
 use crate::store::pending::Settled;
 use crate::time::{rfc3339, short};
 
@@ -257,7 +257,7 @@ impl Sink for LogSink {
     }
 }
 
-fn log_listed(observed: &Observed, images: usize) {
+fn log_listed(observed: &RecordChanges, images: usize) {
     if observed.vanished > 0 {
         let grace = short(crate::records::VANISHED_GRACE);
         if images == 0 {

@@ -173,7 +173,11 @@ fn layer(name: &str) -> String {
 /// What `plan` forecasts on `listing`: the age removals, then the space
 /// removals of the cycle's plan walked by the estimate, with what each of
 /// those is expected to free.
-fn plan_forecast(c: &Collector<SimHandle>, listing: &Listing, sim: &SimHandle) -> (Vec<String>, Vec<String>, Vec<u64>) {
+fn plan_forecast(
+    c: &Collector<SimHandle>,
+    listing: &NodeView,
+    sim: &SimHandle,
+) -> (Vec<String>, Vec<String>, Vec<u64>) {
     let stats = sim.stats(Path::new("/sim")).unwrap();
     let (cycle, _) = c.cycle_plan(listing, Some(&stats));
     let forecast = cycle

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use crate::config::Order;
 use crate::model::Snapshot;
-use crate::records::Listed;
+use crate::records::ImageFacts;
 
 use super::candidate::Candidate;
 
@@ -26,7 +26,7 @@ pub struct Context<'l> {
     /// The listing.
     pub snapshot: &'l Snapshot,
     /// What the records made of it, by place.
-    pub listed: &'l Listed,
+    pub listed: &'l ImageFacts,
     /// The plan's time.
     pub now: SystemTime,
 }
