@@ -137,15 +137,7 @@ impl<R: Runtime> Collector<R> {
             age_guarded: plan.age_guarded,
             max_age: gc_policy.max_age,
         });
-        let mut cx = CycleContext {
-            snapshot,
-            disk: &disk,
-            cancel,
-            report,
-            hurried: false,
-            coming: &pulls.fit,
-            coming_bytes: pulls.bytes,
-        };
+        let mut cx = CycleContext::new(snapshot, &disk, cancel, report, (&pulls.fit, pulls.bytes));
         if self.age_pass(&plan.age, &mut cx).await?.is_break() {
             return Ok(());
         }
@@ -154,7 +146,7 @@ impl<R: Runtime> Collector<R> {
         }
         if let Some(why) = self.inventory.image_fs_mismatch() {
             self.sinks.emit(&Event::SpacePassSkipped(why));
-            cx.report.image_fs_mismatch = Some(why.to_string());
+            cx.report().image_fs_mismatch = Some(why.to_string());
             return Ok(());
         }
         self.space_pass(&cycle, &mut cx).await?;
@@ -191,11 +183,11 @@ impl<R: Runtime> Collector<R> {
     ) -> Result<ControlFlow<()>, CycleError> {
         let mut rechecked: Option<Ahead> = None;
         for (i, candidate) in age.iter().enumerate() {
-            if cx.cancel.is_cancelled() {
+            if cx.cancel().is_cancelled() {
                 if rechecked.is_some() {
                     self.drop_ahead(candidate.id);
                 }
-                cx.report.outcome = Outcome::Interrupted;
+                cx.report().outcome = Outcome::Interrupted;
                 return Ok(ControlFlow::Break(()));
             }
             let next = age.get(i + 1);
@@ -203,7 +195,7 @@ impl<R: Runtime> Collector<R> {
                 Removing::Finished(Fate::Unknown) => return Ok(ControlFlow::Break(())),
                 Removing::Finished(_) => {}
                 Removing::Confirming(confirming) => {
-                    let next = next.filter(|_| !cx.cancel.is_cancelled());
+                    let next = next.filter(|_| !cx.cancel().is_cancelled());
                     rechecked = self.confirm(confirming, next, false, cx).await;
                 }
             }
@@ -214,7 +206,7 @@ impl<R: Runtime> Collector<R> {
     /// The space pass: when [`SpaceTarget::due`], the walk over the space
     /// candidates (see [`crate::policy::Walk`]), each removal re-measured.
     async fn space_pass(&mut self, cycle: &CyclePlan<'_>, cx: &mut CycleContext<'_>) -> Result<(), CycleError> {
-        let disk = cx.disk;
+        let disk = cx.disk();
         let stats = match disk.measure() {
             Ok(stats) => stats,
             Err(err) => {
@@ -222,17 +214,17 @@ impl<R: Runtime> Collector<R> {
                 return Err(CycleError::Filesystem(err));
             }
         };
-        cx.report.before.get_or_insert(stats);
-        cx.report.after = Some(stats);
+        cx.report().before.get_or_insert(stats);
+        cx.report().after = Some(stats);
         let target = cycle.target();
         self.publish_usage(&target, &stats);
         self.check_eviction_threshold(&stats);
         // In dry run the age removals were only counted: what they would
         // have freed (by the images that passed their re-check) counts
         // first, and the walk goes by the estimate.
-        let age = if cx.report.dry_run {
+        let age = if cx.report().dry_run {
             AgePass::Counted(
-                cx.report
+                cx.report()
                     .removed
                     .iter()
                     .filter(|r| r.reason == Reason::Age)
@@ -257,9 +249,9 @@ impl<R: Runtime> Collector<R> {
             self.note_outlook(None);
             return Ok(());
         };
-        cx.report.space_pass = true;
+        cx.report().space_pass = true;
         self.note_outlook(Some(pass.outlook));
-        cx.report.space_unreachable = self.remover.unreachable();
+        cx.report().space_unreachable = self.remover.unreachable();
         let (high, low) = target.in_force(stats.capacity_bytes);
         self.sinks.emit(&Event::SpacePassStarted {
             stats: &stats,
@@ -267,9 +259,9 @@ impl<R: Runtime> Collector<R> {
             low,
             to_free: pass.to_free,
         });
-        if !cx.coming.is_empty() {
+        if !cx.coming().is_empty() {
             self.sinks.emit(&Event::MakingRoom {
-                pulls: cx.coming,
+                pulls: cx.coming(),
                 footprint: self.inventory.footprint(),
             });
         }
@@ -277,20 +269,20 @@ impl<R: Runtime> Collector<R> {
             return Ok(());
         };
         let stats = walk.stats();
-        cx.report.after = Some(stats);
+        cx.report().after = Some(stats);
         self.publish_usage(&target, &stats);
         if walk.reached() {
             // Images brought usage to low after all: whatever the outlook
             // said, the episode is over.
             self.note_outlook(None);
-            cx.report.space_unreachable = None;
+            cx.report().space_unreachable = None;
         } else {
             self.look_again_at = Some(tokio::time::Instant::now() + cycle.look_again(self.settings.interval, false));
             let freed = cx
-                .report
+                .report()
                 .before
                 .map_or(0, |b| stats.available().saturating_sub(b.available()));
-            cx.report.outcome = Outcome::LowNotReached {
+            cx.report().outcome = Outcome::LowNotReached {
                 freed_bytes: freed,
                 remaining_bytes: walk.remaining(),
             };
@@ -307,13 +299,13 @@ impl<R: Runtime> Collector<R> {
         mut walk: Walk<'w, 'a>,
         cx: &mut CycleContext<'_>,
     ) -> Result<Option<Walk<'w, 'a>>, CycleError> {
-        let (disk, cancel) = (cx.disk, cx.cancel);
+        let (disk, cancel) = (cx.disk(), cx.cancel());
         let now = self.clock.now();
         self.hurry_if_past_the_line(&mut walk, cx);
         // The re-check of the candidate it names, made ahead of time.
         let mut rechecked: Option<(&str, Ahead)> = None;
         loop {
-            cx.hurried = walk.hurrying();
+            cx.set_hurried(walk.hurrying());
             let step = walk.next(|c| self.holds_back(now, c));
             let unused = match (&rechecked, &step) {
                 (None, _) | (Some(_), WalkStep::HoldBack(_)) => None,
@@ -328,7 +320,7 @@ impl<R: Runtime> Collector<R> {
             match step {
                 WalkStep::Remove(candidate) => {
                     if cancel.is_cancelled() {
-                        cx.report.outcome = Outcome::Interrupted;
+                        cx.report().outcome = Outcome::Interrupted;
                         return Ok(None);
                     }
                     let ahead = rechecked.take().map(|(_, r)| r);
@@ -364,7 +356,7 @@ impl<R: Runtime> Collector<R> {
                 }
                 WalkStep::HoldBack(candidate) => {
                     self.sinks.emit(&Event::HeldBack(candidate.id));
-                    cx.report.held_back.push(candidate.id.to_string());
+                    cx.report().held_back.push(candidate.id.to_string());
                 }
                 WalkStep::Done if walk.hurrying() => {
                     // Measure and correct: the walk goes on from what came
@@ -389,20 +381,23 @@ impl<R: Runtime> Collector<R> {
     /// the kubelet's eviction line and the cycle removes for real.
     fn hurry_if_past_the_line(&mut self, walk: &mut Walk<'_, '_>, cx: &mut CycleContext<'_>) {
         let stats = walk.stats();
-        if walk.estimating() || cx.report.dry_run || !self.settings.policy.past_eviction_line(&stats, cx.coming_bytes) {
+        if walk.estimating()
+            || cx.report().dry_run
+            || !self.settings.policy.past_eviction_line(&stats, cx.coming_bytes())
+        {
             return;
         }
         let line = self
             .settings
             .policy
-            .eviction_line(stats.capacity_bytes, cx.coming_bytes);
+            .eviction_line(stats.capacity_bytes, cx.coming_bytes());
         walk.hurry(
             self.inventory
                 .layers()
-                .freeing(&cx.snapshot.images, self.inventory.footprint()),
+                .freeing(&cx.snapshot().images, self.inventory.footprint()),
             line,
         );
-        cx.report.hurried = true;
+        cx.report().hurried = true;
         self.sinks.emit(&Event::Hurrying {
             stats: &stats,
             evicts_below: self.settings.policy.eviction.min_available_bytes(stats.capacity_bytes),
@@ -414,7 +409,7 @@ impl<R: Runtime> Collector<R> {
     /// the hurry started from), and the walk corrected by it.
     async fn correct_hurry(&mut self, walk: &mut Walk<'_, '_>, cx: &mut CycleContext<'_>) {
         let from = walk.hurried_from();
-        let measured = cx.disk.settled(from).await.ok();
+        let measured = cx.disk().settled(from).await.ok();
         if let Some((expected, came_back)) = walk.corrected(measured) {
             self.sinks.emit(&Event::HurryCorrected { expected, came_back });
         }

@@ -48,21 +48,74 @@ use super::{Collector, Event};
 /// What every removal of one cycle works with: the cycle's listing, its
 /// image filesystem, shutdown, and the report the removals go to.
 pub(super) struct CycleContext<'a> {
-    pub(super) snapshot: &'a Snapshot,
-    pub(super) disk: &'a Disk,
-    pub(super) cancel: &'a CancellationToken,
-    pub(super) report: &'a mut CycleReport,
+    snapshot: &'a Snapshot,
+    disk: &'a Disk,
+    cancel: &'a CancellationToken,
+    report: &'a mut CycleReport,
     /// Past the kubelet's eviction line: a removal's space is not waited
     /// for (see [`crate::policy::Walk::hurry`]); what it freed is not
     /// measured, and its journal line says so (no `freed_bytes`).
-    pub(super) hurried: bool,
+    hurried: bool,
     /// The pulls coming for pods bound to the node that this cycle makes
     /// room for (see [`crate::policy::coming`]): a reading from which
     /// they would cross the eviction line counts as past it.
-    pub(super) coming: &'a [crate::policy::ComingPull],
+    coming: &'a [crate::policy::ComingPull],
     /// What those pulls, and the ones room was made for before that are
     /// still to land, take on disk.
-    pub(super) coming_bytes: u64,
+    coming_bytes: u64,
+}
+
+impl<'a> CycleContext<'a> {
+    /// The removals of the cycle over `snapshot` and `disk`, reporting to
+    /// `report`, making room for the pulls `coming` (`coming_bytes` on
+    /// disk with those still to land).
+    pub(super) fn new(
+        snapshot: &'a Snapshot,
+        disk: &'a Disk,
+        cancel: &'a CancellationToken,
+        report: &'a mut CycleReport,
+        (coming, coming_bytes): (&'a [crate::policy::ComingPull], u64),
+    ) -> Self {
+        CycleContext {
+            snapshot,
+            disk,
+            cancel,
+            report,
+            hurried: false,
+            coming,
+            coming_bytes,
+        }
+    }
+
+    pub(super) fn snapshot(&self) -> &'a Snapshot {
+        self.snapshot
+    }
+
+    pub(super) fn disk(&self) -> &'a Disk {
+        self.disk
+    }
+
+    pub(super) fn cancel(&self) -> &'a CancellationToken {
+        self.cancel
+    }
+
+    pub(super) fn report(&mut self) -> &mut CycleReport {
+        self.report
+    }
+
+    /// Whether the removals are hurried now: past the kubelet's eviction
+    /// line, a removal's space is not waited for.
+    pub(super) fn set_hurried(&mut self, hurried: bool) {
+        self.hurried = hurried;
+    }
+
+    pub(super) fn coming(&self) -> &'a [crate::policy::ComingPull] {
+        self.coming
+    }
+
+    pub(super) fn coming_bytes(&self) -> u64 {
+        self.coming_bytes
+    }
 }
 
 /// What became of one candidate.
