@@ -2,8 +2,10 @@
 //! each part in its own module.
 //!
 //! - `observe`: reading the runtime (images, containers and their
-//!   mounts, sandbox images from every source, the image filesystem). A
-//!   runtime quirk goes there.
+//!   mounts, sandbox images from every source, the image filesystem, the
+//!   runtime's [`crate::model::Dialect`]). A call a runtime answers its own
+//!   way goes there; what a runtime does where the CRI leaves it open is a
+//!   fact of the dialect.
 //! - `cycle`: one cycle: observe, plan ([`crate::policy`]), the age
 //!   pass, then the space pass driven by the policy's [`crate::policy::Walk`].
 //! - `removal`: one removal's lifecycle: re-check, pending note,
@@ -22,15 +24,21 @@
 //! - `settings`: what the engine reads of the configuration
 //!   ([`Settings`]: the policy and a few settings of how it runs), made
 //!   once per configuration; no other engine code reads `Config`.
-//! - `inventory`: what the node holds as the listings found it (the
-//!   records and their saves, the image filesystem, the sandbox image, the
-//!   footprint), and [`Restored`], what a collector starts from (the only
-//!   IO of a start).
+//! - `inventory`: what the node holds as the listings found it
+//!   (`Inventory`: the records and their saves, the image filesystem, the
+//!   sandbox image, the runtime's dialect and footprint, the layers, the
+//!   pulls that came and are coming), and [`Restored`], what a collector
+//!   starts from (the only IO of a start).
+//! - `others`: images removed by someone else, watched from the listing
+//!   that omits them until `ImageStatus` settles it.
 //!
-//! [`Collector`] coordinates: the runtime, its settings and the outputs, with
-//! its inventory and its `removal::Remover` (pending notes, journal,
-//! re-pull memory, the removal in flight). One cycle's removals share a
-//! `removal::CycleContext` (the listing, the disk, shutdown, the report).
+//! [`Collector`] coordinates the cycle's script: the runtime, its settings
+//! and the outputs, with its `Inventory` (listings go in through its
+//! methods) and its `removal::Remover` (pending notes, journal, re-pull
+//! memory, the removal in flight, the images a listing omitted). Both keep
+//! their fields private: the rest of the engine asks them. One cycle's
+//! removals share a `removal::CycleContext` (the listing, the disk,
+//! shutdown, the report).
 
 use std::path::Path;
 use std::sync::Arc;
