@@ -8,7 +8,7 @@
 #
 #   --image REF      the image reference (default ghcr.io/imagegc/imagegc:<version>
 #                    on a release commit (scripts/release.sh), else
-#                    ghcr.io/imagegc/imagegc:<version>-dev.<commit>: the name the
+#                    ghcr.io/imagegc/imagegc:<next patch>-dev.<commit>: the name the
 #                    manifests and the chart use, a tag no other build takes)
 #   --arch LIST      architectures, comma-separated: amd64, arm64 (default: this
 #                    machine's own; --arch amd64,arm64 for one image of both)
@@ -43,15 +43,18 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 # The commit built (the binary says it: `imagegc --version`,
 # imagegc_build_info), and the image's tag: the version on the commit
 # scripts/release.sh made ("release VERSION", the tree clean), else
-# VERSION-dev.COMMIT, so that no build of another commit ever takes a
-# release's tag (and a node that has the release never keeps it for an
-# upgrade).
+# NEXT-dev.COMMIT, NEXT the version's next patch (0.2.1-dev.COMMIT after
+# 0.2.0), so that no build of another commit ever takes a release's tag (a
+# node that has the release never keeps it for an upgrade) and semantic
+# versioning orders a build after the release it follows and before any
+# later one.
 commit=${IMAGEGC_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 if [ "$(git log -1 --format=%s 2>/dev/null)" = "release $version" ] \
     && [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
     tag=$version
 else
-    tag=$version-dev.$commit
+    IFS=. read -r major minor patch <<<"${version%%-*}"
+    tag=$major.$minor.$((patch + 1))-dev.$commit
 fi
 export IMAGEGC_COMMIT=$commit
 image=ghcr.io/imagegc/imagegc:$tag

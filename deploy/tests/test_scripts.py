@@ -44,7 +44,10 @@ def test_build_image_builds_this_machines_architecture_by_default():
         if released:
             assert tags[0] == version, proc.stdout
         else:
-            assert tags[0] == f"{version}-dev.{commit}", proc.stdout
+            # The next patch's pre-release: after the release it follows,
+            # before any later one.
+            major, minor, patch = version.split("-")[0].split(".")
+            assert tags[0] == f"{major}.{minor}.{int(patch) + 1}-dev.{commit}", proc.stdout
     both = subprocess.run(["scripts/build-image.sh", "--dry-run", "--arch", "amd64,arm64"], cwd=REPO,
                           capture_output=True, text=True)
     if host == "amd64":
