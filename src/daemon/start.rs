@@ -14,6 +14,8 @@ use tracing::{info, warn};
 use super::Health;
 use crate::config::Config;
 use crate::cri::{self, CriClient};
+#[cfg(feature = "kubernetes")]
+use crate::engine::sinks::KubernetesMetrics;
 use crate::engine::sinks::{CriCallMetrics, MetricsSink, register_every_family};
 use crate::engine::{Collector, Event, Settings, Sink as _};
 use crate::fs::{FsProbe, Statvfs};
@@ -108,7 +110,9 @@ impl Daemon {
         });
         // Started before the runtime is found: the pods are listed meanwhile.
         #[cfg(feature = "kubernetes")]
-        let started = self.cluster.map(|cluster| cluster.start(&self.metrics, &shutdown));
+        let started = self
+            .cluster
+            .map(|cluster| cluster.start(&KubernetesMetrics::new(&self.metrics), &shutdown));
         if let Some(runtime) = find_runtime(&self.config, &self.metrics, &self.health, &shutdown).await {
             let clock = Clock::start();
             let usage_log = self

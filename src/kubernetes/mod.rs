@@ -28,7 +28,6 @@ pub mod registry;
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -37,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, KubernetesConfig, Problem};
-use crate::outputs::metrics::Metrics;
+use crate::engine::sinks::KubernetesMetrics;
 
 pub use node_events::NodeEventSink;
 pub use pods::PodWatch;
@@ -206,13 +205,13 @@ impl Cluster {
 
     /// Starts the pod watch and the event poster (each when configured),
     /// until `shutdown`.
-    pub fn start(self, metrics: &Arc<Metrics>, shutdown: &CancellationToken) -> Started {
+    pub fn start(self, metrics: &KubernetesMetrics, shutdown: &CancellationToken) -> Started {
         let pods = self.config.protect_pods.then(|| {
             pods::spawn(
                 self.client.clone(),
                 &self.node,
                 self.config.pods_stale_after,
-                Arc::clone(metrics),
+                metrics.clone(),
                 shutdown.clone(),
             )
         });
@@ -222,13 +221,13 @@ impl Cluster {
             self.server.clone(),
             self.own_pod.clone(),
             pods.as_ref().map(|pods| pods.listed.clone()),
-            Arc::clone(metrics),
+            metrics.clone(),
             shutdown.clone(),
         ));
         let events = self
             .config
             .node_events
-            .then(|| node_events::spawn(self.client, &self.node, Arc::clone(metrics), shutdown.clone()));
+            .then(|| node_events::spawn(self.client, &self.node, metrics.clone(), shutdown.clone()));
         Started { pods, events }
     }
 }
@@ -266,7 +265,7 @@ async fn check_node(
     server: String,
     own_pod: Option<String>,
     listed: Option<tokio::sync::watch::Receiver<Option<Vec<String>>>>,
-    metrics: Arc<Metrics>,
+    metrics: KubernetesMetrics,
     shutdown: CancellationToken,
 ) -> Option<node::Verdict> {
     let mut delay = Duration::from_secs(1);
@@ -299,7 +298,7 @@ async fn check_node(
         _ => node::OwnPod::Unchecked,
     };
     let verdict = node::Verdict { node: lookup, own_pod };
-    crate::engine::sinks::KubernetesMetrics::new(&metrics).set_node_found(verdict.found());
+    metrics.set_node_found(verdict.found());
     let warnings = verdict.warnings(&node);
     if warnings.is_empty() {
         info!(node, "this node's Node found: kubernetes.node_name is right");
@@ -313,7 +312,9 @@ async fn check_node(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outputs::metrics::Metrics;
     use fake_api::cluster::FakeApi;
+    use std::sync::Arc;
 
     /// The fake API server, with Node `node-1` and its pod `default/p0`
     /// (image `web:1`).
@@ -388,7 +389,7 @@ mod tests {
             wrong.client.clone(),
             "node-2",
             Duration::from_secs(3600),
-            Arc::clone(&metrics),
+            KubernetesMetrics::new(&metrics),
             shutdown.clone(),
         );
         let verdict = check_node(
@@ -397,7 +398,7 @@ mod tests {
             url.clone(),
             Some("imagegc/imagegc-x".to_owned()),
             Some(watch.listed.clone()),
-            Arc::clone(&metrics),
+            KubernetesMetrics::new(&metrics),
             shutdown.clone(),
         )
         .await
@@ -413,7 +414,7 @@ mod tests {
         assert_eq!(found(&metrics).as_deref(), Some("0"));
 
         let metrics = Arc::new(Metrics::new());
-        let _started = cluster(&url, "node-1", Some("default/p0")).start(&metrics, &shutdown);
+        let _started = cluster(&url, "node-1", Some("default/p0")).start(&KubernetesMetrics::new(&metrics), &shutdown);
         fake_api::wait_until("the node's name confirmed", || found(&metrics).as_deref() == Some("1")).await;
         shutdown.cancel();
     }

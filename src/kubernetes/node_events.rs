@@ -27,7 +27,7 @@
 //! `image_garbage_collected_total`, and a busy node removes hundreds a day.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Event as KubeEvent, EventSource, ObjectReference};
@@ -42,7 +42,6 @@ use tracing::{debug, info, warn};
 
 use crate::engine::sinks::{KubernetesMetrics, NodeEventReason, NodeEventResult};
 use crate::engine::{Event, Outcome, Sink};
-use crate::outputs::metrics::Metrics;
 
 /// The least time between two events of one reason: an episode that ends
 /// and starts again at every cycle is said once per ten minutes (the
@@ -197,7 +196,7 @@ impl Episodes {
 pub struct NodeEventSink {
     episodes: Mutex<Episodes>,
     queue: mpsc::Sender<NodeEvent>,
-    metrics: Arc<Metrics>,
+    metrics: KubernetesMetrics,
 }
 
 impl Sink for NodeEventSink {
@@ -214,20 +213,20 @@ impl Sink for NodeEventSink {
                     reason = reason.as_str(),
                     "node event dropped: the API server is not keeping up"
                 );
-                KubernetesMetrics::new(&self.metrics).node_event(reason, NodeEventResult::Dropped);
+                self.metrics.node_event(reason, NodeEventResult::Dropped);
             }
         }
     }
 }
 
 /// Starts the poster for `node` and returns the sink that feeds it.
-pub fn spawn(client: Client, node: &str, metrics: Arc<Metrics>, shutdown: CancellationToken) -> NodeEventSink {
+pub fn spawn(client: Client, node: &str, metrics: KubernetesMetrics, shutdown: CancellationToken) -> NodeEventSink {
     let (queue, events) = mpsc::channel(QUEUE);
     let poster = Poster {
         api: Api::namespaced(client, NAMESPACE),
         node: node.to_owned(),
         posted: HashMap::new(),
-        metrics: Arc::clone(&metrics),
+        metrics: metrics.clone(),
     };
     tokio::spawn(poster.run(events, shutdown));
     NodeEventSink {
@@ -243,7 +242,7 @@ struct Poster {
     node: String,
     /// The event posted for each reason, by name, and its count.
     posted: HashMap<NodeEventReason, (String, i32)>,
-    metrics: Arc<Metrics>,
+    metrics: KubernetesMetrics,
 }
 
 impl Poster {
@@ -266,11 +265,11 @@ impl Poster {
             match result {
                 Ok(name) => {
                     info!(reason = reason.as_str(), event = name, "node event posted");
-                    KubernetesMetrics::new(&self.metrics).node_event(reason, NodeEventResult::Posted);
+                    self.metrics.node_event(reason, NodeEventResult::Posted);
                 }
                 Err(err) => {
                     warn!(reason = reason.as_str(), error = err, "could not post a node event");
-                    KubernetesMetrics::new(&self.metrics).node_event(reason, NodeEventResult::Failed);
+                    self.metrics.node_event(reason, NodeEventResult::Failed);
                 }
             }
         }
@@ -370,6 +369,7 @@ mod tests {
     use super::*;
     use crate::engine::{CycleError, CycleReport};
     use crate::policy::{ImageBytes, ImageBytesSource, SpaceOutlook};
+    use std::sync::Arc;
 
     fn outlook() -> SpaceOutlook {
         SpaceOutlook {
@@ -542,7 +542,7 @@ mod tests {
             api: Api::namespaced(client, NAMESPACE),
             node: "node-1".to_owned(),
             posted: HashMap::new(),
-            metrics: Arc::new(Metrics::new()),
+            metrics: KubernetesMetrics::new(&crate::outputs::metrics::Metrics::new()),
         };
         let event = NodeEvent {
             reason: NodeEventReason::ImageGCFailed,

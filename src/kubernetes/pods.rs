@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::outputs::metrics::Metrics;
+use crate::engine::sinks::KubernetesMetrics;
 use crate::policy::Protections;
 use crate::time::sleep_until_some;
 
@@ -239,13 +239,13 @@ pub fn spawn(
     client: Client,
     node: &str,
     stale_after: Duration,
-    metrics: Arc<Metrics>,
+    metrics: KubernetesMetrics,
     shutdown: CancellationToken,
 ) -> PodWatch {
     let (protections_tx, protections) = watch::channel(Arc::new(Protections::default()));
     let (synced_tx, synced) = watch::channel(false);
     let (listed_tx, listed) = watch::channel(None);
-    crate::engine::sinks::KubernetesMetrics::new(&metrics).set_pods_watch_enabled();
+    metrics.set_pods_watch_enabled();
     let state = WatchState::new(stale_after, protections_tx, synced_tx, metrics).listed_to(listed_tx);
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default()
@@ -357,7 +357,7 @@ struct WatchState {
     protections: watch::Sender<Arc<Protections>>,
     synced: watch::Sender<bool>,
     listed: Option<watch::Sender<Option<Vec<String>>>>,
-    metrics: Arc<Metrics>,
+    metrics: KubernetesMetrics,
 }
 
 impl WatchState {
@@ -372,7 +372,7 @@ impl WatchState {
         stale_after: Duration,
         protections: watch::Sender<Arc<Protections>>,
         synced: watch::Sender<bool>,
-        metrics: Arc<Metrics>,
+        metrics: KubernetesMetrics,
     ) -> Self {
         WatchState {
             pods: PodImages::default(),
@@ -464,11 +464,7 @@ impl WatchState {
     }
 
     fn publish_metrics(&self) {
-        crate::engine::sinks::KubernetesMetrics::new(&self.metrics).set_pods_watch(
-            self.up,
-            self.pods.len(),
-            self.stale,
-        );
+        self.metrics.set_pods_watch(self.up, self.pods.len(), self.stale);
     }
 }
 
@@ -476,6 +472,7 @@ impl WatchState {
 mod tests {
     use super::*;
     use crate::model::Image;
+    use crate::outputs::metrics::Metrics;
 
     fn image(id: &str, tags: &[&str], digests: &[&str]) -> Image {
         Image {
@@ -605,7 +602,12 @@ status: {phase: Succeeded}
     fn watch_state(stale_after: Duration) -> (WatchState, watch::Receiver<Arc<Protections>>, Arc<Metrics>) {
         let (protections, receiver) = watch::channel(Arc::new(Protections::default()));
         let metrics = Arc::new(Metrics::new());
-        let state = WatchState::new(stale_after, protections, watch::channel(false).0, Arc::clone(&metrics));
+        let state = WatchState::new(
+            stale_after,
+            protections,
+            watch::channel(false).0,
+            KubernetesMetrics::new(&metrics),
+        );
         (state, receiver, metrics)
     }
 
@@ -676,7 +678,13 @@ status: {phase: Succeeded}
         let client = super::super::client(kube::Config::new(url.parse().unwrap())).unwrap();
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
-        let watch = spawn(client, "node-1", stale_after, Arc::clone(&metrics), shutdown.clone());
+        let watch = spawn(
+            client,
+            "node-1",
+            stale_after,
+            KubernetesMetrics::new(&metrics),
+            shutdown.clone(),
+        );
         (watch, metrics, shutdown)
     }
 
