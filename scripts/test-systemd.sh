@@ -6,6 +6,7 @@
 # the registry lookups through systemd/registry-manifests.conf.
 #
 #   scripts/test-systemd.sh
+#   scripts/test-systemd.sh --rootfs    makes the node's rootfs only (cached)
 #
 # The node is a private systemd booted as PID 1 by systemd-nspawn: a
 # Debian rootfs made by debootstrap (systemd, Debian's containerd 1.6 and
@@ -103,6 +104,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ "${1:-}" = --rootfs ]; then
+    # The node's rootfs alone (scripts/test.sh makes it in the background).
+    cached_rootfs >/dev/null
+    exit 0
 fi
 if [ -n "${IMAGEGC_SYSTEMD_BIN:-}" ]; then
     binary=$IMAGEGC_SYSTEMD_BIN
