@@ -32,12 +32,14 @@ build_testbed_runtimes
 # below, which leave a core idle much of the time (tests waiting on
 # runtimes, timers and each other): the cluster suites' tools from their Go
 # modules (Kubernetes, etcd, helm, crictl, Prometheus: about 10 minutes on
-# a cold machine), the systemd test's node rootfs (debootstrap: 73-133 s
-# the first time, mostly downloads) and the fuzz pass's cargo-fuzz and
-# instrumented targets (about 5 minutes cold; its own target directory,
-# fuzz/target, so no lock is shared with the phases' cargo). Each is
-# waited for before the phase that needs it; one that failed fails the run
-# with its log. Seconds each when already built.
+# a cold machine), the static imagegc the systemd test, the cluster suites
+# and the deployment checks run (4-6 minutes cold; target/<musl>/release
+# and target/release, whose locks the phases' debug builds do not take),
+# the systemd test's node rootfs (debootstrap: 73-133 s the first time,
+# mostly downloads) and the fuzz pass's cargo-fuzz and instrumented
+# targets (about 5 minutes cold; its own target directory, fuzz/target).
+# Each is waited for before the phase that needs it; one that failed fails
+# the run with its log. Seconds each when already built.
 declare -A background=()
 in_background() { # NAME COMMAND...: runs COMMAND in a session of its own
     local name=$1
@@ -66,6 +68,7 @@ trap stop_background EXIT
 mkdir -p target
 in_background cluster-tools bash -euo pipefail -c '. scripts/testbed-cluster.sh; build_cluster_tools'
 in_background systemd-rootfs scripts/test-systemd.sh --rootfs
+in_background static-imagegc bash -euo pipefail -c '. scripts/testbed-cluster.sh; build_static_imagegc'
 if [ -z "${IMAGEGC_SKIP_FUZZ:-}" ]; then
     in_background fuzz scripts/fuzz.sh build
 fi
@@ -117,6 +120,7 @@ phase "end-to-end suite times: ${suite_times[*]}"
 # static imagegc and crictl it builds are the cluster suite's, which then
 # finds them built.
 wait_background systemd-rootfs
+wait_background static-imagegc
 phase "systemd unit (scripts/test-systemd.sh)"
 started=$SECONDS
 scripts/test-systemd.sh
