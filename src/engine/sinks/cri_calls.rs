@@ -94,24 +94,7 @@ impl CallObserver for CriCallMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample_lines(metrics: &Metrics) -> Vec<String> {
-        metrics
-            .encode()
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn assert_has(metrics: &Metrics, line: &str) {
-        let lines = sample_lines(metrics);
-        assert!(
-            lines.iter().any(|l| l == line),
-            "missing sample line {line:?} in:\n{}",
-            lines.join("\n")
-        );
-    }
+    use crate::engine::sinks::testing::assert_has;
 
     #[test]
     fn cri_calls_are_counted_by_method_and_code_and_timed_by_method() {

@@ -867,24 +867,7 @@ fn saturating_i64(value: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample_lines(metrics: &Metrics) -> Vec<String> {
-        metrics
-            .encode()
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn assert_has(metrics: &Metrics, line: &str) {
-        let lines = sample_lines(metrics);
-        assert!(
-            lines.iter().any(|l| l == line),
-            "missing sample line {line:?} in:\n{}",
-            lines.join("\n")
-        );
-    }
+    use crate::engine::sinks::testing::{assert_has, sample_lines};
 
     #[test]
     fn fresh_metrics_show_every_known_series_at_zero() {

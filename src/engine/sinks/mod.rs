@@ -68,6 +68,32 @@ impl std::fmt::Debug for Sinks {
 
 /// README's table of metrics is the registry's: a family registered and
 /// not documented, or documented and gone, fails here.
+/// What the sinks' tests read of an encoded registry.
+#[cfg(test)]
+pub(super) mod testing {
+    use crate::outputs::metrics::Metrics;
+
+    /// The sample lines of `metrics`' exposition, comments left out.
+    pub fn sample_lines(metrics: &Metrics) -> Vec<String> {
+        metrics
+            .encode()
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Fails naming `line` and every sample when `metrics` lacks it.
+    pub fn assert_has(metrics: &Metrics, line: &str) {
+        let lines = sample_lines(metrics);
+        assert!(
+            lines.iter().any(|l| l == line),
+            "missing sample line {line:?} in:\n{}",
+            lines.join("\n")
+        );
+    }
+}
+
 #[cfg(test)]
 mod reference {
     use super::{Metrics, register_every_family};
