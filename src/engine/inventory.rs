@@ -442,12 +442,12 @@ impl Inventory {
         images: &[Image],
         protections: &Protections,
         sizes: Option<&dyn PullSizes>,
-        capacity: impl FnOnce() -> Option<u64>,
+        capacity: impl Fn() -> Option<u64>,
         now: SystemTime,
     ) -> Vec<ComingPull> {
         let mut coming = crate::policy::coming::coming_pulls(images, protections, &self.repo_sizes);
         if let Some(sizes) = sizes {
-            let mut capacity = Some(capacity);
+            // Measured once, at the first pull a manifest sizes.
             let mut total = None;
             for pull in coming.iter_mut().filter(|pull| pull.like.is_none()) {
                 let Some(size) = sizes.size_of(&pull.image) else {
@@ -455,10 +455,10 @@ impl Inventory {
                 };
                 // A pull larger than the whole image filesystem cannot be
                 // made room for: a registry that says so is not believed.
-                if let Some(capacity) = capacity.take() {
-                    total = capacity();
-                }
-                if total.is_some_and(|total| self.footprint.on_disk(size) > total) {
+                if total
+                    .get_or_insert_with(&capacity)
+                    .is_some_and(|total| self.footprint.on_disk(size) > total)
+                {
                     debug!(image = %pull.image, size_bytes = size, "a manifest's size larger than the image filesystem is not believed");
                     continue;
                 }
