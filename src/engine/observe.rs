@@ -368,19 +368,21 @@ pub struct RuntimeRead {
     pub sandbox_configured_unmatched: bool,
     /// Why a container's mounted images could not be read, when one could not.
     pub mounts_unread: Option<String>,
-    /// How the runtime speaks, once its `Version` answered.
+    /// How the runtime speaks: at the read whose `Version` call first
+    /// answered, `None` at the others (the caller keeps it).
     pub dialect: Option<Dialect>,
 }
 
 /// What reading the runtime remembers between listings: each container's
 /// mounts and each pod's sandbox image (one call each, when first listed),
-/// the sandbox image `Status` last named, and the runtime's name.
+/// the sandbox image `Status` last named, and whether the runtime named itself.
 #[derive(Debug, Default)]
 pub struct Observer {
     mounts: MountCache,
     pod_images: PodSandboxImages,
     sandbox_image: Option<String>,
-    dialect: Option<Dialect>,
+    /// Whether `Version` answered: it is asked until it does.
+    dialect_known: bool,
 }
 
 impl Observer {
@@ -431,10 +433,12 @@ impl Observer {
         let image_fs = image_fs(runtime, image_fs_path);
         let (listings, status, image_fs) = tokio::join!(listings, runtime.status(), image_fs);
         let (images, containers) = listings?;
-        if self.dialect.is_none()
+        let mut dialect = None;
+        if !self.dialect_known
             && let Ok(version) = runtime.version().await
         {
-            self.dialect = Some(Dialect::of(&version.runtime_name));
+            self.dialect_known = true;
+            dialect = Some(Dialect::of(&version.runtime_name));
         }
         let mut sandbox_unknown = None;
         match status {
@@ -467,7 +471,7 @@ impl Observer {
             sandbox_unknown,
             sandbox_configured_unmatched: sandbox.configured_unmatched,
             mounts_unread: self.mounts.unread().map(str::to_string),
-            dialect: self.dialect.clone(),
+            dialect,
         })
     }
 
