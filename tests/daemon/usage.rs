@@ -144,6 +144,12 @@ async fn a_replayed_backlog_counts_at_its_own_time_and_costs_one_listing() {
         (fake.count("ListImages") >= 1).then_some(())
     })
     .await;
+    // The stream opened at start, waiting: on a busy machine it opens
+    // after the first listing, and a backlog set before would go to it.
+    eventually(secs(10), "the event stream opened at start", || {
+        (fake.count("GetContainerEvents") >= 1 && fake.event_subscribers() == 1).then_some(())
+    })
+    .await;
     fake.set_event_backlog(backlog);
     // The stream opened at start is waiting; the backlog goes to the next.
     let server = daemon.server.take().unwrap();
