@@ -53,7 +53,7 @@ impl<R: Runtime> Collector<R> {
         if let Err(err) = self.run_cycle(cancel, &mut report).await {
             report.outcome = Outcome::Failed(Arc::new(err));
         }
-        self.settle_notes();
+        self.remover.settle_notes();
         self.save_if_due().await;
         report.duration = started.elapsed();
         if report.succeeded() {
@@ -185,18 +185,20 @@ impl<R: Runtime> Collector<R> {
         for (i, candidate) in age.iter().enumerate() {
             if cx.cancel().is_cancelled() {
                 if rechecked.is_some() {
-                    self.drop_ahead(candidate.id);
+                    self.remover.drop_ahead(candidate.id);
                 }
                 cx.report().outcome = Outcome::Interrupted;
                 return Ok(ControlFlow::Break(()));
             }
             let next = age.get(i + 1);
-            match self.remove(candidate, rechecked.take(), next, cx).await? {
+            let (remover, mut with) = self.removing();
+            match remover.remove(&mut with, candidate, rechecked.take(), next, cx).await? {
                 Removing::Finished(Fate::Unknown) => return Ok(ControlFlow::Break(())),
                 Removing::Finished(_) => {}
                 Removing::Confirming(confirming) => {
                     let next = next.filter(|_| !cx.cancel().is_cancelled());
-                    rechecked = self.confirm(confirming, next, false, cx).await;
+                    let (remover, mut with) = self.removing();
+                    rechecked = remover.confirm(&mut with, confirming, next, false, cx).await;
                 }
             }
         }
@@ -315,7 +317,7 @@ impl<R: Runtime> Collector<R> {
             };
             if let Some(id) = unused {
                 rechecked = None;
-                self.drop_ahead(id);
+                self.remover.drop_ahead(id);
             }
             match step {
                 WalkStep::Remove(candidate) => {
@@ -324,13 +326,15 @@ impl<R: Runtime> Collector<R> {
                         return Ok(None);
                     }
                     let ahead = rechecked.take().map(|(_, r)| r);
-                    let step = match self.remove(candidate, ahead, None, cx).await? {
+                    let (remover, mut with) = self.removing();
+                    let step = match remover.remove(&mut with, candidate, ahead, None, cx).await? {
                         Removing::Finished(step) => step,
                         Removing::Confirming(confirming) => {
                             let next = next_if_all_back(&walk, &confirming, |c| self.holds_back(now, c))
                                 .filter(|_| !cancel.is_cancelled());
-                            rechecked = self
-                                .confirm(confirming, next, true, cx)
+                            let (remover, mut with) = self.removing();
+                            rechecked = remover
+                                .confirm(&mut with, confirming, next, true, cx)
                                 .await
                                 .zip(next)
                                 .map(|(r, c)| (c.id, r));

@@ -60,6 +60,7 @@ mod inventory;
 mod observe;
 mod others;
 mod removal;
+mod restored;
 pub mod report;
 mod settings;
 pub mod sinks;
@@ -73,11 +74,11 @@ mod tests;
 
 pub use events::{Event, Sink};
 use inventory::Inventory;
-pub use inventory::Restored;
 pub use observe::{ImageFs, Observer, RuntimeRead};
 pub use removal::RemovalInFlight;
 use removal::Remover;
 pub use report::{CycleError, CycleReport, Outcome, Removal};
+pub use restored::Restored;
 pub use settings::Settings;
 pub use sinks::{HealthSink, LogSink, MetricsSink, Sinks};
 pub use usage::{NodeView, Tracking, UsageTracker};
@@ -108,9 +109,6 @@ struct Said {
     sandbox_unnamed: bool,
     /// `runtime.sandbox_image` naming no listed image (once per process).
     sandbox_configured: bool,
-    /// A runtime that answers OK to `RemoveImage` and keeps the image
-    /// (once per process).
-    lying_runtime: bool,
     /// The kubelet-eviction check against the measured capacity (once).
     eviction_checked: bool,
     /// The separate container filesystem last said (a split store).
@@ -242,6 +240,20 @@ impl<R: Runtime> Collector<R> {
     /// plan and each re-check reads its latest value, never waiting.
     pub fn protections_from(&mut self, source: watch::Receiver<Arc<Protections>>) {
         self.protections = source;
+    }
+
+    /// The remover, with what it borrows of the rest of the collector for
+    /// a step of a removal (see [`removal::Lent`]).
+    fn removing(&mut self) -> (&mut Remover, removal::Lent<'_, R>) {
+        let lent = removal::Lent::new(
+            &self.runtime,
+            &self.settings,
+            &self.clock,
+            &self.sinks,
+            &self.protections,
+            &mut self.inventory,
+        );
+        (&mut self.remover, lent)
     }
 
     /// The keep rules from outside the listing, as they are now.

@@ -3,7 +3,7 @@
 //!
 //! An image counts as removed by someone else only when it is gone by the
 //! rule pending removals settle by: a listing omits it **and** `ImageStatus`
-//! says the runtime does not have it twice, [`super::removal::GONE_CONFIRMED`]
+//! says the runtime does not have it twice, [`GONE_CONFIRMED`]
 //! apart (a listing alone may be partial, one answer wrong). A
 //! removal imagegc asked for never counts: one pending at the listing that
 //! first omitted the image (this process's or an earlier one's, settled
@@ -19,9 +19,9 @@
 //! `check-config`), logs and a node event once per episode.
 
 use std::collections::HashSet;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use crate::cri::Runtime;
+use crate::cri::{Runtime, RuntimeError};
 
 use crate::model::Image;
 use crate::records::{Unlisted, VANISHED_GRACE};
@@ -108,7 +108,7 @@ impl<R: Runtime> Collector<R> {
         if ids.is_empty() {
             return;
         }
-        let answers = self.seen_twice(&ids).await;
+        let answers = seen_twice(&self.runtime, &ids).await;
         let mut gone = Vec::new();
         for (id, seen) in ids.iter().zip(answers) {
             gone.extend(self.remover.unlisted_seen(id, seen));
@@ -156,4 +156,44 @@ impl<R: Runtime> Collector<R> {
             })
             .collect()
     }
+}
+
+/// How far apart two answers of the runtime that an image is gone must be
+/// for imagegc to take it as gone, when nothing else says so (a removal of
+/// unknown outcome settled, a removal by others counted): one partial
+/// listing and one wrong `ImageStatus` are not a removal, and history
+/// rests on neither alone.
+pub(super) const GONE_CONFIRMED: Duration = Duration::from_secs(1);
+
+/// What `ImageStatus` says of the image of a pending removal the listing
+/// omitted: not found is gone; found is still there (the listing was
+/// partial); an error tells nothing.
+fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
+    match answer {
+        Ok(None) => Seen::Gone,
+        Ok(Some(_)) => Seen::There,
+        Err(_) => Seen::Unsure,
+    }
+}
+
+/// What `ImageStatus` says of each of `ids` (images a listing omitted),
+/// all asked at once (see [`seen_by_status`]); those it says are gone
+/// are asked again [`GONE_CONFIRMED`] later, and count as gone only
+/// when both answers agree.
+pub(super) async fn seen_twice<R: Runtime>(runtime: &R, ids: &[String]) -> Vec<Seen> {
+    let mut seen: Vec<Seen> = futures_util::future::join_all(ids.iter().map(|id| runtime.image_status(id)))
+        .await
+        .iter()
+        .map(seen_by_status)
+        .collect();
+    let again: Vec<usize> = (0..ids.len()).filter(|&i| seen[i] == Seen::Gone).collect();
+    if again.is_empty() {
+        return seen;
+    }
+    tokio::time::sleep(GONE_CONFIRMED).await;
+    let answers = futures_util::future::join_all(again.iter().map(|&i| runtime.image_status(&ids[i]))).await;
+    for (i, answer) in again.into_iter().zip(answers) {
+        seen[i] = seen_by_status(&answer);
+    }
+    seen
 }

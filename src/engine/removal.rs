@@ -7,7 +7,7 @@
 //! before `RemoveImage` is sent**, whatever happens around it. Removals
 //! follow one another without waiting on what they need not: when a
 //! removal's space is back as the call returns, the short look that
-//! confirms it ([`Collector::confirm`]) is made while the next candidate
+//! confirms it ([`Remover::confirm`]) is made while the next candidate
 //! is re-checked. That re-check ahead is used only when it is still that
 //! fresh as the call is about to be sent; a confirming look that took
 //! longer (a disk where something else writes keeps it watching for up to
@@ -21,7 +21,7 @@
 //! remains: the re-check's own round trip, plus those few milliseconds.
 //!
 //! Every removal known to have happened, at once or settled later (by this
-//! process or the next), goes through [`Collector::removed`]: one event,
+//! process or the next), goes through [`Remover::removed`]: one event,
 //! one journal line, the record dropped, the re-pull memory fed.
 
 use std::collections::HashSet;
@@ -42,8 +42,13 @@ use crate::records::{History, Unlisted};
 use crate::store::journal::{Journal, JournalEntry};
 use crate::store::pending::{Pending, Seen, Settled};
 
+use super::inventory::Inventory;
+use super::others::GONE_CONFIRMED;
 use super::report::{CycleError, CycleReport};
-use super::{Collector, Event};
+use super::{Event, Settings, Sinks};
+use crate::policy::Protections;
+use crate::time::Clock;
+use tokio::sync::watch;
 
 /// What every removal of one cycle works with: the cycle's listing, its
 /// image filesystem, shutdown, and the report the removals go to.
@@ -131,13 +136,6 @@ pub(super) enum Fate {
     Unknown,
 }
 
-/// How far apart two answers of the runtime that an image is gone must be
-/// for imagegc to take it as gone, when nothing else says so (a removal of
-/// unknown outcome settled, a removal by others counted): one partial
-/// listing and one wrong `ImageStatus` are not a removal, and history
-/// rests on neither alone.
-pub(super) const GONE_CONFIRMED: Duration = Duration::from_secs(1);
-
 /// How long the outcome of a `RemoveImage` that timed out or broke is
 /// watched for (`ImageStatus` every [`UNSETTLED_STEP`]), at most.
 const UNSETTLED_WATCH: Duration = Duration::from_secs(30);
@@ -202,7 +200,7 @@ pub(super) struct Ahead {
 }
 
 /// A removal the runtime made, with its space back as the call returned:
-/// the confirming look is still to make, then [`Collector::confirm`]
+/// the confirming look is still to make, then [`Remover::confirm`]
 /// journals it. The cycle makes that look beside the next candidate's
 /// re-check, which it has to make anyway.
 pub(super) struct Confirming {
@@ -211,7 +209,7 @@ pub(super) struct Confirming {
     first: FsStats,
     in_flight: InFlight,
     /// Whether the runtime is still to be asked if the image really went
-    /// (see [`Collector::confirm`]).
+    /// (see [`Remover::confirm`]).
     unverified: bool,
 }
 
@@ -227,7 +225,7 @@ impl Confirming {
     }
 }
 
-/// What a call to [`Collector::remove`] came to.
+/// What a call to [`Remover::remove`] came to.
 pub(super) enum Removing {
     /// Done with the candidate.
     Finished(Fate),
@@ -351,7 +349,9 @@ impl Disk {
 /// This process's removals: the pending notes written before each call,
 /// the journal they end in, the one in flight, the memory of recent ones
 /// (re-pulls), and images a listing omitted that no removal of this
-/// process explains yet.
+/// process explains yet; and each removal's script (note, re-check,
+/// `RemoveImage`, settle, journal: see the module's doc), run with what
+/// the collector lends it for the step ([`Lent`]).
 pub(super) struct Remover {
     pending: Pending,
     journal: Journal,
@@ -361,8 +361,50 @@ pub(super) struct Remover {
     /// Images a listing omitted, not yet known removed by someone else.
     others: super::others::Unconfirmed,
     /// The candidate whose pending note was written beside the call before
-    /// its removal (see [`Collector::remove`]), until its removal uses it.
+    /// its removal (see [`Remover::remove`]), until its removal uses it.
     noted_ahead: Option<String>,
+    /// A runtime that answered OK to `RemoveImage` and kept the image was
+    /// said (once per process).
+    said_lying: bool,
+}
+
+/// What the collector lends its remover for one step of a removal: the
+/// runtime it asks, the settings and the clock its re-check goes by, the
+/// keep rules from outside the listing (the latest, read at each
+/// re-check), the sinks it tells, and the inventory whose records a
+/// removal changes.
+pub(super) struct Lent<'c, R> {
+    runtime: &'c R,
+    settings: &'c Settings,
+    clock: &'c Clock,
+    sinks: &'c Sinks,
+    protections: &'c watch::Receiver<Arc<Protections>>,
+    inventory: &'c mut Inventory,
+}
+
+impl<'c, R> Lent<'c, R> {
+    pub(super) fn new(
+        runtime: &'c R,
+        settings: &'c Settings,
+        clock: &'c Clock,
+        sinks: &'c Sinks,
+        protections: &'c watch::Receiver<Arc<Protections>>,
+        inventory: &'c mut Inventory,
+    ) -> Self {
+        Lent {
+            runtime,
+            settings,
+            clock,
+            sinks,
+            protections,
+            inventory,
+        }
+    }
+
+    /// The keep rules from outside the listing, as they are now.
+    fn protections(&self) -> Arc<Protections> {
+        Arc::clone(&self.protections.borrow())
+    }
 }
 
 impl Remover {
@@ -390,6 +432,7 @@ impl Remover {
             in_flight: RemovalInFlight::default(),
             others: super::others::Unconfirmed::default(),
             noted_ahead: None,
+            said_lying: false,
         }
     }
 
@@ -508,7 +551,7 @@ impl Drop for InFlight {
     }
 }
 
-impl<R: Runtime> Collector<R> {
+impl Remover {
     /// The re-check right before a removal: the image as the runtime holds
     /// it now, when no keep rule holds for it ([`Rules::why_kept`], the
     /// planner's rules, asked of the image as it is now: under every name it
@@ -517,27 +560,33 @@ impl<R: Runtime> Collector<R> {
     /// check could not be made.
     ///
     /// [`Rules::why_kept`]: crate::policy::Rules::why_kept
-    async fn recheck(&mut self, candidate: &Candidate<'_>, cx: &mut CycleContext<'_>) -> Rechecked {
-        self.recheck_and_ask(candidate, None, cx).await.0
+    async fn recheck<R: Runtime>(
+        &mut self,
+        with: &mut Lent<'_, R>,
+        candidate: &Candidate<'_>,
+        cx: &mut CycleContext<'_>,
+    ) -> Rechecked {
+        self.recheck_and_ask(with, candidate, None, cx).await.0
     }
 
-    /// [`Collector::recheck`], with `ImageStatus` of `also` asked beside
-    /// it (a removal before, to verify; see [`Collector::confirm`]).
-    async fn recheck_and_ask(
+    /// [`Remover::recheck`], with `ImageStatus` of `also` asked beside
+    /// it (a removal before, to verify; see [`Remover::confirm`]).
+    async fn recheck_and_ask<R: Runtime>(
         &mut self,
+        with: &mut Lent<'_, R>,
         candidate: &Candidate<'_>,
         also: Option<&str>,
         cx: &mut CycleContext<'_>,
     ) -> (Rechecked, Option<Status>) {
         let snapshot = cx.snapshot;
         let images = &snapshot.images;
-        self.sinks.emit(&Event::Rechecking(candidate.id));
+        with.sinks.emit(&Event::Rechecking(candidate.id));
         // Both at once: each reads the runtime as it is now, and a
         // container is created only from an image already pulled (and
         // tagged), so neither order sees more than the other.
-        let runtime = &self.runtime;
+        let runtime = with.runtime;
         let (containers, current, also) = tokio::join!(
-            self.inventory.observer().containers(runtime, images),
+            with.inventory.observer().containers(runtime, images),
             runtime.image_status(candidate.id),
             async {
                 match also {
@@ -546,12 +595,13 @@ impl<R: Runtime> Collector<R> {
                 }
             }
         );
-        (self.rechecked(candidate, containers, current, cx), also)
+        (self.rechecked(with, candidate, containers, current, cx), also)
     }
 
     /// What the re-check's answers come to.
-    fn rechecked(
+    fn rechecked<R: Runtime>(
         &mut self,
+        with: &mut Lent<'_, R>,
         candidate: &Candidate<'_>,
         containers: Result<Vec<Container>, RuntimeError>,
         current: Status,
@@ -566,7 +616,7 @@ impl<R: Runtime> Collector<R> {
         let containers = containers.map_err(|source| recheck_error("containers", source))?;
         let current = current.map_err(|source| recheck_error("the image", source))?;
         let Some(current) = current else {
-            self.gone_already(candidate);
+            gone_already(with.sinks, candidate);
             return Ok(None);
         };
         // Every name the image had in the listing counts beside those it
@@ -576,14 +626,14 @@ impl<R: Runtime> Collector<R> {
         let current = with_listed_names(current, snapshot);
         let uses = uses_now(&current, &containers, snapshot);
         // The latest: a pod bound since the listing protects too.
-        let protections = self.protections();
+        let protections = with.protections();
         let pod = protections
             .pods_naming(std::slice::from_ref(&current))
             .first()
             .map(|&(_, pod)| pod);
-        let history = self.inventory.records().get(candidate.id).map(History::of);
-        let now = self.clock.now();
-        let policy = Arc::clone(&self.settings.policy);
+        let history = with.inventory.records().get(candidate.id).map(History::of);
+        let now = with.clock.now();
+        let policy = Arc::clone(&with.settings.policy);
         let why = policy
             .keep
             .why_kept(&current, uses, history, pod, now)
@@ -594,10 +644,10 @@ impl<R: Runtime> Collector<R> {
         if let KeepReason::InUse { containers } = &why
             && !containers.is_empty()
         {
-            self.inventory.mark_used([candidate.id], now);
+            with.inventory.mark_used([candidate.id], now);
             cx.report.became_in_use.push(candidate.id.to_string());
         }
-        self.sinks.emit(&Event::Kept {
+        with.sinks.emit(&Event::Kept {
             id: candidate.id,
             tags: &current.repo_tags,
             why,
@@ -605,24 +655,10 @@ impl<R: Runtime> Collector<R> {
         Ok(None)
     }
 
-    /// The runtime said it does not have the candidate (`ImageStatus` or
-    /// `RemoveImage` answered `NotFound`): kept, and nothing more is
-    /// concluded from one answer. Whether someone else removed it is told
-    /// by the rule removals by others go by (a listing omits it **and**
-    /// `ImageStatus` says so; see [`super::others`]): its record stays
-    /// until then, so an image a runtime wrongly said it did not have keeps
-    /// its history, and none is counted removed.
-    fn gone_already(&mut self, candidate: &Candidate<'_>) {
-        self.sinks.emit(&Event::GoneAlready {
-            id: candidate.id,
-            tags: candidate.tags,
-        });
-    }
-
     /// Removes one candidate after re-checking that it is not in use
     /// (`ahead`: the re-check, when made ahead of time, see
-    /// [`Collector::confirm`]; used only while fresh, see
-    /// [`Collector::recheck_fresh`]). A runtime error while re-checking ends the
+    /// [`Remover::confirm`]; used only while fresh, see
+    /// [`Remover::recheck_fresh`]). A runtime error while re-checking ends the
     /// cycle: when in doubt, keep.
     ///
     /// The re-check lists the containers and asks the runtime for the
@@ -639,8 +675,9 @@ impl<R: Runtime> Collector<R> {
     /// (the age pass's), has its pending note written beside this call, off
     /// the runtime's thread: the fsync costs no time of its own, and it is
     /// still made before that candidate's re-check.
-    pub(super) async fn remove(
+    pub(super) async fn remove<R: Runtime>(
         &mut self,
+        with: &mut Lent<'_, R>,
         candidate: &Candidate<'_>,
         ahead: Option<Ahead>,
         next: Option<&Candidate<'_>>,
@@ -654,17 +691,17 @@ impl<R: Runtime> Collector<R> {
         // before it was made, and a note written ahead (beside the call
         // before this one) is on disk already.
         if !cx.report.dry_run && ahead.is_none() && !self.noted_ahead_for(candidate.id) {
-            self.note_pending(candidate);
+            self.note_pending(with.clock, candidate);
         }
-        let checked = self.recheck_fresh(candidate, ahead, cx).await;
+        let checked = self.recheck_fresh(with, candidate, ahead, cx).await;
         let (current, before) = match checked {
             Ok(Some(fresh)) => fresh,
             Ok(None) => {
-                self.remover.pending.forget(candidate.id);
+                self.pending.forget(candidate.id);
                 return Ok(Removing::Finished(Fate::Kept));
             }
             Err(err) => {
-                self.remover.pending.forget(candidate.id);
+                self.pending.forget(candidate.id);
                 return Err(err);
             }
         };
@@ -680,29 +717,29 @@ impl<R: Runtime> Collector<R> {
             dry_run: cx.report.dry_run,
         };
         if cx.report.dry_run {
-            self.removed(removal, None, cx.report).await;
+            self.removed(with, removal, None, cx.report).await;
             return Ok(Removing::Finished(Fate::Removed));
         }
         // From the call until the removal is measured, recorded and
         // journaled: shutdown waits for all of it.
-        let in_flight = self.remover.in_flight.start(candidate.id);
+        let in_flight = self.in_flight.start(candidate.id);
         let result = match next {
             Some(next) => {
-                let write = self.remover.pending.request_ahead(self.pending_entry(next));
+                let write = self.pending.request_ahead(pending_entry(with.clock, next));
                 let (result, written) = tokio::join!(
-                    self.runtime.remove_image(candidate.id),
+                    with.runtime.remove_image(candidate.id),
                     tokio::task::spawn_blocking(move || write.run())
                 );
                 if written.is_ok() {
-                    self.remover.noted_ahead = Some(next.id.to_string());
+                    self.noted_ahead = Some(next.id.to_string());
                 } else {
-                    self.remover.pending.forget(next.id);
+                    self.pending.forget(next.id);
                 }
                 result
             }
-            None => self.runtime.remove_image(candidate.id).await,
+            None => with.runtime.remove_image(candidate.id).await,
         };
-        let (step, after, unverified) = self.outcome(candidate, result, before, next.is_some(), cx).await;
+        let (step, after, unverified) = self.outcome(with, candidate, result, before, next.is_some(), cx).await;
         match (step, after) {
             (Fate::Removed, Some(Returned::Back { before, first })) => {
                 return Ok(Removing::Confirming(Box::new(Confirming {
@@ -717,26 +754,26 @@ impl<R: Runtime> Collector<R> {
                 // Settled, or not measured (a confirm went to the arm above).
                 let after = after.map(|(Returned::Settled(stats) | Returned::Back { first: stats, .. })| stats);
                 removal.freed_bytes = Disk::freed(before, after);
-                self.journal_removal(removal, cx.report).await;
+                self.journal_removal(with, removal, cx.report).await;
             }
-            (Fate::Kept, _) => self.remover.pending.forget(candidate.id),
-            (Fate::Unknown, _) => self.remover.pending.mark_unknown(candidate.id),
+            (Fate::Kept, _) => self.pending.forget(candidate.id),
+            (Fate::Unknown, _) => self.pending.mark_unknown(candidate.id),
         }
         drop(in_flight);
         Ok(Removing::Finished(step))
     }
 
     /// The pending note of a removal about to be asked for (durable).
-    fn note_pending(&mut self, candidate: &Candidate<'_>) {
-        let entry = self.pending_entry(candidate);
-        self.remover.pending.request(entry);
+    fn note_pending(&mut self, clock: &Clock, candidate: &Candidate<'_>) {
+        let entry = pending_entry(clock, candidate);
+        self.pending.request(entry);
     }
 
     /// Whether the pending note of `id`'s removal was written ahead, beside
-    /// the call before (see [`Collector::remove`]). A note written ahead
+    /// the call before (see [`Remover::remove`]). A note written ahead
     /// for another image, which no removal will use, goes.
     fn noted_ahead_for(&mut self, id: &str) -> bool {
-        match self.remover.noted_ahead.take() {
+        match self.noted_ahead.take() {
             Some(noted) if noted == id => true,
             Some(noted) => {
                 self.drop_ahead(&noted);
@@ -749,31 +786,10 @@ impl<R: Runtime> Collector<R> {
     /// At the end of a cycle: a note written ahead that no removal used
     /// goes, and the file follows what was journaled.
     pub(super) fn settle_notes(&mut self) {
-        if let Some(noted) = self.remover.noted_ahead.take() {
+        if let Some(noted) = self.noted_ahead.take() {
             self.drop_ahead(&noted);
         }
-        self.remover.pending.flush();
-    }
-
-    /// The pending note of `candidate`'s removal, as written before it is
-    /// asked for.
-    fn pending_entry(&self, candidate: &Candidate<'_>) -> JournalEntry {
-        let removal = Removal {
-            id: candidate.id.to_string(),
-            tags: candidate.tags.to_vec(),
-            digests: candidate.digests.to_vec(),
-            reason: candidate.reason,
-            size: candidate.size,
-            freed_bytes: None,
-            first_seen: candidate.first_seen,
-            last_used: candidate.last_used,
-            dry_run: false,
-        };
-        let mut entry = JournalEntry::from_removal(&removal, self.clock.now());
-        // Its own time, to the nanosecond: what names this removal in the
-        // journal line it becomes (see `JournalEntry::asked`).
-        entry.time = humantime::format_rfc3339_nanos(self.clock.now()).to_string();
-        entry
+        self.pending.flush();
     }
 
     /// The re-check `RemoveImage` may be sent on at once: the image as the
@@ -783,8 +799,9 @@ impl<R: Runtime> Collector<R> {
     /// used when still that fresh; a re-check that went stale is made
     /// again, up to [`RECHECK_ATTEMPTS`] times, then the image is kept for
     /// this cycle. `None`: keep it.
-    async fn recheck_fresh(
+    async fn recheck_fresh<R: Runtime>(
         &mut self,
+        with: &mut Lent<'_, R>,
         candidate: &Candidate<'_>,
         mut ahead: Option<Ahead>,
         cx: &mut CycleContext<'_>,
@@ -794,7 +811,7 @@ impl<R: Runtime> Collector<R> {
             let (found, answered) = match ahead.take() {
                 Some(Ahead { found, answered }) => (found, answered),
                 None => {
-                    let found = self.recheck(candidate, cx).await;
+                    let found = self.recheck(with, candidate, cx).await;
                     (found, tokio::time::Instant::now())
                 }
             };
@@ -807,7 +824,7 @@ impl<R: Runtime> Collector<R> {
                 dry_run: cx.report.dry_run,
             };
             if cx.report.dry_run {
-                self.sinks.emit(&removing);
+                with.sinks.emit(&removing);
                 return Ok(Some((current, None)));
             }
             // The note says the call is sent from here on (a rename, not
@@ -819,21 +836,21 @@ impl<R: Runtime> Collector<R> {
             // slow between its answer and the call: on that path only, a
             // process killed during the re-check leaves a note that may
             // claim an image someone else removes before the next start.
-            self.remover.pending.sending(candidate.id);
+            self.pending.sending(candidate.id);
             let before = cx.disk.measure().ok();
             age = answered.elapsed();
             if age <= RECHECK_FRESH {
                 // Said only of a removal that is sent (a debug line).
-                self.sinks.emit(&removing);
+                with.sinks.emit(&removing);
                 return Ok(Some((current, before)));
             }
-            self.sinks.emit(&Event::RecheckStale {
+            with.sinks.emit(&Event::RecheckStale {
                 id: candidate.id,
                 age,
                 gave_up: false,
             });
         }
-        self.sinks.emit(&Event::RecheckStale {
+        with.sinks.emit(&Event::RecheckStale {
             id: candidate.id,
             age,
             gave_up: true,
@@ -845,11 +862,11 @@ impl<R: Runtime> Collector<R> {
     /// confirming look, then the journal line. `next` is the candidate
     /// that comes next if this removal does not end the pass: its pending
     /// note is written and it is re-checked meanwhile, and what the
-    /// re-check found comes back, for [`Collector::remove`], which uses it
+    /// re-check found comes back, for [`Remover::remove`], which uses it
     /// only if it is still fresh then (`None` when there is no next
     /// candidate, or the re-check took longer than
     /// [`RECHECK_AHEAD_LIMIT`]). The cycle hands an unused one to
-    /// [`Collector::drop_ahead`].
+    /// [`Remover::drop_ahead`].
     ///
     /// When the look `decides` whether the pass goes on (the space walk),
     /// it waits its full [`SETTLE_CONFIRM`] beside the re-check. When
@@ -861,8 +878,9 @@ impl<R: Runtime> Collector<R> {
     /// walk that ends after all (this removal freed more than its first
     /// reading said) is not removed; what the re-check learnt (an image in
     /// use again, or gone) stays true.
-    pub(super) async fn confirm(
+    pub(super) async fn confirm<R: Runtime>(
         &mut self,
+        with: &mut Lent<'_, R>,
         confirming: Box<Confirming>,
         next: Option<&Candidate<'_>>,
         decides: bool,
@@ -880,18 +898,18 @@ impl<R: Runtime> Collector<R> {
         let (after, ahead, status) = match next {
             None => match verify {
                 Some(id) => {
-                    let (after, status) = tokio::join!(disk.confirm(before, first), self.runtime.image_status(id));
+                    let (after, status) = tokio::join!(disk.confirm(before, first), with.runtime.image_status(id));
                     (after, None, Some(status))
                 }
                 None => (disk.confirm(before, first).await, None, None),
             },
             Some(next) => {
-                // Noted before its re-check, as in [`Collector::remove`].
+                // Noted before its re-check, as in [`Remover::remove`].
                 if !cx.report.dry_run && !self.noted_ahead_for(next.id) {
-                    self.note_pending(next);
+                    self.note_pending(with.clock, next);
                 }
                 let ahead = tokio::time::timeout(RECHECK_AHEAD_LIMIT, async {
-                    let (found, status) = self.recheck_and_ask(next, verify, cx).await;
+                    let (found, status) = self.recheck_and_ask(with, next, verify, cx).await;
                     let answered = tokio::time::Instant::now();
                     (Ahead { found, answered }, status)
                 });
@@ -910,22 +928,22 @@ impl<R: Runtime> Collector<R> {
         // Asked as the call returned, or beside the next re-check; once
         // more when that re-check ran out of time.
         let status = match (verify, status) {
-            (Some(id), None) => Some(self.runtime.image_status(id).await),
+            (Some(id), None) => Some(with.runtime.image_status(id).await),
             (_, status) => status,
         };
         if let Some(status) = status
-            && self.still_there(&removal.id, &status, cx.report)
+            && self.still_there(with, &removal.id, &status, cx.report)
         {
-            self.remover.pending.forget(&removal.id);
+            self.pending.forget(&removal.id);
         } else {
             removal.freed_bytes = Disk::freed(Some(before), after.ok());
-            self.journal_removal(removal, cx.report).await;
+            self.journal_removal(with, removal, cx.report).await;
         }
         drop(in_flight);
         if ahead.is_none()
             && let Some(next) = next
         {
-            // The re-check timed out: [`Collector::remove`] notes the
+            // The re-check timed out: [`Remover::remove`] notes the
             // removal again before the re-check it makes.
             self.drop_ahead(next.id);
         }
@@ -935,16 +953,21 @@ impl<R: Runtime> Collector<R> {
     /// A re-check made ahead for `id` that no removal will use (the walk
     /// ended, or went on to another candidate): its pending note goes.
     pub(super) fn drop_ahead(&mut self, id: &str) {
-        self.remover.pending.forget(id);
+        self.pending.forget(id);
     }
 
     /// A removal made, measured: what it freed teaches the footprint, and
     /// it is journaled.
-    async fn journal_removal(&mut self, removal: Removal, report: &mut CycleReport) {
+    async fn journal_removal<R: Runtime>(
+        &mut self,
+        with: &mut Lent<'_, R>,
+        removal: Removal,
+        report: &mut CycleReport,
+    ) {
         if let Some(freed) = removal.freed_bytes {
-            self.inventory.learn_footprint(removal.size, freed);
+            with.inventory.learn_footprint(removal.size, freed);
         }
-        self.removed(removal, None, report).await;
+        self.removed(with, removal, None, report).await;
     }
 
     /// What `RemoveImage` answered comes to: removed (with the filesystem
@@ -953,9 +976,10 @@ impl<R: Runtime> Collector<R> {
     /// but still listed), or unknown. With `verify_later` (a next removal
     /// follows whatever this one comes to), a removal whose space was back
     /// as the call returned is not yet asked about (the third value):
-    /// [`Collector::confirm`] asks beside the next re-check.
-    async fn outcome(
+    /// [`Remover::confirm`] asks beside the next re-check.
+    async fn outcome<R: Runtime>(
         &mut self,
+        with: &mut Lent<'_, R>,
         candidate: &Candidate<'_>,
         result: Result<Removed, RuntimeError>,
         before: Option<FsStats>,
@@ -965,7 +989,7 @@ impl<R: Runtime> Collector<R> {
         let (disk, cancel) = (cx.disk, cx.cancel);
         let step = match result {
             Ok(Removed::AlreadyGone) => {
-                self.gone_already(candidate);
+                gone_already(with.sinks, candidate);
                 Fate::Kept
             }
             Ok(Removed::Done) => {
@@ -987,8 +1011,8 @@ impl<R: Runtime> Collector<R> {
                         disk.returned(before).await.ok()
                     }
                 };
-                let (returned, status) = tokio::join!(returned, self.runtime.image_status(candidate.id));
-                if self.still_there(candidate.id, &status, cx.report) {
+                let (returned, status) = tokio::join!(returned, with.runtime.image_status(candidate.id));
+                if self.still_there(with, candidate.id, &status, cx.report) {
                     return (Fate::Kept, None, false);
                 }
                 return (Fate::Removed, returned, false);
@@ -996,10 +1020,10 @@ impl<R: Runtime> Collector<R> {
             // The call failed, but the runtime may have removed the image
             // all the same (a deadline that passed while it worked, a
             // connection that broke): ask it.
-            Err(err) => match self.watch_unsettled(candidate.id, &err, cancel).await {
+            Err(err) => match Self::watch_unsettled(with, candidate.id, &err, cancel).await {
                 Some(true) => {
                     let error = err.to_string();
-                    self.sinks.emit(&Event::RemovedDespiteError {
+                    with.sinks.emit(&Event::RemovedDespiteError {
                         id: candidate.id,
                         error: &error,
                     });
@@ -1011,7 +1035,7 @@ impl<R: Runtime> Collector<R> {
                 }
                 Some(false) => {
                     let error = err.to_string();
-                    self.sinks.emit(&Event::RemovalFailed {
+                    with.sinks.emit(&Event::RemovalFailed {
                         id: candidate.id,
                         tags: candidate.tags,
                         reason: candidate.reason,
@@ -1022,7 +1046,7 @@ impl<R: Runtime> Collector<R> {
                 }
                 None => {
                     let error = err.to_string();
-                    self.sinks.emit(&Event::RemovalUnsettled {
+                    with.sinks.emit(&Event::RemovalUnsettled {
                         id: candidate.id,
                         error: &error,
                     });
@@ -1038,14 +1062,20 @@ impl<R: Runtime> Collector<R> {
     /// answered OK, still finds the image: a runtime that says "removed"
     /// and keeps it is not believed (said once, and the removal counted as
     /// failed).
-    fn still_there(&mut self, id: &str, status: &Status, report: &mut CycleReport) -> bool {
+    fn still_there<R: Runtime>(
+        &mut self,
+        with: &mut Lent<'_, R>,
+        id: &str,
+        status: &Status,
+        report: &mut CycleReport,
+    ) -> bool {
         if !matches!(status, Ok(Some(_))) {
             return false;
         }
-        let first = !std::mem::replace(&mut self.said.lying_runtime, true);
-        self.sinks.emit(&Event::RemovalNotDone {
+        let first = !std::mem::replace(&mut self.said_lying, true);
+        with.sinks.emit(&Event::RemovalNotDone {
             id,
-            endpoint: self.runtime.endpoint(),
+            endpoint: with.runtime.endpoint(),
             first,
         });
         report.failed.push((
@@ -1061,15 +1091,20 @@ impl<R: Runtime> Collector<R> {
     /// and still has it, `None` when the outcome is unknown (the call timed
     /// out or broke, and the image is still listed after watching it for up
     /// to [`UNSETTLED_WATCH`] or until shutdown).
-    async fn watch_unsettled(&self, id: &str, err: &RuntimeError, cancel: &CancellationToken) -> Option<bool> {
+    async fn watch_unsettled<R: Runtime>(
+        with: &Lent<'_, R>,
+        id: &str,
+        err: &RuntimeError,
+        cancel: &CancellationToken,
+    ) -> Option<bool> {
         let unknown = err.outcome_unknown();
-        let mut deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(self.settings.runtime_timeout);
+        let mut deadline = tokio::time::Instant::now() + UNSETTLED_WATCH.min(with.settings.runtime_timeout);
         // Gone once the runtime said so twice, GONE_CONFIRMED apart, and
         // never there in between: one wrong answer is no removal. (Found
         // gone within the watch, it is watched until it can be confirmed.)
         let mut gone_since: Option<tokio::time::Instant> = None;
         loop {
-            match self.runtime.image_status(id).await {
+            match with.runtime.image_status(id).await {
                 Ok(None) => {
                     let at = tokio::time::Instant::now();
                     match gone_since {
@@ -1100,31 +1135,42 @@ impl<R: Runtime> Collector<R> {
     /// reported, journaled (with `note` when learnt later than the call),
     /// its record dropped and its image remembered for re-pulls; and, in a
     /// cycle, added to the report.
-    pub(super) async fn removed(&mut self, removal: Removal, note: Option<&str>, report: &mut CycleReport) {
-        let asked = self.remover.pending.asked(&removal.id).filter(|_| !removal.dry_run);
-        self.account(&removal, note, asked).await;
+    async fn removed<R: Runtime>(
+        &mut self,
+        with: &mut Lent<'_, R>,
+        removal: Removal,
+        note: Option<&str>,
+        report: &mut CycleReport,
+    ) {
+        let asked = self.pending.asked(&removal.id).filter(|_| !removal.dry_run);
+        self.account(with, &removal, note, asked).await;
         report.removed.push(removal);
     }
 
     /// Journals a removal that happened; `asked` is its pending note's
     /// time, which the journal line carries.
-    async fn account(&mut self, removal: &Removal, note: Option<&str>, asked: Option<String>) {
-        self.sinks.emit(&Event::Removed(removal));
-        let mut entry = JournalEntry::from_removal(removal, self.clock.now());
+    async fn account<R: Runtime>(
+        &mut self,
+        with: &mut Lent<'_, R>,
+        removal: &Removal,
+        note: Option<&str>,
+        asked: Option<String>,
+    ) {
+        with.sinks.emit(&Event::Removed(removal));
+        let mut entry = JournalEntry::from_removal(removal, with.clock.now());
         entry.note = note.map(str::to_string);
         entry.asked = asked;
-        let journal = self.remover.journal.clone();
+        let journal = self.journal.clone();
         // File IO stays off the runtime's thread (metrics and health answer
         // from it); awaited, so the journal keeps the removals' order.
         let _ = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
         if !removal.dry_run {
             // What a measured removal freed sizes the layers it freed.
-            self.inventory
-                .removed(&removal.id, removal.size, removal.freed_bytes, self.clock.now());
-            self.remover
-                .thrash
-                .remember(self.clock.now(), removal.id.clone(), removal.digests.clone());
-            self.remover.pending.journaled(&removal.id);
+            with.inventory
+                .removed(&removal.id, removal.size, removal.freed_bytes, with.clock.now());
+            self.thrash
+                .remember(with.clock.now(), removal.id.clone(), removal.digests.clone());
+            self.pending.journaled(&removal.id);
         }
     }
 
@@ -1135,8 +1181,8 @@ impl<R: Runtime> Collector<R> {
     /// asked about [`PENDING_ASKED_PER_LISTING`] images at most; an image
     /// it still finds is still there (the listing was partial), and one it
     /// cannot answer about stays unsure. See [`crate::store::pending`].
-    pub(super) async fn settle_pending(&mut self, images: &[Image]) {
-        if self.remover.pending.entries().is_empty() {
+    pub(super) async fn settle_pending<R: Runtime>(&mut self, with: &mut Lent<'_, R>, images: &[Image]) {
+        if self.pending.entries().is_empty() {
             return;
         }
         let listed: crate::collections::HashMap<&str, ()> = images.iter().map(|i| (i.id.as_str(), ())).collect();
@@ -1144,9 +1190,9 @@ impl<R: Runtime> Collector<R> {
         let asked = if images.is_empty() {
             Vec::new()
         } else {
-            self.remover.pending.next_to_ask(listed, PENDING_ASKED_PER_LISTING)
+            self.pending.next_to_ask(listed, PENDING_ASKED_PER_LISTING)
         };
-        let answers = self.seen_twice(&asked).await;
+        let answers = super::others::seen_twice(with.runtime, &asked).await;
         let answered: crate::collections::HashMap<&str, Seen> = asked.iter().map(String::as_str).zip(answers).collect();
         let seen = |id: &str| {
             if listed(id) {
@@ -1155,10 +1201,10 @@ impl<R: Runtime> Collector<R> {
                 answered.get(id).copied().unwrap_or(Seen::Unsure)
             }
         };
-        let settled = self.remover.pending.settle(images.is_empty(), self.clock.now(), seen);
+        let settled = self.pending.settle(images.is_empty(), with.clock.now(), seen);
         for (pending, how) in settled {
             let entry = pending.entry;
-            self.sinks.emit(&Event::PendingSettled {
+            with.sinks.emit(&Event::PendingSettled {
                 id: &entry.image,
                 tags: &entry.tags,
                 reason: &entry.reason,
@@ -1173,57 +1219,15 @@ impl<R: Runtime> Collector<R> {
             } else if self.journaled_already(&entry).await {
                 // The process before journaled it and ended before it could
                 // forget the note (forgetting is not synced): once is enough.
-                self.remover.pending.journaled(&entry.image);
+                self.pending.journaled(&entry.image);
                 continue;
             } else {
                 "completed after shutdown"
             };
-            self.account(&removal_of(&entry), Some(note), Some(entry.time.clone()))
+            self.account(with, &removal_of(&entry), Some(note), Some(entry.time.clone()))
                 .await;
         }
-        self.remover.pending.flush();
-    }
-}
-
-/// How many images of pending removals that a listing omits are asked
-/// about (`ImageStatus`, all at once) at one listing: a listing may omit
-/// many, and a few calls per listing settle the usual one or two pending
-/// removals at once; the others are asked about at the next listings.
-const PENDING_ASKED_PER_LISTING: usize = 4;
-
-/// What `ImageStatus` says of the image of a pending removal the listing
-/// omitted: not found is gone; found is still there (the listing was
-/// partial); an error tells nothing.
-fn seen_by_status(answer: &Result<Option<Image>, RuntimeError>) -> Seen {
-    match answer {
-        Ok(None) => Seen::Gone,
-        Ok(Some(_)) => Seen::There,
-        Err(_) => Seen::Unsure,
-    }
-}
-
-impl<R: Runtime> Collector<R> {
-    /// What `ImageStatus` says of each of `ids` (images a listing omitted),
-    /// all asked at once (see [`seen_by_status`]); those it says are gone
-    /// are asked again [`GONE_CONFIRMED`] later, and count as gone only
-    /// when both answers agree.
-    pub(super) async fn seen_twice(&self, ids: &[String]) -> Vec<Seen> {
-        let runtime = &self.runtime;
-        let mut seen: Vec<Seen> = futures_util::future::join_all(ids.iter().map(|id| runtime.image_status(id)))
-            .await
-            .iter()
-            .map(seen_by_status)
-            .collect();
-        let again: Vec<usize> = (0..ids.len()).filter(|&i| seen[i] == Seen::Gone).collect();
-        if again.is_empty() {
-            return seen;
-        }
-        tokio::time::sleep(GONE_CONFIRMED).await;
-        let answers = futures_util::future::join_all(again.iter().map(|&i| runtime.image_status(&ids[i]))).await;
-        for (i, answer) in again.into_iter().zip(answers) {
-            seen[i] = seen_by_status(&answer);
-        }
-        seen
+        self.pending.flush();
     }
 
     /// Whether the journal has the line of the removal `entry` notes: one
@@ -1233,7 +1237,7 @@ impl<R: Runtime> Collector<R> {
         let since = entry
             .timestamp()
             .and_then(|t| t.checked_sub(std::time::Duration::from_secs(1)));
-        let journal = self.remover.journal.clone();
+        let journal = self.journal.clone();
         let (image, asked) = (entry.image.clone(), entry.time.clone());
         tokio::task::spawn_blocking(move || {
             journal.read(since).is_ok_and(|lines| {
@@ -1246,6 +1250,47 @@ impl<R: Runtime> Collector<R> {
         .unwrap_or(false)
     }
 }
+
+/// The runtime said it does not have the candidate (`ImageStatus` or
+/// `RemoveImage` answered `NotFound`): kept, and nothing more is
+/// concluded from one answer. Whether someone else removed it is told
+/// by the rule removals by others go by (a listing omits it **and**
+/// `ImageStatus` says so; see [`super::others`]): its record stays
+/// until then, so an image a runtime wrongly said it did not have keeps
+/// its history, and none is counted removed.
+fn gone_already(sinks: &Sinks, candidate: &Candidate<'_>) {
+    sinks.emit(&Event::GoneAlready {
+        id: candidate.id,
+        tags: candidate.tags,
+    });
+}
+
+/// The pending note of `candidate`'s removal, as written before it is
+/// asked for.
+fn pending_entry(clock: &Clock, candidate: &Candidate<'_>) -> JournalEntry {
+    let removal = Removal {
+        id: candidate.id.to_string(),
+        tags: candidate.tags.to_vec(),
+        digests: candidate.digests.to_vec(),
+        reason: candidate.reason,
+        size: candidate.size,
+        freed_bytes: None,
+        first_seen: candidate.first_seen,
+        last_used: candidate.last_used,
+        dry_run: false,
+    };
+    let mut entry = JournalEntry::from_removal(&removal, clock.now());
+    // Its own time, to the nanosecond: what names this removal in the
+    // journal line it becomes (see `JournalEntry::asked`).
+    entry.time = humantime::format_rfc3339_nanos(clock.now()).to_string();
+    entry
+}
+
+/// How many images of pending removals that a listing omits are asked
+/// about (`ImageStatus`, all at once) at one listing: a listing may omit
+/// many, and a few calls per listing settle the usual one or two pending
+/// removals at once; the others are asked about at the next listings.
+const PENDING_ASKED_PER_LISTING: usize = 4;
 
 /// What the runtime says now of the use of `current` (the image as it is
 /// now), for the keep rules: the containers listed now that name it under

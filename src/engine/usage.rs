@@ -224,7 +224,8 @@ impl<R: Runtime> Collector<R> {
         }
         // The removals imagegc asked for, before settling moves them on.
         let asked = self.remover.pending_images();
-        self.settle_pending(images).await;
+        let (remover, mut with) = self.removing();
+        remover.settle_pending(&mut with, images).await;
         self.find_removed_by_others(&observed.unlisted, images, &asked).await;
     }
 

@@ -340,7 +340,7 @@ impl Pending {
     /// follows at its next write or [`Pending::flush`]. A process that ends
     /// before leaves the entry, which the next start settles as any other:
     /// it finds the journal line and journals it no second time (see
-    /// `Collector::settle_pending`), as after a power loss that undid an
+    /// `Remover::settle_pending`), as after a power loss that undid an
     /// unsynced write.
     pub fn journaled(&mut self, image: &str) {
         let before = self.entries.len();
@@ -441,7 +441,7 @@ impl Pending {
     /// fsynced) before the call: it must survive a power loss. Forgetting
     /// one that was journaled or settled is not: lost, it comes back at the
     /// next start, which finds its journal line and journals it no second
-    /// time (see `Collector::settle_pending`).
+    /// time (see `Remover::settle_pending`).
     fn persist(&mut self, durability: Durability) {
         self.behind = false;
         persist(&self.path, &self.entries, durability);
