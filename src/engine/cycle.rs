@@ -102,31 +102,23 @@ impl<R: Runtime> Collector<R> {
         // removals.
         let protections = self.protections();
         let gc_policy = Arc::clone(&self.settings.policy);
-        // The pulls pods bound to the node are about to make, and of them
-        // those room is not made for yet.
+        // The pulls pods bound to the node are about to make.
         let coming = self.coming_pulls(&snapshot.images, &protections);
-        let waiting = self.inventory.waiting(&coming);
         let disk = self.disk(image_fs);
         // Usage before the cycle removes anything: what the summary's
         // `usage_before` reports, also when the age pass frees space.
         report.before = disk.measure().ok();
-        let landing = self.landing(&coming, report.before.as_ref());
         let footprint = self.inventory.footprint();
         // The kept images counted, not listed: a big node's list is 10 MiB.
-        let (cycle, pulls) = CyclePlan::new(
+        let cycle = CyclePlan::new(
             snapshot,
             listed,
             &gc_policy,
             &protections,
             (self.clock.now(), self.clock.started()),
             KeptImages::Counted,
-        )
-        .with_room_for(
-            self.inventory.largest_pull(),
-            (&waiting, landing),
-            footprint,
-            report.before.as_ref(),
         );
+        let (cycle, pulls) = self.with_room(cycle, &coming, report.before.as_ref());
         self.note_cannot_fit(&pulls.cannot_fit);
         let plan = &cycle.plan;
         self.sinks.emit(&Event::Planned {

@@ -49,7 +49,7 @@ use crate::cri::Runtime;
 use crate::fs::{FsProbe, FsStats};
 use crate::model::Image;
 use crate::outputs::metrics::Metrics;
-use crate::policy::{ComingPull, DiskFootprint, Protections};
+use crate::policy::{ComingPull, CyclePlan, DiskFootprint, Protections, PullRoom};
 use crate::records::Records;
 use crate::time::Clock;
 use tokio::sync::watch;
@@ -341,10 +341,27 @@ impl<R: Runtime> Collector<R> {
         self.inventory.footprint()
     }
 
-    /// What the coming pulls room was made for still have to bring when
-    /// `stats` was read (all of it, unread).
-    fn landing(&self, coming: &[ComingPull], stats: Option<&FsStats>) -> u64 {
-        self.inventory.landing(coming, stats.map(FsStats::available))
+    /// `cycle` with its thresholds lowered for the room pulls need (see
+    /// [`CyclePlan::with_room_for`]): the largest recent pull's, and that of
+    /// the pulls of `coming` room is not made for yet, beside what those it
+    /// was made for still have to bring when `stats` was read (all of it,
+    /// unread). The daemon's cycle and `plan` both come here, so that they
+    /// give a pull the same room.
+    fn with_room<'a>(
+        &self,
+        cycle: CyclePlan<'a>,
+        coming: &[ComingPull],
+        stats: Option<&FsStats>,
+    ) -> (CyclePlan<'a>, PullRoom) {
+        cycle.with_room_for(
+            self.inventory.largest_pull(),
+            (
+                &self.inventory.waiting(coming),
+                self.inventory.landing(coming, stats.map(FsStats::available)),
+            ),
+            self.inventory.footprint(),
+            stats,
+        )
     }
 
     /// Says which coming pulls cannot fit, when that changed.
@@ -417,7 +434,7 @@ impl<R: Runtime> Collector<R> {
         let stats = self.probe.stats(self.inventory.disk_path()?).ok()?;
         let coming = self.coming_pulls(self.inventory.last_images(), &self.protections());
         let waiting = self.inventory.waiting(&coming);
-        let landing = self.landing(&coming, Some(&stats));
+        let landing = self.inventory.landing(&coming, Some(stats.available()));
         let policy = Arc::clone(&self.settings.policy);
         let footprint = self.inventory.footprint();
         // Not bounded by what images could free: that takes a plan, which

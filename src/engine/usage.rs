@@ -122,20 +122,15 @@ impl<R: Runtime> Collector<R> {
         stats: Option<&FsStats>,
     ) -> (CyclePlan<'a>, crate::policy::PullRoom) {
         let coming = self.coming_pulls(&listing.snapshot.images, &listing.protections);
-        CyclePlan::new(
+        let cycle = CyclePlan::new(
             &listing.snapshot,
             &listing.listed,
             &self.settings.policy,
             &listing.protections,
             (self.clock.now(), self.clock.started()),
             KeptImages::Listed,
-        )
-        .with_room_for(
-            self.inventory.largest_pull(),
-            (&self.inventory.waiting(&coming), self.landing(&coming, stats)),
-            self.inventory.footprint(),
-            stats,
-        )
+        );
+        self.with_room(cycle, &coming, stats)
     }
 
     /// The pulls the pods of `listing` are about to make that room is not
