@@ -56,6 +56,7 @@ OPERATOR_KINDS = {"PodMonitor": "podmonitors", "ServiceMonitor": "servicemonitor
 PLATFORM_CRDS = {
     ("monitoring.googleapis.com", "PodMonitoring"): "monitoring.googleapis.com_podmonitorings.yaml",
     ("azmonitoring.coreos.com", "PodMonitor"): "azmonitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.googleapis.com", "Rules"): "monitoring.googleapis.com_rules.yaml",
 }
 PLATFORM_CRD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crds")
 # CiliumNetworkPolicy: its CRD (cilium/cilium,
@@ -190,7 +191,7 @@ def crds(render, crd_dir, expected):
 
 
 def platform_crds(render, expected):
-    """Every PodMonitoring (GKE) and azmonitoring PodMonitor (AKS) in RENDER
+    """Every PodMonitoring and Rules (GKE) and azmonitoring PodMonitor (AKS) in RENDER
     against the openAPIV3Schema of its vendored CRD, strictly, and every
     CiliumNetworkPolicy against cilium(); EXPECTED, (group, kind) pairs,
     must be present."""
@@ -218,6 +219,18 @@ def platform_crds(render, expected):
         if not errors:
             print(f"{group}/{kind}/{d['metadata']['name']} matches its {version} CRD schema ({path})")
     return problems
+
+
+def release_rules(deploy, metadata):
+    """deploy/prometheus-rules.yaml with the names of the release whose
+    rules resource has METADATA: the job ImagegcDown matches, and the
+    namespace and DaemonSet the descriptions name."""
+    name, namespace = metadata["name"], metadata["namespace"]
+    with open(os.path.join(deploy, "prometheus-rules.yaml"), encoding="utf-8") as f:
+        return yaml.safe_load(f.read().replace('job=~"(.*/)?imagegc"', f'job=~"(.*/)?{name}"')
+                              .replace("kubectl -n imagegc get pods", f"kubectl -n {namespace} get pods")
+                              .replace("kubectl -n imagegc get daemonset imagegc",
+                                       f"kubectl -n {namespace} get daemonset {name}"))
 
 
 def cilium(doc):
@@ -505,19 +518,18 @@ def values(render, values_file, deploy):
             problems.same(f"ServiceMonitor label {key}", sm["metadata"]["labels"].get(key), value)
     if v.get("prometheusRule", {}).get("enabled"):
         (rule,) = one("PrometheusRule")
-        # deploy/prometheus-rules.yaml with this release's names: the job
-        # ImagegcDown matches, and the namespace and DaemonSet the
-        # descriptions name.
-        name, namespace = rule["metadata"]["name"], rule["metadata"]["namespace"]
-        with open(os.path.join(deploy, "prometheus-rules.yaml"), encoding="utf-8") as f:
-            expected = (f.read().replace('job=~"(.*/)?imagegc"', f'job=~"(.*/)?{name}"')
-                        .replace("kubectl -n imagegc get pods", f"kubectl -n {namespace} get pods")
-                        .replace("kubectl -n imagegc get daemonset imagegc",
-                                 f"kubectl -n {namespace} get daemonset {name}"))
-        problems.check(rule["spec"] == yaml.safe_load(expected),
+        problems.check(rule["spec"] == release_rules(deploy, rule["metadata"]),
                        "the PrometheusRule's spec is not deploy/prometheus-rules.yaml with the release's names")
         for key, value in v["prometheusRule"]["labels"].items():
             problems.same(f"PrometheusRule label {key}", rule["metadata"]["labels"].get(key), value)
+    if v.get("gke", {}).get("rules", {}).get("enabled"):
+        (rule,) = one("Rules")
+        expected = release_rules(deploy, rule["metadata"])
+        for group in expected["groups"]:
+            group["interval"] = v["gke"]["rules"]["interval"]
+        problems.check(rule["spec"] == expected,
+                       "the Rules' spec is not deploy/prometheus-rules.yaml with the release's names and "
+                       "gke.rules.interval")
     if v.get("grafanaDashboard", {}).get("enabled"):
         (dash,) = [d for d in docs["ConfigMap"] if "imagegc.toml" not in d["data"]]
         problems.same("dashboard namespace", dash["metadata"]["namespace"], v["grafanaDashboard"]["namespace"])

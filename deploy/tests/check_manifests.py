@@ -15,7 +15,8 @@ other and with what the daemon needs.
 - exactly three hostPath volumes;
 - the security context drops every capability and stays uid 0 without
   privilege, and the grace period covers the daemon's 20 s shutdown;
-- the PrometheusRule carries the same groups as prometheus-rules.yaml.
+- the PrometheusRule carries the same groups as prometheus-rules.yaml, and
+  components/alerts-gke's Rules the same evaluated every minute.
 
 check(DEPLOY_DIR) returns the problems found; deploy/tests/test_manifests.py
 runs it.
@@ -221,8 +222,11 @@ def check(deploy):
     pr = load_all(os.path.join(deploy, "prometheusrule.yaml"))[0]
     plain = load_all(os.path.join(deploy, "prometheus-rules.yaml"))[0]
     problems.check(pr["spec"]["groups"] == plain["groups"], "prometheusrule.yaml's groups differ from prometheus-rules.yaml")
+    gmp = load_all(os.path.join(deploy, "components", "alerts-gke", "rules.yaml"))[0]
+    problems.check(gmp["spec"]["groups"] == [dict(g, interval="1m") for g in plain["groups"]],
+                   "components/alerts-gke/rules.yaml's groups are not prometheus-rules.yaml's evaluated every 1m")
     namespace = objects["Namespace"]["metadata"]["name"]
-    for name, doc in list(objects.items()) + [("PodMonitor", pm), ("PrometheusRule", pr)]:
+    for name, doc in list(objects.items()) + [("PodMonitor", pm), ("PrometheusRule", pr), ("Rules", gmp)]:
         if name != "Namespace":
             problems.check(doc["metadata"].get("namespace") == namespace, f"{name} is not in namespace {namespace}")
     return problems

@@ -127,6 +127,7 @@ def test_operator_resources_match_the_crds(helm, operator_crds, name, version, k
 # The managed stacks' kinds each set must render, against their CRDs
 # (deploy/tests/crds) or, for Cilium, check_helm.cilium.
 PLATFORM_CASES = [("default", []), ("gke", [("monitoring.googleapis.com", "PodMonitoring"),
+                                             ("monitoring.googleapis.com", "Rules"),
                                              ("cilium.io", "CiliumNetworkPolicy")]),
                   ("aks", [("azmonitoring.coreos.com", "PodMonitor")]),
                   ("everything", [("cilium.io", "CiliumNetworkPolicy")])]

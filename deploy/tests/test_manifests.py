@@ -80,6 +80,7 @@ def operator_crds():
 COMPONENT_CRD_KINDS = {
     "scrape-openshift": [("monitoring.coreos.com", "PodMonitor")],
     "scrape-gke": [("monitoring.googleapis.com", "PodMonitoring")],
+    "alerts-gke": [("monitoring.googleapis.com", "Rules")],
     "scrape-aks": [("azmonitoring.coreos.com", "PodMonitor")],
     "cilium-kube-apiserver": [("cilium.io", "CiliumNetworkPolicy")],
 }
