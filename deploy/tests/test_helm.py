@@ -284,7 +284,7 @@ def test_every_configuration_key_is_a_chart_value():
     no_problems(missing_values, "configuration keys without a chart value")
 
 
-@pytest.mark.parametrize("name", ["default", "everything", "gke", "fleet-al2023", "fleet-bottlerocket"])
+@pytest.mark.parametrize("name", ["default", "everything", "gke", "aks", "fleet-al2023", "fleet-bottlerocket"])
 def test_helm_mounts_the_kubelets_files_only_when_set(helm, name):
     # default: nothing mounted; everything: EKS's file and drop-in directory.
     no_problems(check_helm().kubelet(helm.render(name, "1.26.0"), SETS[name][2]), f"{name}: the kubelet's files")

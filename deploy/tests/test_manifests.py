@@ -332,6 +332,13 @@ def component_parts(work, name, components):
     ("kubelet-args-microk8s",
      {"name": "kubelet-args-file", "hostPath": {"path": "/var/snap/microk8s/current/args/kubelet", "type": "File"}},
      {"IMAGEGC_KUBELET_ARGS_FILE": "/var/snap/microk8s/current/args/kubelet"}),
+    # AKS (Azure/AgentBaker, cse_config.sh): /etc/default/kubelet's
+    # KUBELET_FLAGS on every node, kubeletconfig.json beside it where the
+    # node pool has a kubelet configuration of its own.
+    ("kubelet-config-aks",
+     {"name": "kubelet-config", "hostPath": {"path": "/etc/default", "type": "Directory"}},
+     {"IMAGEGC_KUBELET_CONFIG": "/etc/default/kubeletconfig.json",
+      "IMAGEGC_KUBELET_ARGS_FILE": "/etc/default/kubelet"}),
     # Bottlerocket (bottlerocket-core-kit, kubelet-exec-start-conf: --config).
     ("kubelet-config-bottlerocket",
      {"name": "kubelet-config", "hostPath": {"path": "/etc/kubernetes/kubelet/config", "type": "File"}},

@@ -161,8 +161,9 @@ pub(super) fn cross_check_kubelet(config: &mut Config, sources: &Sources<'_>, pr
 /// patch (RFC 7386), as the kubelet's `--config-dir` does. As in the
 /// kubelet, a main file without `evictionHard` has the default thresholds
 /// before a drop-in's are merged in. `None` (with a warning) when the main
-/// file or the directory cannot be read, or (with problems) when a file is
-/// not a kubelet configuration.
+/// file or the directory cannot be read (beside a flags file, a main file
+/// that does not exist is none), or (with problems) when a file is not a
+/// kubelet configuration.
 fn read_node_kubelet(
     config: &mut Config,
     from: &Sources<'_>,
@@ -181,24 +182,31 @@ fn read_node_kubelet(
     let mut sources = Vec::new();
     if let Some((path, file, key)) = main {
         let text = match read_text(path) {
-            Ok(text) => text,
+            Ok(text) => Some(text),
+            // With a flags file, a kubelet file that does not exist is one
+            // the kubelet is not given: AKS writes kubeletconfig.json only
+            // for a pool with a kubelet configuration of its own, and the
+            // others have their flags alone, so one setting serves both.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound && from.args.is_some() => None,
             Err(err) => {
                 config.warnings.push(unreadable(path, key, &err, "file"));
                 return None;
             }
         };
-        let mut found = Problems::new(path.display().to_string());
-        let parsed = parse::parse(Format::Yaml, &text, &mut found);
-        problems.extend(found.list);
-        let parsed = parsed?;
-        if parsed.get("kind").and_then(Value::as_str) != Some(KUBELET_KIND) {
-            let mut found = Problems::new(file.clone());
-            found.push(*key, format!("{} is not a {KUBELET_KIND}", path.display()));
+        if let Some(text) = text {
+            let mut found = Problems::new(path.display().to_string());
+            let parsed = parse::parse(Format::Yaml, &text, &mut found);
             problems.extend(found.list);
-            return None;
+            let parsed = parsed?;
+            if parsed.get("kind").and_then(Value::as_str) != Some(KUBELET_KIND) {
+                let mut found = Problems::new(file.clone());
+                found.push(*key, format!("{} is not a {KUBELET_KIND}", path.display()));
+                problems.extend(found.list);
+                return None;
+            }
+            document = parsed;
+            sources.push(path.display().to_string());
         }
-        document = parsed;
-        sources.push(path.display().to_string());
     }
     if let Some((path, _, key)) = dir {
         let files = match drop_ins(path) {
@@ -286,9 +294,18 @@ const SOURCES_NAMED: usize = 8;
 /// flags: `--name=value` or `--name value`, separated by white space or
 /// lines, values quoted or not; `#` starts a comment line; other flags are
 /// the kubelet's business). The last of a threshold flag wins; map flags
-/// (`signal<value,...`) add up, as in the kubelet.
+/// (`signal<value,...`) add up, as in the kubelet. A file of variables
+/// (a unit's EnvironmentFile, as AKS's `/etc/default/kubelet`:
+/// `KUBELET_FLAGS=--name=value ...`) counts the flags in their values,
+/// each split at white space as a unit splits an unbraced `$VARIABLE`.
 fn read_flags(text: &str, problems: &mut Problems) -> Map<String, Value> {
-    let words = shell_words(text);
+    let words: Vec<String> = shell_words(text)
+        .into_iter()
+        .flat_map(|word| match assigned(&word) {
+            Some(value) => value.split_whitespace().map(str::to_owned).collect(),
+            None => vec![word],
+        })
+        .collect();
     let mut fields = Map::new();
     let mut i = 0;
     while i < words.len() {
@@ -345,6 +362,16 @@ fn read_flags(text: &str, problems: &mut Problems) -> Map<String, Value> {
         }
     }
     fields
+}
+
+/// The value of `word` when it assigns a variable (`NAME=value`, `NAME`
+/// a shell variable's name).
+fn assigned(word: &str) -> Option<&str> {
+    let (name, value) = word.split_once('=')?;
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    ((first.is_ascii_alphabetic() || first == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .then_some(value)
 }
 
 /// Words as a shell splits them: white space apart, quotes (`'`, `"`)
@@ -1206,6 +1233,80 @@ mod tests {
         assert_eq!(err.problems[0].key, "--eviction-hard");
         let err = load_with("--image-gc-low-threshold=lots\n", false).unwrap_err();
         assert_eq!(err.problems[0].key, "--image-gc-low-threshold");
+    }
+
+    /// AKS keeps the kubelet's flags in /etc/default/kubelet, the unit's
+    /// EnvironmentFile: `KUBELET_FLAGS=--a=b --c=d ...` on one line
+    /// (Azure/AgentBaker, cse_config.sh `ensureKubelet`), which the unit
+    /// passes as an unbraced `$KUBELET_FLAGS`, split at white space.
+    #[test]
+    fn kubelet_flags_from_an_environment_file_are_read_as_the_unit_passes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = dir.path().join("kubelet");
+        let imagegc = dir.path().join("imagegc.toml");
+        std::fs::write(
+            &imagegc,
+            format!(
+                "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\nargs_file = {:?}\n",
+                args.display().to_string()
+            ),
+        )
+        .unwrap();
+        let load_with = |text: &str| {
+            std::fs::write(&args, text).unwrap();
+            load(Some(&imagegc), &Overrides::default()).unwrap()
+        };
+        // The flag the variable's value starts with counts like the others.
+        let aks = "KUBELET_FLAGS=--image-gc-high-threshold=100 --address=0.0.0.0 \
+                   --eviction-hard=memory.available<750Mi,nodefs.available<10%,imagefs.available<20% \
+                   --image-gc-low-threshold=80 --max-pods=110\n\
+                   KUBELET_REGISTER_SCHEDULABLE=true\nNETWORK_POLICY=\n\
+                   KUBELET_NODE_LABELS=agentpool=nodepool1,kubernetes.azure.com/mode=system\n";
+        let config = load_with(aks);
+        assert!(config.kubelet.read, "{:?}", config.warnings);
+        assert!(!config.kubelet.image_gc_enabled, "{:?}", config.warnings);
+        assert_eq!(
+            config.eviction_imagefs_available,
+            Some(EvictionThreshold::Percent(20.0))
+        );
+        // A pool with a kubelet configuration of its own has the kubelet's
+        // file too (/etc/default/kubeletconfig.json), where the GC fields
+        // then are; one without it has the flags alone, and the same
+        // settings serve both.
+        let kubelet = dir.path().join("kubeletconfig.json");
+        let both = |flags: &str| {
+            std::fs::write(&args, flags).unwrap();
+            std::fs::write(
+                &imagegc,
+                format!(
+                    "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\nconfig = {:?}\n\
+                     args_file = {:?}\n",
+                    kubelet.display().to_string(),
+                    args.display().to_string()
+                ),
+            )
+            .unwrap();
+            load(Some(&imagegc), &Overrides::default()).unwrap()
+        };
+        let config = both(aks);
+        assert!(config.kubelet.read, "{:?}", config.warnings);
+        assert!(!config.kubelet.image_gc_enabled, "{:?}", config.warnings);
+        std::fs::write(
+            &kubelet,
+            r#"{"kind":"KubeletConfiguration","apiVersion":"kubelet.config.k8s.io/v1beta1","imageGCHighThresholdPercent":100}"#,
+        )
+        .unwrap();
+        let config = both("KUBELET_FLAGS=--address=0.0.0.0 --max-pods=110\n");
+        assert!(
+            config.kubelet.read && !config.kubelet.image_gc_enabled,
+            "{:?}",
+            config.warnings
+        );
+        // Quoted, the value is still split as the unit splits it.
+        let config = load_with("KUBELET_FLAGS=\"--image-gc-high-threshold=90 --image-gc-low-threshold=80\"\n");
+        assert!(config.kubelet.image_gc_enabled);
+        let config = load_with("KUBELET_FLAGS=\"--max-pods=110 --image-gc-high-threshold=100\"\n");
+        assert!(!config.kubelet.image_gc_enabled);
     }
 
     #[test]

@@ -108,8 +108,9 @@ pub struct Config {
     /// `--config-dir`): its `.conf` files merged over `kubelet.config`.
     pub kubelet_config_dir: Option<PathBuf>,
     /// A file of the kubelet's command-line flags (`kubelet.args_file`, e.g.
-    /// MicroK8s's /var/snap/microk8s/current/args/kubelet): its image GC
-    /// and eviction flags, over the files, as the kubelet applies them.
+    /// MicroK8s's /var/snap/microk8s/current/args/kubelet, or AKS's
+    /// environment file /etc/default/kubelet): its image GC and eviction
+    /// flags, over the files, as the kubelet applies them.
     pub kubelet_args_file: Option<PathBuf>,
     /// What the kubelet's configuration says of living beside it, as read,
     /// or as assumed (the kubelet's defaults) when none was read.
