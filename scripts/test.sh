@@ -99,7 +99,9 @@ export IMAGEGC_INVARIANT_ITERATIONS=300
 # --workspace adds the test kit's unit tests (the fake runtime, the OCI
 # builder, the test bed's helpers).
 cargo test --locked --workspace --lib --bins "${targets[@]}" -- --include-ignored
-cargo test --locked --benches --examples
+# The bench targets alone (`--benches` would also run the library's unit
+# tests again, about a minute: the line above ran them all).
+cargo test --locked --bench '*' --examples
 # The end-to-end suite once per runtime, each timed: a runtime that cannot
 # be built or started fails its suite with the reason.
 cargo test --locked --test e2e --no-run

@@ -109,6 +109,17 @@ def _scenario_time(request):
     record(request.node.nodeid.split("::", 1)[-1], time.monotonic() - started)
 
 
+def pytest_configure(config):
+    """A run stopped from outside (SIGTERM: a time limit, a CI job or a
+    test run cut short) ends as an interrupted one does, the session's node
+    torn down (its etcd, API server, kubelet and runtime run in sessions of
+    their own, which the signal does not reach) instead of left running."""
+    def stopped(signum, frame):
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def pytest_collection_finish(session):
     """The release image the upgrade scenario (test_8_upgrade.py) starts
     from is built in the background, from now on, when it is to run."""
