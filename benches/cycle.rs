@@ -201,13 +201,21 @@ fn collector_with(client: CriClient, config: &Config, metrics: Arc<Metrics>) -> 
 /// The time the cycle's own `RemoveImage` calls took, in milliseconds:
 /// `imagegc_cri_request_duration_seconds_sum{method="RemoveImage"}`.
 fn own_remove_calls_ms(metrics: &Metrics) -> f64 {
+    cri_calls(metrics, "sum", "RemoveImage") * 1000.0
+}
+
+/// `imagegc_cri_request_duration_seconds_{what}{method}`: the calls of
+/// `method` so far (`count`) or their seconds (`sum`); NaN when absent.
+fn cri_calls(metrics: &Metrics, what: &str, method: &str) -> f64 {
+    let family = format!("imagegc_cri_request_duration_seconds_{what}");
+    let label = format!("method=\"{method}\"");
     metrics
         .encode()
         .lines()
-        .find(|l| l.starts_with("imagegc_cri_request_duration_seconds_sum") && l.contains("method=\"RemoveImage\""))
+        .find(|l| l.starts_with(&family) && l.contains(&label))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
-        .map_or(f64::NAN, |s| s * 1000.0)
+        .unwrap_or(f64::NAN)
 }
 
 /// Where state goes: the machine's disk (not tmpfs, not the test bed's
@@ -341,8 +349,10 @@ async fn removals(a: &TestBed, b: &TestBed, ids: &[String]) {
         let first = Instant::now();
         collector.poll_usage().await.expect("a listing");
         firsts.push(ms(first.elapsed()));
+        let statuses_before = cri_calls(&metrics, "count", "ImageStatus");
         let report = collector.cycle(&CancellationToken::new()).await;
         let own = own_remove_calls_ms(&metrics);
+        let statuses = cri_calls(&metrics, "count", "ImageStatus") - statuses_before;
         assert_eq!(report.outcome, Outcome::Success);
         let mut removed: Vec<&String> = report.removed.iter().map(|r| &r.id).collect();
         removed.sort();
@@ -366,7 +376,7 @@ async fn removals(a: &TestBed, b: &TestBed, ids: &[String]) {
         let over_own = c / own;
         println!(
             "  batch {}: cycle {c:7.1} ms, RemoveImage x{BATCH} {r:7.1} ms ({:.1} ms each), ratio {:.3}x; \
-             the cycle's own RemoveImage calls {own:7.1} ms, cycle / own calls {:.3}x",
+             the cycle's own RemoveImage calls {own:7.1} ms, cycle / own calls {:.3}x; ImageStatus calls {statuses}",
             batch + 1,
             r / BATCH as f64,
             c / r,
