@@ -242,20 +242,6 @@ impl<R: Runtime> Collector<R> {
         self.protections = source;
     }
 
-    /// The remover, with what it borrows of the rest of the collector for
-    /// a step of a removal (see [`removal::Lent`]).
-    fn removing(&mut self) -> (&mut Remover, removal::Lent<'_, R>) {
-        let lent = removal::Lent::new(
-            &self.runtime,
-            &self.settings,
-            &self.clock,
-            &self.sinks,
-            &self.protections,
-            &mut self.inventory,
-        );
-        (&mut self.remover, lent)
-    }
-
     /// The keep rules from outside the listing, as they are now.
     fn protections(&self) -> Arc<Protections> {
         Arc::clone(&self.protections.borrow())

@@ -45,7 +45,7 @@ use crate::store::pending::{Pending, Seen, Settled};
 use super::inventory::Inventory;
 use super::others::GONE_CONFIRMED;
 use super::report::{CycleError, CycleReport};
-use super::{Event, Settings, Sinks};
+use super::{Collector, Event, Settings, Sinks};
 use crate::policy::Protections;
 use crate::time::Clock;
 use tokio::sync::watch;
@@ -382,25 +382,23 @@ pub(super) struct Lent<'c, R> {
     inventory: &'c mut Inventory,
 }
 
-impl<'c, R> Lent<'c, R> {
-    pub(super) fn new(
-        runtime: &'c R,
-        settings: &'c Settings,
-        clock: &'c Clock,
-        sinks: &'c Sinks,
-        protections: &'c watch::Receiver<Arc<Protections>>,
-        inventory: &'c mut Inventory,
-    ) -> Self {
-        Lent {
-            runtime,
-            settings,
-            clock,
-            sinks,
-            protections,
-            inventory,
-        }
+impl<R> Collector<R> {
+    /// The remover, with what it borrows of the rest of the collector for
+    /// a step of a removal.
+    pub(super) fn removing(&mut self) -> (&mut Remover, Lent<'_, R>) {
+        let lent = Lent {
+            runtime: &self.runtime,
+            settings: &self.settings,
+            clock: &self.clock,
+            sinks: &self.sinks,
+            protections: &self.protections,
+            inventory: &mut self.inventory,
+        };
+        (&mut self.remover, lent)
     }
+}
 
+impl<R> Lent<'_, R> {
     /// The keep rules from outside the listing, as they are now.
     fn protections(&self) -> Arc<Protections> {
         Arc::clone(&self.protections.borrow())
