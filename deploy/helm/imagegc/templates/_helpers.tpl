@@ -208,3 +208,18 @@ milliseconds, so that the cross-field rules compare what imagegc compares.
 {{- end -}}
 {{- $total -}}
 {{- end -}}
+
+{{/*
+deploy/prometheus-rules.yaml (files/prometheus-rules.yaml, a copy that
+scripts/check-deploy.sh keeps identical) with the release's own names:
+ImagegcDown matches the job of this release's monitor (<namespace>/<fullname>,
+or the PodMonitoring's <fullname>), and the descriptions name its namespace
+and DaemonSet. The PrometheusRule and GKE's Rules both carry it.
+*/}}
+{{- define "imagegc.releaseRules" -}}
+{{- $name := include "imagegc.fullname" . -}}
+{{- .Files.Get "files/prometheus-rules.yaml"
+      | replace "job=~\"(.*/)?imagegc\"" (printf "job=~\"(.*/)?%s\"" $name)
+      | replace "kubectl -n imagegc get pods" (printf "kubectl -n %s get pods" .Release.Namespace)
+      | replace "kubectl -n imagegc get daemonset imagegc" (printf "kubectl -n %s get daemonset %s" .Release.Namespace $name) -}}
+{{- end -}}
