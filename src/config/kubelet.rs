@@ -1243,17 +1243,24 @@ mod tests {
     fn kubelet_flags_from_an_environment_file_are_read_as_the_unit_passes_them() {
         let dir = tempfile::tempdir().unwrap();
         let args = dir.path().join("kubelet");
+        // Where the node pool has a kubelet configuration of its own.
+        let kubelet = dir.path().join("kubeletconfig.json");
         let imagegc = dir.path().join("imagegc.toml");
-        std::fs::write(
-            &imagegc,
-            format!(
-                "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\nargs_file = {:?}\n",
-                args.display().to_string()
-            ),
-        )
-        .unwrap();
-        let load_with = |text: &str| {
-            std::fs::write(&args, text).unwrap();
+        let load_with = |flags: &str, with_file: bool| {
+            std::fs::write(&args, flags).unwrap();
+            let file = if with_file {
+                format!("config = {:?}\n", kubelet.display().to_string())
+            } else {
+                String::new()
+            };
+            std::fs::write(
+                &imagegc,
+                format!(
+                    "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\n{file}args_file = {:?}\n",
+                    args.display().to_string()
+                ),
+            )
+            .unwrap();
             load(Some(&imagegc), &Overrides::default()).unwrap()
         };
         // The flag the variable's value starts with counts like the others.
@@ -1262,7 +1269,7 @@ mod tests {
                    --image-gc-low-threshold=80 --max-pods=110\n\
                    KUBELET_REGISTER_SCHEDULABLE=true\nNETWORK_POLICY=\n\
                    KUBELET_NODE_LABELS=agentpool=nodepool1,kubernetes.azure.com/mode=system\n";
-        let config = load_with(aks);
+        let config = load_with(aks, false);
         assert!(config.kubelet.read, "{:?}", config.warnings);
         assert!(!config.kubelet.image_gc_enabled, "{:?}", config.warnings);
         assert_eq!(
@@ -1273,22 +1280,7 @@ mod tests {
         // file too (/etc/default/kubeletconfig.json), where the GC fields
         // then are; one without it has the flags alone, and the same
         // settings serve both.
-        let kubelet = dir.path().join("kubeletconfig.json");
-        let both = |flags: &str| {
-            std::fs::write(&args, flags).unwrap();
-            std::fs::write(
-                &imagegc,
-                format!(
-                    "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\nconfig = {:?}\n\
-                     args_file = {:?}\n",
-                    kubelet.display().to_string(),
-                    args.display().to_string()
-                ),
-            )
-            .unwrap();
-            load(Some(&imagegc), &Overrides::default()).unwrap()
-        };
-        let config = both(aks);
+        let config = load_with(aks, true);
         assert!(config.kubelet.read, "{:?}", config.warnings);
         assert!(!config.kubelet.image_gc_enabled, "{:?}", config.warnings);
         std::fs::write(
@@ -1296,16 +1288,22 @@ mod tests {
             r#"{"kind":"KubeletConfiguration","apiVersion":"kubelet.config.k8s.io/v1beta1","imageGCHighThresholdPercent":100}"#,
         )
         .unwrap();
-        let config = both("KUBELET_FLAGS=--address=0.0.0.0 --max-pods=110\n");
+        let config = load_with("KUBELET_FLAGS=--address=0.0.0.0 --max-pods=110\n", true);
         assert!(
             config.kubelet.read && !config.kubelet.image_gc_enabled,
             "{:?}",
             config.warnings
         );
         // Quoted, the value is still split as the unit splits it.
-        let config = load_with("KUBELET_FLAGS=\"--image-gc-high-threshold=90 --image-gc-low-threshold=80\"\n");
+        let config = load_with(
+            "KUBELET_FLAGS=\"--image-gc-high-threshold=90 --image-gc-low-threshold=80\"\n",
+            false,
+        );
         assert!(config.kubelet.image_gc_enabled);
-        let config = load_with("KUBELET_FLAGS=\"--max-pods=110 --image-gc-high-threshold=100\"\n");
+        let config = load_with(
+            "KUBELET_FLAGS=\"--max-pods=110 --image-gc-high-threshold=100\"\n",
+            false,
+        );
         assert!(!config.kubelet.image_gc_enabled);
     }
 
