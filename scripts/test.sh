@@ -25,36 +25,53 @@ fi
 
 . scripts/testbed-deps.sh
 . scripts/testbed-runtimes.sh
+. scripts/testbed-deploy-tools.sh
 install_testbed_deps
-build_testbed_runtimes
+install_deploy_packages
 
 # Built in the background at the lowest CPU priority, beside the phases
-# below, which leave a core idle much of the time (tests waiting on
-# runtimes, timers and each other): the cluster suites' tools from their Go
-# modules (Kubernetes, etcd, helm, crictl, Prometheus: about 10 minutes on
-# a cold machine), the static imagegc the systemd test, the cluster suites
+# below (the runtimes' build first), which leave a core idle much of the
+# time (downloads, tests waiting on runtimes, timers and each other): the
+# cluster suites' tools from their Go modules (Kubernetes, etcd, helm,
+# crictl, Prometheus: about 10 minutes on a cold machine), the static
+# imagegc the systemd test, the cluster suites
 # and the deployment checks run (4-6 minutes cold; target/<musl>/release
 # and target/release, whose locks the phases' debug builds do not take),
-# the systemd test's node rootfs (debootstrap: 73-133 s the first time,
-# mostly downloads) and the fuzz pass's cargo-fuzz and instrumented
-# targets (about 5 minutes cold; its own target directory, fuzz/target).
-# Each is waited for before the phase that needs it; one that failed fails
-# the run with its log. Seconds each when already built.
+# and the systemd test's node rootfs (debootstrap: 73-133 s the first
+# time, mostly downloads); later, beside the cluster suites, the
+# deployment checks and the fuzz pass (below). Each is waited for before
+# the phase that needs it; one that failed fails the run with its log.
+# Seconds each when already built.
 declare -A background=()
-in_background() { # NAME COMMAND...: runs COMMAND in a session of its own
-    local name=$1
-    shift
-    setsid nice -n 19 "$@" >"target/background-$name.log" 2>&1 &
+beside() { # NICE NAME COMMAND...: runs COMMAND in a session of its own
+    local nice=$1 name=$2
+    shift 2
+    # A session of its own is a scheduling group of its own (the kernel's
+    # autogroup, on wherever the CPU controller is not in use), and groups
+    # share the CPU as equals whatever their tasks' nice: at nice 19 alone,
+    # each background build took as much CPU as all the phases together.
+    # The group's own nice (/proc/PID/autogroup) sets its share; nice
+    # orders its tasks.
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    setsid bash -c 'echo "$1" 2>/dev/null >"/proc/$$/autogroup" || true; exec nice -n "$@"' \
+        background "$nice" "$@" >"target/background-$name.log" 2>&1 &
     background[$name]=$!
 }
-wait_background() { # NAME
+in_background() { # NAME COMMAND...: at the lowest priority
+    beside 19 "$@"
+}
+wait_background() { # NAME [--log]: --log shows the whole log, not its headers
     local name=$1 status=0 started=$SECONDS
     wait "${background[$name]}" || status=$?
     unset "background[$name]"
-    phase "background build $name: waited $((SECONDS - started))s, exit $status (target/background-$name.log)"
-    grep '^==>' "target/background-$name.log" || true
+    phase "background job $name: waited $((SECONDS - started))s, exit $status (target/background-$name.log)"
+    if [ "${2:-}" = --log ]; then
+        cat "target/background-$name.log"
+    else
+        grep '^==>' "target/background-$name.log" || true
+    fi
     if [ "$status" -ne 0 ]; then
-        tail -n 60 "target/background-$name.log"
+        [ "${2:-}" = --log ] || tail -n 60 "target/background-$name.log"
         exit 1
     fi
 }
@@ -69,9 +86,9 @@ mkdir -p target
 in_background cluster-tools bash -euo pipefail -c '. scripts/testbed-cluster.sh; build_cluster_tools'
 in_background systemd-rootfs scripts/test-systemd.sh --rootfs
 in_background static-imagegc bash -euo pipefail -c '. scripts/testbed-cluster.sh; build_static_imagegc'
-if [ -z "${IMAGEGC_SKIP_FUZZ:-}" ]; then
-    in_background fuzz scripts/fuzz.sh build
-fi
+
+phase "the runtimes (scripts/testbed-runtimes.sh)"
+build_testbed_runtimes
 
 phase "cargo fmt --check"
 cargo fmt --all -- --check
@@ -132,6 +149,22 @@ phase "systemd unit time: $((SECONDS - started))s"
 # race, the image filesystem, restarts (deploy/tests/cluster/). Builds
 # Kubernetes, etcd, helm, crictl and Prometheus from their Go modules once.
 wait_background cluster-tools
+# Beside the cluster suites, which mostly wait on the kubelet (25 minutes):
+# the deployment checks (scripts/check-deploy.sh: their tools, with the
+# cluster tools' helm, then 4-5 minutes, most of it the live Prometheus
+# scenario waiting on alerts), at the phases' priority, and the fuzz pass
+# (scripts/fuzz.sh: cargo-fuzz and the instrumented targets, about 5
+# minutes cold, then 60 s a target, however much CPU it gets), at the
+# lowest. They share nothing with the cluster's node: their own ports
+# (free ones, on 127.0.0.1), temporary directories, target directories and
+# podman's own image store, and no network set-up. Their logs are shown
+# when they are waited for, at the end.
+if [ -x scripts/check-deploy.sh ]; then
+    beside 0 deploy-checks scripts/check-deploy.sh
+fi
+if [ -z "${IMAGEGC_SKIP_FUZZ:-}" ]; then
+    in_background fuzz bash -euo pipefail -c 'scripts/fuzz.sh build && scripts/fuzz.sh 60'
+fi
 phase "cluster suite (scripts/test-cluster.sh)"
 started=$SECONDS
 scripts/test-cluster.sh
@@ -163,14 +196,11 @@ IMAGEGC_CLUSTER_RUNTIME=crio IMAGEGC_CLUSTER_SCENARIOS="$c/test_1_deploy.py::tes
     scripts/test-cluster.sh
 phase "cluster suite on CRI-O time: $((SECONDS - started))s"
 if [ -x scripts/check-deploy.sh ]; then
-    phase "deployment checks"
     # The static release binary the cluster suites built (what the
     # Containerfile ships): the checks build nothing more of it.
-    scripts/check-deploy.sh
+    wait_background deploy-checks --log
 fi
 if [ -z "${IMAGEGC_SKIP_FUZZ:-}" ]; then
-    wait_background fuzz
-    phase "fuzzing the configuration loader and the state reader (60 s each)"
-    scripts/fuzz.sh 60
+    wait_background fuzz --log
 fi
 phase "all checks passed"

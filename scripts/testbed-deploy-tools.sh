@@ -40,6 +40,15 @@ HELM_VERSION=v3.22.0
 PROMETHEUS_OPERATOR_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
 
+# What the checks need from Debian: install_deploy_packages installs them
+# (scripts/test.sh does so with the test bed's packages, before anything
+# runs beside it; install_deploy_tools again, a no-op then).
+DEPLOY_APT_PACKAGES="ca-certificates python3 python3-venv systemd shellcheck podman binutils"
+install_deploy_packages() {
+    # shellcheck disable=SC2086 # a list of names
+    deploy_apt_install $DEPLOY_APT_PACKAGES
+}
+
 # deploy_apt_install PACKAGE...: installs the packages not installed yet.
 deploy_apt_install() {
     local missing=() pkg
@@ -137,7 +146,7 @@ install_deploy_tools() {
     local required="shellcheck systemd-analyze podman readelf promtool prometheus kubernetes-validate hadolint"
     required="$required promql_parser jsonschema yaml"
     mkdir -p "$DEPLOY_TOOLS_CACHE/bin" || return 1
-    deploy_apt_install ca-certificates python3 python3-venv systemd shellcheck podman binutils || return 1
+    install_deploy_packages || return 1
     deploy_prometheus_binaries || {
         echo "scripts/testbed-deploy-tools.sh: cannot take promtool and prometheus out of Debian's package" >&2
         return 1
