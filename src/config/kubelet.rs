@@ -1177,29 +1177,39 @@ mod tests {
     /// MicroK8s passes the kubelet its settings as flags in
     /// /var/snap/microk8s/current/args/kubelet: the image GC and eviction
     /// flags apply over the kubelet's file, as in the kubelet.
+    /// Loads an imagegc.toml (high 75, low 50) written in `dir` that names
+    /// `args` as the kubelet's flags file, holding `flags`, and `kubelet` as
+    /// its configuration file when given.
+    fn load_with_args_file(
+        dir: &Path,
+        args: &Path,
+        flags: &str,
+        kubelet: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
+        std::fs::write(args, flags).unwrap();
+        let file = kubelet
+            .map(|kubelet| format!("config = {:?}\n", kubelet.display().to_string()))
+            .unwrap_or_default();
+        let imagegc = dir.join("imagegc.toml");
+        std::fs::write(
+            &imagegc,
+            format!(
+                "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\n{file}args_file = {:?}\n",
+                args.display().to_string()
+            ),
+        )
+        .unwrap();
+        load(Some(&imagegc), &Overrides::default())
+    }
+
     #[test]
     fn kubelet_flags_from_an_args_file_apply_over_its_file() {
         let dir = tempfile::tempdir().unwrap();
         let args = dir.path().join("kubelet");
         let kubelet = dir.path().join("config.yaml");
         std::fs::write(&kubelet, format!("kind: KubeletConfiguration\n{GC_OFF}")).unwrap();
-        let imagegc = dir.path().join("imagegc.toml");
         let load_with = |flags: &str, with_file: bool| {
-            std::fs::write(&args, flags).unwrap();
-            let file = if with_file {
-                format!("config = {:?}\n", kubelet.display().to_string())
-            } else {
-                String::new()
-            };
-            std::fs::write(
-                &imagegc,
-                format!(
-                    "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\n{file}args_file = {:?}\n",
-                    args.display().to_string()
-                ),
-            )
-            .unwrap();
-            load(Some(&imagegc), &Overrides::default())
+            load_with_args_file(dir.path(), &args, flags, with_file.then_some(kubelet.as_path()))
         };
         let microk8s = "--kubeconfig=${SNAP_DATA}/credentials/kubelet.config\n--cert-dir=${SNAP_DATA}/certs\n\
                         # image GC\n--image-gc-high-threshold 90\n--eviction-hard=\"memory.available<100Mi,imagefs.available<30%\"\n";
@@ -1245,23 +1255,8 @@ mod tests {
         let args = dir.path().join("kubelet");
         // Where the node pool has a kubelet configuration of its own.
         let kubelet = dir.path().join("kubeletconfig.json");
-        let imagegc = dir.path().join("imagegc.toml");
         let load_with = |flags: &str, with_file: bool| {
-            std::fs::write(&args, flags).unwrap();
-            let file = if with_file {
-                format!("config = {:?}\n", kubelet.display().to_string())
-            } else {
-                String::new()
-            };
-            std::fs::write(
-                &imagegc,
-                format!(
-                    "[gc]\nhigh_threshold_percent = 75\nlow_threshold_percent = 50\n[kubelet]\n{file}args_file = {:?}\n",
-                    args.display().to_string()
-                ),
-            )
-            .unwrap();
-            load(Some(&imagegc), &Overrides::default()).unwrap()
+            load_with_args_file(dir.path(), &args, flags, with_file.then_some(kubelet.as_path())).unwrap()
         };
         // The flag the variable's value starts with counts like the others.
         let aks = "KUBELET_FLAGS=--image-gc-high-threshold=100 --address=0.0.0.0 \
